@@ -1,0 +1,325 @@
+package directory
+
+// The appliers below run under the write lock. Map iteration appears only
+// where the outcome does not depend on its order (every element gets the same
+// treatment); anything that reaches a result follows the command's own order.
+
+func (m *Machine) applyInit(c Init) Result {
+	if len(c.Secret) == 0 {
+		return Result{Code: CodeInvalid, Reason: "empty secret"}
+	}
+	if len(m.st.secret) != 0 {
+		return Result{Code: CodeExisting}
+	}
+	m.st.secret = append([]byte(nil), c.Secret...)
+	return Result{Code: CodeOK}
+}
+
+// activeDrain returns the drain of clientID if it is in force at now.
+func (m *Machine) activeDrain(clientID string, now int64) (Drain, bool) {
+	d, ok := m.st.drains[clientID]
+	if !ok || !d.Active(now) {
+		return Drain{}, false
+	}
+	return d, true
+}
+
+// renew extends w's lease for a registration or heartbeat at now. The lease
+// never moves backwards (the worker may already hold the later expiry) and
+// is not extended past a timed drain's deadline.
+func (m *Machine) renew(w *Worker, now, ttl int64) Result {
+	d, draining := m.activeDrain(w.ClientID, now)
+	exp := now + ttl
+	if draining {
+		exp = d.capLease(exp, now)
+	}
+	w.LeaseExpiry = max(w.LeaseExpiry, exp)
+	w.LastHeartbeat = max(w.LastHeartbeat, now)
+	return Result{
+		Code:        CodeOK,
+		LeaseExpiry: w.LeaseExpiry,
+		ExpiresInMs: max(0, w.LeaseExpiry-now),
+		Draining:    draining,
+		Drain:       d,
+		Degraded:    w.Degraded,
+	}
+}
+
+func (m *Machine) applyRegister(c Register) Result {
+	switch {
+	case c.ClientID == "":
+		return Result{Code: CodeInvalid, Reason: "empty client id"}
+	case c.SessionID == "":
+		return Result{Code: CodeInvalid, Reason: "empty session id"}
+	case c.TTLMs <= 0:
+		return Result{Code: CodeInvalid, Reason: "lease TTL must be positive"}
+	}
+	if c.AdvertiseURL != "" {
+		if other, ok := m.st.byURL[c.AdvertiseURL]; ok && other != c.ClientID {
+			if ow := m.st.workers[other]; ow != nil && ow.Live(c.Now) {
+				// Two live processes cannot share an advertise URL: requests
+				// routed to one would reach the other.
+				return Result{Code: CodeDuplicateAdvertise, Reason: "advertise URL held by live worker " + other}
+			}
+			// The old holder's lease lapsed: this process took its place.
+			m.forgetWorker(other)
+		}
+	}
+
+	w := m.st.workers[c.ClientID]
+	if w == nil {
+		w = &Worker{ClientID: c.ClientID}
+		m.st.workers[c.ClientID] = w
+	}
+	if w.AdvertiseURL != c.AdvertiseURL && m.st.byURL[w.AdvertiseURL] == c.ClientID {
+		delete(m.st.byURL, w.AdvertiseURL)
+	}
+	if c.AdvertiseURL != "" {
+		m.st.byURL[c.AdvertiseURL] = c.ClientID
+	}
+	if w.SessionID != c.SessionID {
+		w.RegisteredAt = c.Now
+	}
+	w.SessionID = c.SessionID
+	w.NodeID = c.NodeID
+	w.AdvertiseURL = c.AdvertiseURL
+	w.Namespaces = append([]string(nil), c.Namespaces...)
+	w.Headroom = c.Headroom
+	w.Degraded = false // registration is gated on a passing challenge
+
+	var live map[Key]struct{}
+	if len(c.LiveIDs) != 0 {
+		live = make(map[Key]struct{}, len(c.LiveIDs))
+		for _, k := range c.LiveIDs {
+			live[k] = struct{}{}
+		}
+	}
+	// Placements from an earlier session of this process: the ids it still
+	// runs move to the new session with their generation (the instance and its
+	// fencing token are unchanged); the rest are released.
+	for k := range m.st.owned[c.ClientID] {
+		p := m.st.placements[k]
+		if p.OwnerSession == c.SessionID {
+			continue
+		}
+		if _, ok := live[k]; ok {
+			p.OwnerSession = c.SessionID
+			m.st.placements[k] = p
+		} else {
+			m.removePlacement(p)
+		}
+	}
+	r := m.renew(w, c.Now, c.TTLMs)
+	for _, k := range c.LiveIDs {
+		if p, ok := m.st.placements[k]; ok && p.Owner == c.ClientID {
+			continue
+		}
+		if _, ok := live[k]; !ok {
+			continue // listed twice; reported once
+		}
+		delete(live, k)
+		r.Duplicates = append(r.Duplicates, k)
+	}
+	return r
+}
+
+func (m *Machine) applyHeartbeat(c Heartbeat) Result {
+	w := m.st.workers[c.ClientID]
+	if w == nil || w.SessionID == "" || w.SessionID != c.SessionID {
+		return Result{Code: CodeReregister, Reason: "unknown client or stale session"}
+	}
+	if c.Now > w.LeaseExpiry {
+		// A process waking past its lease (VM pause, long GC) must not be
+		// revived silently: its ids may be placed elsewhere by now. It
+		// re-registers and learns which ids it lost.
+		return Result{Code: CodeReregister, Reason: "lease lapsed"}
+	}
+	if c.TTLMs <= 0 {
+		return Result{Code: CodeInvalid, Reason: "lease TTL must be positive"}
+	}
+	w.Headroom = c.Headroom
+	w.Degraded = !c.ProbeOK
+	return m.renew(w, c.Now, c.TTLMs)
+}
+
+func (m *Machine) applyDeregister(c Deregister) Result {
+	w := m.st.workers[c.ClientID]
+	if w == nil || w.SessionID == "" || w.SessionID != c.SessionID {
+		return Result{Code: CodeNotFound}
+	}
+	m.dropPlacementsOf(c.ClientID)
+	w.SessionID = ""
+	return Result{Code: CodeOK}
+}
+
+// eligible returns "" when w may take a new placement in ns at now, else the
+// reason it may not.
+func (m *Machine) eligible(w *Worker, ns string, now int64) string {
+	switch {
+	case w.SessionID == "":
+		return ReasonNotRegistered
+	case now > w.LeaseExpiry:
+		return ReasonLeaseLapsed
+	case !w.Serves(ns):
+		return ReasonNamespace
+	case w.Degraded:
+		return ReasonDegraded
+	}
+	if _, ok := m.activeDrain(w.ClientID, now); ok {
+		return ReasonDraining
+	}
+	return ""
+}
+
+// holderLive reports whether the worker session holding p is live at now.
+func (m *Machine) holderLive(p Placement, now int64) bool {
+	w := m.st.workers[p.Owner]
+	return w != nil && w.SessionID == p.OwnerSession && w.Live(now)
+}
+
+func (m *Machine) applyClaim(c Claim) Result {
+	if m.st.coldStart == 0 {
+		// A fresh directory cannot know which ids old owners still serve;
+		// it waits one lease TTL from the first attempt for them to lapse.
+		m.st.coldStart = c.Now
+	}
+	p, placed := m.st.placements[c.Key]
+	if placed && m.holderLive(p, c.Now) {
+		if w := m.st.workers[c.ClientID]; p.Owner == c.ClientID && w != nil && w.SessionID == p.OwnerSession {
+			return Result{Code: CodeExisting, Placement: p}
+		}
+		return Result{Code: CodeHeld, Placement: p}
+	}
+	if end := m.st.coldStart + c.QuarantineMs; c.Now < end {
+		return Result{Code: CodeQuarantine, RemainingMs: end - c.Now}
+	}
+	w := m.st.workers[c.ClientID]
+	if w == nil {
+		return Result{Code: CodeIneligible, Reason: ReasonUnknownWorker}
+	}
+	if why := m.eligible(w, c.Key.Namespace, c.Now); why != "" {
+		return Result{Code: CodeIneligible, Reason: why}
+	}
+	if _, again := m.removedNow[c.Key]; again || (placed && p.Generation == m.index) {
+		return Result{Code: CodeConflict, Reason: "key already granted in this entry"}
+	}
+	if placed {
+		m.removePlacement(p)
+	}
+	np := Placement{
+		Key:          c.Key,
+		Owner:        w.ClientID, // share the worker's string, not the decoded copy
+		OwnerSession: w.SessionID,
+		Generation:   m.index,
+		PlacedAt:     c.Now,
+	}
+	m.st.placements[c.Key] = np
+	keys := m.st.owned[w.ClientID]
+	if keys == nil {
+		keys = make(map[Key]struct{})
+		m.st.owned[w.ClientID] = keys
+	}
+	keys[c.Key] = struct{}{}
+	// The seed's placement decrement: each new placement takes one unit of
+	// headroom until the next heartbeat reports the real figure.
+	if w.Headroom > 0 {
+		w.Headroom--
+	}
+	return Result{Code: CodeGranted, Placement: np}
+}
+
+func (m *Machine) applyRelease(c Release) Result {
+	p, ok := m.st.placements[c.Key]
+	if !ok {
+		return Result{Code: CodeNotFound}
+	}
+	if p.Owner != c.ClientID || p.Generation != c.Generation {
+		return Result{Code: CodeNotFound, Placement: p}
+	}
+	m.removePlacement(p)
+	return Result{Code: CodeOK}
+}
+
+func (m *Machine) applyDrain(c DrainWorker) Result {
+	if _, ok := m.st.workers[c.ClientID]; !ok {
+		return Result{Code: CodeUnknownWorker}
+	}
+	d := Drain{ClientID: c.ClientID, Cordon: c.Cordon, SetAt: c.Now}
+	if !c.Cordon {
+		d.Deadline = c.Deadline
+	}
+	m.st.drains[c.ClientID] = d
+	return Result{Code: CodeOK, Draining: d.Active(c.Now), Drain: d}
+}
+
+func (m *Machine) applyUndrain(c UndrainWorker) Result {
+	if _, ok := m.st.drains[c.ClientID]; ok {
+		delete(m.st.drains, c.ClientID)
+		return Result{Code: CodeOK}
+	}
+	if _, ok := m.st.workers[c.ClientID]; !ok {
+		return Result{Code: CodeUnknownWorker}
+	}
+	return Result{Code: CodeOK}
+}
+
+func (m *Machine) applyGC(c GC) Result {
+	keep := c.WorkerRetentionMs
+	if keep <= 0 {
+		keep = DefaultWorkerRetention
+	}
+	var r Result
+	for id, w := range m.st.workers {
+		// A deregistered worker is judged by the lease it held, so it stays
+		// known (drainable) as long as a crashed one would.
+		if c.Now-w.LeaseExpiry > keep {
+			r.PlacementsDropped += m.forgetWorker(id)
+			r.WorkersForgotten++
+		}
+	}
+	for id, d := range m.st.drains {
+		if !d.Active(c.Now) {
+			delete(m.st.drains, id)
+			r.DrainsExpired++
+		}
+	}
+	return r
+}
+
+// forgetWorker removes a worker and its placements, keeping its drain
+// record; it returns how many placements went.
+func (m *Machine) forgetWorker(clientID string) int {
+	n := m.dropPlacementsOf(clientID)
+	if w := m.st.workers[clientID]; w != nil && m.st.byURL[w.AdvertiseURL] == clientID {
+		delete(m.st.byURL, w.AdvertiseURL)
+	}
+	delete(m.st.workers, clientID)
+	return n
+}
+
+func (m *Machine) dropPlacementsOf(clientID string) int {
+	keys := m.st.owned[clientID]
+	n := len(keys)
+	for k := range keys {
+		m.removePlacement(m.st.placements[k])
+	}
+	return n
+}
+
+// removePlacement is the only way a placement leaves the directory, so the
+// owner index and the same-entry regrant guard stay right.
+func (m *Machine) removePlacement(p Placement) {
+	delete(m.st.placements, p.Key)
+	if keys := m.st.owned[p.Owner]; keys != nil {
+		delete(keys, p.Key)
+		if len(keys) == 0 {
+			delete(m.st.owned, p.Owner)
+		}
+	}
+	if p.Generation == m.index {
+		if m.removedNow == nil {
+			m.removedNow = make(map[Key]struct{})
+		}
+		m.removedNow[p.Key] = struct{}{}
+	}
+}

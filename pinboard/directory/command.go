@@ -1,0 +1,332 @@
+package directory
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// FormatVersion is the command envelope version this package writes and
+// reads. A new version is needed when an existing command's payload changes;
+// a new command gets a new CommandType instead.
+const FormatVersion byte = 1
+
+// IgnorableFlag, set in a command's type byte, tells a node that does not
+// know the type to skip the command (CodeUnknownCommand) rather than fail it
+// (CodeError). See the package documentation for the policy.
+const IgnorableFlag byte = 0x80
+
+// CommandType identifies a command in the envelope. Values are part of the
+// log format: never renumber or reuse them.
+type CommandType byte
+
+const (
+	TypeInit       CommandType = 1
+	TypeRegister   CommandType = 2
+	TypeHeartbeat  CommandType = 3
+	TypeDeregister CommandType = 4
+	TypeClaim      CommandType = 5
+	TypeRelease    CommandType = 6
+	TypeDrain      CommandType = 7
+	TypeUndrain    CommandType = 8
+	TypeGC         CommandType = 9
+	TypeBatch      CommandType = 10
+)
+
+// Command is one directory command. The set is closed: the concrete types in
+// this file, plus Opaque for types this version does not know.
+type Command interface {
+	Type() CommandType
+	appendPayload(b []byte) []byte
+}
+
+// Init sets the cluster secret (the attestation key) once; the proposer
+// draws the random bytes. Later Inits are no-ops that answer CodeExisting.
+type Init struct {
+	Secret []byte
+}
+
+// Register creates or replaces a worker's session. LiveIDs lists the ids the
+// process is running; those it no longer owns come back as Duplicates.
+type Register struct {
+	ClientID     string
+	SessionID    string
+	NodeID       string
+	AdvertiseURL string
+	Namespaces   []string
+	Headroom     int64
+	TTLMs        int64
+	Now          int64
+	LiveIDs      []Key
+}
+
+// Heartbeat renews the lease of the worker's current session. ProbeOK is the
+// outcome of the challenge probe the proposer ran; false marks the worker
+// degraded (the lease is renewed all the same).
+type Heartbeat struct {
+	ClientID  string
+	SessionID string
+	Now       int64
+	TTLMs     int64
+	Headroom  int64
+	ProbeOK   bool
+}
+
+// Deregister ends the worker's session and drops its placements. The worker
+// stays known (and its drain record stays) until GC.
+type Deregister struct {
+	ClientID  string
+	SessionID string
+}
+
+// Claim asks for Key to be placed on ClientID, the candidate the proposer
+// chose. QuarantineMs is the cold-start quarantine (one lease TTL).
+type Claim struct {
+	Key          Key
+	ClientID     string
+	Now          int64
+	QuarantineMs int64
+}
+
+// Release removes the placement of Key iff ClientID owns it with Generation.
+type Release struct {
+	Key        Key
+	ClientID   string
+	Generation uint64
+}
+
+// DrainWorker sets an operator drain on a known client id: a deadline in unix
+// ms (the proposer turns the request's relative seconds into it), or a cordon.
+type DrainWorker struct {
+	ClientID string
+	Deadline int64
+	Cordon   bool
+	Now      int64
+}
+
+// UndrainWorker removes the drain record of a client id.
+type UndrainWorker struct {
+	ClientID string
+}
+
+// GC forgets workers whose lease lapsed more than WorkerRetentionMs before
+// Now (DefaultWorkerRetention when 0), with their placements, and drops timed
+// drains DrainRetention past their deadline.
+type GC struct {
+	Now               int64
+	WorkerRetentionMs int64
+}
+
+// Batch applies its commands in order within one log entry (group commit).
+// Batches do not nest.
+type Batch struct {
+	Commands []Command
+}
+
+// Opaque is a command of a type this version does not know, kept as read so
+// it can be skipped (ignorable) or failed, and re-encoded unchanged.
+type Opaque struct {
+	Code      CommandType // the type byte without IgnorableFlag
+	Ignorable bool
+	Payload   []byte
+}
+
+func (Init) Type() CommandType          { return TypeInit }
+func (Register) Type() CommandType      { return TypeRegister }
+func (Heartbeat) Type() CommandType     { return TypeHeartbeat }
+func (Deregister) Type() CommandType    { return TypeDeregister }
+func (Claim) Type() CommandType         { return TypeClaim }
+func (Release) Type() CommandType       { return TypeRelease }
+func (DrainWorker) Type() CommandType   { return TypeDrain }
+func (UndrainWorker) Type() CommandType { return TypeUndrain }
+func (GC) Type() CommandType            { return TypeGC }
+func (Batch) Type() CommandType         { return TypeBatch }
+func (o Opaque) Type() CommandType      { return o.Code }
+
+func (c Init) appendPayload(b []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(c.Secret)))
+	return append(b, c.Secret...)
+}
+
+func (c Register) appendPayload(b []byte) []byte {
+	b = appendString(b, c.ClientID)
+	b = appendString(b, c.SessionID)
+	b = appendString(b, c.NodeID)
+	b = appendString(b, c.AdvertiseURL)
+	b = appendStrings(b, c.Namespaces)
+	b = binary.AppendVarint(b, c.Headroom)
+	b = binary.AppendVarint(b, c.TTLMs)
+	b = binary.AppendVarint(b, c.Now)
+	return appendKeys(b, c.LiveIDs)
+}
+
+func (c Heartbeat) appendPayload(b []byte) []byte {
+	b = appendString(b, c.ClientID)
+	b = appendString(b, c.SessionID)
+	b = binary.AppendVarint(b, c.Now)
+	b = binary.AppendVarint(b, c.TTLMs)
+	b = binary.AppendVarint(b, c.Headroom)
+	return appendBool(b, c.ProbeOK)
+}
+
+func (c Deregister) appendPayload(b []byte) []byte {
+	b = appendString(b, c.ClientID)
+	return appendString(b, c.SessionID)
+}
+
+func (c Claim) appendPayload(b []byte) []byte {
+	b = appendKey(b, c.Key)
+	b = appendString(b, c.ClientID)
+	b = binary.AppendVarint(b, c.Now)
+	return binary.AppendVarint(b, c.QuarantineMs)
+}
+
+func (c Release) appendPayload(b []byte) []byte {
+	b = appendKey(b, c.Key)
+	b = appendString(b, c.ClientID)
+	return binary.AppendUvarint(b, c.Generation)
+}
+
+func (c DrainWorker) appendPayload(b []byte) []byte {
+	b = appendString(b, c.ClientID)
+	b = binary.AppendVarint(b, c.Deadline)
+	b = appendBool(b, c.Cordon)
+	return binary.AppendVarint(b, c.Now)
+}
+
+func (c UndrainWorker) appendPayload(b []byte) []byte {
+	return appendString(b, c.ClientID)
+}
+
+func (c GC) appendPayload(b []byte) []byte {
+	b = binary.AppendVarint(b, c.Now)
+	return binary.AppendVarint(b, c.WorkerRetentionMs)
+}
+
+// A batch holds each command as a length-prefixed (type byte, payload), so an
+// ignorable command of an unknown type can be skipped without parsing it.
+func (c Batch) appendPayload(b []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(c.Commands)))
+	for _, sub := range c.Commands {
+		b = appendSub(b, sub)
+	}
+	return b
+}
+
+func appendSub(b []byte, c Command) []byte {
+	// Reserve one byte for the length; most sub-commands are short. Longer
+	// ones shift the body once.
+	at := len(b)
+	b = append(b, 0)
+	b = append(b, typeByte(c))
+	b = c.appendPayload(b)
+	n := len(b) - at - 1
+	if n < 0x80 {
+		b[at] = byte(n)
+		return b
+	}
+	var lenBuf [binary.MaxVarintLen64]byte
+	ln := binary.PutUvarint(lenBuf[:], uint64(n))
+	b = append(b, lenBuf[:ln-1]...)
+	copy(b[at+ln:], b[at+1:at+1+n])
+	copy(b[at:], lenBuf[:ln])
+	return b
+}
+
+func (o Opaque) appendPayload(b []byte) []byte { return append(b, o.Payload...) }
+
+func typeByte(c Command) byte {
+	t := byte(c.Type()) &^ IgnorableFlag
+	if o, ok := c.(Opaque); ok && o.Ignorable {
+		t |= IgnorableFlag
+	}
+	return t
+}
+
+// Encode returns the log entry bytes of cmd.
+func Encode(cmd Command) []byte { return AppendCommand(make([]byte, 0, 64), cmd) }
+
+// AppendCommand appends the encoding of cmd to b.
+func AppendCommand(b []byte, cmd Command) []byte {
+	b = append(b, FormatVersion, typeByte(cmd))
+	return cmd.appendPayload(b)
+}
+
+// DecodeCommand parses a log entry. An unknown command type decodes as
+// Opaque; an unknown format version decodes as Opaque when the ignorable bit
+// is set and fails with ErrVersion otherwise.
+func DecodeCommand(b []byte) (Command, error) {
+	if len(b) < 2 {
+		return nil, ErrMalformed
+	}
+	if b[0] != FormatVersion {
+		if b[1]&IgnorableFlag != 0 {
+			return Opaque{Code: CommandType(b[1] &^ IgnorableFlag), Ignorable: true, Payload: b[2:]}, nil
+		}
+		return nil, fmt.Errorf("%w: %d", ErrVersion, b[0])
+	}
+	return decodeBody(b[1], b[2:], false)
+}
+
+func decodeBody(t byte, payload []byte, inBatch bool) (Command, error) {
+	d := decoder{b: payload}
+	var c Command
+	// A known type is applied whether or not its ignorable bit is set: the
+	// bit only tells nodes that do not know the type what to do.
+	switch CommandType(t &^ IgnorableFlag) {
+	case TypeInit:
+		c = Init{Secret: append([]byte(nil), d.bytes()...)}
+	case TypeRegister:
+		c = Register{
+			ClientID: d.string(), SessionID: d.string(), NodeID: d.string(),
+			AdvertiseURL: d.string(), Namespaces: d.strings(),
+			Headroom: d.varint(), TTLMs: d.varint(), Now: d.varint(),
+			LiveIDs: d.keys(),
+		}
+	case TypeHeartbeat:
+		c = Heartbeat{
+			ClientID: d.string(), SessionID: d.string(),
+			Now: d.varint(), TTLMs: d.varint(), Headroom: d.varint(), ProbeOK: d.bool(),
+		}
+	case TypeDeregister:
+		c = Deregister{ClientID: d.string(), SessionID: d.string()}
+	case TypeClaim:
+		c = Claim{Key: d.key(), ClientID: d.string(), Now: d.varint(), QuarantineMs: d.varint()}
+	case TypeRelease:
+		c = Release{Key: d.key(), ClientID: d.string(), Generation: d.uvarint()}
+	case TypeDrain:
+		c = DrainWorker{ClientID: d.string(), Deadline: d.varint(), Cordon: d.bool(), Now: d.varint()}
+	case TypeUndrain:
+		c = UndrainWorker{ClientID: d.string()}
+	case TypeGC:
+		c = GC{Now: d.varint(), WorkerRetentionMs: d.varint()}
+	case TypeBatch:
+		if inBatch {
+			return nil, ErrNestedBatch
+		}
+		n := d.count(2)
+		cmds := make([]Command, 0, n)
+		for i := 0; i < n && d.err == nil; i++ {
+			sub := d.bytes()
+			if len(sub) == 0 {
+				d.fail()
+				break
+			}
+			sc, err := decodeBody(sub[0], sub[1:], true)
+			if err != nil {
+				return nil, err
+			}
+			cmds = append(cmds, sc)
+		}
+		c = Batch{Commands: cmds}
+	default:
+		return Opaque{
+			Code:      CommandType(t &^ IgnorableFlag),
+			Ignorable: t&IgnorableFlag != 0,
+			Payload:   append([]byte(nil), payload...),
+		}, nil
+	}
+	if err := d.done(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}

@@ -1,0 +1,78 @@
+// Package directory is pinnedd's directory state machine: the replicated
+// record of workers (their sessions and leases), placements (which worker
+// serves each (env, namespace, id), fenced by a generation), operator drains,
+// the cold-start stamp and the cluster secret.
+//
+// It is pure and deterministic. The same sequence of (index, command) pairs
+// gives byte-identical state on every node, so the package must never import
+// raft or net/http, read the clock, draw random numbers, or iterate a map
+// where the order could leak into state or output. Every time ("Now") and
+// every choice (the candidate worker of a claim, the cluster secret, lease
+// TTLs, the quarantine length) is fixed by the proposer and carried inside
+// the command before it reaches the log, as Nomad's endpoints fix drain
+// deadlines before raft.Apply.
+//
+// # Driving the machine
+//
+// *Machine implements raftstore's StateMachine (Apply, Snapshot, Restore).
+// The same *Machine also serves a single-node "local" directory that calls
+// Apply (or ApplyCommand, which skips the byte round trip) with its own
+// strictly increasing index. Apply refuses an index that is not above the
+// applied index, because generations are log indexes and must never repeat.
+//
+// # Commands, retries and versions
+//
+// A command is an envelope: format version, a type byte whose high bit
+// (IgnorableFlag) marks the command as safe to skip, then a compact varint
+// payload. raft may report an Apply as failed when its outcome is unknown,
+// so every command is idempotent or compare-and-set: Claim returns the
+// existing placement when the candidate already holds it, Release only
+// removes the placement with the given owner and generation, Register and
+// Heartbeat never move a lease backwards.
+//
+// Unknown command policy (after Nomad's fsm): a node that meets a command
+// type or format version it does not know skips it with CodeUnknownCommand
+// when the ignorable bit is set, and otherwise answers CodeError without
+// changing state. Either way the index is consumed. Skipping a command a
+// newer node applies makes the two diverge, so a proposer may only emit a
+// new non-ignorable type once every node runs a version that knows it; the
+// ignorable bit is for commands whose loss is harmless (hints, stats).
+//
+// # Placements and fencing
+//
+// Claim grants a key when it is free or its owner is gone (forgotten,
+// deregistered, re-registered without it, or its lease lapsed at the
+// command's Now), to a candidate that is live, serves the namespace, is not
+// draining and not degraded, and only once the cold-start quarantine has
+// passed. The generation of a placement is the log index of the entry that
+// granted it; within one entry (a Batch) a key is granted at most once, the
+// second attempt answering CodeConflict, so generations stay unique and
+// strictly increase per key.
+//
+// # Leases
+//
+// A lease never moves backwards: Register and Heartbeat set the expiry to
+// max(current, min(Now+TTL, drain deadline)). Shrinking a lease the worker
+// was already told about would let the directory re-place an id while the
+// worker still believes it owns it. A drain deadline only stops further
+// extension, as the seed's "acks stop extending the lease past the drain
+// deadline" says.
+//
+// Register does not re-grant listed live ids that the worker no longer owns:
+// it reports them as Duplicates and the worker quits them. Re-granting there
+// would bypass the quarantine, drain and eligibility checks of Claim; the
+// next request for such an id re-places it through Claim, possibly onto the
+// same worker. Placements the worker still owns from an earlier session are
+// adopted by the new session (same generation) when listed, dropped when not.
+//
+// # Garbage collection
+//
+// Workers stay known after their lease lapses so an operator drain can
+// target a registered worker that is down. GC, proposed by the leader with
+// its Now, forgets workers whose lease lapsed more than WorkerRetention ago
+// (default DefaultWorkerRetention, one hour: far above any restart or
+// partition that should keep its drain record meaningful, small enough that
+// a fleet with churning client ids stays bounded) together with their
+// placements, and removes timed drains 7 days past their deadline. Cordons
+// stay until Undrain, even when their worker is forgotten.
+package directory

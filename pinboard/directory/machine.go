@@ -1,0 +1,263 @@
+package directory
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+)
+
+// Machine is the directory state machine. Apply and Restore take the write
+// lock; reads take the read lock and return copies, so a caller can never
+// reach (or race on) internal state.
+type Machine struct {
+	mu sync.RWMutex
+	st state
+
+	// Scratch of the entry being applied, guarded by mu's write side.
+	index uint64
+	// removedNow holds keys whose placement was granted and then removed
+	// within the current entry; together with Generation == index it stops a
+	// key from being granted twice with the same generation.
+	removedNow map[Key]struct{}
+}
+
+type state struct {
+	applied    uint64
+	coldStart  int64
+	secret     []byte
+	workers    map[string]*Worker
+	byURL      map[string]string // advertise URL -> client id holding it
+	placements map[Key]Placement
+	owned      map[string]map[Key]struct{} // client id -> keys it owns
+	drains     map[string]Drain
+}
+
+func newState() state {
+	return state{
+		workers:    make(map[string]*Worker),
+		byURL:      make(map[string]string),
+		placements: make(map[Key]Placement),
+		owned:      make(map[string]map[Key]struct{}),
+		drains:     make(map[string]Drain),
+	}
+}
+
+// New returns an empty directory: no secret, no workers, cold start unstamped.
+func New() *Machine {
+	return &Machine{st: newState()}
+}
+
+// Apply applies one log entry at index and returns the encoded Result
+// (DecodeResult reads it). It never fails: bad input becomes CodeError and
+// leaves the state as it was, so every node answers the same way.
+func (m *Machine) Apply(index uint64, cmd []byte) []byte {
+	c, err := DecodeCommand(cmd)
+	m.mu.Lock()
+	r := m.applyLocked(index, c, err)
+	m.mu.Unlock()
+	return EncodeResult(r)
+}
+
+// ApplyCommand is Apply without the byte round trip, for the single-node
+// local directory. The same index rules apply.
+func (m *Machine) ApplyCommand(index uint64, cmd Command) Result {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.applyLocked(index, cmd, nil)
+}
+
+func (m *Machine) applyLocked(index uint64, c Command, decodeErr error) Result {
+	if index <= m.st.applied {
+		// Generations are log indexes: applying at an old index again could
+		// hand out a generation twice.
+		return Result{Code: CodeError, Reason: "index not above the applied index"}
+	}
+	m.st.applied = index
+	if decodeErr != nil {
+		return Result{Code: CodeError, Reason: decodeErr.Error()}
+	}
+	if c == nil {
+		return Result{Code: CodeError, Reason: "nil command"}
+	}
+	m.index = index
+	r := m.exec(c, false)
+	if len(m.removedNow) != 0 {
+		clear(m.removedNow)
+	}
+	return r
+}
+
+func (m *Machine) exec(c Command, inBatch bool) Result {
+	switch c := c.(type) {
+	case Init:
+		return m.applyInit(c)
+	case Register:
+		return m.applyRegister(c)
+	case Heartbeat:
+		return m.applyHeartbeat(c)
+	case Deregister:
+		return m.applyDeregister(c)
+	case Claim:
+		return m.applyClaim(c)
+	case Release:
+		return m.applyRelease(c)
+	case DrainWorker:
+		return m.applyDrain(c)
+	case UndrainWorker:
+		return m.applyUndrain(c)
+	case GC:
+		return m.applyGC(c)
+	case Batch:
+		if inBatch {
+			return Result{Code: CodeError, Reason: ErrNestedBatch.Error()}
+		}
+		rs := make([]Result, len(c.Commands))
+		for i, sub := range c.Commands {
+			rs[i] = m.exec(sub, true)
+		}
+		return Result{Code: CodeOK, Results: rs}
+	case Opaque:
+		if c.Ignorable {
+			return Result{Code: CodeUnknownCommand}
+		}
+		return Result{Code: CodeError, Reason: ErrUnknownCommand.Error()}
+	}
+	return Result{Code: CodeError, Reason: ErrUnknownCommand.Error()}
+}
+
+// Placement returns the placement of key, if any. It says nothing about the
+// owner's lease: check Worker(p.Owner).Live(now) before routing to it.
+func (m *Machine) Placement(key Key) (Placement, bool) {
+	m.mu.RLock()
+	p, ok := m.st.placements[key]
+	m.mu.RUnlock()
+	return p, ok
+}
+
+// Worker returns the worker record of clientID.
+func (m *Machine) Worker(clientID string) (Worker, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	w, ok := m.st.workers[clientID]
+	if !ok {
+		return Worker{}, false
+	}
+	return w.clone(), true
+}
+
+// Owner returns the placement of key together with its owner's record, in
+// one lookup under one lock (the front door's hot path).
+func (m *Machine) Owner(key Key) (Placement, Worker, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	p, ok := m.st.placements[key]
+	if !ok {
+		return Placement{}, Worker{}, false
+	}
+	w, ok := m.st.workers[p.Owner]
+	if !ok || w.SessionID != p.OwnerSession {
+		return p, Worker{}, true
+	}
+	return p, w.clone(), true
+}
+
+// Workers returns every known worker, sorted by client id.
+func (m *Machine) Workers() []Worker {
+	m.mu.RLock()
+	ws := make([]Worker, 0, len(m.st.workers))
+	for _, w := range m.st.workers {
+		ws = append(ws, w.clone())
+	}
+	m.mu.RUnlock()
+	slices.SortFunc(ws, func(a, b Worker) int { return cmp.Compare(a.ClientID, b.ClientID) })
+	return ws
+}
+
+// Candidates returns the workers a new placement in namespace ns may go to
+// at now: live, serving ns, not draining, not degraded; sorted by client id.
+func (m *Machine) Candidates(ns string, now int64) []Worker {
+	m.mu.RLock()
+	var ws []Worker
+	for _, w := range m.st.workers {
+		if m.eligible(w, ns, now) == "" {
+			ws = append(ws, w.clone())
+		}
+	}
+	m.mu.RUnlock()
+	slices.SortFunc(ws, func(a, b Worker) int { return cmp.Compare(a.ClientID, b.ClientID) })
+	return ws
+}
+
+// DrainOf returns the drain record of clientID, whether or not it is still
+// in force (see Drain.Active).
+func (m *Machine) DrainOf(clientID string) (Drain, bool) {
+	m.mu.RLock()
+	d, ok := m.st.drains[clientID]
+	m.mu.RUnlock()
+	return d, ok
+}
+
+// Drains returns every drain record, sorted by client id.
+func (m *Machine) Drains() []Drain {
+	m.mu.RLock()
+	ds := make([]Drain, 0, len(m.st.drains))
+	for _, d := range m.st.drains {
+		ds = append(ds, d)
+	}
+	m.mu.RUnlock()
+	slices.SortFunc(ds, func(a, b Drain) int { return cmp.Compare(a.ClientID, b.ClientID) })
+	return ds
+}
+
+// ColdStart returns the unix ms of the first placement attempt on this
+// directory, 0 before it.
+func (m *Machine) ColdStart() int64 {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.st.coldStart
+}
+
+// QuarantineMs returns how long placements stay refused at now for a
+// quarantine of quarantineMs: 0 before the first attempt and after it ends
+// (the seed's quarantineMs on GET /registry/health).
+func (m *Machine) QuarantineMs(now, quarantineMs int64) int64 {
+	cs := m.ColdStart()
+	if cs == 0 {
+		return 0
+	}
+	return max(0, cs+quarantineMs-now)
+}
+
+// Secret returns a copy of the cluster secret, nil before Init.
+func (m *Machine) Secret() []byte {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return slices.Clone(m.st.secret)
+}
+
+// AppliedIndex returns the index of the last entry applied (or restored).
+func (m *Machine) AppliedIndex() uint64 {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.st.applied
+}
+
+// PlacementsOf returns the placements owned by clientID, sorted by key.
+func (m *Machine) PlacementsOf(clientID string) []Placement {
+	m.mu.RLock()
+	keys := m.st.owned[clientID]
+	ps := make([]Placement, 0, len(keys))
+	for k := range keys {
+		ps = append(ps, m.st.placements[k])
+	}
+	m.mu.RUnlock()
+	slices.SortFunc(ps, func(a, b Placement) int { return a.Key.Compare(b.Key) })
+	return ps
+}
+
+// Len returns the number of workers and placements, for metrics.
+func (m *Machine) Len() (workers, placements int) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return len(m.st.workers), len(m.st.placements)
+}

@@ -1,0 +1,217 @@
+package directory
+
+import (
+	"bufio"
+	"cmp"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"slices"
+)
+
+// Snapshot format: magic, version, then the state with every collection
+// sorted (so two nodes with the same state write the same bytes), then a
+// CRC-32C of everything before it.
+const (
+	snapshotMagic   = "PDIR"
+	snapshotVersion = 1
+)
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// snapshot is a point-in-time copy of the state. Building it copies values
+// under the read lock (no sorting, no encoding); WriteTo sorts and encodes
+// outside the lock.
+type snapshot struct {
+	applied    uint64
+	coldStart  int64
+	secret     []byte
+	workers    []Worker
+	placements []Placement
+	drains     []Drain
+}
+
+// Snapshot captures the state for raftstore to persist. Worker namespaces are
+// shared with the live state: appliers replace that slice, never write into it.
+func (m *Machine) Snapshot() (io.WriterTo, error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	s := &snapshot{
+		applied:    m.st.applied,
+		coldStart:  m.st.coldStart,
+		secret:     m.st.secret, // set once, never modified
+		workers:    make([]Worker, 0, len(m.st.workers)),
+		placements: make([]Placement, 0, len(m.st.placements)),
+		drains:     make([]Drain, 0, len(m.st.drains)),
+	}
+	for _, w := range m.st.workers {
+		s.workers = append(s.workers, *w)
+	}
+	for _, p := range m.st.placements {
+		s.placements = append(s.placements, p)
+	}
+	for _, d := range m.st.drains {
+		s.drains = append(s.drains, d)
+	}
+	return s, nil
+}
+
+// countingWriter tracks bytes written and the running checksum.
+type countingWriter struct {
+	w   *bufio.Writer
+	n   int64
+	crc uint32
+}
+
+func (c *countingWriter) write(b []byte) error {
+	c.crc = crc32.Update(c.crc, crcTable, b)
+	n, err := c.w.Write(b)
+	c.n += int64(n)
+	return err
+}
+
+// WriteTo writes the snapshot. It may run while Apply continues: it touches
+// only the copies taken by Snapshot.
+func (s *snapshot) WriteTo(w io.Writer) (int64, error) {
+	slices.SortFunc(s.workers, func(a, b Worker) int { return cmp.Compare(a.ClientID, b.ClientID) })
+	slices.SortFunc(s.placements, func(a, b Placement) int { return a.Key.Compare(b.Key) })
+	slices.SortFunc(s.drains, func(a, b Drain) int { return cmp.Compare(a.ClientID, b.ClientID) })
+
+	cw := &countingWriter{w: bufio.NewWriterSize(w, 64<<10)}
+	b := make([]byte, 0, 4096)
+	// flush hands the buffer over once it is large, keeping memory flat for
+	// big directories.
+	flush := func(force bool) error {
+		if len(b) < 32<<10 && !force {
+			return nil
+		}
+		err := cw.write(b)
+		b = b[:0]
+		return err
+	}
+
+	b = append(b, snapshotMagic...)
+	b = append(b, snapshotVersion)
+	b = binary.AppendUvarint(b, s.applied)
+	b = binary.AppendVarint(b, s.coldStart)
+	b = binary.AppendUvarint(b, uint64(len(s.secret)))
+	b = append(b, s.secret...)
+
+	b = binary.AppendUvarint(b, uint64(len(s.workers)))
+	for _, wk := range s.workers {
+		b = appendWorker(b, wk)
+		if err := flush(false); err != nil {
+			return cw.n, err
+		}
+	}
+	b = binary.AppendUvarint(b, uint64(len(s.placements)))
+	for _, p := range s.placements {
+		b = appendPlacement(b, p)
+		if err := flush(false); err != nil {
+			return cw.n, err
+		}
+	}
+	b = binary.AppendUvarint(b, uint64(len(s.drains)))
+	for _, d := range s.drains {
+		b = appendDrain(b, d)
+	}
+	if err := flush(true); err != nil {
+		return cw.n, err
+	}
+	var sum [4]byte
+	binary.BigEndian.PutUint32(sum[:], cw.crc)
+	n, err := cw.w.Write(sum[:])
+	cw.n += int64(n)
+	if err != nil {
+		return cw.n, err
+	}
+	return cw.n, cw.w.Flush()
+}
+
+func appendWorker(b []byte, w Worker) []byte {
+	b = appendString(b, w.ClientID)
+	b = appendString(b, w.SessionID)
+	b = appendString(b, w.NodeID)
+	b = appendString(b, w.AdvertiseURL)
+	b = appendStrings(b, w.Namespaces)
+	b = binary.AppendVarint(b, w.Headroom)
+	b = binary.AppendVarint(b, w.LeaseExpiry)
+	b = appendBool(b, w.Degraded)
+	b = binary.AppendVarint(b, w.RegisteredAt)
+	return binary.AppendVarint(b, w.LastHeartbeat)
+}
+
+// Restore replaces the state with the snapshot read from r. It decodes into
+// a fresh state and swaps it in only when the whole snapshot checked out, so
+// a corrupt snapshot leaves the machine as it was.
+func (m *Machine) Restore(r io.Reader) error {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return fmt.Errorf("directory: read snapshot: %w", err)
+	}
+	st, err := decodeSnapshot(data)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.st = st
+	m.index = 0
+	clear(m.removedNow)
+	m.mu.Unlock()
+	return nil
+}
+
+func decodeSnapshot(data []byte) (state, error) {
+	if len(data) < len(snapshotMagic)+1+4 || string(data[:len(snapshotMagic)]) != snapshotMagic {
+		return state{}, fmt.Errorf("%w: bad header", ErrSnapshot)
+	}
+	body, sum := data[:len(data)-4], binary.BigEndian.Uint32(data[len(data)-4:])
+	if crc32.Checksum(body, crcTable) != sum {
+		return state{}, fmt.Errorf("%w: checksum mismatch", ErrSnapshot)
+	}
+	if v := body[len(snapshotMagic)]; v != snapshotVersion {
+		return state{}, fmt.Errorf("%w: snapshot version %d", ErrVersion, v)
+	}
+	d := decoder{b: body[len(snapshotMagic)+1:]}
+	st := newState()
+	st.applied = d.uvarint()
+	st.coldStart = d.varint()
+	if sec := d.bytes(); len(sec) != 0 {
+		st.secret = append([]byte(nil), sec...)
+	}
+	for n := d.count(10); n > 0 && d.err == nil; n-- {
+		w := &Worker{
+			ClientID: d.string(), SessionID: d.string(), NodeID: d.string(),
+			AdvertiseURL: d.string(), Namespaces: d.strings(), Headroom: d.varint(),
+			LeaseExpiry: d.varint(), Degraded: d.bool(), RegisteredAt: d.varint(),
+			LastHeartbeat: d.varint(),
+		}
+		st.workers[w.ClientID] = w
+		if w.AdvertiseURL != "" {
+			st.byURL[w.AdvertiseURL] = w.ClientID
+		}
+	}
+	for n := d.count(7); n > 0 && d.err == nil; n-- {
+		p := Placement{Key: d.key(), Owner: d.string(), OwnerSession: d.string(),
+			Generation: d.uvarint(), PlacedAt: d.varint()}
+		if w := st.workers[p.Owner]; w != nil {
+			p.Owner = w.ClientID // one copy of each client id string
+		}
+		st.placements[p.Key] = p
+		keys := st.owned[p.Owner]
+		if keys == nil {
+			keys = make(map[Key]struct{})
+			st.owned[p.Owner] = keys
+		}
+		keys[p.Key] = struct{}{}
+	}
+	for n := d.count(4); n > 0 && d.err == nil; n-- {
+		dr := Drain{ClientID: d.string(), Deadline: d.varint(), Cordon: d.bool(), SetAt: d.varint()}
+		st.drains[dr.ClientID] = dr
+	}
+	if err := d.done(); err != nil {
+		return state{}, fmt.Errorf("%w: %w", ErrSnapshot, err)
+	}
+	return st, nil
+}
