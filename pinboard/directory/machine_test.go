@@ -1,0 +1,424 @@
+package directory
+
+import (
+	"bytes"
+	"errors"
+	"slices"
+	"testing"
+)
+
+const t0 = int64(1_700_000_000_000)
+
+// fleet returns a node with workers a and b registered at t0 and the cold
+// start already stamped and passed.
+func fleet(t *testing.T) *node {
+	t.Helper()
+	n := newNode(t)
+	for _, c := range []Register{reg("a", "sa", "http://a", t0), reg("b", "sb", "http://b", t0)} {
+		if r := n.apply(c); r.Code != CodeOK {
+			t.Fatalf("register %s: %v %s", c.ClientID, r.Code, r.Reason)
+		}
+	}
+	return n
+}
+
+func TestClaimHeldWhileLiveRegrantedAfterLapse(t *testing.T) {
+	n := fleet(t)
+	r := n.apply(claim("x", "a", t0+1))
+	if r.Code != CodeGranted || r.Placement.Owner != "a" || r.Placement.Generation != n.idx {
+		t.Fatalf("first claim: %+v", r)
+	}
+	gen := r.Placement.Generation
+	// Retrying the same claim returns the placement, not a new grant.
+	if r := n.apply(claim("x", "a", t0+2)); r.Code != CodeExisting || r.Placement.Generation != gen {
+		t.Fatalf("retry: %+v", r)
+	}
+	// b cannot take it while a's lease holds, even at its last millisecond.
+	if r := n.apply(claim("x", "b", t0+ttl)); r.Code != CodeHeld || r.Placement.Owner != "a" {
+		t.Fatalf("claim by b while a live: %+v", r)
+	}
+	// b keeps heartbeating, a does not: past a's expiry the id moves.
+	n.apply(Heartbeat{ClientID: "b", SessionID: "sb", Now: t0 + 10_000, TTLMs: ttl, ProbeOK: true})
+	r = n.apply(claim("x", "b", t0+ttl+1))
+	if r.Code != CodeGranted || r.Placement.Owner != "b" || r.Placement.Generation <= gen {
+		t.Fatalf("claim after lapse: %+v", r)
+	}
+	if got := n.m.PlacementsOf("a"); len(got) != 0 {
+		t.Fatalf("a still owns %v", got)
+	}
+	// a wakes up: its heartbeat is nacked, and re-registering reports x as a duplicate.
+	if r := n.apply(Heartbeat{ClientID: "a", SessionID: "sa", Now: t0 + ttl + 2, TTLMs: ttl, ProbeOK: true}); r.Code != CodeReregister {
+		t.Fatalf("late heartbeat: %+v", r)
+	}
+	r = n.apply(reg("a", "sa2", "http://a", t0+ttl+3, key("x")))
+	if r.Code != CodeOK || !slices.Equal(r.Duplicates, []Key{key("x")}) {
+		t.Fatalf("re-register: %+v", r)
+	}
+}
+
+func TestRegisterAdoptsListedPlacements(t *testing.T) {
+	n := fleet(t)
+	gx := n.apply(claim("x", "a", t0+1)).Placement.Generation
+	n.apply(claim("y", "a", t0+1))
+	r := n.apply(reg("a", "sa2", "http://a", t0+2, key("x"), key("z")))
+	if !slices.Equal(r.Duplicates, []Key{key("z")}) {
+		t.Fatalf("duplicates %v", r.Duplicates)
+	}
+	ps := n.m.PlacementsOf("a")
+	if len(ps) != 1 || ps[0].Key != key("x") || ps[0].OwnerSession != "sa2" || ps[0].Generation != gx {
+		t.Fatalf("placements after re-register: %+v", ps)
+	}
+}
+
+func TestReleaseIsCompareAndSet(t *testing.T) {
+	n := fleet(t)
+	p := n.apply(claim("x", "a", t0+1)).Placement
+	if r := n.apply(Release{Key: p.Key, ClientID: "a", Generation: p.Generation + 1}); r.Code != CodeNotFound || r.Placement != p {
+		t.Fatalf("wrong generation: %+v", r)
+	}
+	if r := n.apply(Release{Key: p.Key, ClientID: "b", Generation: p.Generation}); r.Code != CodeNotFound {
+		t.Fatalf("wrong owner: %+v", r)
+	}
+	if r := n.apply(Release{Key: p.Key, ClientID: "a", Generation: p.Generation}); r.Code != CodeOK {
+		t.Fatalf("release: %+v", r)
+	}
+	if _, ok := n.m.Placement(p.Key); ok {
+		t.Fatal("placement survived release")
+	}
+	if r := n.apply(Release{Key: p.Key, ClientID: "a", Generation: p.Generation}); r.Code != CodeNotFound {
+		t.Fatalf("retried release: %+v", r)
+	}
+}
+
+func TestDrainUndrainAndReregister(t *testing.T) {
+	n := fleet(t)
+	if r := n.apply(DrainWorker{ClientID: "nobody", Cordon: true, Now: t0}); r.Code != CodeUnknownWorker {
+		t.Fatalf("drain unknown: %+v", r)
+	}
+	if r := n.apply(DrainWorker{ClientID: "a", Cordon: true, Now: t0 + 1}); r.Code != CodeOK || !r.Draining {
+		t.Fatalf("cordon: %+v", r)
+	}
+	if r := n.apply(claim("x", "a", t0+2)); r.Code != CodeIneligible || r.Reason != ReasonDraining {
+		t.Fatalf("claim on cordoned worker: %+v", r)
+	}
+	if c := n.m.Candidates(ns, t0+2); len(c) != 1 || c[0].ClientID != "b" {
+		t.Fatalf("candidates: %+v", c)
+	}
+	// The cordon survives a new session of the same client id.
+	if r := n.apply(reg("a", "sa2", "http://a", t0+3)); !r.Draining || !r.Drain.Cordon {
+		t.Fatalf("re-register lost the cordon: %+v", r)
+	}
+	if r := n.apply(claim("x", "a", t0+4)); r.Code != CodeIneligible {
+		t.Fatalf("claim after re-register: %+v", r)
+	}
+	n.apply(UndrainWorker{ClientID: "a"})
+	if _, ok := n.m.DrainOf("a"); ok {
+		t.Fatal("drain record survived undrain")
+	}
+	if r := n.apply(claim("x", "a", t0+5)); r.Code != CodeGranted {
+		t.Fatalf("claim after undrain: %+v", r)
+	}
+	if r := n.apply(UndrainWorker{ClientID: "nobody"}); r.Code != CodeUnknownWorker {
+		t.Fatalf("undrain unknown: %+v", r)
+	}
+}
+
+func TestHeartbeatNeverExtendsPastDrainDeadline(t *testing.T) {
+	n := fleet(t)
+	deadline := t0 + 20_000
+	n.apply(DrainWorker{ClientID: "a", Deadline: deadline, Now: t0 + 1000})
+	r := n.apply(Heartbeat{ClientID: "a", SessionID: "sa", Now: t0 + 9000, TTLMs: ttl, ProbeOK: true})
+	if r.Code != CodeOK || r.LeaseExpiry != deadline || r.ExpiresInMs != deadline-(t0+9000) || r.Drain.Deadline != deadline {
+		t.Fatalf("heartbeat during drain: %+v", r)
+	}
+	r = n.apply(Heartbeat{ClientID: "a", SessionID: "sa", Now: deadline, TTLMs: ttl, ProbeOK: true})
+	if r.LeaseExpiry != deadline || r.ExpiresInMs != 0 {
+		t.Fatalf("heartbeat at deadline: %+v", r)
+	}
+	if r := n.apply(Heartbeat{ClientID: "a", SessionID: "sa", Now: deadline + 1, TTLMs: ttl, ProbeOK: true}); r.Code != CodeReregister {
+		t.Fatalf("heartbeat past deadline: %+v", r)
+	}
+	// A drain whose deadline precedes the lease already granted does not
+	// shrink it: the worker was told it holds until then.
+	n.apply(Heartbeat{ClientID: "b", SessionID: "sb", Now: t0 + 10_000, TTLMs: ttl, ProbeOK: true})
+	n.apply(DrainWorker{ClientID: "b", Deadline: t0 + 11_000, Now: t0 + 10_500})
+	if r := n.apply(Heartbeat{ClientID: "b", SessionID: "sb", Now: t0 + 10_800, TTLMs: ttl, ProbeOK: true}); r.LeaseExpiry != t0+25_000 {
+		t.Fatalf("lease moved backwards: %+v", r)
+	}
+}
+
+func TestTimedDrainExpiresThroughGC(t *testing.T) {
+	n := fleet(t)
+	deadline := t0 + 30_000
+	n.apply(DrainWorker{ClientID: "a", Deadline: deadline, Now: t0})
+	n.apply(DrainWorker{ClientID: "b", Cordon: true, Now: t0})
+	if r := n.apply(GC{Now: deadline + DrainRetention, WorkerRetentionMs: 100 * DrainRetention}); r.DrainsExpired != 0 {
+		t.Fatalf("drain expired too early: %+v", r)
+	}
+	r := n.apply(GC{Now: deadline + DrainRetention + 1, WorkerRetentionMs: 100 * DrainRetention})
+	if r.DrainsExpired != 1 || r.WorkersForgotten != 0 {
+		t.Fatalf("gc: %+v", r)
+	}
+	if _, ok := n.m.DrainOf("a"); ok {
+		t.Fatal("timed drain survived GC")
+	}
+	if d, ok := n.m.DrainOf("b"); !ok || !d.Cordon {
+		t.Fatal("cordon did not survive GC")
+	}
+}
+
+func TestGCForgetsLongLapsedWorkers(t *testing.T) {
+	n := fleet(t)
+	n.apply(claim("x", "a", t0+1))
+	n.apply(reg("b", "sb2", "http://b", t0+DefaultWorkerRetention))
+	if r := n.apply(GC{Now: t0 + ttl + DefaultWorkerRetention}); r.WorkersForgotten != 0 {
+		t.Fatalf("forgot a worker within retention: %+v", r)
+	}
+	r := n.apply(GC{Now: t0 + ttl + DefaultWorkerRetention + 1})
+	if r.WorkersForgotten != 1 || r.PlacementsDropped != 1 {
+		t.Fatalf("gc: %+v", r)
+	}
+	if _, ok := n.m.Worker("a"); ok {
+		t.Fatal("a still known")
+	}
+	if _, ok := n.m.Worker("b"); !ok {
+		t.Fatal("b forgotten")
+	}
+	if r := n.apply(DrainWorker{ClientID: "a", Cordon: true, Now: t0}); r.Code != CodeUnknownWorker {
+		t.Fatalf("drain of forgotten worker: %+v", r)
+	}
+}
+
+func TestColdStartQuarantine(t *testing.T) {
+	n := fleet(t)
+	c := Claim{Key: key("x"), ClientID: "a", Now: t0 + 100, QuarantineMs: ttl}
+	r := n.apply(c)
+	if r.Code != CodeQuarantine || r.RemainingMs != ttl || n.m.ColdStart() != t0+100 {
+		t.Fatalf("first attempt: %+v (cold start %d)", r, n.m.ColdStart())
+	}
+	c.Now = t0 + 5100
+	if r := n.apply(c); r.Code != CodeQuarantine || r.RemainingMs != 10_000 {
+		t.Fatalf("second attempt: %+v", r)
+	}
+	if got := n.m.QuarantineMs(t0+5100, ttl); got != 10_000 {
+		t.Fatalf("QuarantineMs = %d", got)
+	}
+	n.apply(Heartbeat{ClientID: "a", SessionID: "sa", Now: t0 + 10_000, TTLMs: ttl, ProbeOK: true})
+	c.Now = t0 + 100 + ttl
+	if r := n.apply(c); r.Code != CodeGranted {
+		t.Fatalf("after quarantine: %+v", r)
+	}
+}
+
+func TestHeartbeatStaleSessionAndDegraded(t *testing.T) {
+	n := fleet(t)
+	n.apply(reg("a", "sa2", "http://a", t0+1))
+	if r := n.apply(Heartbeat{ClientID: "a", SessionID: "sa", Now: t0 + 2, TTLMs: ttl, ProbeOK: true}); r.Code != CodeReregister {
+		t.Fatalf("stale session: %+v", r)
+	}
+	if r := n.apply(Heartbeat{ClientID: "zz", SessionID: "s", Now: t0 + 2, TTLMs: ttl, ProbeOK: true}); r.Code != CodeReregister {
+		t.Fatalf("unknown client: %+v", r)
+	}
+	r := n.apply(Heartbeat{ClientID: "a", SessionID: "sa2", Now: t0 + 3000, TTLMs: ttl, ProbeOK: false})
+	if r.Code != CodeOK || !r.Degraded || r.LeaseExpiry != t0+3000+ttl {
+		t.Fatalf("degraded heartbeat: %+v", r)
+	}
+	if r := n.apply(claim("x", "a", t0+3001)); r.Code != CodeIneligible || r.Reason != ReasonDegraded {
+		t.Fatalf("claim on degraded worker: %+v", r)
+	}
+	n.apply(Heartbeat{ClientID: "a", SessionID: "sa2", Now: t0 + 6000, TTLMs: ttl, ProbeOK: true})
+	if r := n.apply(claim("x", "a", t0+6001)); r.Code != CodeGranted {
+		t.Fatalf("claim after probe passed: %+v", r)
+	}
+}
+
+func TestDuplicateAdvertiseURL(t *testing.T) {
+	n := fleet(t)
+	if r := n.apply(reg("c", "sc", "http://a", t0+1)); r.Code != CodeDuplicateAdvertise {
+		t.Fatalf("shared URL with live worker: %+v", r)
+	}
+	n.apply(claim("x", "a", t0+2))
+	// Once a's lease lapsed, a new process on that URL takes over and a is forgotten.
+	if r := n.apply(reg("c", "sc", "http://a", t0+ttl+1)); r.Code != CodeOK {
+		t.Fatalf("takeover: %+v", r)
+	}
+	if _, ok := n.m.Worker("a"); ok {
+		t.Fatal("old worker still known")
+	}
+	if _, ok := n.m.Placement(key("x")); ok {
+		t.Fatal("old worker's placement survived")
+	}
+}
+
+func TestDeregisterDropsPlacementsKeepsDrain(t *testing.T) {
+	n := fleet(t)
+	n.apply(claim("x", "a", t0+1))
+	n.apply(DrainWorker{ClientID: "a", Deadline: t0 + 60_000, Now: t0 + 2})
+	if r := n.apply(Deregister{ClientID: "a", SessionID: "sa"}); r.Code != CodeOK {
+		t.Fatalf("deregister: %+v", r)
+	}
+	if r := n.apply(Deregister{ClientID: "a", SessionID: "sa"}); r.Code != CodeNotFound {
+		t.Fatalf("retried deregister: %+v", r)
+	}
+	if len(n.m.PlacementsOf("a")) != 0 {
+		t.Fatal("placements survived deregister")
+	}
+	if w, ok := n.m.Worker("a"); !ok || w.Live(t0+3) {
+		t.Fatalf("worker after deregister: %+v %v", w, ok)
+	}
+	if _, ok := n.m.DrainOf("a"); !ok {
+		t.Fatal("drain dropped by deregister")
+	}
+	// b may take x at once: a left voluntarily.
+	if r := n.apply(claim("x", "b", t0+4)); r.Code != CodeGranted {
+		t.Fatalf("claim after deregister: %+v", r)
+	}
+}
+
+func TestUnknownCommands(t *testing.T) {
+	n := fleet(t)
+	before := n.snapshot()
+	skip := n.apply(Opaque{Code: 99, Ignorable: true, Payload: []byte{1, 2, 3}})
+	if skip.Code != CodeUnknownCommand {
+		t.Fatalf("ignorable: %+v", skip)
+	}
+	fail := n.apply(Opaque{Code: 99, Payload: []byte{1, 2, 3}})
+	if fail.Code != CodeError {
+		t.Fatalf("non-ignorable: %+v", fail)
+	}
+	// A newer format version: the same rule on the type byte.
+	if r, _ := DecodeResult(n.m.Apply(100, []byte{FormatVersion + 1, byte(TypeClaim) | IgnorableFlag, 7})); r.Code != CodeUnknownCommand {
+		t.Fatalf("newer version, ignorable: %+v", r)
+	}
+	if r, _ := DecodeResult(n.m.Apply(101, []byte{FormatVersion + 1, byte(TypeClaim), 7})); r.Code != CodeError {
+		t.Fatalf("newer version: %+v", r)
+	}
+	if r, _ := DecodeResult(n.m.Apply(102, []byte{FormatVersion, byte(TypeClaim), 7})); r.Code != CodeError {
+		t.Fatalf("truncated claim: %+v", r)
+	}
+	// Nothing changed but the applied index.
+	after := n.snapshot()
+	if bytes.Equal(before, after) {
+		t.Fatal("applied index did not move")
+	}
+	m := New()
+	if err := m.Restore(bytes.NewReader(after)); err != nil || m.AppliedIndex() != 102 {
+		t.Fatalf("restore: %v, index %d", err, m.AppliedIndex())
+	}
+	// Stale index: refused without effect.
+	if r, _ := DecodeResult(n.m.Apply(50, Encode(claim("x", "a", t0+1)))); r.Code != CodeError {
+		t.Fatalf("stale index: %+v", r)
+	}
+	if _, ok := n.m.Placement(key("x")); ok {
+		t.Fatal("stale index applied")
+	}
+}
+
+func TestBatchGrantsKeyOnce(t *testing.T) {
+	n := fleet(t)
+	b := Batch{Commands: []Command{
+		claim("x", "a", t0+1),
+		claim("x", "a", t0+1), // the retry inside the entry: existing
+		claim("x", "b", t0+1), // held
+		claim("y", "b", t0+1),
+		Release{Key: key("y"), ClientID: "b", Generation: n.idx + 1},
+		claim("y", "a", t0+1), // granted and released in this entry: conflict
+	}}
+	r := n.apply(b)
+	want := []Code{CodeGranted, CodeExisting, CodeHeld, CodeGranted, CodeOK, CodeConflict}
+	if len(r.Results) != len(want) {
+		t.Fatalf("results: %+v", r)
+	}
+	for i, c := range want {
+		if r.Results[i].Code != c {
+			t.Fatalf("command %d: %v, want %v (%s)", i, r.Results[i].Code, c, r.Results[i].Reason)
+		}
+	}
+	if r := n.apply(claim("y", "a", t0+2)); r.Code != CodeGranted {
+		t.Fatalf("claim in the next entry: %+v", r)
+	}
+	// Batches do not nest: the encoded entry is refused whole, a nested
+	// batch handed to ApplyCommand fails alone.
+	nested := Batch{Commands: []Command{claim("z", "a", t0+3), Batch{}}}
+	if r := n.apply(nested); r.Code != CodeError {
+		t.Fatalf("nested batch entry: %+v", r)
+	}
+	n.idx++
+	if r := n.m.ApplyCommand(n.idx, nested); r.Results[0].Code != CodeGranted || r.Results[1].Code != CodeError {
+		t.Fatalf("nested batch command: %+v", r)
+	}
+}
+
+func TestInitSetsSecretOnce(t *testing.T) {
+	n := newNode(t)
+	if r := n.apply(Init{Secret: []byte("s1")}); r.Code != CodeOK {
+		t.Fatalf("init: %+v", r)
+	}
+	if r := n.apply(Init{Secret: []byte("s2")}); r.Code != CodeExisting {
+		t.Fatalf("second init: %+v", r)
+	}
+	s := n.m.Secret()
+	s[0] = 'X' // a copy: the directory's secret is untouched
+	if got := string(n.m.Secret()); got != "s1" {
+		t.Fatalf("secret %q", got)
+	}
+}
+
+func TestReadsReturnCopies(t *testing.T) {
+	n := fleet(t)
+	w, _ := n.m.Worker("a")
+	w.Namespaces[0] = "/mutated"
+	if w2, _ := n.m.Worker("a"); w2.Namespaces[0] != ns {
+		t.Fatal("Worker exposed internal namespaces")
+	}
+}
+
+func TestApplyCommandMatchesApply(t *testing.T) {
+	a, b := New(), New()
+	cmds := []Command{reg("a", "sa", "http://a", t0), claim("x", "a", t0+1), Batch{Commands: []Command{claim("y", "a", t0+2), Opaque{Code: 77}}}}
+	for i, c := range cmds {
+		ra, _ := DecodeResult(a.Apply(uint64(i+1), Encode(c)))
+		rb := b.ApplyCommand(uint64(i+1), c)
+		if !bytes.Equal(EncodeResult(ra), EncodeResult(rb)) {
+			t.Fatalf("command %d: %+v vs %+v", i, ra, rb)
+		}
+	}
+}
+
+func TestRestoreRejectsCorruptSnapshot(t *testing.T) {
+	n := fleet(t)
+	snap := n.snapshot()
+	snap[len(snap)/2] ^= 0xff
+	m := fleet(t).m
+	if err := m.Restore(bytes.NewReader(snap)); !errors.Is(err, ErrSnapshot) {
+		t.Fatalf("corrupt snapshot: %v", err)
+	}
+	if _, ok := m.Worker("a"); !ok {
+		t.Fatal("failed restore changed the state")
+	}
+}
+
+func TestCommandRoundTrip(t *testing.T) {
+	cmds := []Command{
+		Init{Secret: []byte{1, 2}},
+		reg("a", "s", "http://a", t0, key("x"), Key{Env: "e", Namespace: "/n", ID: "i"}),
+		Heartbeat{ClientID: "a", SessionID: "s", Now: -5, TTLMs: ttl, Headroom: -1, ProbeOK: true},
+		Deregister{ClientID: "a", SessionID: "s"},
+		Claim{Key: key("x"), ClientID: "a", Now: t0, QuarantineMs: ttl},
+		Release{Key: key("x"), ClientID: "a", Generation: 1 << 40},
+		DrainWorker{ClientID: "a", Deadline: t0, Now: t0},
+		UndrainWorker{ClientID: "a"},
+		GC{Now: t0, WorkerRetentionMs: 5},
+		Batch{Commands: []Command{claim(string(make([]byte, 300)), "a", 1), Opaque{Code: 70, Ignorable: true, Payload: []byte{9}}}},
+	}
+	for _, c := range cmds {
+		b := Encode(c)
+		got, err := DecodeCommand(b)
+		if err != nil {
+			t.Fatalf("%T: %v", c, err)
+		}
+		if !bytes.Equal(Encode(got), b) {
+			t.Fatalf("%T: round trip changed the encoding", c)
+		}
+	}
+}
