@@ -1,0 +1,139 @@
+package raftstore
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Config configures one node of the group. Zero values take the defaults documented per field
+// (see DESIGN.md for why they are what they are).
+type Config struct {
+	// NodeID is this node's stable Raft server id. Required; it must not change across
+	// restarts of the same data directory.
+	NodeID string
+	// RaftAddr is the bind address of the Raft TCP transport ("127.0.0.1:0" picks a free
+	// port). Required unless StreamLayer is set.
+	RaftAddr string
+	// AdvertiseRaftAddr is the address other nodes dial; default the bound address. Required
+	// when RaftAddr binds a wildcard address such as ":8300". Ignored with a StreamLayer (its
+	// Addr is advertised).
+	AdvertiseRaftAddr string
+	// APIAddr is this node's HTTP base URL (e.g. "http://10.0.0.5:8080"). It is replicated as
+	// member metadata so followers can forward to the leader. Required.
+	APIAddr string
+	// DataDir holds raft/raft.db (log and stable store) and raft/snapshots. Required.
+	DataDir string
+	// Bootstrap bootstraps a new single-voter cluster if, and only if, DataDir holds no Raft
+	// state. With existing state it is a no-op, so the same command line can be restarted.
+	Bootstrap bool
+	// MaxVoters caps the number of voters; joins beyond it become nonvoters. Default 3.
+	MaxVoters int
+	// Logger receives raftstore's logs; raft's own INFO lines are logged at DEBUG. Default
+	// slog.Default().
+	Logger *slog.Logger
+	// StreamLayer replaces the plain TCP transport (mutual TLS lands here). Optional.
+	StreamLayer raft.StreamLayer
+	// HTTPClient is used to forward RPCs to the leader. Default: a private client whose idle
+	// connections are closed by Close.
+	HTTPClient *http.Client
+	// Token is sent as "Authorization: Bearer <Token>" on forwarded RPCs. Optional.
+	Token string
+
+	// Raft timing. Defaults are hashicorp/raft's (1s, 1s, 500ms, 50ms), sized for a LAN.
+	// Tests use a few hundred milliseconds.
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	CommitTimeout      time.Duration
+
+	// SnapshotThreshold is the number of entries since the last snapshot that triggers a new
+	// one; default 16384. TrailingLogs is how many entries are kept behind a snapshot so a
+	// lagging follower can catch up from the log; default 16384. SnapshotInterval is how often
+	// the threshold is checked; default 30s. SnapshotRetain is the number of snapshots kept;
+	// default 2.
+	SnapshotThreshold uint64
+	TrailingLogs      uint64
+	SnapshotInterval  time.Duration
+	SnapshotRetain    int
+
+	// MaxAppendEntries bounds how many entries the leader commits in one batch (one fsync) and
+	// sends in one AppendEntries RPC; default 256.
+	MaxAppendEntries int
+	// DisableBatchApplyCh turns off raft's buffered apply channel (see DESIGN.md). Default off,
+	// i.e. BatchApplyCh is enabled.
+	DisableBatchApplyCh bool
+
+	// ApplyTimeout bounds Apply, Join, Remove and Leave when the caller's context has no
+	// deadline; default 10s.
+	ApplyTimeout time.Duration
+	// MaxCommandBytes bounds a forwarded command body; default 4 MiB.
+	MaxCommandBytes int64
+	// TransportTimeout is the Raft transport's I/O deadline; default 10s.
+	TransportTimeout time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxVoters <= 0 {
+		c.MaxVoters = 3
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	def := raft.DefaultConfig()
+	if c.HeartbeatTimeout <= 0 {
+		c.HeartbeatTimeout = def.HeartbeatTimeout
+	}
+	if c.ElectionTimeout <= 0 {
+		c.ElectionTimeout = def.ElectionTimeout
+	}
+	if c.LeaderLeaseTimeout <= 0 {
+		c.LeaderLeaseTimeout = min(def.LeaderLeaseTimeout, c.HeartbeatTimeout)
+	}
+	if c.CommitTimeout <= 0 {
+		c.CommitTimeout = def.CommitTimeout
+	}
+	if c.SnapshotThreshold == 0 {
+		c.SnapshotThreshold = 16384
+	}
+	if c.TrailingLogs == 0 {
+		c.TrailingLogs = 16384
+	}
+	if c.SnapshotInterval <= 0 {
+		c.SnapshotInterval = 30 * time.Second
+	}
+	if c.SnapshotRetain <= 0 {
+		c.SnapshotRetain = 2
+	}
+	if c.MaxAppendEntries <= 0 {
+		c.MaxAppendEntries = 256
+	}
+	if c.ApplyTimeout <= 0 {
+		c.ApplyTimeout = 10 * time.Second
+	}
+	if c.MaxCommandBytes <= 0 {
+		c.MaxCommandBytes = 4 << 20
+	}
+	if c.TransportTimeout <= 0 {
+		c.TransportTimeout = 10 * time.Second
+	}
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.NodeID == "":
+		return fmt.Errorf("%w: NodeID is required", ErrInvalidConfig)
+	case c.DataDir == "":
+		return fmt.Errorf("%w: DataDir is required", ErrInvalidConfig)
+	case c.APIAddr == "":
+		return fmt.Errorf("%w: APIAddr is required", ErrInvalidConfig)
+	case c.RaftAddr == "" && c.StreamLayer == nil:
+		return fmt.Errorf("%w: RaftAddr is required without a StreamLayer", ErrInvalidConfig)
+	case c.MaxAppendEntries > 1024:
+		return fmt.Errorf("%w: MaxAppendEntries %d exceeds raft's limit of 1024", ErrInvalidConfig, c.MaxAppendEntries)
+	}
+	return nil
+}

@@ -1,0 +1,30 @@
+package raftstore
+
+import "errors"
+
+// Sentinel errors. Returned errors wrap them (and often the underlying raft or context error)
+// with %w; match them with errors.Is.
+var (
+	// ErrNotLeader means this node (or the node a request was forwarded to) is not the leader and
+	// the operation was NOT started. Retrying is safe.
+	ErrNotLeader = errors.New("raftstore: not the leader")
+	// ErrNoLeader means no leader (or no leader API address) was known before the deadline. The
+	// operation was not started.
+	ErrNoLeader = errors.New("raftstore: no known leader")
+	// ErrOutcomeUnknown means a command may or may not have been committed (leadership was lost,
+	// the store shut down, the context ended, or the connection to the leader broke after the
+	// request was sent). Only idempotent or compare-and-set commands may be retried.
+	ErrOutcomeUnknown = errors.New("raftstore: outcome unknown")
+	// ErrClosed means the store is closed or closing.
+	ErrClosed = errors.New("raftstore: closed")
+	// ErrInvalidConfig means Open was given an unusable Config.
+	ErrInvalidConfig = errors.New("raftstore: invalid config")
+	// ErrBadRequest means an RPC carried malformed input.
+	ErrBadRequest = errors.New("raftstore: bad request")
+	// ErrUnauthorized means the authorize hook rejected an RPC.
+	ErrUnauthorized = errors.New("raftstore: unauthorized")
+	// ErrLastVoter means the operation would remove the only voter and so destroy the cluster.
+	ErrLastVoter = errors.New("raftstore: refusing to remove the last voter")
+	// ErrUnknownMember means a node id is not in the Raft configuration.
+	ErrUnknownMember = errors.New("raftstore: unknown member")
+)

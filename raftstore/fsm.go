@@ -1,0 +1,226 @@
+package raftstore
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"sync"
+
+	"github.com/hashicorp/raft"
+)
+
+// StateMachine is the deterministic state the log drives. Implementations must be pure:
+// same entries in the same order => same state and same results on every node.
+//
+// Apply, Snapshot and Restore are called from one goroutine, never concurrently with each
+// other; reads from other goroutines need the implementation's own lock.
+type StateMachine interface {
+	// Apply applies the command committed at index. The result bytes are returned to the
+	// proposer (also across forwarding). It must not fail for reasons outside the command
+	// itself: encode rejections in the result.
+	Apply(index uint64, cmd []byte) []byte
+	// Snapshot captures the state cheaply (under the state machine's lock); WriteTo runs
+	// later, outside it and concurrently with Apply. If the WriterTo also has a Release()
+	// method, it is called once the snapshot is persisted or abandoned.
+	Snapshot() (io.WriterTo, error)
+	// Restore replaces the state wholesale with what a Snapshot wrote.
+	Restore(r io.Reader) error
+}
+
+// Entry kinds: the first byte of every log entry raftstore writes. A kind with
+// ignoreUnknownFlag set may be skipped by a node that does not know it (as in Nomad's FSM);
+// any other unknown kind stops the node, because silently skipping it would let its state
+// diverge from the rest of the group.
+const (
+	kindUser          byte = 0x01 // a StateMachine command
+	kindMeta          byte = 0x02 // raftstore-internal member metadata
+	ignoreUnknownFlag byte = 0x80
+)
+
+// metaCommand is the raftstore-internal command that maintains member metadata.
+type metaCommand struct {
+	Op      string `json:"op"` // "set" or "delete"
+	ID      string `json:"id"`
+	APIAddr string `json:"api_addr,omitempty"`
+}
+
+const (
+	metaSet    = "set"
+	metaDelete = "delete"
+)
+
+func encodeUser(cmd []byte) []byte {
+	b := make([]byte, 1+len(cmd))
+	b[0] = kindUser
+	copy(b[1:], cmd)
+	return b
+}
+
+func encodeMeta(c metaCommand) []byte {
+	j, err := json.Marshal(c)
+	if err != nil {
+		panic(fmt.Sprintf("raftstore: encoding meta command: %v", err)) // plain strings cannot fail
+	}
+	return append([]byte{kindMeta}, j...)
+}
+
+// fsm adapts a StateMachine to raft.FSM and keeps the member metadata (node id -> API URL).
+type fsm struct {
+	sm      StateMachine
+	onMeta  func() // called after the metadata changed (outside the lock)
+	mu      sync.RWMutex
+	members map[string]string
+}
+
+var _ raft.FSM = (*fsm)(nil)
+
+func newFSM(sm StateMachine, onMeta func()) *fsm {
+	return &fsm{sm: sm, onMeta: onMeta, members: map[string]string{}}
+}
+
+func (f *fsm) Apply(l *raft.Log) any {
+	if len(l.Data) == 0 {
+		return nil
+	}
+	switch kind := l.Data[0]; kind {
+	case kindUser:
+		return f.sm.Apply(l.Index, l.Data[1:])
+	case kindMeta:
+		var c metaCommand
+		if err := json.Unmarshal(l.Data[1:], &c); err != nil {
+			// Written by raftstore itself, so this is corruption, not user input.
+			panic(fmt.Sprintf("raftstore: undecodable meta entry at index %d: %v", l.Index, err))
+		}
+		f.applyMeta(c)
+		return nil
+	default:
+		if kind&ignoreUnknownFlag != 0 {
+			return nil
+		}
+		panic(fmt.Sprintf("raftstore: unknown entry kind %#x at index %d; upgrade this node", kind, l.Index))
+	}
+}
+
+func (f *fsm) applyMeta(c metaCommand) {
+	f.mu.Lock()
+	switch c.Op {
+	case metaSet:
+		f.members[c.ID] = c.APIAddr
+	case metaDelete:
+		delete(f.members, c.ID)
+	}
+	f.mu.Unlock()
+	if f.onMeta != nil {
+		f.onMeta()
+	}
+}
+
+func (f *fsm) apiAddr(id string) string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.members[id]
+}
+
+func (f *fsm) metaCopy() map[string]string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return maps.Clone(f.members)
+}
+
+// Snapshot format, version 1:
+//
+//	magic "PNDRS\x00\x00\x01" | uint32 big-endian length n | n bytes JSON snapshotMeta | user state
+//
+// The user state runs to the end of the stream and is handed to StateMachine.Restore as is.
+var snapshotMagic = []byte("PNDRS\x00\x00\x01")
+
+type snapshotMeta struct {
+	Members map[string]string `json:"members"`
+}
+
+func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	meta, err := json.Marshal(snapshotMeta{Members: f.metaCopy()})
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: snapshot meta: %w", err)
+	}
+	wt, err := f.sm.Snapshot()
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: state machine snapshot: %w", err)
+	}
+	return &fsmSnapshot{meta: meta, state: wt}, nil
+}
+
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	head := make([]byte, len(snapshotMagic)+4)
+	if _, err := io.ReadFull(rc, head); err != nil {
+		return fmt.Errorf("raftstore: restore: reading header: %w", err)
+	}
+	if !bytes.Equal(head[:len(snapshotMagic)], snapshotMagic) {
+		return fmt.Errorf("raftstore: restore: not a raftstore v1 snapshot (header %q)", head[:len(snapshotMagic)])
+	}
+	n := binary.BigEndian.Uint32(head[len(snapshotMagic):])
+	const maxMeta = 64 << 20
+	if n > maxMeta {
+		return fmt.Errorf("raftstore: restore: member metadata of %d bytes is implausible", n)
+	}
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(rc, buf); err != nil {
+		return fmt.Errorf("raftstore: restore: reading member metadata: %w", err)
+	}
+	var meta snapshotMeta
+	if err := json.Unmarshal(buf, &meta); err != nil {
+		return fmt.Errorf("raftstore: restore: decoding member metadata: %w", err)
+	}
+	if err := f.sm.Restore(rc); err != nil {
+		return fmt.Errorf("raftstore: restore: state machine: %w", err)
+	}
+	if meta.Members == nil {
+		meta.Members = map[string]string{}
+	}
+	f.mu.Lock()
+	f.members = meta.Members
+	f.mu.Unlock()
+	if f.onMeta != nil {
+		f.onMeta()
+	}
+	return nil
+}
+
+type fsmSnapshot struct {
+	meta  []byte
+	state io.WriterTo
+}
+
+func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	head := make([]byte, len(snapshotMagic)+4)
+	copy(head, snapshotMagic)
+	binary.BigEndian.PutUint32(head[len(snapshotMagic):], uint32(len(s.meta)))
+	err := func() error {
+		if _, err := sink.Write(head); err != nil {
+			return err
+		}
+		if _, err := sink.Write(s.meta); err != nil {
+			return err
+		}
+		_, err := s.state.WriteTo(sink)
+		return err
+	}()
+	if err != nil {
+		_ = sink.Cancel()
+		return fmt.Errorf("raftstore: persisting snapshot: %w", err)
+	}
+	if err := sink.Close(); err != nil {
+		return fmt.Errorf("raftstore: closing snapshot: %w", err)
+	}
+	return nil
+}
+
+func (s *fsmSnapshot) Release() {
+	if r, ok := s.state.(interface{ Release() }); ok {
+		r.Release()
+	}
+}

@@ -1,0 +1,260 @@
+package raftstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// listSM is the state machine under test: an append-only list of commands. Apply returns the
+// new length, so a proposer can see its own result.
+type listSM struct {
+	mu       sync.Mutex
+	entries  []string
+	restores int
+}
+
+func (m *listSM) Apply(_ uint64, cmd []byte) []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.entries = append(m.entries, string(cmd))
+	return []byte(strconv.Itoa(len(m.entries)))
+}
+
+func (m *listSM) Snapshot() (io.WriterTo, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, err := json.Marshal(m.entries)
+	if err != nil {
+		return nil, err
+	}
+	return bytes.NewReader(b), nil
+}
+
+func (m *listSM) Restore(r io.Reader) error {
+	var entries []string
+	if err := json.NewDecoder(r).Decode(&entries); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.entries = entries
+	m.restores++
+	return nil
+}
+
+func (m *listSM) list() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.entries)
+}
+
+func (m *listSM) restoreCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.restores
+}
+
+// testNode is one pinnedd-like node: a Store behind a real HTTP server.
+type testNode struct {
+	t       testing.TB
+	id      string
+	dir     string
+	cfg     Config
+	sm      *listSM
+	s       *Store
+	srv     *httptest.Server
+	handler atomic.Pointer[http.Handler]
+}
+
+func testLogger() *slog.Logger {
+	if os.Getenv("RAFTSTORE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// fastConfig returns timeouts short enough for tests on a loaded 2-core machine, yet long
+// enough that -race does not make leaders flap.
+func fastConfig(c Config) Config {
+	c.HeartbeatTimeout = 300 * time.Millisecond
+	c.ElectionTimeout = 300 * time.Millisecond
+	c.LeaderLeaseTimeout = 150 * time.Millisecond
+	c.CommitTimeout = 20 * time.Millisecond
+	c.ApplyTimeout = 5 * time.Second
+	c.Logger = testLogger()
+	return c
+}
+
+// startNode opens a node in dir. raftAddr "" picks a free port.
+func startNode(t testing.TB, id, dir, raftAddr string, bootstrap bool, mod func(*Config)) *testNode {
+	t.Helper()
+	if raftAddr == "" {
+		raftAddr = "127.0.0.1:0"
+	}
+	n := &testNode{t: t, id: id, dir: dir, sm: &listSM{}}
+	n.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := n.handler.Load()
+		if h == nil {
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+			return
+		}
+		(*h).ServeHTTP(w, r)
+	}))
+	n.cfg = fastConfig(Config{
+		NodeID:    id,
+		RaftAddr:  raftAddr,
+		APIAddr:   n.srv.URL,
+		DataDir:   dir,
+		Bootstrap: bootstrap,
+		Token:     "secret",
+	})
+	if mod != nil {
+		mod(&n.cfg)
+	}
+	s, err := Open(context.Background(), n.cfg, n.sm)
+	if err != nil {
+		n.srv.Close()
+		t.Fatalf("open %s: %v", id, err)
+	}
+	n.s = s
+	h := s.Handler(func(r *http.Request) bool { return r.Header.Get("Authorization") == "Bearer secret" })
+	n.handler.Store(&h)
+	t.Cleanup(n.close)
+	return n
+}
+
+// close shuts the node down gracefully (idempotent).
+func (n *testNode) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.s.Close(ctx); err != nil {
+		n.t.Errorf("close %s: %v", n.id, err)
+	}
+	n.srv.Close()
+}
+
+// kill stops the node the hard way: no leadership transfer, HTTP gone at once.
+func (n *testNode) kill() {
+	n.srv.CloseClientConnections()
+	n.srv.Close()
+	if err := n.s.shutdown(context.Background(), false); err != nil {
+		n.t.Errorf("kill %s: %v", n.id, err)
+	}
+}
+
+// eventually polls cond until it returns nil or the deadline passes.
+func eventually(t testing.TB, d time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not reached within %v: %v", what, d, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func ctxTimeout(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func waitLeader(t testing.TB, n *testNode) {
+	t.Helper()
+	if err := n.s.WaitForLeader(ctxTimeout(t, 10*time.Second)); err != nil {
+		t.Fatalf("%s: %v", n.id, err)
+	}
+}
+
+// newCluster bootstraps nodes[0] and joins the rest through the first node's HTTP API.
+func newCluster(t testing.TB, size int, mod func(*Config)) []*testNode {
+	t.Helper()
+	nodes := []*testNode{startNode(t, "n1", t.TempDir(), "", true, mod)}
+	waitLeader(t, nodes[0])
+	for i := 2; i <= size; i++ {
+		n := startNode(t, fmt.Sprintf("n%d", i), t.TempDir(), "", false, mod)
+		if err := JoinVia(ctxTimeout(t, 10*time.Second), nil, nodes[0].srv.URL, "secret", n.id, n.s.RaftAddr(), n.srv.URL); err != nil {
+			t.Fatalf("join %s: %v", n.id, err)
+		}
+		nodes = append(nodes, n)
+	}
+	for _, n := range nodes {
+		waitLeader(t, n)
+	}
+	return nodes
+}
+
+func leaderOf(t testing.TB, nodes []*testNode) *testNode {
+	t.Helper()
+	var leader *testNode
+	eventually(t, 10*time.Second, "a single leader", func() error {
+		leader = nil
+		for _, n := range nodes {
+			if n.s.closed.Load() || !n.s.IsLeader() {
+				continue
+			}
+			if leader != nil {
+				return fmt.Errorf("two leaders: %s and %s", leader.id, n.id)
+			}
+			leader = n
+		}
+		if leader == nil {
+			return fmt.Errorf("no leader")
+		}
+		return nil
+	})
+	return leader
+}
+
+// converged waits until every node has applied the same entries as want.
+func converged(t testing.TB, nodes []*testNode, want []string) {
+	t.Helper()
+	for _, n := range nodes {
+		eventually(t, 10*time.Second, n.id+" caught up", func() error {
+			if got := n.sm.list(); !slices.Equal(got, want) {
+				return fmt.Errorf("%s has %d entries, want %d", n.id, len(got), len(want))
+			}
+			return nil
+		})
+	}
+}
+
+func membersByID(t testing.TB, n *testNode) map[string]Member {
+	t.Helper()
+	ms, err := n.s.Members(ctxTimeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("members via %s: %v", n.id, err)
+	}
+	out := map[string]Member{}
+	for _, m := range ms {
+		out[m.ID] = m
+	}
+	return out
+}
+
+func mustApply(t testing.TB, n *testNode, cmd string) string {
+	t.Helper()
+	res, err := n.s.Apply(ctxTimeout(t, 10*time.Second), []byte(cmd))
+	if err != nil {
+		t.Fatalf("apply %q via %s: %v", cmd, n.id, err)
+	}
+	return string(res)
+}

@@ -1,0 +1,367 @@
+package raftstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+)
+
+// HandlerPrefix is the path prefix Handler serves; mount it as mux.Handle(HandlerPrefix, h).
+const HandlerPrefix = "/_raft/"
+
+// forwardedHeader marks a request a raftstore node sent to the node it believes is the
+// leader. The receiver then acts only locally (never forwards again), so a stale view of the
+// leader costs one ErrNotLeader round trip instead of a forwarding loop.
+const forwardedHeader = "X-Raftstore-Forwarded"
+
+const maxJSONBody = 64 << 10
+
+type joinRequest struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	APIAddr  string `json:"api_addr,omitempty"`
+}
+
+type removeRequest struct {
+	ID string `json:"id"`
+}
+
+type metaRequest struct {
+	ID      string `json:"id"`
+	APIAddr string `json:"api_addr"`
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+	Code  string `json:"code"`
+}
+
+// Error codes on the wire. A client maps them back to sentinels.
+const (
+	codeNotLeader      = "not_leader"
+	codeNoLeader       = "no_leader"
+	codeOutcomeUnknown = "outcome_unknown"
+	codeClosed         = "closed"
+	codeBadRequest     = "bad_request"
+	codeUnauthorized   = "unauthorized"
+	codeLastVoter      = "last_voter"
+	codeUnknownMember  = "unknown_member"
+	codeInternal       = "internal"
+)
+
+// Handler serves the forwarding and membership RPCs under HandlerPrefix:
+//
+//	POST /_raft/apply    raw command bytes -> 200 raw result bytes
+//	POST /_raft/join     {"id","raft_addr","api_addr"} -> 204
+//	POST /_raft/remove   {"id"} -> 204
+//	POST /_raft/leave    -> 204 (this node leaves the group)
+//	POST /_raft/meta     {"id","api_addr"} -> 204 (raftstore-internal)
+//	GET  /_raft/members  -> 200 [Member...]
+//
+// Errors are JSON {"error","code"} with a 4xx/5xx status; code not_leader, no_leader or closed
+// means nothing was started, outcome_unknown that it may have been. A request from a follower
+// (marked as forwarded) is handled locally only; any other request may be forwarded once to
+// the leader. authorize decides every request (e.g. check the bearer token); nil allows all,
+// which only suits tests and closed networks.
+func (s *Store) Handler(authorize func(*http.Request) bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+HandlerPrefix+"apply", s.handleApply)
+	mux.HandleFunc("POST "+HandlerPrefix+"join", s.handleJoin)
+	mux.HandleFunc("POST "+HandlerPrefix+"remove", s.handleRemove)
+	mux.HandleFunc("POST "+HandlerPrefix+"leave", s.handleLeave)
+	mux.HandleFunc("POST "+HandlerPrefix+"meta", s.handleMeta)
+	mux.HandleFunc("GET "+HandlerPrefix+"members", s.handleMembers)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if authorize != nil && !authorize(r) {
+			writeError(w, ErrUnauthorized)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+func forwarded(r *http.Request) bool { return r.Header.Get(forwardedHeader) != "" }
+
+// localOnly runs fn if this node is the leader, for requests that were already forwarded.
+func (s *Store) localOnly(fn func() error) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if !s.IsLeader() {
+		return ErrNotLeader
+	}
+	return fn()
+}
+
+func (s *Store) handleApply(w http.ResponseWriter, r *http.Request) {
+	cmd, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxCommandBytes))
+	if err != nil {
+		writeError(w, fmt.Errorf("%w: reading command: %w", ErrBadRequest, err))
+		return
+	}
+	var res []byte
+	if forwarded(r) {
+		err = s.localOnly(func() (err error) {
+			res, err = s.applyLocal(r.Context(), encodeUser(cmd))
+			return err
+		})
+	} else {
+		res, err = s.Apply(r.Context(), cmd)
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(res)
+}
+
+func (s *Store) handleJoin(w http.ResponseWriter, r *http.Request) {
+	var req joinRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	if req.ID == "" || req.RaftAddr == "" {
+		writeError(w, fmt.Errorf("%w: join needs id and raft_addr", ErrBadRequest))
+		return
+	}
+	var err error
+	if forwarded(r) {
+		err = s.localOnly(func() error { return s.joinLocal(r.Context(), req) })
+	} else {
+		err = s.Join(r.Context(), req.ID, req.RaftAddr, req.APIAddr)
+	}
+	writeResult(w, err)
+}
+
+func (s *Store) handleRemove(w http.ResponseWriter, r *http.Request) {
+	var req removeRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	if req.ID == "" {
+		writeError(w, fmt.Errorf("%w: remove needs id", ErrBadRequest))
+		return
+	}
+	var err error
+	if forwarded(r) {
+		err = s.localOnly(func() error { return s.removeLocal(r.Context(), req.ID) })
+	} else {
+		err = s.Remove(r.Context(), req.ID)
+	}
+	writeResult(w, err)
+}
+
+func (s *Store) handleLeave(w http.ResponseWriter, r *http.Request) {
+	writeResult(w, s.Leave(r.Context()))
+}
+
+func (s *Store) handleMeta(w http.ResponseWriter, r *http.Request) {
+	var req metaRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	if req.ID == "" || req.APIAddr == "" {
+		writeError(w, fmt.Errorf("%w: meta needs id and api_addr", ErrBadRequest))
+		return
+	}
+	var err error
+	if forwarded(r) {
+		err = s.localOnly(func() error { return s.setMetaLocal(r.Context(), req.ID, req.APIAddr) })
+	} else {
+		err = s.setMeta(r.Context(), req.ID, req.APIAddr)
+	}
+	writeResult(w, err)
+}
+
+func (s *Store) handleMembers(w http.ResponseWriter, r *http.Request) {
+	ms, err := s.Members(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(ms)
+}
+
+func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxJSONBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeError(w, fmt.Errorf("%w: %w", ErrBadRequest, err))
+		return false
+	}
+	return true
+}
+
+func writeResult(w http.ResponseWriter, err error) {
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	status, code := http.StatusInternalServerError, codeInternal
+	switch {
+	case errors.Is(err, ErrOutcomeUnknown):
+		status, code = http.StatusServiceUnavailable, codeOutcomeUnknown
+	case errors.Is(err, ErrClosed):
+		status, code = http.StatusServiceUnavailable, codeClosed
+	case errors.Is(err, ErrNotLeader):
+		status, code = http.StatusServiceUnavailable, codeNotLeader
+	case errors.Is(err, ErrNoLeader):
+		status, code = http.StatusServiceUnavailable, codeNoLeader
+	case errors.Is(err, ErrBadRequest):
+		status, code = http.StatusBadRequest, codeBadRequest
+	case errors.Is(err, ErrUnauthorized):
+		status, code = http.StatusUnauthorized, codeUnauthorized
+	case errors.Is(err, ErrLastVoter):
+		status, code = http.StatusConflict, codeLastVoter
+	case errors.Is(err, ErrUnknownMember):
+		status, code = http.StatusNotFound, codeUnknownMember
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(errorBody{Error: err.Error(), Code: code})
+}
+
+// call sends one RPC to the node at baseURL. forwarded marks it as sent by a raftstore node to
+// the leader.
+func (s *Store) call(ctx context.Context, baseURL, op string, body []byte, forwarded bool) ([]byte, error) {
+	return doRPC(ctx, s.client, baseURL, s.cfg.Token, http.MethodPost, op, "application/octet-stream", body, forwarded)
+}
+
+func (s *Store) callJSON(ctx context.Context, baseURL, op string, in, out any, forwarded bool) error {
+	return callJSON(ctx, s.client, baseURL, s.cfg.Token, op, in, out, forwarded)
+}
+
+func callJSON(ctx context.Context, client *http.Client, baseURL, token, op string, in, out any, forwarded bool) error {
+	method, ctype := http.MethodGet, ""
+	var body []byte
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("raftstore: encoding %s request: %w", op, err)
+		}
+		method, ctype, body = http.MethodPost, "application/json", b
+	}
+	res, err := doRPC(ctx, client, baseURL, token, method, op, ctype, body, forwarded)
+	if err != nil {
+		return err
+	}
+	if out != nil {
+		if err := json.Unmarshal(res, out); err != nil {
+			return fmt.Errorf("raftstore: decoding %s response from %s: %w", op, baseURL, err)
+		}
+	}
+	return nil
+}
+
+func doRPC(ctx context.Context, client *http.Client, baseURL, token, method, op, ctype string, body []byte, forwarded bool) ([]byte, error) {
+	if client == nil {
+		client = http.DefaultClient
+	}
+	url := strings.TrimRight(baseURL, "/") + HandlerPrefix + op
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrBadRequest, op, err)
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if forwarded {
+		req.Header.Set(forwardedHeader, "1")
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		var opErr *net.OpError
+		if errors.As(err, &opErr) && opErr.Op == "dial" {
+			// Never reached the node: nothing was started there.
+			return nil, fmt.Errorf("raftstore: %s via %s: %w: %w", op, baseURL, ErrNoLeader, err)
+		}
+		return nil, fmt.Errorf("raftstore: %s via %s: %w: %w", op, baseURL, ErrOutcomeUnknown, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: %s via %s: reading response: %w: %w", op, baseURL, ErrOutcomeUnknown, err)
+	}
+	if resp.StatusCode/100 == 2 {
+		return data, nil
+	}
+	var eb errorBody
+	if json.Unmarshal(data, &eb) != nil || eb.Code == "" {
+		return nil, fmt.Errorf("raftstore: %s via %s: HTTP %d: %s", op, baseURL, resp.StatusCode, bytes.TrimSpace(data))
+	}
+	var sentinel error
+	switch eb.Code {
+	case codeNotLeader, codeClosed:
+		sentinel = ErrNotLeader // the remote started nothing
+	case codeNoLeader:
+		sentinel = ErrNoLeader
+	case codeOutcomeUnknown:
+		sentinel = ErrOutcomeUnknown
+	case codeBadRequest:
+		sentinel = ErrBadRequest
+	case codeUnauthorized:
+		sentinel = ErrUnauthorized
+	case codeLastVoter:
+		sentinel = ErrLastVoter
+	case codeUnknownMember:
+		sentinel = ErrUnknownMember
+	default:
+		return nil, fmt.Errorf("raftstore: %s via %s: HTTP %d: %s", op, baseURL, resp.StatusCode, eb.Error)
+	}
+	return nil, fmt.Errorf("raftstore: %s via %s: %w (remote: %s)", op, baseURL, sentinel, eb.Error)
+}
+
+// JoinVia asks the member at memberURL (its HTTP base URL, any member: a follower forwards to
+// the leader) to add nodeID at raftAddr with API URL apiAddr. token, if not empty, is sent as a
+// bearer token. Joining is idempotent, so a node restarted with --join may send it again.
+func JoinVia(ctx context.Context, client *http.Client, memberURL, token, nodeID, raftAddr, apiAddr string) error {
+	if nodeID == "" || raftAddr == "" {
+		return fmt.Errorf("%w: join needs a node id and a raft address", ErrBadRequest)
+	}
+	return callJSON(ctx, client, memberURL, token, "join", joinRequest{ID: nodeID, RaftAddr: raftAddr, APIAddr: apiAddr}, nil, false)
+}
+
+// RemoveVia asks the member at memberURL to remove nodeID from the group (forwarded to the
+// leader if needed).
+func RemoveVia(ctx context.Context, client *http.Client, memberURL, token, nodeID string) error {
+	if nodeID == "" {
+		return fmt.Errorf("%w: remove needs a node id", ErrBadRequest)
+	}
+	return callJSON(ctx, client, memberURL, token, "remove", removeRequest{ID: nodeID}, nil, false)
+}
+
+// LeaveVia asks the node at nodeURL to leave the group itself (leadership transfer first).
+func LeaveVia(ctx context.Context, client *http.Client, nodeURL, token string) error {
+	_, err := doRPC(ctx, client, nodeURL, token, http.MethodPost, "leave", "", nil, false)
+	return err
+}
+
+// MembersVia lists the group's members as the node at nodeURL sees them.
+func MembersVia(ctx context.Context, client *http.Client, nodeURL, token string) ([]Member, error) {
+	var ms []Member
+	if err := callJSON(ctx, client, nodeURL, token, "members", nil, &ms, false); err != nil {
+		return nil, err
+	}
+	return ms, nil
+}

@@ -1,0 +1,808 @@
+package raftstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+)
+
+// Member is one server of the Raft configuration as this node sees it.
+type Member struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	// APIAddr is the member's HTTP base URL; empty until the member has recorded it.
+	APIAddr string `json:"api_addr,omitempty"`
+	Voter   bool   `json:"voter"`
+	Leader  bool   `json:"leader"`
+	// LastContact is, as far as this node knows, when the member was last heard from: on the
+	// leader, now for healthy followers and the time of the last successful contact for
+	// followers failing heartbeats; on a follower, the last contact with the leader and now for
+	// itself. Zero means unknown.
+	LastContact time.Time `json:"last_contact,omitzero"`
+}
+
+// Store is this node's member of the Raft group. Create it with Open; all methods are safe
+// for concurrent use.
+type Store struct {
+	cfg       Config
+	log       *slog.Logger
+	raft      *raft.Raft
+	fsm       *fsm
+	bolt      *raftboltdb.BoltStore
+	trans     *raft.NetworkTransport
+	advertise string
+	existing  bool
+	client    *http.Client
+	ownClient bool
+
+	notifyCh chan bool
+	obsCh    chan raft.Observation
+	observer *raft.Observer
+	regCh    chan struct{}
+
+	baseCtx    context.Context // cancelled when Close starts
+	baseCancel context.CancelFunc
+	wg         sync.WaitGroup
+	closed     atomic.Bool
+	closeOnce  sync.Once
+	closeErr   error
+
+	mu            sync.Mutex
+	changed       chan struct{} // closed and replaced on every leader or metadata change
+	leaderFns     []leaderFn
+	leaderCtx     context.Context // non-nil while leading (after the barrier)
+	leaderRunning *sync.WaitGroup
+	failing       map[raft.ServerID]time.Time
+	lastLeader    raft.ServerID
+}
+
+type leaderFn struct {
+	name string
+	fn   func(ctx context.Context)
+}
+
+// Open opens (or creates) the node's Raft state in cfg.DataDir and starts Raft. With
+// cfg.Bootstrap and no existing state it bootstraps a single-voter cluster; otherwise the node
+// waits to be contacted by a leader (after a Join for a new node). Open does not wait for a
+// leader: use WaitForLeader.
+func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error) {
+	if sm == nil {
+		return nil, fmt.Errorf("%w: nil StateMachine", ErrInvalidConfig)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	s := &Store{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "raftstore", "node", cfg.NodeID),
+		notifyCh: make(chan bool, 16),
+		obsCh:    make(chan raft.Observation, 64),
+		regCh:    make(chan struct{}, 1),
+		changed:  make(chan struct{}),
+		failing:  map[raft.ServerID]time.Time{},
+	}
+	s.baseCtx, s.baseCancel = context.WithCancel(context.Background())
+	var cleanups []func()
+	defer func() {
+		if err != nil {
+			s.baseCancel()
+			for i := len(cleanups) - 1; i >= 0; i-- {
+				cleanups[i]()
+			}
+		}
+	}()
+
+	s.client = cfg.HTTPClient
+	if s.client == nil {
+		s.client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		s.ownClient = true
+		cleanups = append(cleanups, s.client.CloseIdleConnections)
+	}
+	hlog := newHCLogAdapter(s.log)
+
+	dir := filepath.Join(cfg.DataDir, "raft")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("raftstore: creating %s: %w", dir, err)
+	}
+	s.bolt, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(dir, "raft.db")})
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: opening log store: %w", err)
+	}
+	cleanups = append(cleanups, func() { _ = s.bolt.Close() })
+	logs, err := raft.NewLogCache(512, s.bolt)
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: log cache: %w", err)
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(dir, cfg.SnapshotRetain, hlog.Named("snapshots"))
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: snapshot store: %w", err)
+	}
+
+	if cfg.StreamLayer != nil {
+		s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+			Stream:  cfg.StreamLayer,
+			MaxPool: 3,
+			Timeout: cfg.TransportTimeout,
+			Logger:  hlog.Named("transport"),
+		})
+	} else {
+		var adv net.Addr
+		if cfg.AdvertiseRaftAddr != "" {
+			if adv, err = net.ResolveTCPAddr("tcp", cfg.AdvertiseRaftAddr); err != nil {
+				return nil, fmt.Errorf("%w: AdvertiseRaftAddr %q: %w", ErrInvalidConfig, cfg.AdvertiseRaftAddr, err)
+			}
+		}
+		s.trans, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, adv, 3, cfg.TransportTimeout, hlog.Named("transport"))
+		if err != nil {
+			return nil, fmt.Errorf("raftstore: raft transport on %s: %w", cfg.RaftAddr, err)
+		}
+	}
+	cleanups = append(cleanups, func() { _ = s.trans.Close() })
+	s.advertise = string(s.trans.LocalAddr())
+
+	s.existing, err = raft.HasExistingState(logs, s.bolt, snaps)
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: checking existing state: %w", err)
+	}
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	rc.Logger = hlog
+	rc.NotifyCh = s.notifyCh
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = cfg.CommitTimeout
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.TrailingLogs = cfg.TrailingLogs
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.MaxAppendEntries = cfg.MaxAppendEntries
+	rc.BatchApplyCh = !cfg.DisableBatchApplyCh
+	rc.ShutdownOnRemove = true
+	rc.NoLegacyTelemetry = true
+
+	s.fsm = newFSM(sm, s.metaChanged)
+	s.raft, err = raft.NewRaft(rc, s.fsm, logs, s.bolt, snaps, s.trans)
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: starting raft: %w", err)
+	}
+	cleanups = append(cleanups, func() { _ = s.raft.Shutdown().Error() })
+
+	switch {
+	case cfg.Bootstrap && s.existing:
+		s.log.Info("existing raft state found; not bootstrapping", "dir", dir)
+	case cfg.Bootstrap:
+		f := s.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{{
+			Suffrage: raft.Voter, ID: rc.LocalID, Address: raft.ServerAddress(s.advertise),
+		}}})
+		if err := waitFuture(ctx, f); err != nil {
+			return nil, fmt.Errorf("raftstore: bootstrap: %w", err)
+		}
+		s.log.Info("bootstrapped a new cluster", "raft_addr", s.advertise)
+	}
+
+	s.observer = raft.NewObserver(s.obsCh, false, func(o *raft.Observation) bool {
+		switch o.Data.(type) {
+		case raft.LeaderObservation, raft.FailedHeartbeatObservation,
+			raft.ResumedHeartbeatObservation, raft.PeerObservation:
+			return true
+		}
+		return false
+	})
+	s.raft.RegisterObserver(s.observer)
+
+	s.wg.Add(3)
+	go s.leaderLoop()
+	go s.observeLoop()
+	go s.registerLoop()
+	s.nudgeRegistrar()
+	s.log.Info("raft started", "raft_addr", s.advertise, "api_addr", cfg.APIAddr, "existing_state", s.existing)
+	return s, nil
+}
+
+// NodeID returns this node's id.
+func (s *Store) NodeID() string { return s.cfg.NodeID }
+
+// RaftAddr returns the Raft address other nodes use to reach this node.
+func (s *Store) RaftAddr() string { return s.advertise }
+
+// APIAddr returns this node's HTTP base URL.
+func (s *Store) APIAddr() string { return s.cfg.APIAddr }
+
+// HadExistingState reports whether DataDir held Raft state when Open ran. A node with state
+// is already a member (or was removed) and needs no join; re-sending one is harmless.
+func (s *Store) HadExistingState() bool { return s.existing }
+
+// IsLeader reports whether this node currently believes it is the leader.
+func (s *Store) IsLeader() bool { return s.raft.State() == raft.Leader }
+
+// Leader returns the current leader's id and API URL as far as this node knows; empty strings
+// if unknown.
+func (s *Store) Leader() (id, apiAddr string) {
+	_, lid := s.raft.LeaderWithID()
+	if lid == "" {
+		return "", ""
+	}
+	return string(lid), s.fsm.apiAddr(string(lid))
+}
+
+// AppliedIndex returns the index of the last entry applied to the state machine on this node.
+func (s *Store) AppliedIndex() uint64 { return s.raft.AppliedIndex() }
+
+// Stats returns raft's own statistics (state, term, indexes, last contact ...).
+func (s *Store) Stats() map[string]string { return s.raft.Stats() }
+
+// Apply commits cmd and returns the state machine's result. On the leader it is a raft.Apply;
+// on a follower it is forwarded to the leader's API (POST <leader>/_raft/apply). While no
+// leader is known, or the contacted node turns out not to be the leader before accepting the
+// command, Apply waits and tries again until ctx ends (then ErrNoLeader/ErrNotLeader). An
+// error wrapping ErrOutcomeUnknown means the command may have been committed; Apply never
+// retries those.
+func (s *Store) Apply(ctx context.Context, cmd []byte) ([]byte, error) {
+	var res []byte
+	err := s.onLeader(ctx, "apply",
+		func(ctx context.Context) (err error) {
+			res, err = s.applyLocal(ctx, encodeUser(cmd))
+			return err
+		},
+		func(ctx context.Context, api string) (err error) {
+			res, err = s.call(ctx, api, "apply", cmd, true)
+			return err
+		})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// Barrier waits until every entry committed before it has been applied on this node, which
+// must be the leader (a follower gets ErrNotLeader).
+func (s *Store) Barrier(ctx context.Context) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	f := s.raft.Barrier(timeoutFrom(ctx, s.cfg.ApplyTimeout))
+	if err := waitFuture(ctx, f); err != nil {
+		return fmt.Errorf("raftstore: barrier: %w", err)
+	}
+	return nil
+}
+
+// WaitForLeader blocks until a leader is known and its API URL is recorded, i.e. until Apply
+// can reach it, or ctx ends.
+func (s *Store) WaitForLeader(ctx context.Context) error {
+	for {
+		changed := s.changes()
+		if s.closed.Load() {
+			return ErrClosed
+		}
+		if id, api := s.Leader(); id != "" && api != "" {
+			return nil
+		}
+		// The change channel is the fast path; the timer covers observations raft dropped.
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("raftstore: waiting for leader: %w: %w", ErrNoLeader, ctx.Err())
+		}
+		t.Stop()
+	}
+}
+
+// Join adds a node to the group, or does nothing if it is already a member with this id and
+// address. It runs on the leader; a follower forwards it. The node becomes a voter while the
+// group has fewer than MaxVoters voters, else a nonvoter (an existing nonvoter is promoted when
+// a voter slot is free). A different member that holds the same id or the same Raft address is
+// stale (the node was rebuilt or re-addressed) and is removed first, as Consul and rqlite do.
+// apiAddr, if given, is recorded as the member's metadata.
+func (s *Store) Join(ctx context.Context, nodeID, raftAddr, apiAddr string) error {
+	if nodeID == "" || raftAddr == "" {
+		return fmt.Errorf("%w: join needs a node id and a raft address", ErrBadRequest)
+	}
+	req := joinRequest{ID: nodeID, RaftAddr: raftAddr, APIAddr: apiAddr}
+	return s.onLeader(ctx, "join",
+		func(ctx context.Context) error { return s.joinLocal(ctx, req) },
+		func(ctx context.Context, api string) error { return s.callJSON(ctx, api, "join", req, nil, true) })
+}
+
+// Remove removes a (typically dead) member from the group; it runs on the leader, a follower
+// forwards it. Removing a non-member is a no-op. Removing this node itself is Leave. The last
+// voter cannot be removed (ErrLastVoter).
+func (s *Store) Remove(ctx context.Context, nodeID string) error {
+	if nodeID == "" {
+		return fmt.Errorf("%w: remove needs a node id", ErrBadRequest)
+	}
+	if nodeID == s.cfg.NodeID {
+		return s.Leave(ctx)
+	}
+	return s.remove(ctx, nodeID)
+}
+
+func (s *Store) remove(ctx context.Context, nodeID string) error {
+	req := removeRequest{ID: nodeID}
+	return s.onLeader(ctx, "remove",
+		func(ctx context.Context) error { return s.removeLocal(ctx, req.ID) },
+		func(ctx context.Context, api string) error { return s.callJSON(ctx, api, "remove", req, nil, true) })
+}
+
+// Leave removes this node from the group: if it is the leader it first transfers leadership,
+// then asks the (new) leader to remove it. Close the store afterwards.
+func (s *Store) Leave(ctx context.Context) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	ctx, cancel := s.withDefaultTimeout(ctx)
+	defer cancel()
+	if s.IsLeader() {
+		if err := s.transferLeadership(ctx); err != nil {
+			return fmt.Errorf("raftstore: leave: %w", err)
+		}
+	}
+	if err := s.remove(ctx, s.cfg.NodeID); err != nil {
+		return fmt.Errorf("raftstore: leave: %w", err)
+	}
+	s.log.Info("left the cluster")
+	return nil
+}
+
+// transferLeadership hands leadership to another voter. It fails with ErrLastVoter if there is
+// none.
+func (s *Store) transferLeadership(ctx context.Context) error {
+	servers, err := s.configuration(ctx)
+	if err != nil {
+		return err
+	}
+	others := 0
+	for _, srv := range servers {
+		if srv.Suffrage == raft.Voter && string(srv.ID) != s.cfg.NodeID {
+			others++
+		}
+	}
+	if others == 0 {
+		return ErrLastVoter
+	}
+	s.log.Info("transferring leadership")
+	if err := waitFuture(ctx, s.raft.LeadershipTransfer()); err != nil {
+		return fmt.Errorf("leadership transfer: %w", err)
+	}
+	return nil
+}
+
+// Members lists the Raft configuration as this node sees it, with member metadata.
+func (s *Store) Members(ctx context.Context) ([]Member, error) {
+	servers, err := s.configuration(ctx)
+	if err != nil {
+		return nil, err
+	}
+	meta := s.fsm.metaCopy()
+	_, leaderID := s.raft.LeaderWithID()
+	leading := s.IsLeader()
+	now := time.Now()
+	s.mu.Lock()
+	failing := make(map[raft.ServerID]time.Time, len(s.failing))
+	for k, v := range s.failing {
+		failing[k] = v
+	}
+	s.mu.Unlock()
+	out := make([]Member, 0, len(servers))
+	for _, srv := range servers {
+		m := Member{
+			ID:       string(srv.ID),
+			RaftAddr: string(srv.Address),
+			APIAddr:  meta[string(srv.ID)],
+			Voter:    srv.Suffrage == raft.Voter,
+			Leader:   srv.ID == leaderID,
+		}
+		switch {
+		case string(srv.ID) == s.cfg.NodeID:
+			m.LastContact = now
+		case leading:
+			if t, ok := failing[srv.ID]; ok {
+				m.LastContact = t
+			} else {
+				m.LastContact = now
+			}
+		case m.Leader:
+			m.LastContact = s.raft.LastContact()
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+func (s *Store) configuration(ctx context.Context) ([]raft.Server, error) {
+	f := s.raft.GetConfiguration()
+	if err := waitFuture(ctx, f); err != nil {
+		return nil, fmt.Errorf("raftstore: reading configuration: %w", err)
+	}
+	return f.Configuration().Servers, nil
+}
+
+// Close shuts the node down gracefully: it transfers leadership if it is the leader and another
+// voter exists, stops leader work, shuts Raft down and closes the stores. It does not remove the
+// node from the group (that is Leave). Close is idempotent.
+func (s *Store) Close(ctx context.Context) error {
+	return s.shutdown(ctx, true)
+}
+
+func (s *Store) shutdown(ctx context.Context, graceful bool) error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		if graceful && s.IsLeader() {
+			if err := s.transferLeadership(ctx); err != nil && !errors.Is(err, ErrLastVoter) {
+				s.log.Warn("leadership transfer before shutdown failed", "err", err)
+			}
+		}
+		s.baseCancel()
+		s.notifyChange()
+		s.raft.DeregisterObserver(s.observer)
+		err := s.raft.Shutdown().Error() // also closes the transport
+		s.wg.Wait()
+		if cerr := s.bolt.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+		if s.ownClient {
+			s.client.CloseIdleConnections()
+		}
+		if err != nil {
+			s.closeErr = fmt.Errorf("raftstore: shutdown: %w", err)
+		}
+		s.log.Info("raft stopped")
+	})
+	return s.closeErr
+}
+
+// onLeader runs local on the leader, or remote against the leader's API on a follower. It waits
+// and retries while the attempt failed without starting (ErrNotLeader, ErrNoLeader), until ctx
+// (or ApplyTimeout, if ctx has no deadline) ends. It never retries ErrOutcomeUnknown.
+func (s *Store) onLeader(ctx context.Context, op string, local func(context.Context) error, remote func(context.Context, string) error) error {
+	if s.closed.Load() {
+		return fmt.Errorf("raftstore: %s: %w", op, ErrClosed)
+	}
+	ctx, cancel := s.withDefaultTimeout(ctx)
+	defer cancel()
+	backoff := 10 * time.Millisecond
+	for {
+		changed := s.changes()
+		var err error
+		if s.IsLeader() {
+			err = local(ctx)
+		} else if id, api := s.Leader(); id != "" && id != s.cfg.NodeID && api != "" {
+			err = remote(ctx, api)
+		} else {
+			err = ErrNoLeader
+		}
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, ErrOutcomeUnknown) || !(errors.Is(err, ErrNotLeader) || errors.Is(err, ErrNoLeader)) {
+			return err
+		}
+		if s.closed.Load() {
+			return fmt.Errorf("raftstore: %s: %w", op, ErrClosed)
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("raftstore: %s: %w: %w", op, err, ctx.Err())
+		}
+		t.Stop()
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+// applyLocal proposes data on this node, which must be the leader.
+func (s *Store) applyLocal(ctx context.Context, data []byte) ([]byte, error) {
+	f := s.raft.Apply(data, timeoutFrom(ctx, s.cfg.ApplyTimeout))
+	if err := waitFuture(ctx, f); err != nil {
+		return nil, fmt.Errorf("raftstore: apply: %w", err)
+	}
+	res, _ := f.Response().([]byte)
+	return res, nil
+}
+
+func (s *Store) joinLocal(ctx context.Context, req joinRequest) error {
+	servers, err := s.configuration(ctx)
+	if err != nil {
+		return err
+	}
+	id, addr := raft.ServerID(req.ID), raft.ServerAddress(req.RaftAddr)
+	voters := 0
+	for _, srv := range servers {
+		if srv.Suffrage == raft.Voter {
+			voters++
+		}
+	}
+	for _, srv := range servers {
+		switch {
+		case srv.ID == id && srv.Address == addr:
+			if srv.Suffrage != raft.Voter && voters < s.cfg.MaxVoters {
+				if err := waitFuture(ctx, s.raft.AddVoter(id, addr, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout))); err != nil {
+					return fmt.Errorf("raftstore: promoting %s: %w", id, err)
+				}
+				s.log.Info("promoted member to voter", "member", id)
+			}
+			return s.setMetaLocal(ctx, req.ID, req.APIAddr)
+		case srv.ID == id || srv.Address == addr:
+			if string(srv.ID) == s.cfg.NodeID {
+				return fmt.Errorf("%w: join of %s at %s conflicts with the leader %s at %s",
+					ErrBadRequest, id, addr, srv.ID, srv.Address)
+			}
+			s.log.Info("removing stale member before join", "member", srv.ID, "raft_addr", srv.Address,
+				"joining", id, "joining_raft_addr", addr)
+			if err := waitFuture(ctx, s.raft.RemoveServer(srv.ID, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout))); err != nil {
+				return fmt.Errorf("raftstore: removing stale member %s: %w", srv.ID, err)
+			}
+			if srv.Suffrage == raft.Voter {
+				voters--
+			}
+			if srv.ID != id {
+				if _, err := s.applyLocal(ctx, encodeMeta(metaCommand{Op: metaDelete, ID: string(srv.ID)})); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	var f raft.IndexFuture
+	voter := voters < s.cfg.MaxVoters
+	if voter {
+		f = s.raft.AddVoter(id, addr, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout))
+	} else {
+		f = s.raft.AddNonvoter(id, addr, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout))
+	}
+	if err := waitFuture(ctx, f); err != nil {
+		return fmt.Errorf("raftstore: adding %s: %w", id, err)
+	}
+	s.log.Info("member joined", "member", id, "raft_addr", addr, "api_addr", req.APIAddr, "voter", voter)
+	return s.setMetaLocal(ctx, req.ID, req.APIAddr)
+}
+
+func (s *Store) removeLocal(ctx context.Context, nodeID string) error {
+	servers, err := s.configuration(ctx)
+	if err != nil {
+		return err
+	}
+	var found *raft.Server
+	voters := 0
+	for i, srv := range servers {
+		if srv.Suffrage == raft.Voter {
+			voters++
+		}
+		if string(srv.ID) == nodeID {
+			found = &servers[i]
+		}
+	}
+	delMeta := func() error {
+		if s.fsm.apiAddr(nodeID) == "" {
+			return nil
+		}
+		_, err := s.applyLocal(ctx, encodeMeta(metaCommand{Op: metaDelete, ID: nodeID}))
+		return err
+	}
+	if found == nil {
+		return delMeta()
+	}
+	if found.Suffrage == raft.Voter && voters == 1 {
+		return fmt.Errorf("raftstore: removing %s: %w", nodeID, ErrLastVoter)
+	}
+	self := nodeID == s.cfg.NodeID
+	if self {
+		// The leader removing itself steps down once the change commits: record the metadata
+		// removal while it still can.
+		if err := delMeta(); err != nil {
+			return err
+		}
+	}
+	if err := waitFuture(ctx, s.raft.RemoveServer(found.ID, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout))); err != nil {
+		return fmt.Errorf("raftstore: removing %s: %w", nodeID, err)
+	}
+	s.log.Info("member removed", "member", nodeID)
+	s.mu.Lock()
+	delete(s.failing, found.ID)
+	s.mu.Unlock()
+	if self {
+		return nil
+	}
+	return delMeta()
+}
+
+// setMetaLocal records a member's API URL on the leader, if the member exists and the value
+// changed.
+func (s *Store) setMetaLocal(ctx context.Context, nodeID, apiAddr string) error {
+	if apiAddr == "" || s.fsm.apiAddr(nodeID) == apiAddr {
+		return nil
+	}
+	servers, err := s.configuration(ctx)
+	if err != nil {
+		return err
+	}
+	member := false
+	for _, srv := range servers {
+		member = member || string(srv.ID) == nodeID
+	}
+	if !member {
+		return fmt.Errorf("raftstore: recording api address of %s: %w", nodeID, ErrUnknownMember)
+	}
+	_, err = s.applyLocal(ctx, encodeMeta(metaCommand{Op: metaSet, ID: nodeID, APIAddr: apiAddr}))
+	return err
+}
+
+func (s *Store) setMeta(ctx context.Context, nodeID, apiAddr string) error {
+	req := metaRequest{ID: nodeID, APIAddr: apiAddr}
+	return s.onLeader(ctx, "record api address",
+		func(ctx context.Context) error { return s.setMetaLocal(ctx, nodeID, apiAddr) },
+		func(ctx context.Context, api string) error { return s.callJSON(ctx, api, "meta", req, nil, true) })
+}
+
+// changes returns a channel closed at the next leader or metadata change.
+func (s *Store) changes() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.changed
+}
+
+func (s *Store) notifyChange() {
+	s.mu.Lock()
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
+}
+
+func (s *Store) metaChanged() {
+	s.notifyChange()
+	s.nudgeRegistrar()
+}
+
+func (s *Store) nudgeRegistrar() {
+	select {
+	case s.regCh <- struct{}{}:
+	default:
+	}
+}
+
+// observeLoop follows raft's observations: leader changes (wake waiters, re-check this node's
+// metadata) and heartbeat failures (Members' last contact).
+func (s *Store) observeLoop() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.baseCtx.Done():
+			return
+		case o := <-s.obsCh:
+			switch d := o.Data.(type) {
+			case raft.LeaderObservation:
+				s.mu.Lock()
+				changed := d.LeaderID != s.lastLeader
+				s.lastLeader = d.LeaderID
+				s.mu.Unlock()
+				if changed {
+					s.log.Info("leader changed", "leader", d.LeaderID, "leader_raft_addr", d.LeaderAddr)
+				}
+				s.notifyChange()
+				s.nudgeRegistrar()
+			case raft.FailedHeartbeatObservation:
+				s.mu.Lock()
+				s.failing[d.PeerID] = d.LastContact
+				s.mu.Unlock()
+			case raft.ResumedHeartbeatObservation:
+				s.mu.Lock()
+				delete(s.failing, d.PeerID)
+				s.mu.Unlock()
+			case raft.PeerObservation:
+				if d.Removed {
+					s.mu.Lock()
+					delete(s.failing, d.Peer.ID)
+					s.mu.Unlock()
+				}
+			}
+		}
+	}
+}
+
+// registerLoop makes sure the replicated metadata holds this node's current API URL: after
+// every leader change (and metadata change) it compares, and if needed asks the leader to record
+// it, retrying with backoff while the node is a member but the leader is unreachable.
+func (s *Store) registerLoop() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.baseCtx.Done():
+			return
+		case <-s.regCh:
+		}
+		backoff := 50 * time.Millisecond
+		for s.fsm.apiAddr(s.cfg.NodeID) != s.cfg.APIAddr {
+			if id, _ := s.Leader(); id == "" {
+				break // the next leader observation nudges again
+			}
+			ctx, cancel := context.WithTimeout(s.baseCtx, 5*time.Second)
+			err := s.setMeta(ctx, s.cfg.NodeID, s.cfg.APIAddr)
+			cancel()
+			if err == nil {
+				s.log.Info("recorded api address", "api_addr", s.cfg.APIAddr)
+				break
+			}
+			if errors.Is(err, ErrUnknownMember) || s.baseCtx.Err() != nil {
+				break // not (yet) a member: a join records it
+			}
+			s.log.Debug("recording api address failed; retrying", "err", err)
+			t := time.NewTimer(backoff)
+			select {
+			case <-s.baseCtx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			backoff = min(2*backoff, 2*time.Second)
+		}
+	}
+}
+
+func (s *Store) withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, s.cfg.ApplyTimeout)
+}
+
+// timeoutFrom turns ctx's deadline into the enqueue timeout raft's calls take.
+func timeoutFrom(ctx context.Context, def time.Duration) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		if d := time.Until(dl); d > 0 {
+			return d
+		}
+		return time.Millisecond
+	}
+	return def
+}
+
+// waitFuture waits for a raft future or ctx, translating raft's errors into this package's
+// sentinels.
+func waitFuture(ctx context.Context, f raft.Future) error {
+	done := ctx.Done()
+	if done == nil {
+		return translate(f.Error())
+	}
+	ch := make(chan error, 1)
+	go func() { ch <- f.Error() }() // ends when raft resolves the future (at the latest on shutdown)
+	select {
+	case err := <-ch:
+		return translate(err)
+	case <-done:
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
+	}
+}
+
+func translate(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+		// Rejected before the entry entered the log.
+		return fmt.Errorf("%w: %w", ErrNotLeader, err)
+	case errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrAbortedByRestore):
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return fmt.Errorf("%w: %w: %w", ErrClosed, ErrOutcomeUnknown, err)
+	default:
+		return err
+	}
+}

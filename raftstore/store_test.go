@@ -1,0 +1,461 @@
+package raftstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestSingleNodeBootstrapApplyReopen(t *testing.T) {
+	before := runtime.NumGoroutine()
+	dir := t.TempDir()
+
+	n := startNode(t, "n1", dir, "", true, nil)
+	waitLeader(t, n)
+	if !n.s.IsLeader() {
+		t.Fatal("bootstrapped single node is not leader")
+	}
+	if n.s.HadExistingState() {
+		t.Fatal("fresh directory reported existing state")
+	}
+	for i, cmd := range []string{"a", "b", "c"} {
+		if got, want := mustApply(t, n, cmd), fmt.Sprint(i+1); got != want {
+			t.Fatalf("apply %q returned %q, want %q", cmd, got, want)
+		}
+	}
+	if id, api := n.s.Leader(); id != "n1" || api != n.srv.URL {
+		t.Fatalf("Leader() = %q %q, want n1 %q", id, api, n.srv.URL)
+	}
+	applied := n.s.AppliedIndex()
+	n.close()
+	if err := n.s.Close(context.Background()); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := n.s.Apply(context.Background(), []byte("x")); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Apply after Close: %v, want ErrClosed", err)
+	}
+
+	// The same command line again: --bootstrap with existing state is a no-op.
+	n2 := startNode(t, "n1", dir, "", true, nil)
+	if !n2.s.HadExistingState() {
+		t.Fatal("reopened directory reported no existing state")
+	}
+	waitLeader(t, n2)
+	eventually(t, 5*time.Second, "log replayed", func() error {
+		if got := n2.s.AppliedIndex(); got < applied {
+			return fmt.Errorf("applied %d < %d", got, applied)
+		}
+		return nil
+	})
+	if got := n2.sm.list(); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Fatalf("restored state %v", got)
+	}
+	if got := mustApply(t, n2, "d"); got != "4" {
+		t.Fatalf("apply after reopen returned %q, want 4", got)
+	}
+	if !n2.s.IsLeader() {
+		t.Fatal("reopened node is not leader")
+	}
+	// The new API URL replaced the old one in the replicated metadata.
+	eventually(t, 5*time.Second, "api address updated", func() error {
+		if _, api := n2.s.Leader(); api != n2.srv.URL {
+			return fmt.Errorf("leader api %q, want %q", api, n2.srv.URL)
+		}
+		return nil
+	})
+	n2.close()
+
+	// Everything Open started is gone after Close.
+	eventually(t, 5*time.Second, "no goroutine leak", func() error {
+		if now := runtime.NumGoroutine(); now > before {
+			return fmt.Errorf("%d goroutines, %d before", now, before)
+		}
+		return nil
+	})
+}
+
+func TestOpenValidatesConfig(t *testing.T) {
+	_, err := Open(context.Background(), Config{NodeID: "x", DataDir: t.TempDir(), RaftAddr: "127.0.0.1:0"}, &listSM{})
+	if !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("missing APIAddr: %v, want ErrInvalidConfig", err)
+	}
+	_, err = Open(context.Background(), Config{NodeID: "x", DataDir: t.TempDir(), RaftAddr: "0.0.0.0:0", APIAddr: "http://x"}, &listSM{})
+	if err == nil {
+		t.Fatal("wildcard bind without AdvertiseRaftAddr was accepted")
+	}
+}
+
+func TestClusterJoinForwardLeave(t *testing.T) {
+	nodes := newCluster(t, 3, nil)
+	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
+	if !n1.s.IsLeader() {
+		t.Fatal("bootstrap node lost leadership during joins")
+	}
+	eventually(t, 5*time.Second, "3 voters with api addresses", func() error {
+		ms := membersByID(t, n2) // a follower's view
+		for _, n := range nodes {
+			m, ok := ms[n.id]
+			if !ok || !m.Voter || m.APIAddr != n.srv.URL || m.RaftAddr != n.s.RaftAddr() {
+				return fmt.Errorf("member %s = %+v", n.id, m)
+			}
+		}
+		if len(ms) != 3 || !ms["n1"].Leader {
+			return fmt.Errorf("members %+v", ms)
+		}
+		return nil
+	})
+
+	// A write on a follower is forwarded and its result comes back.
+	if got := mustApply(t, n3, "from-n3"); got != "1" {
+		t.Fatalf("forwarded apply returned %q", got)
+	}
+	if got := mustApply(t, n1, "from-n1"); got != "2" {
+		t.Fatalf("leader apply returned %q", got)
+	}
+	converged(t, nodes, []string{"from-n3", "from-n1"})
+
+	// A fourth node joins through a follower's handler and becomes a nonvoter.
+	n4 := startNode(t, "n4", t.TempDir(), "", false, nil)
+	if err := JoinVia(ctxTimeout(t, 10*time.Second), nil, n2.srv.URL, "secret", "n4", n4.s.RaftAddr(), n4.srv.URL); err != nil {
+		t.Fatalf("join n4 via follower: %v", err)
+	}
+	ms := membersByID(t, n1)
+	if m := ms["n4"]; m.Voter || m.RaftAddr != n4.s.RaftAddr() || m.APIAddr != n4.srv.URL {
+		t.Fatalf("n4 = %+v, want a nonvoter with addresses", m)
+	}
+	converged(t, []*testNode{n4}, []string{"from-n3", "from-n1"})
+
+	// Re-joining an existing member changes nothing.
+	cfgIndex := n1.s.raft.GetConfiguration()
+	if err := cfgIndex.Error(); err != nil {
+		t.Fatal(err)
+	}
+	lastIndex := n1.s.raft.LastIndex()
+	if err := JoinVia(ctxTimeout(t, 10*time.Second), nil, n3.srv.URL, "secret", "n2", n2.s.RaftAddr(), n2.srv.URL); err != nil {
+		t.Fatalf("re-join n2: %v", err)
+	}
+	if got := n1.s.raft.LastIndex(); got != lastIndex {
+		t.Fatalf("re-join wrote to the log: last index %d -> %d", lastIndex, got)
+	}
+
+	// Wrong token: 401, nothing changes.
+	err := JoinVia(ctxTimeout(t, 5*time.Second), nil, n1.srv.URL, "wrong", "n9", "127.0.0.1:1", "")
+	if !errors.Is(err, ErrUnauthorized) {
+		t.Fatalf("join with bad token: %v, want ErrUnauthorized", err)
+	}
+	// Malformed input: 400.
+	resp, err := http.Post(n1.srv.URL+"/_raft/join", "application/json", strings.NewReader(`{"id":`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("unauthenticated join: HTTP %d", resp.StatusCode)
+	}
+	req, _ := http.NewRequest(http.MethodPost, n1.srv.URL+"/_raft/join", strings.NewReader(`{"id":`))
+	req.Header.Set("Authorization", "Bearer secret")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("malformed join: HTTP %d, want 400", resp.StatusCode)
+	}
+
+	// A follower leaves: membership shrinks everywhere.
+	if err := n4.s.Leave(ctxTimeout(t, 10*time.Second)); err != nil {
+		t.Fatalf("n4 leave: %v", err)
+	}
+	n4.close()
+	eventually(t, 5*time.Second, "n4 gone", func() error {
+		if ms := membersByID(t, n2); len(ms) != 3 {
+			return fmt.Errorf("members %v", ms)
+		}
+		return nil
+	})
+
+	// The leader leaves: leadership moves first, then it is removed.
+	if err := n1.s.Leave(ctxTimeout(t, 10*time.Second)); err != nil {
+		t.Fatalf("leader leave: %v", err)
+	}
+	if n1.s.IsLeader() {
+		t.Fatal("n1 still leader after leaving")
+	}
+	n1.close()
+	rest := []*testNode{n2, n3}
+	leader := leaderOf(t, rest)
+	eventually(t, 5*time.Second, "n1 gone", func() error {
+		ms := membersByID(t, leader)
+		if _, ok := ms["n1"]; ok || len(ms) != 2 {
+			return fmt.Errorf("members %v", ms)
+		}
+		return nil
+	})
+	follower := n2
+	if leader == n2 {
+		follower = n3
+	}
+	waitLeader(t, follower)
+	if got := mustApply(t, follower, "after-leave"); got != "3" {
+		t.Fatalf("apply after leader left returned %q", got)
+	}
+	converged(t, rest, []string{"from-n3", "from-n1", "after-leave"})
+}
+
+func TestLeaderKilledFailoverAndRestart(t *testing.T) {
+	nodes := newCluster(t, 3, nil)
+	var want []string
+	for i := range 5 {
+		cmd := fmt.Sprintf("e%d", i)
+		mustApply(t, nodes[i%3], cmd)
+		want = append(want, cmd)
+	}
+	converged(t, nodes, want)
+
+	old := leaderOf(t, nodes)
+	oldAddr := old.s.RaftAddr()
+	old.kill()
+	var rest []*testNode
+	for _, n := range nodes {
+		if n != old {
+			rest = append(rest, n)
+		}
+	}
+	start := time.Now()
+	leader := leaderOf(t, rest)
+	t.Logf("new leader %s after %v", leader.id, time.Since(start))
+	for _, n := range rest {
+		eventually(t, 10*time.Second, "followers see the new leader", func() error {
+			if id, api := n.s.Leader(); id != leader.id || api == "" {
+				return fmt.Errorf("%s sees leader %q %q", n.id, id, api)
+			}
+			return nil
+		})
+	}
+	converged(t, rest, want)
+	for _, n := range rest {
+		mustApply(t, n, "after-"+n.id)
+		want = append(want, "after-"+n.id)
+	}
+
+	// Restart the killed node from its data directory with the same command line.
+	back := startNode(t, old.id, old.dir, oldAddr, old.cfg.Bootstrap, nil)
+	if !back.s.HadExistingState() {
+		t.Fatal("restarted node has no state")
+	}
+	all := append(rest, back)
+	converged(t, all, want)
+	eventually(t, 10*time.Second, "same applied index", func() error {
+		li := leader.s.AppliedIndex()
+		if bi := back.s.AppliedIndex(); bi != li {
+			return fmt.Errorf("restarted node applied %d, leader %d", bi, li)
+		}
+		return nil
+	})
+	// It recorded its new API URL, and a write through it is forwarded.
+	eventually(t, 10*time.Second, "new api address recorded", func() error {
+		if m := membersByID(t, leader)[back.id]; m.APIAddr != back.srv.URL || !m.Voter {
+			return fmt.Errorf("member %+v, want api %s", m, back.srv.URL)
+		}
+		return nil
+	})
+	waitLeader(t, back)
+	mustApply(t, back, "via-restarted")
+	want = append(want, "via-restarted")
+	converged(t, all, want)
+}
+
+func TestSnapshotRestoreOnRestart(t *testing.T) {
+	dir := t.TempDir()
+	n := startNode(t, "n1", dir, "", true, nil)
+	waitLeader(t, n)
+	for i := range 40 {
+		mustApply(t, n, fmt.Sprintf("s%d", i))
+	}
+	if err := n.s.raft.Snapshot().Error(); err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	for i := range 3 {
+		mustApply(t, n, fmt.Sprintf("t%d", i))
+	}
+	want := n.sm.list()
+	n.close()
+
+	back := startNode(t, "n1", dir, "", true, nil)
+	if back.sm.restoreCount() != 1 {
+		t.Fatalf("state machine restored %d times at open, want 1", back.sm.restoreCount())
+	}
+	// Member metadata came back with the snapshot, before any new entry.
+	if api := back.s.fsm.apiAddr("n1"); api == "" {
+		t.Fatal("member metadata missing after restore")
+	}
+	waitLeader(t, back)
+	eventually(t, 5*time.Second, "state restored", func() error {
+		if got := back.sm.list(); !slices.Equal(got, want) {
+			return fmt.Errorf("got %d entries, want %d", len(got), len(want))
+		}
+		return nil
+	})
+}
+
+func TestSnapshotInstallOnJoin(t *testing.T) {
+	small := func(c *Config) { c.TrailingLogs = 5; c.SnapshotThreshold = 10 }
+	nodes := newCluster(t, 1, small)
+	n1 := nodes[0]
+	var want []string
+	for i := range 30 {
+		cmd := fmt.Sprintf("x%d", i)
+		mustApply(t, n1, cmd)
+		want = append(want, cmd)
+	}
+	if err := n1.s.raft.Snapshot().Error(); err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	// Log compaction keeps only TrailingLogs entries, so a new member needs the snapshot.
+	n2 := startNode(t, "n2", t.TempDir(), "", false, small)
+	if err := JoinVia(ctxTimeout(t, 10*time.Second), nil, n1.srv.URL, "secret", "n2", n2.s.RaftAddr(), n2.srv.URL); err != nil {
+		t.Fatalf("join: %v", err)
+	}
+	converged(t, []*testNode{n2}, want)
+	if n2.sm.restoreCount() == 0 {
+		t.Fatal("follower caught up without installing a snapshot")
+	}
+	waitLeader(t, n2)
+	if got := mustApply(t, n2, "y"); got != "31" {
+		t.Fatalf("apply via follower after snapshot install returned %q", got)
+	}
+}
+
+func TestRunAsLeader(t *testing.T) {
+	nodes := newCluster(t, 3, nil)
+	var mu sync.Mutex
+	running := map[string]int{}
+	cancelled := map[string]int{}
+	register := func(n *testNode) {
+		n.s.RunAsLeader("probe", func(ctx context.Context) {
+			mu.Lock()
+			running[n.id]++
+			mu.Unlock()
+			<-ctx.Done()
+			mu.Lock()
+			running[n.id]--
+			cancelled[n.id]++
+			mu.Unlock()
+		})
+	}
+	// Registered while already leading (n1) and on followers: both paths.
+	for _, n := range nodes {
+		register(n)
+	}
+	runningOn := func() ([]string, int) {
+		mu.Lock()
+		defer mu.Unlock()
+		var on []string
+		total := 0
+		for id, c := range running {
+			total += c
+			if c > 0 {
+				on = append(on, id)
+			}
+		}
+		return on, total
+	}
+	leader := leaderOf(t, nodes)
+	eventually(t, 5*time.Second, "leader work on the leader only", func() error {
+		if on, total := runningOn(); total != 1 || on[0] != leader.id {
+			return fmt.Errorf("running on %v (total %d), leader %s", on, total, leader.id)
+		}
+		return nil
+	})
+
+	// Move leadership: the old leader's work is cancelled, the new leader's starts.
+	if err := leader.s.raft.LeadershipTransfer().Error(); err != nil {
+		t.Fatalf("transfer: %v", err)
+	}
+	eventually(t, 5*time.Second, "old leader's work cancelled", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if cancelled[leader.id] != 1 || running[leader.id] != 0 {
+			return fmt.Errorf("old leader %s: running %d cancelled %d", leader.id, running[leader.id], cancelled[leader.id])
+		}
+		return nil
+	})
+	newLeader := leaderOf(t, nodes)
+	if newLeader == leader {
+		t.Fatal("leadership did not move")
+	}
+	eventually(t, 5*time.Second, "leader work on the new leader only", func() error {
+		if on, total := runningOn(); total != 1 || on[0] != newLeader.id {
+			return fmt.Errorf("running on %v (total %d), leader %s", on, total, newLeader.id)
+		}
+		return nil
+	})
+
+	// Close stops leader work too.
+	newLeader.close()
+	eventually(t, 5*time.Second, "closed leader's work cancelled", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if running[newLeader.id] != 0 {
+			return fmt.Errorf("still running on %s", newLeader.id)
+		}
+		return nil
+	})
+}
+
+func TestApplyOutcomeErrors(t *testing.T) {
+	// A follower that cannot reach any leader gives up with ErrNoLeader when ctx ends.
+	n := startNode(t, "lonely", t.TempDir(), "", false, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := n.s.Apply(ctx, []byte("x"))
+	if !errors.Is(err, ErrNoLeader) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("apply without leader: %v", err)
+	}
+	if err := n.s.Barrier(ctxTimeout(t, time.Second)); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("barrier on follower: %v, want ErrNotLeader", err)
+	}
+
+	// A forwarded request that reaches a non-leader is refused as not started, not retried there.
+	_, err = doRPC(ctxTimeout(t, 5*time.Second), nil, n.srv.URL, "secret", http.MethodPost, "apply", "", []byte("x"), true)
+	if !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("forwarded apply on non-leader: %v, want ErrNotLeader", err)
+	}
+
+	// A leader whose HTTP address refuses connections: not started, so retryable.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	_, err = doRPC(ctxTimeout(t, 5*time.Second), nil, dead, "", http.MethodPost, "apply", "", []byte("x"), true)
+	if !errors.Is(err, ErrNoLeader) || errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("dial failure: %v, want ErrNoLeader", err)
+	}
+
+	// Leaving as the only voter is refused.
+	solo := startNode(t, "solo", t.TempDir(), "", true, nil)
+	waitLeader(t, solo)
+	if err := solo.s.Leave(ctxTimeout(t, 5*time.Second)); !errors.Is(err, ErrLastVoter) {
+		t.Fatalf("last voter leave: %v, want ErrLastVoter", err)
+	}
+	var calls atomic.Int32
+	solo.s.RunAsLeader("late", func(ctx context.Context) { calls.Add(1) })
+	eventually(t, 5*time.Second, "late registration runs", func() error {
+		if calls.Load() != 1 {
+			return fmt.Errorf("ran %d times", calls.Load())
+		}
+		return nil
+	})
+}
