@@ -1,0 +1,184 @@
+// Command testhost is a plugin with one host per behaviour the tests need to
+// provoke: lifecycle hooks, slow activation, panics, crashes, streams and
+// upgrades. It is a real plugin binary, loaded with --plugin like any other.
+//
+// Hook calls are appended to the file named by TESTHOST_EVENTS, one line
+// each ("start /hooks a1"), so a test can see what ran inside the process.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pinnedd/pinnedd/plugins/sdk"
+)
+
+var eventsMu sync.Mutex
+
+func record(format string, args ...any) {
+	path := os.Getenv("TESTHOST_EVENTS")
+	if path == "" {
+		return
+	}
+	eventsMu.Lock()
+	defer eventsMu.Unlock()
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, format+"\n", args...)
+}
+
+// hooked is an instance with every lifecycle hook.
+type hooked struct {
+	http.Handler
+	inst *sdk.Instance
+	keep bool
+}
+
+func (h *hooked) Start(context.Context) error {
+	record("start %s %s %d", h.inst.Namespace(), h.inst.ID(), h.inst.Generation())
+	h.inst.Go("worker", func(ctx context.Context) {
+		<-ctx.Done()
+		record("task-done %s %s", h.inst.Namespace(), h.inst.ID())
+	})
+	return nil
+}
+
+func (h *hooked) Idle(context.Context) bool {
+	record("idle %s %s", h.inst.Namespace(), h.inst.ID())
+	return h.keep
+}
+
+func (h *hooked) Stop(context.Context) {
+	record("stop %s %s", h.inst.Namespace(), h.inst.ID())
+}
+
+var activations atomic.Int64
+
+func main() {
+	sdk.Serve(map[string]sdk.Host{
+		// /hooks: every hook recorded; evicted after 300ms idle.
+		"/hooks": {
+			DetachedTimeout: 300 * time.Millisecond,
+			New: func(inst *sdk.Instance) (http.Handler, error) {
+				return &hooked{Handler: echo(inst), inst: inst}, nil
+			},
+		},
+		// /keep: its idle hook keeps it resident.
+		"/keep": {
+			DetachedTimeout: 200 * time.Millisecond,
+			New: func(inst *sdk.Instance) (http.Handler, error) {
+				return &hooked{Handler: echo(inst), inst: inst, keep: true}, nil
+			},
+		},
+		// /slow: activation takes 200ms, so concurrent first requests overlap.
+		"/slow": {New: func(inst *sdk.Instance) (http.Handler, error) {
+			n := activations.Add(1)
+			time.Sleep(200 * time.Millisecond)
+			record("activate %s %s %d", inst.Namespace(), inst.ID(), n)
+			return echo(inst), nil
+		}},
+		// /fail: activation always fails.
+		"/fail": {New: func(*sdk.Instance) (http.Handler, error) {
+			return nil, errors.New("this host never activates")
+		}},
+		// /misc: panics, crashes, streams, upgrades.
+		"/misc": {New: func(inst *sdk.Instance) (http.Handler, error) { return misc(inst), nil }},
+	})
+}
+
+// echo answers with what the instance saw of the request.
+func echo(inst *sdk.Instance) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{
+			"namespace": inst.Namespace(), "id": inst.ID(), "generation": inst.Generation(),
+			"method": r.Method, "path": r.URL.Path, "query": r.URL.RawQuery, "body": string(body),
+			"pinnedHeader": r.Header.Get("X-Pinned-Namespace"), "forwardedFor": r.Header.Get("X-Forwarded-For"),
+		})
+	})
+}
+
+func misc(inst *sdk.Instance) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/panic", func(http.ResponseWriter, *http.Request) { panic("boom") })
+	mux.HandleFunc("/crash", func(http.ResponseWriter, *http.Request) { os.Exit(3) })
+	mux.HandleFunc("/pid", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, os.Getpid()) })
+	mux.HandleFunc("/sse", func(w http.ResponseWriter, r *http.Request) {
+		// Events until the client goes away; each is flushed on its own.
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		for i := 0; ; i++ {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			if rc.Flush() != nil {
+				return
+			}
+			select {
+			case <-r.Context().Done():
+				return
+			case <-inst.Context().Done():
+				fmt.Fprint(w, "event: fin\ndata: evicted\n\n")
+				_ = rc.Flush()
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	})
+	mux.HandleFunc("/echo-body", func(w http.ResponseWriter, r *http.Request) {
+		// Streams the request body back line by line as it arrives.
+		rc := http.NewResponseController(w)
+		_ = rc.EnableFullDuplex()
+		w.WriteHeader(http.StatusOK)
+		_ = rc.Flush()
+		sc := bufio.NewScanner(r.Body)
+		for sc.Scan() {
+			fmt.Fprintf(w, "%s\n", sc.Text())
+			_ = rc.Flush()
+		}
+	})
+	mux.HandleFunc("/upgrade", func(w http.ResponseWriter, r *http.Request) {
+		// A minimal Upgrade: after 101 the connection echoes lines.
+		if r.Header.Get("Upgrade") != "echo" {
+			http.Error(w, "want Upgrade: echo", http.StatusBadRequest)
+			return
+		}
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprint(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		_ = brw.Flush()
+		for {
+			line, err := brw.ReadString('\n')
+			if err != nil {
+				return
+			}
+			fmt.Fprint(brw, "echo: "+line)
+			_ = brw.Flush()
+		}
+	})
+	mux.HandleFunc("/sleep", func(w http.ResponseWriter, r *http.Request) {
+		ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
+		select {
+		case <-time.After(time.Duration(ms) * time.Millisecond):
+			fmt.Fprint(w, "slept")
+		case <-r.Context().Done():
+		}
+	})
+	mux.Handle("/", echo(inst))
+	return mux
+}

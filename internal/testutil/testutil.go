@@ -1,0 +1,355 @@
+// Package testutil starts real pinnedd processes for tests: it builds the
+// binaries once per test process, runs agents on ports chosen by the
+// kernel, reads their JSON logs, and proves afterwards that no process they
+// started is left behind.
+package testutil
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+// Bin returns the path of a binary built from the module: "pinnedd",
+// "testhost" or "counter".
+func Bin(t testing.TB, name string) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "pinnedd-bin-")
+		if buildErr != nil {
+			return
+		}
+		root := moduleRoot()
+		pkgs := map[string]string{
+			"pinnedd":  "./pinnedd",
+			"testhost": "./internal/testhost",
+			"counter":  "./examples/counter/cmd/counter",
+		}
+		for out, pkg := range pkgs {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(buildDir, out), pkg)
+			cmd.Dir = root
+			if b, err := cmd.CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
+				return
+			}
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return filepath.Join(buildDir, name)
+}
+
+func moduleRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// Agent is a running `pinnedd agent` process.
+type Agent struct {
+	t    testing.TB
+	Cmd  *exec.Cmd
+	URL  string
+	logs *logBuffer
+	done chan struct{}
+	err  error // from Wait, valid after done
+}
+
+// StartAgent runs `pinnedd agent` with args plus --http-addr 127.0.0.1:0
+// (unless args set it) and JSON logs, and waits until the front door
+// listens. The test's cleanup stops it (SIGTERM, then SIGKILL) and checks
+// that none of its plugin processes survive.
+func StartAgent(t testing.TB, env []string, args ...string) *Agent {
+	t.Helper()
+	full := append([]string{"agent", "--log-format", "json", "--log-level", "debug"}, args...)
+	if !hasFlag(args, "--http-addr") {
+		full = append(full, "--http-addr", "127.0.0.1:0")
+	}
+	cmd := exec.Command(Bin(t, "pinnedd"), full...)
+	cmd.Env = append(os.Environ(), env...)
+	logs := &logBuffer{name: t.Name(), notify: make(chan struct{}, 1)}
+	cmd.Stderr = logs
+	cmd.Stdout = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start pinnedd: %v", err)
+	}
+	a := &Agent{t: t, Cmd: cmd, logs: logs, done: make(chan struct{})}
+	go func() { a.err = cmd.Wait(); close(a.done) }()
+	t.Cleanup(func() { a.stopForCleanup() })
+
+	line, err := a.WaitLog(30*time.Second, `"msg":"front door listening"`)
+	if err != nil {
+		t.Fatalf("pinnedd did not start: %v\n%s", err, logs.String())
+	}
+	var rec struct {
+		Addr string `json:"addr"`
+	}
+	if err := json.Unmarshal([]byte(line), &rec); err != nil || rec.Addr == "" {
+		t.Fatalf("parse listen line %q: %v", line, err)
+	}
+	a.URL = "http://" + rec.Addr
+	return a
+}
+
+func hasFlag(args []string, name string) bool {
+	for _, a := range args {
+		if a == name || strings.HasPrefix(a, name+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+// PID of the agent process.
+func (a *Agent) PID() int { return a.Cmd.Process.Pid }
+
+// Logs returns everything the agent logged so far.
+func (a *Agent) Logs() string { return a.logs.String() }
+
+// WaitLog waits for a log line containing every one of subs and returns it.
+func (a *Agent) WaitLog(timeout time.Duration, subs ...string) (string, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		if line, ok := a.logs.find(subs); ok {
+			return line, nil
+		}
+		select {
+		case <-a.done:
+			if line, ok := a.logs.find(subs); ok {
+				return line, nil
+			}
+			return "", fmt.Errorf("agent exited (%v) before logging %q", a.err, subs)
+		case <-a.logs.notify:
+		case <-time.After(time.Until(deadline)):
+			return "", fmt.Errorf("no log line with %q within %s", subs, timeout)
+		}
+	}
+}
+
+// Signal sends sig to the agent.
+func (a *Agent) Signal(sig syscall.Signal) { _ = a.Cmd.Process.Signal(sig) }
+
+// Wait waits for the agent to exit and returns its exit code.
+func (a *Agent) Wait(timeout time.Duration) (int, error) {
+	select {
+	case <-a.done:
+		if a.Cmd.ProcessState == nil {
+			return -1, a.err
+		}
+		return a.Cmd.ProcessState.ExitCode(), nil
+	case <-time.After(timeout):
+		return -1, fmt.Errorf("agent still running after %s", timeout)
+	}
+}
+
+func (a *Agent) stopForCleanup() {
+	pid := a.PID()
+	select {
+	case <-a.done:
+	default:
+		a.Signal(syscall.SIGTERM)
+		select {
+		case <-a.done:
+		case <-time.After(20 * time.Second):
+			a.t.Errorf("agent %d ignored SIGTERM for 20s; killing\n%s", pid, a.Logs())
+			_ = a.Cmd.Process.Kill()
+			<-a.done
+		}
+	}
+	// Plugins die with their agent (Pdeathsig); give the kernel a moment.
+	if err := Eventually(5*time.Second, func() bool { return len(ChildrenOf(pid)) == 0 }); err != nil {
+		left := ChildrenOf(pid)
+		for _, p := range left {
+			_ = syscall.Kill(p, syscall.SIGKILL)
+		}
+		a.t.Errorf("plugin processes of agent %d outlived it: %v", pid, left)
+	}
+	if a.t.Failed() {
+		a.t.Logf("agent %d logs:\n%s", pid, a.Logs())
+	}
+}
+
+// ChildrenOf lists live processes started by the pinnedd with this pid: it
+// stamps PINNEDD_PARENT_PID into every plugin's environment, which still
+// identifies them after they were re-parented.
+func ChildrenOf(pid int) []int {
+	want := []byte("PINNEDD_PARENT_PID=" + strconv.Itoa(pid) + "\x00")
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil || !bytes.Contains(env, want) {
+			continue
+		}
+		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && isZombie(stat) {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func isZombie(stat []byte) bool {
+	i := bytes.LastIndexByte(stat, ')')
+	return i > 0 && i+2 < len(stat) && stat[i+2] == 'Z'
+}
+
+// Alive reports whether pid exists and is not a zombie.
+func Alive(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	return err == nil && !isZombie(stat)
+}
+
+// Eventually polls cond every 20ms until it holds or timeout passes.
+func Eventually(timeout time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("condition not met within %s", timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Response is a finished HTTP exchange.
+type Response struct {
+	Code   int
+	Header http.Header
+	Body   string
+}
+
+// JSON decodes the body into v.
+func (r Response) JSON(t testing.TB, v any) {
+	t.Helper()
+	if err := json.Unmarshal([]byte(r.Body), v); err != nil {
+		t.Fatalf("decode %q: %v", r.Body, err)
+	}
+}
+
+// JSONErr decodes the body into v, returning the error.
+func (r Response) JSONErr(v any) error { return json.Unmarshal([]byte(r.Body), v) }
+
+// Do sends a request to the agent (path relative to its URL) with the dev
+// token, and reads the whole answer.
+func (a *Agent) Do(method, path, body string) (Response, error) {
+	return Do(context.Background(), method, a.URL+path, body, map[string]string{"Authorization": "Bearer dev-token"})
+}
+
+// Do sends one request and reads the whole answer.
+func Do(ctx context.Context, method, url, body string, headers map[string]string) (Response, error) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return Response{}, err
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return Response{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return Response{Code: resp.StatusCode, Header: resp.Header, Body: string(b)}, err
+}
+
+// MustDo is Do that fails the test on a transport error.
+func (a *Agent) MustDo(method, path, body string) Response {
+	a.t.Helper()
+	r, err := a.Do(method, path, body)
+	if err != nil {
+		a.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	return r
+}
+
+// Metric returns the value of the sample whose line starts with prefix
+// (name plus labels, e.g. `pinned_activations_total{namespace="/slow"}`),
+// or 0 if absent.
+func (a *Agent) Metric(prefix string) float64 {
+	a.t.Helper()
+	r := a.MustDo(http.MethodGet, "/metrics", "")
+	sc := bufio.NewScanner(strings.NewReader(r.Body))
+	for sc.Scan() {
+		line := sc.Text()
+		if rest, ok := strings.CutPrefix(line, prefix+" "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			if err == nil {
+				return v
+			}
+		}
+	}
+	return 0
+}
+
+// logBuffer keeps an agent's output and wakes waiters on each write.
+type logBuffer struct {
+	name   string
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	notify chan struct{}
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	l.buf.Write(p)
+	l.mu.Unlock()
+	select {
+	case l.notify <- struct{}{}:
+	default:
+	}
+	return len(p), nil
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func (l *logBuffer) find(subs []string) (string, bool) {
+	for _, line := range strings.Split(l.String(), "\n") {
+		all := true
+		for _, s := range subs {
+			if !strings.Contains(line, s) {
+				all = false
+				break
+			}
+		}
+		if all && line != "" {
+			return line, true
+		}
+	}
+	return "", false
+}

@@ -1,0 +1,292 @@
+package pinboard
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/pinnedd/pinnedd/pinboard/directory"
+)
+
+// Lease timing defaults, as the seed's fleet guide gives them.
+const (
+	DefaultLeaseTTL          = 15 * time.Second
+	DefaultHeartbeatInterval = 3 * time.Second
+	DefaultLeaseBuffer       = 5 * time.Second
+)
+
+// LeaseState is the worker's own view of its lease. The worker acts on it
+// by itself: safety never depends on the directory reaching this process.
+type LeaseState int
+
+// Lease states (the seed's lease table).
+const (
+	// LeaseUnregistered: no registration has succeeded yet.
+	LeaseUnregistered LeaseState = iota
+	// LeaseHealthy: an ack arrived before expires_at - buffer. Serves everything.
+	LeaseHealthy
+	// LeaseUnhealthy: no ack inside that window. Live instances keep
+	// serving; new activations are refused.
+	LeaseUnhealthy
+	// LeaseExpired: past expires_at. Every instance request is refused;
+	// the directory may re-place the ids.
+	LeaseExpired
+)
+
+func (s LeaseState) String() string {
+	return [...]string{"unregistered", "healthy", "unhealthy", "expired"}[s]
+}
+
+// WorkerConfig configures this node's worker.
+type WorkerConfig struct {
+	NodeID       string
+	AdvertiseURL string
+	Namespaces   []string
+	TTL          time.Duration // asked of the directory; default 15s
+	Interval     time.Duration // heartbeat interval; default 3s
+	// Buffer before expires_at at which the lease turns unhealthy; default
+	// 5s, capped at a third of the TTL so short test TTLs stay sensible.
+	Buffer   time.Duration
+	Headroom func() int64
+	Logger   *slog.Logger
+	// LiveIDs lists the instances running here, sent with a
+	// re-registration so the directory can say which are no longer ours.
+	LiveIDs func() []directory.Key
+	// OnDuplicates is told the ids a re-registration found we no longer
+	// own; the caller quits them.
+	OnDuplicates func([]directory.Key)
+}
+
+// Worker holds this node's registration and lease.
+type Worker struct {
+	cfg       WorkerConfig
+	clientID  string
+	registrar Registrar
+
+	mu        sync.Mutex
+	sessionID string
+	expiresAt time.Time
+	lastAck   time.Time
+	degraded  bool
+	draining  bool
+	drain     directory.Drain
+	flaps     int
+	reregs    int
+}
+
+// NewWorker mints this process's client id; Run registers it.
+func NewWorker(cfg WorkerConfig, r Registrar) *Worker {
+	if cfg.TTL <= 0 {
+		cfg.TTL = DefaultLeaseTTL
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultHeartbeatInterval
+	}
+	if cfg.Buffer <= 0 {
+		cfg.Buffer = DefaultLeaseBuffer
+	}
+	cfg.Buffer = min(cfg.Buffer, cfg.TTL/3)
+	if cfg.Headroom == nil {
+		cfg.Headroom = func() int64 { return 1024 }
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Worker{cfg: cfg, clientID: newID(), registrar: r}
+}
+
+// newID returns 16 random bytes in hex.
+func newID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// ClientID is minted per process start.
+func (w *Worker) ClientID() string { return w.clientID }
+
+// SessionID is the current registration's session, "" before the first.
+func (w *Worker) SessionID() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.sessionID
+}
+
+// Lease reports the lease state at now.
+func (w *Worker) Lease(now time.Time) LeaseState {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.leaseLocked(now)
+}
+
+func (w *Worker) leaseLocked(now time.Time) LeaseState {
+	switch {
+	case w.expiresAt.IsZero():
+		return LeaseUnregistered
+	case now.After(w.expiresAt):
+		return LeaseExpired
+	case now.After(w.expiresAt.Add(-w.cfg.Buffer)):
+		return LeaseUnhealthy
+	default:
+		return LeaseHealthy
+	}
+}
+
+// ExpiresAt is the worker's own lease expiry (zero before registration).
+func (w *Worker) ExpiresAt() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.expiresAt
+}
+
+// Run registers (retrying with capped backoff) and heartbeats until ctx
+// ends. It does not deregister: the caller does that after evicting.
+func (w *Worker) Run(ctx context.Context) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	backoff := 100 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var err error
+		if w.SessionID() == "" {
+			err = w.register(ctx)
+		} else {
+			err = w.heartbeat(ctx)
+			if errors.Is(err, ErrReregister) {
+				err = w.register(ctx)
+			}
+		}
+		next := w.cfg.Interval
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			w.cfg.Logger.Warn("lease renewal failed", "err", err, "lease", w.Lease(time.Now()).String())
+			if w.SessionID() == "" {
+				next, backoff = backoff, min(2*backoff, 30*time.Second)
+			} else {
+				// Keep trying quicker than the interval while the lease
+				// is in danger.
+				next = min(w.cfg.Interval, w.cfg.Buffer/2)
+			}
+		} else {
+			backoff = 100 * time.Millisecond
+		}
+		t.Reset(next)
+	}
+}
+
+// ErrReregister means the directory lost our session: register again at once.
+var ErrReregister = errors.New("directory asks to re-register")
+
+func (w *Worker) register(ctx context.Context) error {
+	sent := time.Now()
+	req := RegisterRequest{
+		ClientID: w.clientID, NodeID: w.cfg.NodeID, AdvertiseURL: w.cfg.AdvertiseURL,
+		Namespaces: w.cfg.Namespaces, Headroom: w.cfg.Headroom(), TTLMs: w.cfg.TTL.Milliseconds(),
+	}
+	if w.cfg.LiveIDs != nil {
+		req.LiveIDs = w.cfg.LiveIDs()
+	}
+	ack, err := w.registrar.Register(ctx, req)
+	if err != nil {
+		return fmt.Errorf("register: %w", err)
+	}
+	w.mu.Lock()
+	first := w.sessionID == ""
+	w.sessionID = ack.SessionID
+	if !first {
+		w.reregs++
+	}
+	w.acceptLocked(sent, ack.Ack)
+	w.mu.Unlock()
+	if first {
+		w.cfg.Logger.Info("worker registered", "client_id", w.clientID, "session_id", ack.SessionID, "expires_in_ms", ack.ExpiresInMs)
+	} else {
+		w.cfg.Logger.Info("worker re-registered", "client_id", w.clientID, "session_id", ack.SessionID, "duplicates", len(ack.Duplicates))
+	}
+	if len(ack.Duplicates) > 0 && w.cfg.OnDuplicates != nil {
+		w.cfg.OnDuplicates(ack.Duplicates)
+	}
+	return nil
+}
+
+func (w *Worker) heartbeat(ctx context.Context) error {
+	sent := time.Now()
+	ack, err := w.registrar.Heartbeat(ctx, HeartbeatRequest{
+		ClientID: w.clientID, SessionID: w.SessionID(), Headroom: w.cfg.Headroom(), TTLMs: w.cfg.TTL.Milliseconds(),
+	})
+	if err != nil {
+		return fmt.Errorf("heartbeat: %w", err)
+	}
+	w.mu.Lock()
+	w.acceptLocked(sent, ack)
+	w.mu.Unlock()
+	return nil
+}
+
+// acceptLocked re-anchors the lease on the ack: expires_at = send time +
+// expiresInMs, so the worker's expiry is never later than the directory's.
+func (w *Worker) acceptLocked(sent time.Time, ack Ack) {
+	before := w.leaseLocked(time.Now())
+	w.expiresAt = sent.Add(time.Duration(ack.ExpiresInMs) * time.Millisecond)
+	w.lastAck = time.Now()
+	w.degraded = ack.Degraded
+	w.draining = ack.Draining
+	w.drain = ack.Drain
+	after := w.leaseLocked(time.Now())
+	if before != after && before != LeaseUnregistered {
+		w.flaps++
+		w.cfg.Logger.Info("lease restored", "from", before.String(), "to", after.String())
+	}
+}
+
+// Deregister ends the session so the directory forgets our placements.
+func (w *Worker) Deregister(ctx context.Context) error {
+	sid := w.SessionID()
+	if sid == "" {
+		return nil
+	}
+	err := w.registrar.Deregister(ctx, w.clientID, sid)
+	w.mu.Lock()
+	w.sessionID = ""
+	w.expiresAt = time.Time{}
+	w.mu.Unlock()
+	return err
+}
+
+// WorkerStatus is the worker as status endpoints report it.
+type WorkerStatus struct {
+	ClientID       string `json:"clientId"`
+	SessionID      string `json:"sessionId"`
+	Lease          string `json:"lease"`
+	ExpiresInMs    int64  `json:"expiresInMs"`
+	Degraded       bool   `json:"degraded"`
+	Draining       bool   `json:"draining"`
+	LeaseFlaps     int    `json:"leaseFlaps"`
+	Reregistations int    `json:"reregistrations"`
+}
+
+// Status reports the worker's state.
+func (w *Worker) Status() WorkerStatus {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := time.Now()
+	st := WorkerStatus{
+		ClientID: w.clientID, SessionID: w.sessionID, Lease: w.leaseLocked(now).String(),
+		Degraded: w.degraded, Draining: w.draining, LeaseFlaps: w.flaps, Reregistations: w.reregs,
+	}
+	if !w.expiresAt.IsZero() {
+		st.ExpiresInMs = max(0, w.expiresAt.Sub(now).Milliseconds())
+	}
+	return st
+}

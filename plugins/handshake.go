@@ -1,0 +1,81 @@
+package plugins
+
+import (
+	"context"
+
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+
+	"github.com/pinnedd/pinnedd/plugins/proto"
+)
+
+// ProtocolVersion is the plugin protocol version both sides must agree on.
+//
+// History:
+//
+//	1: Control service (Describe, Activate, Deactivate, Stats, Health,
+//	   Shutdown); instance HTTP over the plugin's unix socket; Data service
+//	   (gRPC streaming) kept as the measured alternative.
+const ProtocolVersion = 1
+
+// Handshake is shared by pinnedd and every plugin. The cookie is not a
+// security measure: it makes a plugin binary run by hand say it must be
+// started by pinnedd instead of hanging.
+var Handshake = plugin.HandshakeConfig{
+	ProtocolVersion:  ProtocolVersion,
+	MagicCookieKey:   "PINNEDD_PLUGIN",
+	MagicCookieValue: "a2f1c7a4-host-plugin",
+}
+
+// PluginName is the single plugin kind a pinnedd plugin binary dispenses.
+const PluginName = "host"
+
+// Environment variables pinnedd sets for a plugin process.
+const (
+	// EnvDataSocket is the unix socket path the plugin must serve instance
+	// HTTP on; pinnedd creates its directory with mode 0700.
+	EnvDataSocket = "PINNEDD_DATA_SOCKET"
+	// EnvParentPID lets the plugin notice it was orphaned before Pdeathsig
+	// was armed (the parent died between fork and prctl).
+	EnvParentPID = "PINNEDD_PARENT_PID"
+	// EnvPluginName tags the plugin's own logs.
+	EnvPluginName = "PINNEDD_PLUGIN_NAME"
+)
+
+// Server is what a plugin process implements (the SDK does it for host authors).
+type Server interface {
+	proto.ControlServer
+	proto.DataServer
+}
+
+// HostPlugin is the go-plugin glue for the "host" plugin kind. On the plugin
+// side Impl is set; on pinnedd's side it is nil and GRPCClient returns a *Conn.
+type HostPlugin struct {
+	plugin.NetRPCUnsupportedPlugin
+	Impl Server
+}
+
+var _ plugin.GRPCPlugin = (*HostPlugin)(nil)
+
+// GRPCServer registers the plugin's services.
+func (p *HostPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
+	proto.RegisterControlServer(s, p.Impl)
+	proto.RegisterDataServer(s, p.Impl)
+	return nil
+}
+
+// GRPCClient wraps the connection pinnedd uses to talk to one plugin process.
+func (p *HostPlugin) GRPCClient(_ context.Context, _ *plugin.GRPCBroker, cc *grpc.ClientConn) (any, error) {
+	return &Conn{Control: proto.NewControlClient(cc), Data: proto.NewDataClient(cc)}, nil
+}
+
+// Conn is pinnedd's handle on one plugin process's services.
+type Conn struct {
+	Control proto.ControlClient
+	Data    proto.DataClient
+}
+
+// PluginSet is the plugin map both sides pass to go-plugin.
+func PluginSet(impl Server) plugin.PluginSet {
+	return plugin.PluginSet{PluginName: &HostPlugin{Impl: impl}}
+}

@@ -1,0 +1,148 @@
+// Package sdk is what a host author imports to ship instance code as a
+// pinnedd plugin. A host builds one instance per id and returns an ordinary
+// http.Handler for it; pinnedd decides when instances exist (activation on
+// first request, eviction when idle, drained or swapped) and the SDK runs
+// them inside the plugin process.
+//
+//	func main() {
+//		sdk.Serve(map[string]sdk.Host{
+//			"/counters": {New: func(inst *sdk.Instance) (http.Handler, error) { ... }},
+//		})
+//	}
+//
+// The SDK never writes to stdout (go-plugin's handshake line owns it); logs
+// go to stderr as JSON, and pinnedd re-logs them tagged with the plugin.
+package sdk
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Version is reported to pinnedd in Describe.
+const Version = "0.1.0"
+
+// Host builds the instances of one namespace.
+type Host struct {
+	// New builds the instance inst.ID(). The handler serves the instance's
+	// routes with paths relative to the instance: a request for
+	// /counters/alice/increment reaches it as /increment.
+	//
+	// The handler may implement Starter, Idler and Stopper.
+	New func(inst *Instance) (http.Handler, error)
+	// DetachedTimeout: an instance with no request or stream open for this
+	// long is evicted. 0 leaves pinnedd's default.
+	DetachedTimeout time.Duration
+	// KeepPlacementOnIdle keeps the id placed on this node across idle
+	// eviction (the seed's release_placement_on_idle=False).
+	KeepPlacementOnIdle bool
+}
+
+// Starter is implemented by an instance handler that must do work before its
+// first request (restore state, start tasks). An error fails the activation
+// and the request that caused it.
+type Starter interface {
+	Start(ctx context.Context) error
+}
+
+// Idler is implemented by an instance handler that wants a say when it goes
+// idle: returning true keeps it resident. Drains, swaps and shutdowns do not
+// ask.
+type Idler interface {
+	Idle(ctx context.Context) (keep bool)
+}
+
+// Stopper is implemented by an instance handler that must clean up. Stop runs
+// after the instance context is cancelled and its tracked tasks returned (or
+// the grace period passed).
+type Stopper interface {
+	Stop(ctx context.Context)
+}
+
+// Instance is what a host's instance sees of itself.
+type Instance struct {
+	ns, id      string
+	generation  uint64
+	activatedAt time.Time
+	ctx         context.Context
+	cancel      context.CancelFunc
+	logger      *slog.Logger
+
+	tasks  sync.WaitGroup
+	ntasks atomic.Int32
+
+	requestEviction func()
+}
+
+// RequestEviction asks pinnedd to evict this instance as soon as it has no
+// open request (for example once its work is finished).
+func (i *Instance) RequestEviction() {
+	if i.requestEviction != nil {
+		i.requestEviction()
+	}
+}
+
+func newInstance(ns, id string, generation uint64, logger *slog.Logger) *Instance {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Instance{
+		ns: ns, id: id, generation: generation, activatedAt: time.Now(),
+		ctx: ctx, cancel: cancel,
+		logger: logger.With("namespace", ns, "instance_id", id),
+	}
+}
+
+// Namespace is the host's namespace, e.g. "/counters".
+func (i *Instance) Namespace() string { return i.ns }
+
+// ID is the instance id within the namespace.
+func (i *Instance) ID() string { return i.id }
+
+// Generation is the placement generation this activation runs under; durable
+// writes carry it so a stale activation can be fenced off.
+func (i *Instance) Generation() uint64 { return i.generation }
+
+// Context is cancelled when the instance is evicted.
+func (i *Instance) Context() context.Context { return i.ctx }
+
+// Logger logs with the instance's namespace and id.
+func (i *Instance) Logger() *slog.Logger { return i.logger }
+
+// Go runs fn as a tracked background task: eviction cancels ctx and waits
+// (up to the grace period) for fn to return. A panic in fn is logged, not
+// fatal to the plugin.
+func (i *Instance) Go(name string, fn func(ctx context.Context)) {
+	i.tasks.Add(1)
+	i.ntasks.Add(1)
+	go func() {
+		defer i.tasks.Done()
+		defer i.ntasks.Add(-1)
+		defer func() {
+			if r := recover(); r != nil {
+				i.logger.Error("task panicked", "task", name, "panic", r)
+			}
+		}()
+		fn(i.ctx)
+	}()
+}
+
+// Tasks is the number of tracked tasks still running.
+func (i *Instance) Tasks() int { return int(i.ntasks.Load()) }
+
+// waitTasks waits for tracked tasks up to grace and reports how many were
+// still running.
+func (i *Instance) waitTasks(grace time.Duration) int {
+	done := make(chan struct{})
+	go func() { i.tasks.Wait(); close(done) }()
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-done:
+		return 0
+	case <-t.C:
+		return i.Tasks()
+	}
+}

@@ -1,0 +1,354 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/pinnedd/pinnedd/plugins"
+	"github.com/pinnedd/pinnedd/plugins/proto"
+)
+
+// Serve runs the plugin side of the protocol for hosts and never returns:
+// the process exits once pinnedd shuts the plugin down. Call it from main.
+func Serve(hosts map[string]Host) {
+	logger := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	slog.SetDefault(logger)
+	if ppid := os.Getenv(plugins.EnvParentPID); ppid != "" && ppid != strconv.Itoa(os.Getppid()) {
+		// pinnedd died before our parent-death signal was armed.
+		logger.Error("parent pinnedd is gone; exiting", "expected_ppid", ppid, "ppid", os.Getppid())
+		os.Exit(1)
+	}
+	rt, err := NewRuntime(hosts, logger)
+	if err != nil {
+		logger.Error("invalid hosts", "err", err)
+		os.Exit(1)
+	}
+	if path := os.Getenv(plugins.EnvDataSocket); path != "" {
+		if err := rt.ListenUnix(path); err != nil {
+			logger.Error("data socket", "err", err)
+			os.Exit(1)
+		}
+	}
+	plugin.Serve(&plugin.ServeConfig{
+		HandshakeConfig: plugins.Handshake,
+		Plugins:         plugins.PluginSet(rt),
+		GRPCServer:      plugin.DefaultGRPCServer,
+	})
+	rt.Close()
+}
+
+// Runtime is the plugin side: it holds the hosts and their live instances and
+// serves the Control and Data services and the data socket. Serve uses it;
+// tests and benchmarks may drive it directly.
+type Runtime struct {
+	proto.UnimplementedControlServer
+	proto.UnimplementedDataServer
+
+	hosts  map[string]Host
+	logger *slog.Logger
+
+	mu        sync.Mutex
+	instances map[key]*live
+
+	socket string
+	srv    *http.Server
+
+	events chan *proto.Event
+}
+
+type key struct{ ns, id string }
+
+type live struct {
+	inst    *Instance
+	handler http.Handler
+}
+
+// NewRuntime validates hosts and builds a runtime.
+func NewRuntime(hosts map[string]Host, logger *slog.Logger) (*Runtime, error) {
+	if len(hosts) == 0 {
+		return nil, errors.New("no hosts")
+	}
+	for ns, h := range hosts {
+		if err := plugins.ValidateNamespace(ns); err != nil {
+			return nil, err
+		}
+		if h.New == nil {
+			return nil, fmt.Errorf("host %s: New is nil", ns)
+		}
+	}
+	return &Runtime{hosts: hosts, logger: logger, instances: map[key]*live{}, events: make(chan *proto.Event, 64)}, nil
+}
+
+// ListenUnix serves instance HTTP on a unix socket at path.
+func (rt *Runtime) ListenUnix(path string) error {
+	_ = os.Remove(path) // a stale socket from a crashed predecessor
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", path, err)
+	}
+	rt.socket = path
+	rt.srv = &http.Server{Handler: rt, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := rt.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			rt.logger.Error("data socket stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+// Close stops the data socket and every instance without waiting.
+func (rt *Runtime) Close() {
+	if rt.srv != nil {
+		_ = rt.srv.Close()
+	}
+	rt.deactivateAll(context.Background(), 0)
+}
+
+// ServeHTTP is the data plane: pinnedd names the instance in headers.
+func (rt *Runtime) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	k := key{r.Header.Get(plugins.HeaderNamespace), r.Header.Get(plugins.HeaderID)}
+	rt.mu.Lock()
+	l := rt.instances[k]
+	rt.mu.Unlock()
+	if l == nil {
+		w.Header().Set(plugins.HeaderRefusal, "inactive")
+		http.Error(w, `{"error":"instance not active"}`, http.StatusServiceUnavailable)
+		return
+	}
+	r.Header.Del(plugins.HeaderNamespace)
+	r.Header.Del(plugins.HeaderID)
+	serveRecovering(w, r, l)
+}
+
+// serveRecovering keeps a panicking handler from taking the plugin down with
+// it; the client gets a 500 if nothing was written yet.
+func serveRecovering(w http.ResponseWriter, r *http.Request, l *live) {
+	tw := &trackingWriter{ResponseWriter: w}
+	defer func() {
+		if p := recover(); p != nil {
+			if p == http.ErrAbortHandler {
+				panic(p)
+			}
+			l.inst.logger.Error("handler panicked", "panic", p, "stack", string(debug.Stack()))
+			if !tw.wrote {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusInternalServerError)
+				_, _ = w.Write([]byte(`{"error":"internal error"}` + "\n"))
+			}
+		}
+	}()
+	l.handler.ServeHTTP(tw, r)
+}
+
+type trackingWriter struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (w *trackingWriter) WriteHeader(code int) { w.wrote = true; w.ResponseWriter.WriteHeader(code) }
+func (w *trackingWriter) Write(p []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach Flush and Hijack underneath.
+func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Flush passes through so SSE from an instance is not buffered.
+func (w *trackingWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
+
+// Describe implements proto.ControlServer.
+func (rt *Runtime) Describe(context.Context, *proto.DescribeRequest) (*proto.DescribeResponse, error) {
+	resp := &proto.DescribeResponse{DataSocket: rt.socket, SdkVersion: Version, Pid: int32(os.Getpid())}
+	for ns, h := range rt.hosts {
+		resp.Hosts = append(resp.Hosts, &proto.HostInfo{
+			Namespace:              ns,
+			DetachedTimeoutMs:      h.DetachedTimeout.Milliseconds(),
+			ReleasePlacementOnIdle: !h.KeepPlacementOnIdle,
+		})
+	}
+	sort.Slice(resp.Hosts, func(i, j int) bool { return resp.Hosts[i].Namespace < resp.Hosts[j].Namespace })
+	return resp, nil
+}
+
+// Activate implements proto.ControlServer. Activating a live instance again
+// is a no-op, so pinnedd may retry after an unknown outcome.
+func (rt *Runtime) Activate(ctx context.Context, req *proto.ActivateRequest) (*proto.ActivateResponse, error) {
+	h, ok := rt.hosts[req.Namespace]
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "unknown namespace %q", req.Namespace)
+	}
+	k := key{req.Namespace, req.Id}
+	rt.mu.Lock()
+	_, exists := rt.instances[k]
+	rt.mu.Unlock()
+	if exists {
+		return &proto.ActivateResponse{}, nil
+	}
+	inst := newInstance(req.Namespace, req.Id, req.Generation, rt.logger)
+	inst.requestEviction = func() {
+		select {
+		case rt.events <- &proto.Event{Kind: proto.EventKind_EVENT_KIND_EVICT_ME, Namespace: req.Namespace, Id: req.Id}:
+		default:
+			inst.logger.Warn("event queue full; eviction request dropped")
+		}
+	}
+	handler, err := build(h, inst)
+	if err == nil {
+		if s, ok := handler.(Starter); ok {
+			err = callHook(inst, "start", func() error { return s.Start(ctx) })
+		}
+	}
+	if err != nil {
+		inst.cancel()
+		inst.waitTasks(time.Second)
+		return nil, status.Errorf(codes.FailedPrecondition, "activate %s/%s: %v", req.Namespace, req.Id, err)
+	}
+	rt.mu.Lock()
+	rt.instances[k] = &live{inst: inst, handler: handler}
+	rt.mu.Unlock()
+	inst.logger.Debug("instance activated", "generation", req.Generation)
+	return &proto.ActivateResponse{}, nil
+}
+
+func build(h Host, inst *Instance) (handler http.Handler, err error) {
+	err = callHook(inst, "new", func() error {
+		var e error
+		handler, e = h.New(inst)
+		if e == nil && handler == nil {
+			e = errors.New("host returned a nil handler")
+		}
+		return e
+	})
+	return handler, err
+}
+
+// callHook turns a panic in host code into an error.
+func callHook(inst *Instance, name string, fn func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			inst.logger.Error("hook panicked", "hook", name, "panic", p, "stack", string(debug.Stack()))
+			err = fmt.Errorf("%s hook panicked: %v", name, p)
+		}
+	}()
+	return fn()
+}
+
+// Deactivate implements proto.ControlServer.
+func (rt *Runtime) Deactivate(ctx context.Context, req *proto.DeactivateRequest) (*proto.DeactivateResponse, error) {
+	k := key{req.Namespace, req.Id}
+	rt.mu.Lock()
+	l := rt.instances[k]
+	rt.mu.Unlock()
+	if l == nil {
+		return &proto.DeactivateResponse{}, nil
+	}
+	if req.Reason == proto.Reason_REASON_IDLE {
+		if idler, ok := l.handler.(Idler); ok {
+			keep := false
+			_ = callHook(l.inst, "idle", func() error { keep = idler.Idle(ctx); return nil })
+			if keep {
+				return &proto.DeactivateResponse{Kept: true}, nil
+			}
+		}
+	}
+	rt.mu.Lock()
+	if rt.instances[k] != l { // a concurrent deactivation won
+		rt.mu.Unlock()
+		return &proto.DeactivateResponse{}, nil
+	}
+	delete(rt.instances, k)
+	rt.mu.Unlock()
+	abandoned := stop(ctx, l, time.Duration(req.GraceMs)*time.Millisecond)
+	l.inst.logger.Debug("instance deactivated", "reason", req.Reason.String(), "abandoned_tasks", abandoned)
+	return &proto.DeactivateResponse{AbandonedTasks: int32(abandoned)}, nil
+}
+
+func stop(ctx context.Context, l *live, grace time.Duration) int {
+	l.inst.cancel()
+	abandoned := l.inst.waitTasks(grace)
+	if s, ok := l.handler.(Stopper); ok {
+		_ = callHook(l.inst, "stop", func() error { s.Stop(ctx); return nil })
+	}
+	return abandoned
+}
+
+func (rt *Runtime) deactivateAll(ctx context.Context, grace time.Duration) {
+	rt.mu.Lock()
+	all := rt.instances
+	rt.instances = map[key]*live{}
+	rt.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, l := range all {
+		wg.Add(1)
+		go func() { defer wg.Done(); stop(ctx, l, grace) }()
+	}
+	wg.Wait()
+}
+
+// Stats implements proto.ControlServer.
+func (rt *Runtime) Stats(context.Context, *proto.StatsRequest) (*proto.StatsResponse, error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	resp := &proto.StatsResponse{}
+	for k, l := range rt.instances {
+		resp.Instances = append(resp.Instances, &proto.InstanceStats{
+			Namespace: k.ns, Id: k.id, Generation: l.inst.generation,
+			Tasks: int32(l.inst.Tasks()), ActivatedAtMs: l.inst.activatedAt.UnixMilli(),
+		})
+	}
+	sort.Slice(resp.Instances, func(i, j int) bool {
+		a, b := resp.Instances[i], resp.Instances[j]
+		return a.Namespace < b.Namespace || a.Namespace == b.Namespace && a.Id < b.Id
+	})
+	return resp, nil
+}
+
+// Health implements proto.ControlServer.
+func (rt *Runtime) Health(context.Context, *proto.HealthRequest) (*proto.HealthResponse, error) {
+	return &proto.HealthResponse{Serving: true}, nil
+}
+
+// Shutdown implements proto.ControlServer: every instance is stopped (tasks
+// get grace_ms) before pinnedd asks go-plugin to end the process.
+func (rt *Runtime) Shutdown(ctx context.Context, req *proto.ShutdownRequest) (*proto.ShutdownResponse, error) {
+	rt.deactivateAll(ctx, time.Duration(req.GraceMs)*time.Millisecond)
+	return &proto.ShutdownResponse{}, nil
+}
+
+// Exchange implements proto.DataServer (the measured gRPC data plane).
+func (rt *Runtime) Exchange(stream proto.Data_ExchangeServer) error {
+	return plugins.ServeExchange(stream, rt)
+}
+
+// Events implements proto.ControlServer: pinnedd holds it open for the life
+// of the process.
+func (rt *Runtime) Events(_ *proto.EventsRequest, stream proto.Control_EventsServer) error {
+	if err := stream.Send(&proto.Event{Kind: proto.EventKind_EVENT_KIND_READY}); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case ev := <-rt.events:
+			if err := stream.Send(ev); err != nil {
+				return err
+			}
+		}
+	}
+}

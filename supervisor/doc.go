@@ -1,0 +1,22 @@
+// Package supervisor owns this node's plugin processes and the instances
+// inside them.
+//
+// Plugins: each distinct plugin binary runs as one go-plugin subprocess
+// (gRPC control channel, instance HTTP over a private unix socket). The
+// supervisor spawns it with a parent-death signal so it never outlives
+// pinnedd, re-logs its stderr tagged with the plugin, notices its death at
+// once through a held-open Events stream, restarts it with capped
+// exponential backoff, and marks its namespaces degraded while it crash-loops
+// so new activations go elsewhere (503 + Retry-After here).
+//
+// Instances: the supervisor is the authority on which (namespace, id) is
+// live on this node. An instance activates exactly once on its first request
+// (concurrent first requests wait on one activation), counts its open
+// requests and streams, and is evicted after its host's detached timeout
+// with none open, or on drain and shutdown. Placement is not its business:
+// callers pass the generation they resolved and learn of evictions through
+// Config.OnEvicted.
+//
+// It must never decide placement, talk to the directory, or let a plugin
+// process survive Stop.
+package supervisor

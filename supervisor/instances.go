@@ -1,0 +1,400 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/plugins"
+	"github.com/pinnedd/pinnedd/plugins/proto"
+)
+
+// instance is one live (namespace, id) on this node.
+type instance struct {
+	key         Key
+	gen         uint64
+	inc         *incarnation
+	activatedAt time.Time
+
+	ready chan struct{} // closed once activation finished (err says how)
+	err   error
+
+	// Guarded by Supervisor.mu.
+	conns      int
+	lastActive time.Time
+	evicting   bool
+	idle       *time.Timer
+	stopped    chan struct{} // closed once removed from the table
+
+	ctx    context.Context // cancelled at eviction: ends open streams
+	cancel context.CancelFunc
+}
+
+// activationTimeout bounds a host's New + Start.
+const activationTimeout = 30 * time.Second
+
+// acquire returns the live instance for k, activating it if needed, with
+// one more open connection counted on it. Concurrent first requests share
+// one activation.
+func (s *Supervisor) acquire(ctx context.Context, k Key, gen uint64) (*instance, error) {
+	p := s.byNS[k.Namespace]
+	if p == nil {
+		return nil, ErrUnknownNS
+	}
+	for {
+		s.mu.Lock()
+		if s.stopping {
+			s.mu.Unlock()
+			return nil, ErrStopping
+		}
+		in := s.instances[k]
+		if in != nil && !in.evicting && gen > in.gen {
+			// Re-placed under a newer generation: the old activation must
+			// not keep writing. Evict it and activate afresh.
+			s.mu.Unlock()
+			s.evict(ctx, in, proto.Reason_REASON_OPERATOR, 0)
+			continue
+		}
+		if in != nil && in.evicting {
+			stopped := in.stopped
+			s.mu.Unlock()
+			select {
+			case <-stopped:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		if in != nil {
+			in.conns++
+			if in.idle != nil {
+				in.idle.Stop()
+				in.idle = nil
+			}
+			s.mu.Unlock()
+			select {
+			case <-in.ready:
+			case <-ctx.Done():
+				s.release(in)
+				return nil, ctx.Err()
+			}
+			if in.err != nil {
+				s.release(in)
+				return nil, in.err
+			}
+			return in, nil
+		}
+		inc, err := p.current()
+		if err != nil {
+			s.mu.Unlock()
+			return nil, err
+		}
+		ictx, icancel := context.WithCancel(context.Background())
+		in = &instance{
+			key: k, gen: gen, inc: inc, activatedAt: time.Now(), ready: make(chan struct{}),
+			conns: 1, stopped: make(chan struct{}), ctx: ictx, cancel: icancel,
+		}
+		s.instances[k] = in
+		s.mu.Unlock()
+
+		actx, cancel := context.WithTimeout(context.Background(), activationTimeout)
+		_, err = inc.conn.Control.Activate(actx, &proto.ActivateRequest{Namespace: k.Namespace, Id: k.ID, Generation: gen})
+		cancel()
+		if err != nil {
+			if st, ok := status.FromError(err); ok && st.Code() == codes.FailedPrecondition {
+				err = fmt.Errorf("%w: %s", ErrActivation, st.Message())
+			} else if !inc.alive() {
+				err = fmt.Errorf("%w: %v", ErrPluginDown, err)
+			} else {
+				err = fmt.Errorf("%w: %v", ErrActivation, err)
+			}
+			in.err = err
+			s.remove(in)
+			close(in.ready)
+			s.release(in)
+			return nil, err
+		}
+		s.metrics.activations.WithLabelValues(k.Namespace).Inc()
+		s.metrics.instances.WithLabelValues(k.Namespace).Inc()
+		close(in.ready)
+		return in, nil
+	}
+}
+
+// release drops one open connection; the last one arms the idle timer.
+func (s *Supervisor) release(in *instance) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in.conns--
+	in.lastActive = time.Now()
+	if in.conns > 0 || in.evicting || s.instances[in.key] != in || in.err != nil {
+		return
+	}
+	s.armIdleLocked(in)
+}
+
+func (s *Supervisor) armIdleLocked(in *instance) {
+	timeout := s.cfg.DetachedTimeout
+	if h := in.inc.hosts[in.key.Namespace]; h != nil && h.DetachedTimeoutMs > 0 {
+		timeout = time.Duration(h.DetachedTimeoutMs) * time.Millisecond
+	}
+	in.idle = time.AfterFunc(timeout, func() {
+		s.evict(context.Background(), in, proto.Reason_REASON_IDLE, s.cfg.StopGrace)
+	})
+}
+
+// remove takes in out of the table if it is still there.
+func (s *Supervisor) remove(in *instance) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.instances[in.key] != in {
+		return false
+	}
+	delete(s.instances, in.key)
+	if in.idle != nil {
+		in.idle.Stop()
+	}
+	close(in.stopped)
+	in.cancel()
+	return true
+}
+
+// evict deactivates in (idle eviction only while it has no open
+// connection, and the host's idle hook may keep it), then reports it gone.
+func (s *Supervisor) evict(ctx context.Context, in *instance, reason proto.Reason, grace time.Duration) {
+	s.mu.Lock()
+	if s.instances[in.key] != in || in.evicting || (reason == proto.Reason_REASON_IDLE && in.conns > 0) {
+		s.mu.Unlock()
+		return
+	}
+	in.evicting = true
+	if in.idle != nil {
+		in.idle.Stop()
+		in.idle = nil
+	}
+	s.mu.Unlock()
+	<-in.ready
+
+	resp, err := in.inc.conn.Control.Deactivate(ctx, &proto.DeactivateRequest{
+		Namespace: in.key.Namespace, Id: in.key.ID, Reason: reason, GraceMs: grace.Milliseconds(),
+	})
+	if err == nil && resp.Kept {
+		s.mu.Lock()
+		in.evicting = false
+		if in.conns == 0 && s.instances[in.key] == in {
+			s.armIdleLocked(in)
+		}
+		s.mu.Unlock()
+		return
+	}
+	if err != nil && in.inc.alive() {
+		s.cfg.Logger.Warn("deactivate failed; dropping instance", "instance", in.key.String(), "err", err)
+	}
+	if !s.remove(in) {
+		return
+	}
+	s.metrics.evictions.WithLabelValues(in.key.Namespace, reasonLabel(reason)).Inc()
+	s.metrics.instances.WithLabelValues(in.key.Namespace).Dec()
+	release := true
+	if h := in.inc.hosts[in.key.Namespace]; reason == proto.Reason_REASON_IDLE && h != nil && !h.ReleasePlacementOnIdle {
+		release = false
+	}
+	if s.cfg.OnEvicted != nil {
+		s.cfg.OnEvicted(in.key, in.gen, release)
+	}
+}
+
+// evictKey evicts the instance k if it still belongs to inc.
+func (s *Supervisor) evictKey(k Key, inc *incarnation, reason proto.Reason, _ bool) {
+	s.mu.Lock()
+	in := s.instances[k]
+	s.mu.Unlock()
+	if in == nil || in.inc != inc {
+		return
+	}
+	s.evict(context.Background(), in, reason, s.cfg.StopGrace)
+}
+
+// Evict winds one instance down now (operator wind-down, drain); tracked
+// tasks get grace. It reports whether the instance was live.
+func (s *Supervisor) Evict(ctx context.Context, k Key, grace time.Duration) bool {
+	s.mu.Lock()
+	in := s.instances[k]
+	s.mu.Unlock()
+	if in == nil {
+		return false
+	}
+	s.evict(ctx, in, proto.Reason_REASON_OPERATOR, grace)
+	return true
+}
+
+// dropIncarnation forgets the instances a dead plugin process took with it.
+// Their placements stay: the ids re-activate here on their next request.
+func (s *Supervisor) dropIncarnation(inc *incarnation) {
+	s.mu.Lock()
+	var gone []*instance
+	for _, in := range s.instances {
+		if in.inc == inc {
+			gone = append(gone, in)
+		}
+	}
+	s.mu.Unlock()
+	for _, in := range gone {
+		if s.remove(in) {
+			s.metrics.evictions.WithLabelValues(in.key.Namespace, "crash").Inc()
+			s.metrics.instances.WithLabelValues(in.key.Namespace).Dec()
+		}
+	}
+}
+
+func reasonLabel(r proto.Reason) string {
+	return strings.ToLower(strings.TrimPrefix(r.String(), "REASON_"))
+}
+
+type ctxKey int
+
+const instanceCtxKey ctxKey = 0
+
+var errInactive = errors.New("plugin no longer has the instance")
+
+// newProxy builds the reverse proxy to one incarnation's data socket. Every
+// write is flushed through at once so streams (SSE, chunked) are live;
+// Upgrade requests (WebSocket) pass through as raw connections.
+func (s *Supervisor) newProxy(inc *incarnation) *httputil.ReverseProxy {
+	var tr http.RoundTripper = inc.tr
+	if s.cfg.DataPlane == DataPlaneGRPC {
+		tr = &plugins.GRPCTransport{Data: inc.conn.Data}
+	}
+	return &httputil.ReverseProxy{
+		Transport:     tr,
+		FlushInterval: -1,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = "plugin"
+			pr.SetXForwarded()
+		},
+		ModifyResponse: func(resp *http.Response) error {
+			if resp.Header.Get(plugins.HeaderRefusal) != "" {
+				return errInactive
+			}
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			in, _ := r.Context().Value(instanceCtxKey).(*instance)
+			switch {
+			case errors.Is(err, errInactive):
+				if in != nil && s.remove(in) {
+					s.metrics.instances.WithLabelValues(in.key.Namespace).Dec()
+				}
+				httpx.WriteError(w, http.StatusServiceUnavailable, "instance restarting, retry", time.Second)
+			case r.Context().Err() != nil:
+				// The client went away, or the instance was evicted under
+				// an open stream: nothing useful to write.
+			case !inc.alive():
+				httpx.WriteError(w, http.StatusServiceUnavailable, "plugin restarting, retry", time.Second)
+			default:
+				s.cfg.Logger.Warn("plugin request failed", "plugin", inc.proc.spec.Name, "err", err)
+				httpx.WriteError(w, http.StatusBadGateway, "plugin request failed", 0)
+			}
+		},
+	}
+}
+
+// Live reports whether (ns, id) is active on this node.
+func (s *Supervisor) Live(ns, id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in := s.instances[Key{ns, id}]
+	return in != nil && !in.evicting
+}
+
+// ServeInstance hands r to instance (ns, id), activating it under
+// generation gen if it is not live, with the request path replaced by rest
+// (escaped form, e.g. "/increment").
+func (s *Supervisor) ServeInstance(w http.ResponseWriter, r *http.Request, ns, id string, gen uint64, rest string) {
+	k := Key{ns, id}
+	start := time.Now()
+	sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+	defer func() {
+		s.metrics.requests.WithLabelValues(k.Namespace, strconv.Itoa(sw.code)).Observe(time.Since(start).Seconds())
+	}()
+	in, err := s.acquire(r.Context(), k, gen)
+	if err != nil {
+		s.writeAcquireError(sw, r, err)
+		return
+	}
+	defer s.release(in)
+
+	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), instanceCtxKey, in))
+	defer cancel()
+	stop := context.AfterFunc(in.ctx, cancel)
+	defer stop()
+
+	out := r.Clone(ctx)
+	for h := range out.Header {
+		if strings.HasPrefix(h, "X-Pinned-") {
+			out.Header.Del(h)
+		}
+	}
+	out.Header.Set(plugins.HeaderNamespace, k.Namespace)
+	out.Header.Set(plugins.HeaderID, k.ID)
+	if p, err := url.PathUnescape(rest); err == nil && p != rest {
+		out.URL.Path, out.URL.RawPath = p, rest
+	} else {
+		out.URL.Path, out.URL.RawPath = rest, ""
+	}
+	in.inc.proxy.ServeHTTP(sw, out)
+}
+
+func (s *Supervisor) writeAcquireError(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, ErrUnknownNS):
+		httpx.WriteError(w, http.StatusNotFound, "unknown namespace", 0)
+	case errors.Is(err, ErrDegraded):
+		httpx.WriteError(w, http.StatusServiceUnavailable, "namespace degraded on this node", 5*time.Second)
+	case errors.Is(err, ErrPluginDown):
+		httpx.WriteError(w, http.StatusServiceUnavailable, "plugin restarting, retry", time.Second)
+	case errors.Is(err, ErrStopping):
+		httpx.WriteError(w, http.StatusServiceUnavailable, "node is shutting down", time.Second)
+	case errors.Is(err, ErrActivation):
+		s.cfg.Logger.Warn("activation failed", "path", r.URL.Path, "err", err)
+		httpx.WriteError(w, http.StatusInternalServerError, "activation failed", 0)
+	case r.Context().Err() != nil:
+	default:
+		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error(), time.Second)
+	}
+}
+
+// statusWriter records the status for metrics and passes Flush and Hijack
+// through (via Unwrap) so streaming and upgrades keep working.
+type statusWriter struct {
+	http.ResponseWriter
+	code  int
+	wrote bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wrote {
+		w.code, w.wrote = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *statusWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

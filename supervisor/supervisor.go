@@ -1,0 +1,298 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pinnedd/pinnedd/plugins/proto"
+)
+
+// Key names an instance on this node.
+type Key struct{ Namespace, ID string }
+
+func (k Key) String() string { return k.Namespace + "/" + k.ID }
+
+// Config configures a Supervisor. Zero durations take the defaults below.
+type Config struct {
+	Specs  []Spec
+	Logger *slog.Logger
+	// Registerer receives the pinned_* collectors; nil registers nothing.
+	Registerer prometheus.Registerer
+	// RuntimeDir holds the plugins' data sockets. Empty: a private
+	// temporary directory, removed by Stop. Keep it short: unix socket
+	// paths are limited to 107 bytes.
+	RuntimeDir string
+
+	// DataPlane picks how requests reach a plugin: DataPlaneUnix (HTTP
+	// over the plugin's unix socket, the default) or DataPlaneGRPC (one
+	// gRPC stream per request; no Upgrade support). See the plugins
+	// package doc for why unix is the default.
+	DataPlane DataPlane
+
+	DetachedTimeout    time.Duration // default 60s; a host may set its own
+	HandshakeTimeout   time.Duration // default 10s
+	StopGrace          time.Duration // default 10s: tasks' time to return at shutdown
+	BackoffMin         time.Duration // default 100ms
+	BackoffMax         time.Duration // default 30s
+	StablePeriod       time.Duration // default 30s: a run this long resets the crash count
+	CrashLoopThreshold int           // default 3 consecutive short runs → degraded
+
+	// OnEvicted is called once an instance is gone for good (idle,
+	// drained, shut down): release is false when its host keeps the
+	// placement across idle eviction. It is not called when a plugin
+	// crash takes an instance down: the id stays placed here and
+	// re-activates on its next request.
+	OnEvicted func(k Key, generation uint64, release bool)
+}
+
+func (c *Config) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.DetachedTimeout, 60*time.Second)
+	def(&c.HandshakeTimeout, 10*time.Second)
+	def(&c.StopGrace, 10*time.Second)
+	def(&c.BackoffMin, 100*time.Millisecond)
+	def(&c.BackoffMax, 30*time.Second)
+	def(&c.StablePeriod, 30*time.Second)
+	if c.DataPlane == "" {
+		c.DataPlane = DataPlaneUnix
+	}
+	if c.CrashLoopThreshold <= 0 {
+		c.CrashLoopThreshold = 3
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// DataPlane names a plugin data plane.
+type DataPlane string
+
+// Data planes.
+const (
+	DataPlaneUnix DataPlane = "unix"
+	DataPlaneGRPC DataPlane = "grpc"
+)
+
+// Supervisor runs this node's plugins and instances.
+type Supervisor struct {
+	cfg        Config
+	metrics    *metrics
+	runtimeDir string
+	ownDir     bool
+
+	procs []*pluginProc
+	byNS  map[string]*pluginProc
+
+	mu        sync.Mutex
+	instances map[Key]*instance
+	stopping  bool
+	started   bool
+
+	runCtx    context.Context
+	runCancel context.CancelFunc
+	wg        sync.WaitGroup
+}
+
+// New validates the configuration; Start spawns the plugins.
+func New(cfg Config) (*Supervisor, error) {
+	cfg.setDefaults()
+	if len(cfg.Specs) == 0 {
+		return nil, errors.New("supervisor: no plugins configured")
+	}
+	s := &Supervisor{cfg: cfg, metrics: newMetrics(cfg.Registerer), byNS: map[string]*pluginProc{}, instances: map[Key]*instance{}}
+	names := map[string]bool{}
+	for _, sp := range cfg.Specs {
+		if names[sp.Name] {
+			return nil, fmt.Errorf("supervisor: two plugins named %q", sp.Name)
+		}
+		names[sp.Name] = true
+		s.procs = append(s.procs, &pluginProc{sup: s, spec: sp, state: StateStopped, logger: cfg.Logger.With("plugin", sp.Name)})
+	}
+	return s, nil
+}
+
+// Start spawns every plugin and waits for each first handshake. An error
+// leaves nothing running.
+func (s *Supervisor) Start(ctx context.Context) error {
+	s.runtimeDir = s.cfg.RuntimeDir
+	if s.runtimeDir == "" {
+		dir, err := os.MkdirTemp("", "pinnedd-")
+		if err != nil {
+			return fmt.Errorf("runtime dir: %w", err)
+		}
+		s.runtimeDir, s.ownDir = dir, true
+	} else if err := os.MkdirAll(s.runtimeDir, 0o700); err != nil {
+		return fmt.Errorf("runtime dir: %w", err)
+	}
+	s.runCtx, s.runCancel = context.WithCancel(context.Background())
+	firsts := make([]chan error, len(s.procs))
+	for i, p := range s.procs {
+		firsts[i] = make(chan error, 1)
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); p.run(s.runCtx, firsts[i]) }()
+	}
+	var errs []error
+	for i, p := range s.procs {
+		select {
+		case err := <-firsts[i]:
+			errs = append(errs, err)
+		case <-ctx.Done():
+			errs = append(errs, ctx.Err())
+		}
+		_ = p
+	}
+	if err := errors.Join(errs...); err != nil {
+		s.Stop(context.Background())
+		return err
+	}
+	for _, p := range s.procs {
+		for _, ns := range p.namespaces {
+			if other, dup := s.byNS[ns]; dup {
+				s.Stop(context.Background())
+				return fmt.Errorf("namespace %s is served by both %s and %s", ns, other.spec.Name, p.spec.Name)
+			}
+			s.byNS[ns] = p
+		}
+	}
+	s.mu.Lock()
+	s.started = true
+	s.mu.Unlock()
+	return nil
+}
+
+// Ready reports whether every plugin has completed its handshake and the
+// supervisor is not stopping.
+func (s *Supervisor) Ready() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.started && !s.stopping
+}
+
+// Namespaces served on this node, sorted.
+func (s *Supervisor) Namespaces() []string {
+	out := make([]string, 0, len(s.byNS))
+	for ns := range s.byNS {
+		out = append(out, ns)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Serves reports whether ns is served on this node.
+func (s *Supervisor) Serves(ns string) bool { _, ok := s.byNS[ns]; return ok }
+
+// Stop evicts every instance (tasks get StopGrace), ends every plugin and
+// waits until their processes are gone. It is idempotent.
+func (s *Supervisor) Stop(ctx context.Context) {
+	s.mu.Lock()
+	if s.stopping && s.runCancel == nil {
+		s.mu.Unlock()
+		return
+	}
+	s.stopping = true
+	all := make([]*instance, 0, len(s.instances))
+	for _, in := range s.instances {
+		all = append(all, in)
+	}
+	cancel := s.runCancel
+	s.runCancel = nil
+	s.mu.Unlock()
+
+	var wg sync.WaitGroup
+	for _, in := range all {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.evict(ctx, in, proto.Reason_REASON_SHUTDOWN, s.cfg.StopGrace) }()
+	}
+	wg.Wait()
+	if cancel != nil {
+		cancel() // no restarts from here on
+	}
+	for _, p := range s.procs {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.stop(s.cfg.StopGrace) }()
+	}
+	wg.Wait()
+	s.wg.Wait()
+	if s.ownDir {
+		_ = os.RemoveAll(s.runtimeDir)
+	}
+}
+
+// PluginStatus is one plugin as `pinnedd status` shows it.
+type PluginStatus struct {
+	Name        string   `json:"name"`
+	Path        string   `json:"path"`
+	State       State    `json:"state"`
+	PID         int      `json:"pid,omitempty"`
+	Incarnation int      `json:"incarnation"`
+	Restarts    int      `json:"restarts"`
+	Degraded    bool     `json:"degraded"`
+	Namespaces  []string `json:"namespaces"`
+	LastError   string   `json:"lastError,omitempty"`
+}
+
+// InstanceStatus is one live instance.
+type InstanceStatus struct {
+	Namespace   string `json:"namespace"`
+	ID          string `json:"id"`
+	Generation  uint64 `json:"generation"`
+	Connections int    `json:"connections"`
+	IdleMs      int64  `json:"idleMs"`
+	ActivatedAt int64  `json:"activatedAt"`
+	Plugin      string `json:"plugin"`
+	PID         int    `json:"pid"`
+}
+
+// Plugins reports every plugin's state.
+func (s *Supervisor) Plugins() []PluginStatus {
+	out := make([]PluginStatus, 0, len(s.procs))
+	for _, p := range s.procs {
+		p.mu.Lock()
+		st := PluginStatus{
+			Name: p.spec.Name, Path: p.spec.Path, State: p.state, Incarnation: p.seq,
+			Restarts: p.restarts, Degraded: p.degraded, LastError: p.lastErr,
+			Namespaces: append([]string(nil), p.namespaces...),
+		}
+		if p.cur != nil {
+			st.PID = p.cur.pid
+		}
+		p.mu.Unlock()
+		sort.Strings(st.Namespaces)
+		out = append(out, st)
+	}
+	return out
+}
+
+// Instances reports the live instances, sorted by key.
+func (s *Supervisor) Instances() []InstanceStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	out := make([]InstanceStatus, 0, len(s.instances))
+	for k, in := range s.instances {
+		st := InstanceStatus{
+			Namespace: k.Namespace, ID: k.ID, Generation: in.gen, Connections: in.conns,
+			ActivatedAt: in.activatedAt.UnixMilli(), Plugin: in.inc.proc.spec.Name, PID: in.inc.pid,
+		}
+		if in.conns == 0 {
+			st.IdleMs = now.Sub(in.lastActive).Milliseconds()
+		}
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].Namespace < out[j].Namespace || out[i].Namespace == out[j].Namespace && out[i].ID < out[j].ID
+	})
+	return out
+}
