@@ -125,6 +125,7 @@ type Batch struct {
 // Opaque is a command of a type this version does not know, kept as read so
 // it can be skipped (ignorable) or failed, and re-encoded unchanged.
 type Opaque struct {
+	Version   byte        // envelope version it came in; 0 means FormatVersion
 	Code      CommandType // the type byte without IgnorableFlag
 	Ignorable bool
 	Payload   []byte
@@ -247,7 +248,11 @@ func Encode(cmd Command) []byte { return AppendCommand(make([]byte, 0, 64), cmd)
 
 // AppendCommand appends the encoding of cmd to b.
 func AppendCommand(b []byte, cmd Command) []byte {
-	b = append(b, FormatVersion, typeByte(cmd))
+	v := FormatVersion
+	if o, ok := cmd.(Opaque); ok && o.Version != 0 {
+		v = o.Version // a foreign version stays foreign: its type may mean something else here
+	}
+	b = append(b, v, typeByte(cmd))
 	return cmd.appendPayload(b)
 }
 
@@ -255,12 +260,13 @@ func AppendCommand(b []byte, cmd Command) []byte {
 // Opaque; an unknown format version decodes as Opaque when the ignorable bit
 // is set and fails with ErrVersion otherwise.
 func DecodeCommand(b []byte) (Command, error) {
-	if len(b) < 2 {
+	if len(b) < 2 || b[0] == 0 { // version 0 was never written; Opaque uses it for "current"
 		return nil, ErrMalformed
 	}
 	if b[0] != FormatVersion {
 		if b[1]&IgnorableFlag != 0 {
-			return Opaque{Code: CommandType(b[1] &^ IgnorableFlag), Ignorable: true, Payload: b[2:]}, nil
+			return Opaque{Version: b[0], Code: CommandType(b[1] &^ IgnorableFlag), Ignorable: true,
+				Payload: append([]byte(nil), b[2:]...)}, nil
 		}
 		return nil, fmt.Errorf("%w: %d", ErrVersion, b[0])
 	}
