@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pinnedd/pinnedd/examples/counter"
 	"github.com/pinnedd/pinnedd/plugins/sdk"
 )
 
@@ -68,6 +70,10 @@ func (h *hooked) Stop(context.Context) {
 var activations atomic.Int64
 
 func main() {
+	if os.Getenv("TESTHOST_SERVE_HTTP") == "1" {
+		servePlainHTTP()
+		return
+	}
 	sdk.Serve(map[string]sdk.Host{
 		// /hooks: every hook recorded; evicted after 300ms idle.
 		"/hooks": {
@@ -181,4 +187,17 @@ func misc(inst *sdk.Instance) http.Handler {
 	})
 	mux.Handle("/", echo(inst))
 	return mux
+}
+
+// servePlainHTTP serves the counter host over plain loopback HTTP, no
+// pinnedd involved: the baseline the data-plane benchmark compares against.
+func servePlainHTTP() {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	h, _ := counter.Host().New(&sdk.Instance{})
+	fmt.Printf("listening %s\n", ln.Addr())
+	_ = http.Serve(ln, h)
 }

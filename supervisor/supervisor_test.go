@@ -1,0 +1,128 @@
+package supervisor
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
+	"github.com/pinnedd/pinnedd/plugins/proto"
+)
+
+// startSupervisor runs a real plugin binary under a supervisor and serves
+// /<ns>/<id>/<rest> through it on a loopback HTTP server.
+func startSupervisor(t testing.TB, plane DataPlane, bin string, nss ...string) (*Supervisor, *httptest.Server) {
+	t.Helper()
+	s, err := New(Config{
+		Specs:     []Spec{{Name: "p", Path: bin, Namespaces: nss}},
+		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+		DataPlane: plane,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		parts := strings.SplitN(r.URL.Path, "/", 4)
+		rest := "/"
+		if len(parts) == 4 {
+			rest += parts[3]
+		}
+		s.ServeInstance(w, r, "/"+parts[1], parts[2], 1, rest)
+	}))
+	t.Cleanup(func() {
+		srv.Close()
+		pids := []int{}
+		for _, p := range s.Plugins() {
+			pids = append(pids, p.PID)
+		}
+		s.Stop(context.Background())
+		for _, pid := range pids {
+			if testutil.Alive(pid) {
+				t.Errorf("plugin %d alive after Stop", pid)
+			}
+		}
+	})
+	return s, srv
+}
+
+func TestBackoff(t *testing.T) {
+	for n, want := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 4: 800 * time.Millisecond, 20: 30 * time.Second} {
+		if got := backoff(n, 100*time.Millisecond, 30*time.Second); got != want {
+			t.Errorf("backoff(%d) = %s, want %s", n, got, want)
+		}
+	}
+}
+
+// Both data planes carry a never-ending SSE stream event by event.
+func TestDataPlanesFlushThrough(t *testing.T) {
+	for _, plane := range []DataPlane{DataPlaneUnix, DataPlaneGRPC} {
+		t.Run(string(plane), func(t *testing.T) {
+			_, srv := startSupervisor(t, plane, testutil.Bin(t, "testhost"), "/misc")
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/misc/s/sse", nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			for i := 0; i < 3; {
+				if !sc.Scan() {
+					t.Fatalf("stream ended after %d events: %v", i, sc.Err())
+				}
+				if line := sc.Text(); line != "" {
+					if line != fmt.Sprintf("data: %d", i) {
+						t.Fatalf("event %d = %q", i, line)
+					}
+					i++
+				}
+			}
+			// Request bodies and queries travel too.
+			r, err := testutil.Do(context.Background(), "POST", srv.URL+"/misc/b/echo?q=1", "payload", nil)
+			if err != nil || !strings.Contains(r.Body, `"body":"payload"`) || !strings.Contains(r.Body, `"query":"q=1"`) {
+				t.Fatalf("echo: %v %s", err, r.Body)
+			}
+		})
+	}
+}
+
+// Eviction of an instance under an open stream ends the stream.
+func TestEvictEndsOpenStreams(t *testing.T) {
+	s, srv := startSupervisor(t, DataPlaneUnix, testutil.Bin(t, "testhost"), "/misc")
+	resp, err := http.Get(srv.URL + "/misc/e/sse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Evict(context.Background(), Key{"/misc", "e"}, time.Second) {
+		t.Fatal("instance not live")
+	}
+	done := make(chan error, 1)
+	go func() { _, err := io.Copy(io.Discard, br); done <- err }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("stream still open after eviction")
+	}
+	if s.Live("/misc", "e") {
+		t.Fatal("evicted instance still live")
+	}
+	if got := reasonLabel(proto.Reason_REASON_OPERATOR); got != "operator" {
+		t.Fatalf("reason label %q", got)
+	}
+}
