@@ -20,37 +20,50 @@ import (
 
 // listSM is the state machine under test: an append-only list of commands. Apply returns the
 // new length, so a proposer can see its own result.
+//
+// With countOnly (benchmarks) it keeps just the count, so snapshots stay small and the
+// state machine does not dominate what is measured.
 type listSM struct {
-	mu       sync.Mutex
-	entries  []string
-	restores int
+	mu        sync.Mutex
+	countOnly bool
+	count     int
+	entries   []string
+	restores  int
 }
 
 func (m *listSM) Apply(_ uint64, cmd []byte) []byte {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.entries = append(m.entries, string(cmd))
-	return []byte(strconv.Itoa(len(m.entries)))
+	m.count++
+	if !m.countOnly {
+		m.entries = append(m.entries, string(cmd))
+	}
+	return []byte(strconv.Itoa(m.count))
 }
 
 func (m *listSM) Snapshot() (io.WriterTo, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	b, err := json.Marshal(m.entries)
+	b, err := json.Marshal(snapState{Count: m.count, Entries: m.entries})
 	if err != nil {
 		return nil, err
 	}
 	return bytes.NewReader(b), nil
 }
 
+type snapState struct {
+	Count   int      `json:"count"`
+	Entries []string `json:"entries"`
+}
+
 func (m *listSM) Restore(r io.Reader) error {
-	var entries []string
-	if err := json.NewDecoder(r).Decode(&entries); err != nil {
+	var st snapState
+	if err := json.NewDecoder(r).Decode(&st); err != nil {
 		return err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.entries = entries
+	m.count, m.entries = st.Count, st.Entries
 	m.restores++
 	return nil
 }
@@ -101,10 +114,15 @@ func fastConfig(c Config) Config {
 // startNode opens a node in dir. raftAddr "" picks a free port.
 func startNode(t testing.TB, id, dir, raftAddr string, bootstrap bool, mod func(*Config)) *testNode {
 	t.Helper()
+	return startNodeSM(t, id, dir, raftAddr, bootstrap, mod, &listSM{})
+}
+
+func startNodeSM(t testing.TB, id, dir, raftAddr string, bootstrap bool, mod func(*Config), sm *listSM) *testNode {
+	t.Helper()
 	if raftAddr == "" {
 		raftAddr = "127.0.0.1:0"
 	}
-	n := &testNode{t: t, id: id, dir: dir, sm: &listSM{}}
+	n := &testNode{t: t, id: id, dir: dir, sm: sm}
 	n.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := n.handler.Load()
 		if h == nil {
@@ -187,10 +205,15 @@ func waitLeader(t testing.TB, n *testNode) {
 // newCluster bootstraps nodes[0] and joins the rest through the first node's HTTP API.
 func newCluster(t testing.TB, size int, mod func(*Config)) []*testNode {
 	t.Helper()
-	nodes := []*testNode{startNode(t, "n1", t.TempDir(), "", true, mod)}
+	return newClusterSM(t, size, mod, func() *listSM { return &listSM{} })
+}
+
+func newClusterSM(t testing.TB, size int, mod func(*Config), newSM func() *listSM) []*testNode {
+	t.Helper()
+	nodes := []*testNode{startNodeSM(t, "n1", t.TempDir(), "", true, mod, newSM())}
 	waitLeader(t, nodes[0])
 	for i := 2; i <= size; i++ {
-		n := startNode(t, fmt.Sprintf("n%d", i), t.TempDir(), "", false, mod)
+		n := startNodeSM(t, fmt.Sprintf("n%d", i), t.TempDir(), "", false, mod, newSM())
 		if err := JoinVia(ctxTimeout(t, 10*time.Second), nil, nodes[0].srv.URL, "secret", n.id, n.s.RaftAddr(), n.srv.URL); err != nil {
 			t.Fatalf("join %s: %v", n.id, err)
 		}

@@ -722,6 +722,7 @@ func (s *Store) observeLoop() {
 // it, retrying with backoff while the node is a member but the leader is unreachable.
 func (s *Store) registerLoop() {
 	defer s.wg.Done()
+	var logged string
 	for {
 		select {
 		case <-s.baseCtx.Done():
@@ -737,7 +738,10 @@ func (s *Store) registerLoop() {
 			err := s.setMeta(ctx, s.cfg.NodeID, s.cfg.APIAddr)
 			cancel()
 			if err == nil {
-				s.log.Info("recorded api address", "api_addr", s.cfg.APIAddr)
+				if logged != s.cfg.APIAddr {
+					s.log.Info("recorded api address", "api_addr", s.cfg.APIAddr)
+					logged = s.cfg.APIAddr
+				}
 				break
 			}
 			if errors.Is(err, ErrUnknownMember) || s.baseCtx.Err() != nil {

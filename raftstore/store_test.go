@@ -459,3 +459,52 @@ func TestApplyOutcomeErrors(t *testing.T) {
 		return nil
 	})
 }
+
+func TestRemoveDeadMember(t *testing.T) {
+	nodes := newCluster(t, 3, nil)
+	leader := leaderOf(t, nodes)
+	var dead, asker *testNode
+	for _, n := range nodes {
+		if n != leader {
+			if dead == nil {
+				dead = n
+			} else {
+				asker = n
+			}
+		}
+	}
+	dead.kill()
+	// The operator asks a follower; it forwards to the leader.
+	ctx := ctxTimeout(t, 10*time.Second)
+	if err := RemoveVia(ctx, nil, asker.srv.URL, "secret", dead.id); err != nil {
+		t.Fatalf("remove %s: %v", dead.id, err)
+	}
+	if err := RemoveVia(ctx, nil, asker.srv.URL, "secret", dead.id); err != nil {
+		t.Fatalf("removing again is not a no-op: %v", err)
+	}
+	eventually(t, 5*time.Second, "dead member gone everywhere", func() error {
+		ms, err := MembersVia(ctx, nil, asker.srv.URL, "secret")
+		if err != nil {
+			return err
+		}
+		if len(ms) != 2 || asker.s.fsm.apiAddr(dead.id) != "" {
+			return fmt.Errorf("members %+v", ms)
+		}
+		return nil
+	})
+	// Two voters left; writes still commit and the last voter cannot be removed.
+	mustApply(t, asker, "after-remove")
+	if err := RemoveVia(ctx, nil, leader.srv.URL, "secret", asker.id); err != nil {
+		t.Fatalf("remove %s: %v", asker.id, err)
+	}
+	err := asker.s.Remove(ctx, leader.id)
+	if err == nil {
+		t.Fatal("removing the last voter succeeded")
+	}
+	if !errors.Is(err, ErrLastVoter) && !errors.Is(err, ErrNoLeader) && !errors.Is(err, ErrClosed) {
+		t.Fatalf("remove the last voter via a removed node: %v", err)
+	}
+	if err := leader.s.Remove(ctx, leader.id); !errors.Is(err, ErrLastVoter) {
+		t.Fatalf("leader removing itself as last voter: %v, want ErrLastVoter", err)
+	}
+}
