@@ -57,6 +57,27 @@ func BenchmarkDataPlane(b *testing.B) {
 			measure(b, post(srv.URL+"/counters/bench/increment"))
 		})
 	}
+	b.Run("unix-direct", func(b *testing.B) {
+		// The plugin hop alone: a client on the plugin's data socket.
+		s, _ := startSupervisor(b, DataPlaneUnix, testutil.Bin(b, "counter"), counter.Namespace)
+		if _, err := s.acquire(context.Background(), Key{counter.Namespace, "direct"}, 1); err != nil {
+			b.Fatal(err)
+		}
+		inc, _ := s.procs[0].current()
+		client := &http.Client{Transport: inc.tr}
+		measure(b, func() error {
+			req, _ := http.NewRequest("POST", "http://plugin/increment", nil)
+			req.Header.Set("X-Pinned-Namespace", counter.Namespace)
+			req.Header.Set("X-Pinned-Id", "direct")
+			resp, err := client.Do(req)
+			if err != nil {
+				return err
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return nil
+		})
+	})
 	b.Run("grpc-unary", func(b *testing.B) {
 		s, _ := startSupervisor(b, DataPlaneUnix, testutil.Bin(b, "counter"), counter.Namespace)
 		inc, err := s.procs[0].current()
