@@ -21,7 +21,7 @@ func BenchmarkApply(b *testing.B) {
 				// Production timing (raft's defaults), not the tests' short timeouts.
 				cluster := newClusterSM(b, nodes, func(c *Config) {
 					c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout, c.CommitTimeout = 0, 0, 0, 0
-					c.DisableBatchApplyCh = !batch
+					c.BatchApplyCh = batch
 				},
 					func() *listSM { return &listSM{countOnly: true} })
 				leader := leaderOf(b, cluster)
@@ -29,7 +29,7 @@ func BenchmarkApply(b *testing.B) {
 					name string
 					n    *testNode
 				}{{"leader", leader}}
-				if nodes > 1 && batch {
+				if nodes > 1 && !batch {
 					for _, n := range cluster {
 						if n != leader {
 							waitLeader(b, n)

@@ -63,9 +63,9 @@ type Config struct {
 	// MaxAppendEntries bounds how many entries the leader commits in one batch (one fsync) and
 	// sends in one AppendEntries RPC; default 256.
 	MaxAppendEntries int
-	// DisableBatchApplyCh turns off raft's buffered apply channel (see DESIGN.md). Default off,
-	// i.e. BatchApplyCh is enabled.
-	DisableBatchApplyCh bool
+	// BatchApplyCh turns on raft's buffered apply channel. Default off: entries stranded in
+	// that buffer when raft shuts down are never answered (see DESIGN.md).
+	BatchApplyCh bool
 
 	// ApplyTimeout bounds Apply, Join, Remove and Leave when the caller's context has no
 	// deadline; default 10s.

@@ -169,7 +169,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	rc.TrailingLogs = cfg.TrailingLogs
 	rc.SnapshotInterval = cfg.SnapshotInterval
 	rc.MaxAppendEntries = cfg.MaxAppendEntries
-	rc.BatchApplyCh = !cfg.DisableBatchApplyCh
+	rc.BatchApplyCh = cfg.BatchApplyCh
 	rc.ShutdownOnRemove = true
 	rc.NoLegacyTelemetry = true
 
@@ -451,7 +451,12 @@ func (s *Store) shutdown(ctx context.Context, graceful bool) error {
 		s.baseCancel()
 		s.notifyChange()
 		s.raft.DeregisterObserver(s.observer)
-		err := s.raft.Shutdown().Error() // also closes the transport
+		err := s.raft.Shutdown().Error()
+		// Shutdown closes the transport only the first time; raft may already have shut itself
+		// down (a leader that removed itself), so close it here too (idempotent).
+		if terr := s.trans.Close(); terr != nil && err == nil {
+			err = terr
+		}
 		s.wg.Wait()
 		if cerr := s.bolt.Close(); cerr != nil && err == nil {
 			err = cerr

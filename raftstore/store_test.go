@@ -508,3 +508,42 @@ func TestRemoveDeadMember(t *testing.T) {
 		t.Fatalf("leader removing itself as last voter: %v, want ErrLastVoter", err)
 	}
 }
+
+func TestCloseUnderLoadLeaksNothing(t *testing.T) {
+	before := runtime.NumGoroutine()
+	n := startNode(t, "n1", t.TempDir(), "", true, nil)
+	waitLeader(t, n)
+	var wg sync.WaitGroup
+	var applied atomic.Int64
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				_, err := n.s.Apply(context.Background(), []byte("x"))
+				if err != nil {
+					// Closing mid-flight: either nothing started or the outcome is unknown.
+					if !errors.Is(err, ErrClosed) && !errors.Is(err, ErrOutcomeUnknown) && !errors.Is(err, ErrNotLeader) {
+						t.Errorf("apply during close: %v", err)
+					}
+					return
+				}
+				applied.Add(1)
+			}
+		}()
+	}
+	eventually(t, 10*time.Second, "writes flowing", func() error {
+		if applied.Load() < 100 {
+			return fmt.Errorf("%d applied", applied.Load())
+		}
+		return nil
+	})
+	n.close()
+	wg.Wait()
+	eventually(t, 5*time.Second, "no goroutine leak", func() error {
+		if now := runtime.NumGoroutine(); now > before {
+			return fmt.Errorf("%d goroutines, %d before", now, before)
+		}
+		return nil
+	})
+}

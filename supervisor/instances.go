@@ -398,4 +398,3 @@ func (w *statusWriter) Write(p []byte) (int, error) {
 func (w *statusWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
