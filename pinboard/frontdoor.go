@@ -82,13 +82,19 @@ func (t *Tokens) Allowed(r *http.Request, scope Scope) bool {
 
 // FrontDoorConfig wires a FrontDoor.
 type FrontDoorConfig struct {
-	Dir      *Directory
-	Worker   *Worker
-	Local    Instances
-	Tokens   *Tokens
-	Metrics  http.Handler // serves /metrics
-	Logger   *slog.Logger
-	Registry prometheus.Registerer
+	Dir     *Directory
+	Worker  *Worker
+	Local   Instances
+	Tokens  *Tokens
+	Metrics http.Handler // serves /metrics
+	Logger  *slog.Logger
+	// Registerer receives the pinboard_* collectors.
+	Registerer prometheus.Registerer
+	// Registry serves worker registrations (/registry/register, heartbeat).
+	Registry *Registry
+	// Health adds the consensus view to GET /registry/health (leader,
+	// raft state, ...).
+	Health func() map[string]any
 	// Quarantine is the cold-start quarantine: a fresh directory refuses
 	// placements this long from its first placement attempt. One lease
 	// TTL in a fleet; 0 for a single dev node, where no other worker can
@@ -122,9 +128,9 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		Name: "pinboard_placement_resolutions_total",
 		Help: "Placement resolutions at this front door, by outcome.",
 	}, []string{"outcome"})
-	if cfg.Registry != nil {
-		cfg.Registry.MustRegister(f.resolutions)
-		cfg.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(f.resolutions)
+		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "pinned_lease_healthy", Help: "1 while this worker's lease is healthy.",
 		}, func() float64 {
 			if cfg.Worker.Lease(time.Now()) == LeaseHealthy {
@@ -139,6 +145,14 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		f.mux.Handle("GET /metrics", cfg.Metrics)
 	}
 	f.mux.HandleFunc("GET /_pinned/status", f.requireScope(ScopeOperator, f.status))
+	f.mux.HandleFunc("GET /_pinned/challenge", cfg.Worker.ServeChallenge)
+	f.mux.HandleFunc("GET /registry/health", f.registryHealth)
+	f.mux.HandleFunc("GET /registry/workers", f.requireScope(ScopeOperator, f.registryWorkers))
+	if cfg.Registry != nil {
+		f.mux.HandleFunc("POST /registry/register", f.requireScope(ScopeWorker, f.registryRegister))
+		f.mux.HandleFunc("POST /registry/heartbeat", f.requireScope(ScopeWorker, f.registryHeartbeat))
+		f.mux.HandleFunc("POST /registry/deregister", f.requireScope(ScopeWorker, f.registryDeregister))
+	}
 	f.mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		httpx.WriteError(w, http.StatusNotFound, "unknown namespace", 0)
 	})

@@ -1,22 +1,45 @@
 package pinboard
 
 import (
+	"bytes"
 	"context"
+	"crypto/subtle"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/pinnedd/pinnedd/pinboard/directory"
+	"github.com/pinnedd/pinnedd/plugins"
 )
+
+// Challenge is the fresh pair a worker sends with every registration and
+// heartbeat: the registry fetches <advertiseUrl>/_pinned/challenge?challenge=
+// and requires ChallengeValue, which only the sending process knows.
+type Challenge struct {
+	Challenge      string `json:"challenge"`
+	ChallengeValue string `json:"challengeValue"`
+}
+
+// InstanceKey names an instance on the wire.
+type InstanceKey struct {
+	Env       string `json:"env,omitempty"`
+	Namespace string `json:"namespace"`
+	ID        string `json:"id"`
+}
 
 // RegisterRequest is a worker's registration (POST /registry/register).
 type RegisterRequest struct {
-	ClientID     string          `json:"clientId"`
-	NodeID       string          `json:"nodeId,omitempty"`
-	AdvertiseURL string          `json:"advertiseUrl"`
-	Namespaces   []string        `json:"namespaces"`
-	Headroom     int64           `json:"headroom"`
-	TTLMs        int64           `json:"-"`
-	LiveIDs      []directory.Key `json:"liveIds,omitempty"`
+	ClientID     string        `json:"clientId"`
+	NodeID       string        `json:"nodeId,omitempty"`
+	AdvertiseURL string        `json:"advertiseUrl"`
+	Namespaces   []string      `json:"namespaces"`
+	Headroom     int64         `json:"headroom"`
+	LiveIDs      []InstanceKey `json:"liveIds,omitempty"`
+	Challenge
 }
 
 // HeartbeatRequest renews a session (POST /registry/heartbeat).
@@ -24,22 +47,25 @@ type HeartbeatRequest struct {
 	ClientID  string `json:"clientId"`
 	SessionID string `json:"sessionId"`
 	Headroom  int64  `json:"headroom"`
-	TTLMs     int64  `json:"-"`
+	Challenge
 }
 
-// Ack answers a registration or heartbeat.
+// Ack answers a registration or heartbeat. DrainDeadline is unix ms, set
+// while an operator drain with a deadline is in force; Cordoned when the
+// drain has none.
 type Ack struct {
-	ExpiresInMs int64           `json:"expiresInMs"`
-	Degraded    bool            `json:"degraded,omitempty"`
-	Draining    bool            `json:"draining,omitempty"`
-	Drain       directory.Drain `json:"-"`
+	ExpiresInMs   int64 `json:"expiresInMs"`
+	Degraded      bool  `json:"degraded"`
+	Draining      bool  `json:"draining"`
+	Cordoned      bool  `json:"cordoned,omitempty"`
+	DrainDeadline int64 `json:"drainDeadline,omitempty"`
 }
 
 // RegisterAck answers a registration.
 type RegisterAck struct {
 	Ack
-	SessionID  string          `json:"sessionId"`
-	Duplicates []directory.Key `json:"duplicates,omitempty"`
+	SessionID  string        `json:"sessionId"`
+	Duplicates []InstanceKey `json:"duplicates,omitempty"`
 }
 
 // Registrar is where a worker registers: in-process for this node's own
@@ -50,11 +76,13 @@ type Registrar interface {
 	Deregister(ctx context.Context, clientID, sessionID string) error
 }
 
-// Registry turns worker registrations into directory commands, fixing the
-// time and the session id before they are applied.
+// Registry turns worker registrations into directory commands: it checks
+// the request, probes the worker's advertise URL, and fixes the time and
+// the session id before the command is applied.
 type Registry struct {
-	dir *Directory
-	ttl time.Duration
+	dir    *Directory
+	ttl    time.Duration
+	client *http.Client
 }
 
 // NewRegistry serves registrations with lease TTL ttl.
@@ -62,31 +90,113 @@ func NewRegistry(dir *Directory, ttl time.Duration) *Registry {
 	if ttl <= 0 {
 		ttl = DefaultLeaseTTL
 	}
-	return &Registry{dir: dir, ttl: ttl}
+	return &Registry{dir: dir, ttl: ttl, client: &http.Client{Timeout: 2 * time.Second}}
+}
+
+// Registration failures the registry HTTP API maps to status codes.
+var (
+	ErrBadRequest      = errors.New("bad request")
+	ErrChallengeFailed = errors.New("challenge failed")
+	ErrAdvertiseInUse  = errors.New("advertise URL held by another live worker")
+)
+
+func validateRegister(req RegisterRequest) error {
+	switch {
+	case req.ClientID == "" || len(req.ClientID) > 128:
+		return fmt.Errorf("%w: clientId must be 1-128 characters", ErrBadRequest)
+	case req.Challenge.Challenge == "" || req.ChallengeValue == "":
+		return fmt.Errorf("%w: challenge and challengeValue are required", ErrBadRequest)
+	case req.Headroom < 0:
+		return fmt.Errorf("%w: headroom must not be negative", ErrBadRequest)
+	case len(req.Namespaces) == 0:
+		return fmt.Errorf("%w: namespaces must not be empty", ErrBadRequest)
+	}
+	u, err := url.Parse(req.AdvertiseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("%w: advertiseUrl must be an absolute http(s) URL", ErrBadRequest)
+	}
+	for _, ns := range req.Namespaces {
+		if err := plugins.ValidateNamespace(ns); err != nil {
+			return fmt.Errorf("%w: %w", ErrBadRequest, err)
+		}
+	}
+	for _, k := range req.LiveIDs {
+		if plugins.ValidateNamespace(k.Namespace) != nil || plugins.ValidateID(k.ID) != nil {
+			return fmt.Errorf("%w: liveIds holds an invalid key %s/%s", ErrBadRequest, k.Namespace, k.ID)
+		}
+	}
+	return nil
+}
+
+// probe asks the advertise URL for the challenge's value: only the process
+// that sent the pair knows it, so a URL shared by several processes fails.
+func (r *Registry) probe(ctx context.Context, advertise string, c Challenge) bool {
+	u := strings.TrimRight(advertise, "/") + "/_pinned/challenge?challenge=" + url.QueryEscape(c.Challenge)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1024))
+	return err == nil && resp.StatusCode == http.StatusOK &&
+		subtle.ConstantTimeCompare(bytes.TrimSpace(body), []byte(c.ChallengeValue)) == 1
 }
 
 // Register implements Registrar.
 func (r *Registry) Register(ctx context.Context, req RegisterRequest) (RegisterAck, error) {
+	if err := validateRegister(req); err != nil {
+		return RegisterAck{}, err
+	}
+	if !r.probe(ctx, req.AdvertiseURL, req.Challenge) {
+		return RegisterAck{}, fmt.Errorf("%w: %s did not answer this worker's challenge", ErrChallengeFailed, req.AdvertiseURL)
+	}
+	live := make([]directory.Key, len(req.LiveIDs))
+	for i, k := range req.LiveIDs {
+		live[i] = directory.Key{Env: k.Env, Namespace: k.Namespace, ID: k.ID}
+	}
 	sid := newID()
 	res, err := r.dir.Do(ctx, directory.Register{
 		ClientID: req.ClientID, SessionID: sid, NodeID: req.NodeID, AdvertiseURL: req.AdvertiseURL,
 		Namespaces: req.Namespaces, Headroom: req.Headroom, TTLMs: r.ttl.Milliseconds(),
-		Now: time.Now().UnixMilli(), LiveIDs: req.LiveIDs,
+		Now: time.Now().UnixMilli(), LiveIDs: live,
 	})
 	if err != nil {
 		return RegisterAck{}, err
 	}
-	if res.Code != directory.CodeOK {
+	switch res.Code {
+	case directory.CodeOK:
+	case directory.CodeDuplicateAdvertise:
+		return RegisterAck{}, fmt.Errorf("%w (%s)", ErrAdvertiseInUse, res.Reason)
+	case directory.CodeInvalid:
+		return RegisterAck{}, fmt.Errorf("%w: %s", ErrBadRequest, res.Reason)
+	default:
 		return RegisterAck{}, fmt.Errorf("%w: %s %s", ErrRefused, res.Code, res.Reason)
 	}
-	return RegisterAck{Ack: ackOf(res), SessionID: sid, Duplicates: res.Duplicates}, nil
+	ack := RegisterAck{Ack: ackOf(res), SessionID: sid}
+	for _, k := range res.Duplicates {
+		ack.Duplicates = append(ack.Duplicates, InstanceKey{Env: k.Env, Namespace: k.Namespace, ID: k.ID})
+	}
+	return ack, nil
 }
 
-// Heartbeat implements Registrar.
+// Heartbeat implements Registrar. A failed probe still renews the lease but
+// marks the worker degraded: new placements skip it until a probe passes.
 func (r *Registry) Heartbeat(ctx context.Context, req HeartbeatRequest) (Ack, error) {
+	if req.ClientID == "" || req.SessionID == "" || req.Headroom < 0 {
+		return Ack{}, fmt.Errorf("%w: clientId and sessionId are required, headroom must not be negative", ErrBadRequest)
+	}
+	advertise := ""
+	if w, ok := r.dir.Machine().Worker(req.ClientID); ok {
+		advertise = w.AdvertiseURL
+	}
+	probeOK := advertise != "" && req.Challenge.Challenge != "" && r.probe(ctx, advertise, req.Challenge)
 	res, err := r.dir.Do(ctx, directory.Heartbeat{
 		ClientID: req.ClientID, SessionID: req.SessionID, Now: time.Now().UnixMilli(),
-		TTLMs: r.ttl.Milliseconds(), Headroom: req.Headroom, ProbeOK: true,
+		TTLMs: r.ttl.Milliseconds(), Headroom: req.Headroom, ProbeOK: probeOK,
 	})
 	if err != nil {
 		return Ack{}, err
@@ -108,5 +218,10 @@ func (r *Registry) Deregister(ctx context.Context, clientID, sessionID string) e
 }
 
 func ackOf(res directory.Result) Ack {
-	return Ack{ExpiresInMs: res.ExpiresInMs, Degraded: res.Degraded, Draining: res.Draining, Drain: res.Drain}
+	a := Ack{ExpiresInMs: res.ExpiresInMs, Degraded: res.Degraded, Draining: res.Draining}
+	if res.Draining {
+		a.Cordoned = res.Drain.Cordon
+		a.DrainDeadline = res.Drain.Deadline
+	}
+	return a
 }

@@ -4,13 +4,16 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"os"
 	"sync"
 	"time"
 
-	"github.com/pinnedd/pinnedd/pinboard/directory"
+	"github.com/pinnedd/pinnedd/internal/httpx"
 )
 
 // Lease timing defaults, as the seed's fleet guide gives them.
@@ -56,10 +59,16 @@ type WorkerConfig struct {
 	Logger   *slog.Logger
 	// LiveIDs lists the instances running here, sent with a
 	// re-registration so the directory can say which are no longer ours.
-	LiveIDs func() []directory.Key
+	LiveIDs func() []InstanceKey
 	// OnDuplicates is told the ids a re-registration found we no longer
 	// own; the caller quits them.
-	OnDuplicates func([]directory.Key)
+	OnDuplicates func([]InstanceKey)
+	// StateFile, if set, remembers this process's client and session id.
+	// The next process on the same data dir (which holds the Raft lock, so
+	// the previous one is certainly gone) deregisters that session first,
+	// so a restarted node takes its advertise URL back at once instead of
+	// waiting out the dead session's lease.
+	StateFile string
 }
 
 // Worker holds this node's registration and lease.
@@ -74,9 +83,13 @@ type Worker struct {
 	lastAck   time.Time
 	degraded  bool
 	draining  bool
-	drain     directory.Drain
+	drainDL   int64
+	cordoned  bool
 	flaps     int
 	reregs    int
+
+	challenges map[string]string // recent challenge -> value
+	order      []string
 }
 
 // NewWorker mints this process's client id; Run registers it.
@@ -97,7 +110,40 @@ func NewWorker(cfg WorkerConfig, r Registrar) *Worker {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Worker{cfg: cfg, clientID: newID(), registrar: r}
+	return &Worker{cfg: cfg, clientID: newID(), registrar: r, challenges: map[string]string{}}
+}
+
+// maxChallenges bounds the pairs a worker remembers; probes answer within
+// one request, so a handful covers retries.
+const maxChallenges = 16
+
+// newChallenge mints the pair for one registration or heartbeat.
+func (w *Worker) newChallenge() Challenge {
+	c := Challenge{Challenge: newID(), ChallengeValue: newID()}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.challenges[c.Challenge] = c.ChallengeValue
+	w.order = append(w.order, c.Challenge)
+	if len(w.order) > maxChallenges {
+		delete(w.challenges, w.order[0])
+		w.order = w.order[1:]
+	}
+	return c
+}
+
+// ServeChallenge answers GET /_pinned/challenge?challenge=... with the value
+// only this process knows, or 404.
+func (w *Worker) ServeChallenge(rw http.ResponseWriter, r *http.Request) {
+	w.mu.Lock()
+	v, ok := w.challenges[r.URL.Query().Get("challenge")]
+	w.mu.Unlock()
+	if !ok {
+		httpx.WriteError(rw, http.StatusNotFound, "unknown challenge", 0)
+		return
+	}
+	rw.Header().Set("Content-Type", "text/plain")
+	rw.Header().Set("Cache-Control", "no-store")
+	_, _ = rw.Write([]byte(v))
 }
 
 // newID returns 16 random bytes in hex.
@@ -147,6 +193,7 @@ func (w *Worker) ExpiresAt() time.Time {
 // Run registers (retrying with capped backoff) and heartbeats until ctx
 // ends. It does not deregister: the caller does that after evicting.
 func (w *Worker) Run(ctx context.Context) {
+	w.retirePrevious(ctx)
 	t := time.NewTimer(0)
 	defer t.Stop()
 	backoff := 100 * time.Millisecond
@@ -192,7 +239,7 @@ func (w *Worker) register(ctx context.Context) error {
 	sent := time.Now()
 	req := RegisterRequest{
 		ClientID: w.clientID, NodeID: w.cfg.NodeID, AdvertiseURL: w.cfg.AdvertiseURL,
-		Namespaces: w.cfg.Namespaces, Headroom: w.cfg.Headroom(), TTLMs: w.cfg.TTL.Milliseconds(),
+		Namespaces: w.cfg.Namespaces, Headroom: w.cfg.Headroom(), Challenge: w.newChallenge(),
 	}
 	if w.cfg.LiveIDs != nil {
 		req.LiveIDs = w.cfg.LiveIDs()
@@ -209,6 +256,7 @@ func (w *Worker) register(ctx context.Context) error {
 	}
 	w.acceptLocked(sent, ack.Ack)
 	w.mu.Unlock()
+	w.remember(ack.SessionID)
 	if first {
 		w.cfg.Logger.Info("worker registered", "client_id", w.clientID, "session_id", ack.SessionID, "expires_in_ms", ack.ExpiresInMs)
 	} else {
@@ -223,7 +271,7 @@ func (w *Worker) register(ctx context.Context) error {
 func (w *Worker) heartbeat(ctx context.Context) error {
 	sent := time.Now()
 	ack, err := w.registrar.Heartbeat(ctx, HeartbeatRequest{
-		ClientID: w.clientID, SessionID: w.SessionID(), Headroom: w.cfg.Headroom(), TTLMs: w.cfg.TTL.Milliseconds(),
+		ClientID: w.clientID, SessionID: w.SessionID(), Headroom: w.cfg.Headroom(), Challenge: w.newChallenge(),
 	})
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
@@ -242,11 +290,67 @@ func (w *Worker) acceptLocked(sent time.Time, ack Ack) {
 	w.lastAck = time.Now()
 	w.degraded = ack.Degraded
 	w.draining = ack.Draining
-	w.drain = ack.Drain
+	w.drainDL = ack.DrainDeadline
+	w.cordoned = ack.Cordoned
 	after := w.leaseLocked(time.Now())
 	if before != after && before != LeaseUnregistered {
 		w.flaps++
 		w.cfg.Logger.Info("lease restored", "from", before.String(), "to", after.String())
+	}
+}
+
+type workerState struct {
+	ClientID  string `json:"clientId"`
+	SessionID string `json:"sessionId"`
+}
+
+// remember records the current session in StateFile (atomically).
+func (w *Worker) remember(sessionID string) {
+	if w.cfg.StateFile == "" {
+		return
+	}
+	b, _ := json.Marshal(workerState{ClientID: w.clientID, SessionID: sessionID})
+	tmp := w.cfg.StateFile + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		w.cfg.Logger.Warn("remember worker session", "err", err)
+		return
+	}
+	if err := os.Rename(tmp, w.cfg.StateFile); err != nil {
+		w.cfg.Logger.Warn("remember worker session", "err", err)
+	}
+}
+
+// retirePrevious deregisters the session the previous process on this data
+// dir left behind (see WorkerConfig.StateFile).
+func (w *Worker) retirePrevious(ctx context.Context) {
+	if w.cfg.StateFile == "" {
+		return
+	}
+	b, err := os.ReadFile(w.cfg.StateFile)
+	if err != nil {
+		return
+	}
+	var prev workerState
+	if json.Unmarshal(b, &prev) != nil || prev.ClientID == "" || prev.ClientID == w.clientID {
+		return
+	}
+	// The directory may not be reachable yet (no leader); keep trying for
+	// a while, since until this lands the old session holds our URL.
+	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
+		err := w.registrar.Deregister(ctx, prev.ClientID, prev.SessionID)
+		if err == nil {
+			w.cfg.Logger.Info("retired the previous process's worker session", "client_id", prev.ClientID)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		if delay >= 2*time.Second {
+			w.cfg.Logger.Warn("could not retire the previous worker session; its lease will lapse", "client_id", prev.ClientID, "err", err)
+			return
+		}
 	}
 }
 
@@ -272,6 +376,8 @@ type WorkerStatus struct {
 	ExpiresInMs    int64  `json:"expiresInMs"`
 	Degraded       bool   `json:"degraded"`
 	Draining       bool   `json:"draining"`
+	Cordoned       bool   `json:"cordoned,omitempty"`
+	DrainDeadline  int64  `json:"drainDeadline,omitempty"`
 	LeaseFlaps     int    `json:"leaseFlaps"`
 	Reregistations int    `json:"reregistrations"`
 }
@@ -283,7 +389,8 @@ func (w *Worker) Status() WorkerStatus {
 	now := time.Now()
 	st := WorkerStatus{
 		ClientID: w.clientID, SessionID: w.sessionID, Lease: w.leaseLocked(now).String(),
-		Degraded: w.degraded, Draining: w.draining, LeaseFlaps: w.flaps, Reregistations: w.reregs,
+		Degraded: w.degraded, Draining: w.draining, Cordoned: w.cordoned, DrainDeadline: w.drainDL,
+		LeaseFlaps: w.flaps, Reregistations: w.reregs,
 	}
 	if !w.expiresAt.IsZero() {
 		st.ExpiresInMs = max(0, w.expiresAt.Sub(now).Milliseconds())

@@ -3,15 +3,18 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,9 +23,11 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/pinnedd/pinnedd/examples"
+	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/pinboard"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
+	"github.com/pinnedd/pinnedd/raftstore"
 	"github.com/pinnedd/pinnedd/supervisor"
 )
 
@@ -38,7 +43,13 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "node-id", Usage: "this node's name in the cluster (default: hostname)", EnvVars: []string{"PINNEDD_NODE_ID"}},
 			&cli.StringFlag{Name: "http-addr", Value: "127.0.0.1:8080", Usage: "front door listen address", EnvVars: []string{"PINNEDD_HTTP_ADDR"}},
 			&cli.StringFlag{Name: "advertise-url", Usage: "URL other nodes reach this one at (default: http://<http-addr>)", EnvVars: []string{"ADVERTISE_URL"}},
-			&cli.StringFlag{Name: "data-dir", Usage: "where durable node state lives", EnvVars: []string{"PINNEDD_DATA_DIR"}},
+			&cli.StringFlag{Name: "data-dir", Usage: "where durable node state lives (Raft log, snapshots); --dev without it uses a temporary one", EnvVars: []string{"PINNEDD_DATA_DIR"}},
+			&cli.StringFlag{Name: "raft-addr", Value: "127.0.0.1:8300", Usage: "Raft transport listen address (--dev default: a free loopback port)", EnvVars: []string{"PINNEDD_RAFT_ADDR"}},
+			&cli.StringFlag{Name: "raft-advertise-addr", Usage: "Raft address other nodes dial (default: the bound --raft-addr)", EnvVars: []string{"PINNEDD_RAFT_ADVERTISE_ADDR"}},
+			&cli.BoolFlag{Name: "bootstrap", Usage: "start a new cluster with this node as its only voter (a no-op once the data dir holds Raft state)", EnvVars: []string{"PINNEDD_BOOTSTRAP"}},
+			&cli.StringFlag{Name: "join", Usage: "join the cluster through the member at `URL` (any member; repeated harmlessly on restart)", EnvVars: []string{"PINNEDD_JOIN"}},
+			&cli.IntFlag{Name: "max-voters", Value: 3, Usage: "Raft voters (3 or 5); members joining beyond it are nonvoters", EnvVars: []string{"PINNEDD_MAX_VOTERS"}},
+			&cli.DurationFlag{Name: "raft-timeout", Usage: "Raft heartbeat and election timeout (default: hashicorp/raft's 1s)", EnvVars: []string{"PINNEDD_RAFT_TIMEOUT"}, Hidden: true},
 			&cli.StringSliceFlag{Name: "plugin", Usage: "serve `/NS=PATH`: namespace NS from the plugin binary at PATH (repeatable)", EnvVars: []string{"PINNEDD_PLUGINS"}},
 			&cli.StringFlag{Name: "token", Usage: "deployment token (worker and operator scopes)", EnvVars: []string{"PINBOARD_TOKEN"}},
 			&cli.DurationFlag{Name: "lease-ttl", Value: pinboard.DefaultLeaseTTL, Usage: "worker lease TTL (also PINBOARD_LEASE_TTL_MS)", EnvVars: []string{"PINNEDD_LEASE_TTL"}},
@@ -63,6 +74,12 @@ func agentCommand() *cli.Command {
 
 type agentConfig struct {
 	dev             bool
+	raftAddr        string
+	raftAdvertise   string
+	bootstrap       bool
+	join            string
+	maxVoters       int
+	raftTimeout     time.Duration
 	nodeID          string
 	httpAddr        string
 	advertiseURL    string
@@ -84,6 +101,12 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 	}
 	cfg := agentConfig{
 		dev:             c.Bool("dev"),
+		raftAddr:        c.String("raft-addr"),
+		raftAdvertise:   c.String("raft-advertise-addr"),
+		bootstrap:       c.Bool("bootstrap"),
+		join:            c.String("join"),
+		maxVoters:       c.Int("max-voters"),
+		raftTimeout:     c.Duration("raft-timeout"),
 		nodeID:          c.String("node-id"),
 		httpAddr:        c.String("http-addr"),
 		advertiseURL:    c.String("advertise-url"),
@@ -116,8 +139,30 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 			return cfg, err
 		}
 		cfg.tokens = append(cfg.tokens, devToken)
+		cfg.bootstrap = true
+		if !c.IsSet("raft-addr") {
+			cfg.raftAddr = "127.0.0.1:0"
+		}
+		if cfg.join != "" {
+			return cfg, errors.New("--dev is a one-node cluster: it cannot --join")
+		}
+		if !c.IsSet("raft-timeout") {
+			// One voter elects itself; no need to wait out a LAN timeout.
+			cfg.raftTimeout = 300 * time.Millisecond
+		}
 	} else {
-		return cfg, errors.New("a fleet node (without --dev) needs the Raft directory, which this build does not have yet; run with --dev")
+		if len(cfg.tokens) == 0 {
+			return cfg, errors.New("a fleet node needs a deployment token: set PINBOARD_TOKEN (or --token)")
+		}
+		if cfg.dataDir == "" {
+			return cfg, errors.New("a fleet node needs --data-dir (its Raft log lives there)")
+		}
+	}
+	if cfg.bootstrap && cfg.join != "" {
+		return cfg, errors.New("--bootstrap and --join exclude each other: bootstrap one node, join the rest")
+	}
+	if cfg.maxVoters != 3 && cfg.maxVoters != 5 && cfg.maxVoters != 1 {
+		return cfg, fmt.Errorf("--max-voters %d: use 3 or 5 (1 for a single node)", cfg.maxVoters)
 	}
 	specs, err := pluginSpecs(c.StringSlice("plugin"), cfg.dev)
 	if err != nil {
@@ -233,21 +278,28 @@ func newLogger(level, format string) (*slog.Logger, error) {
 
 // runAgent runs the node until ctx ends, then shuts it down in order:
 // refuse new work, evict instances (releasing their placements), stop the
-// plugins, deregister, close the front door.
+// plugins, deregister, close the front door, close Raft (handing
+// leadership over first).
 func runAgent(ctx context.Context, cfg agentConfig) error {
 	log := cfg.logger
 	if cfg.dev {
-		log.Warn("DEV MODE: in-process directory, token dev-token accepted, no attestation; never run this in production")
+		log.Warn("DEV MODE: one-node cluster, token dev-token accepted, no attestation; never run this in production")
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	tokens := pinboard.NewTokens(cfg.tokens...)
 
-	machine := directory.New()
-	dir := pinboard.NewDirectory(machine, pinboard.NewLocalApplier(machine))
-	secret := make([]byte, 32)
-	_, _ = rand.Read(secret)
-	if _, err := dir.Do(ctx, directory.Init{Secret: secret}); err != nil {
-		return fmt.Errorf("init directory: %w", err)
+	dataDir := cfg.dataDir
+	if dataDir == "" { // --dev only
+		tmp, err := os.MkdirTemp("", "pinnedd-dev-")
+		if err != nil {
+			return fmt.Errorf("data dir: %w", err)
+		}
+		defer os.RemoveAll(tmp)
+		dataDir = tmp
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
 	}
 
 	ln, err := net.Listen("tcp", cfg.httpAddr)
@@ -255,9 +307,9 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		return fmt.Errorf("front door: %w", err)
 	}
 	defer ln.Close()
-	advertise := cfg.advertiseURL
-	if advertise == "" {
-		advertise = "http://" + ln.Addr().String()
+	advertise, err := advertiseURL(cfg.advertiseURL, ln.Addr())
+	if err != nil {
+		return err
 	}
 
 	var fd *pinboard.FrontDoor
@@ -274,35 +326,70 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	}
 	defer sup.Stop(context.Background())
 
+	machine := directory.New()
+	store, err := raftstore.Open(ctx, raftstore.Config{
+		NodeID: cfg.nodeID, RaftAddr: cfg.raftAddr, AdvertiseRaftAddr: cfg.raftAdvertise,
+		APIAddr: advertise, DataDir: dataDir, Bootstrap: cfg.bootstrap, MaxVoters: cfg.maxVoters,
+		Logger: log, Token: cfg.tokens[0],
+		HeartbeatTimeout: cfg.raftTimeout, ElectionTimeout: cfg.raftTimeout,
+		LeaderLeaseTimeout: cfg.raftTimeout / 2,
+	}, machine)
+	if err != nil {
+		return fmt.Errorf("open raft: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := store.Close(cctx); err != nil {
+			log.Warn("close raft", "err", err)
+		}
+	}()
+	dir := pinboard.NewDirectory(machine, store)
+	store.RunAsLeader("directory", func(ctx context.Context) { directoryLeader(ctx, dir, log) })
+
+	registry := pinboard.NewRegistry(dir, cfg.leaseTTL)
 	worker := pinboard.NewWorker(pinboard.WorkerConfig{
 		NodeID: cfg.nodeID, AdvertiseURL: advertise, Namespaces: sup.Namespaces(),
 		TTL: cfg.leaseTTL, Interval: cfg.heartbeat, Logger: log,
-	}, pinboard.NewRegistry(dir, cfg.leaseTTL))
+		StateFile: filepath.Join(dataDir, "worker.json"),
+	}, registry)
 
 	var quarantine time.Duration
 	if !cfg.dev {
 		quarantine = cfg.leaseTTL
 	}
 	fd = pinboard.NewFrontDoor(pinboard.FrontDoorConfig{
-		Dir: dir, Worker: worker, Local: sup, Tokens: pinboard.NewTokens(cfg.tokens...),
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Logger: log, Registry: reg,
+		Dir: dir, Worker: worker, Local: sup, Tokens: tokens, Registry: registry,
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Logger: log, Registerer: reg,
 		Quarantine: quarantine, Ready: sup.Ready,
+		Health: func() map[string]any { return raftHealth(store) },
 		Status: func() map[string]any {
 			return map[string]any{
 				"nodeId": cfg.nodeID, "version": version, "advertiseUrl": advertise, "pid": os.Getpid(),
-				"plugins": sup.Plugins(), "instances": sup.Instances(),
+				"raft": raftHealth(store), "plugins": sup.Plugins(), "instances": sup.Instances(),
 			}
 		},
 	})
-
-	wctx, wcancel := context.WithCancel(context.Background())
-	wdone := make(chan struct{})
-	go func() { defer close(wdone); worker.Run(wctx) }()
+	member := func(r *http.Request) bool {
+		return tokens.Allowed(r, pinboard.ScopeWorker) || tokens.Allowed(r, pinboard.ScopeOperator)
+	}
+	fd.Handle(raftstore.HandlerPrefix, store.Handler(member))
+	fd.Handle("POST /_pinned/join", joinHandler(tokens, cfg, store, log))
 
 	srv := &http.Server{Handler: fd, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("front door listening", "addr", ln.Addr().String(), "advertise_url", advertise, "node_id", cfg.nodeID, "namespaces", sup.Namespaces())
+	log.Info("front door listening", "addr", ln.Addr().String(), "advertise_url", advertise, "node_id", cfg.nodeID,
+		"raft_addr", store.RaftAddr(), "namespaces", sup.Namespaces())
+
+	wctx, wcancel := context.WithCancel(context.Background())
+	var bg sync.WaitGroup
+	if cfg.join != "" {
+		bg.Add(1)
+		go func() { defer bg.Done(); joinUntilDone(wctx, cfg.join, cfg.tokens[0], store, log) }()
+	}
+	bg.Add(1)
+	go func() { defer bg.Done(); worker.Run(wctx) }()
 
 	var runErr error
 	select {
@@ -315,7 +402,7 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	fd.SetStopping()
 	sup.Stop(context.Background()) // evicts, releasing placements, and ends every plugin
 	wcancel()
-	<-wdone
+	bg.Wait()
 	dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	if err := worker.Deregister(dctx); err != nil {
 		log.Warn("deregister failed", "err", err)
@@ -328,4 +415,114 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	}
 	log.Info("stopped")
 	return runErr
+}
+
+// advertiseURL is the flag's value, or http://<bound address> when that
+// names a concrete host.
+func advertiseURL(flag string, bound net.Addr) (string, error) {
+	if flag != "" {
+		u, err := url.Parse(flag)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return "", fmt.Errorf("--advertise-url %q: want http(s)://host:port", flag)
+		}
+		return strings.TrimRight(flag, "/"), nil
+	}
+	tcp, ok := bound.(*net.TCPAddr)
+	if !ok || tcp.IP.IsUnspecified() {
+		return "", fmt.Errorf("--http-addr %s listens on every interface: set --advertise-url to the address other nodes reach", bound)
+	}
+	return "http://" + bound.String(), nil
+}
+
+// directoryLeader is the leader-only directory upkeep: it makes sure the
+// cluster secret exists and garbage-collects lapsed workers and expired
+// drains.
+func directoryLeader(ctx context.Context, dir *pinboard.Directory, log *slog.Logger) {
+	if len(dir.Machine().Secret()) == 0 {
+		secret := make([]byte, 32)
+		_, _ = rand.Read(secret)
+		if _, err := dir.Do(ctx, directory.Init{Secret: secret}); err != nil && ctx.Err() == nil {
+			log.Warn("init cluster secret", "err", err)
+		}
+	}
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			res, err := dir.Do(ctx, directory.GC{Now: time.Now().UnixMilli()})
+			if err != nil {
+				if ctx.Err() == nil {
+					log.Warn("directory gc", "err", err)
+				}
+				continue
+			}
+			if res.WorkersForgotten+res.DrainsExpired > 0 {
+				log.Info("directory gc", "workers_forgotten", res.WorkersForgotten, "placements_dropped", res.PlacementsDropped, "drains_expired", res.DrainsExpired)
+			}
+		}
+	}
+}
+
+func raftHealth(store *raftstore.Store) map[string]any {
+	id, api := store.Leader()
+	st := store.Stats()
+	return map[string]any{
+		"leader": id, "leaderUrl": api, "raftState": st["state"], "isLeader": store.IsLeader(),
+		"term": st["term"], "lastContact": st["last_contact"],
+	}
+}
+
+// joinUntilDone asks the member at url to add this node, retrying with
+// backoff until it succeeds: on a restart it is harmless (join is
+// idempotent), and the member may simply not be up yet.
+func joinUntilDone(ctx context.Context, url, token string, store *raftstore.Store, log *slog.Logger) {
+	client := &http.Client{Timeout: 15 * time.Second}
+	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 10*time.Second) {
+		err := raftstore.JoinVia(ctx, client, url, token, store.NodeID(), store.RaftAddr(), store.APIAddr())
+		if err == nil {
+			log.Info("joined the cluster", "via", url)
+			return
+		}
+		log.Warn("join failed; retrying", "via", url, "err", err, "retry_in", delay)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
+}
+
+// joinHandler serves POST /_pinned/join {"url": ...}: `pinnedd join` asks
+// the local agent to join the cluster through the member at url.
+func joinHandler(tokens *pinboard.Tokens, cfg agentConfig, store *raftstore.Store, log *slog.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !tokens.Allowed(r, pinboard.ScopeOperator) {
+			httpx.WriteError(w, http.StatusForbidden, "forbidden", 0)
+			return
+		}
+		var req struct {
+			URL string `json:"url"`
+		}
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&req); err != nil || req.URL == "" {
+			httpx.WriteError(w, http.StatusBadRequest, `body must be {"url": "http://member:port"}`, 0)
+			return
+		}
+		if u, err := url.Parse(req.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			httpx.WriteError(w, http.StatusBadRequest, "url must be an absolute http(s) URL", 0)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+		defer cancel()
+		err := raftstore.JoinVia(ctx, &http.Client{}, req.URL, cfg.tokens[0], store.NodeID(), store.RaftAddr(), store.APIAddr())
+		if err != nil {
+			log.Warn("join failed", "via", req.URL, "err", err)
+			httpx.WriteError(w, http.StatusBadGateway, "join via "+req.URL+": "+err.Error(), 0)
+			return
+		}
+		log.Info("joined the cluster", "via", req.URL)
+		httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "nodeId": store.NodeID()})
+	})
 }

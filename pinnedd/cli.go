@@ -38,12 +38,12 @@ func newApp() *cli.App {
 		Name:    "pinnedd",
 		Usage:   "run stateful instances (durable objects) on your own machines",
 		Version: version,
-		Commands: []*cli.Command{
+		Commands: append([]*cli.Command{
 			agentCommand(),
 			statusCommand(),
 			versionCommand(),
 			pluginHostCommand(),
-		},
+		}, clusterCommands()...),
 		HideHelpCommand: true,
 	}
 }

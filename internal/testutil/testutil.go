@@ -75,11 +75,29 @@ type Agent struct {
 	err  error // from Wait, valid after done
 }
 
-// StartAgent runs `pinnedd agent` with args plus --http-addr 127.0.0.1:0
+// StartAgent is LaunchAgent followed by WaitReady: the node serves.
+func StartAgent(t testing.TB, env []string, args ...string) *Agent {
+	t.Helper()
+	a := LaunchAgent(t, env, args...)
+	if err := a.WaitReady(30 * time.Second); err != nil {
+		t.Fatalf("pinnedd not ready: %v\n%s", err, a.Logs())
+	}
+	return a
+}
+
+// WaitReady polls /readyz until it answers 200.
+func (a *Agent) WaitReady(timeout time.Duration) error {
+	return Eventually(timeout, func() bool {
+		r, err := a.Do(http.MethodGet, "/readyz", "")
+		return err == nil && r.Code == http.StatusOK
+	})
+}
+
+// LaunchAgent runs `pinnedd agent` with args plus --http-addr 127.0.0.1:0
 // (unless args set it) and JSON logs, and waits until the front door
 // listens. The test's cleanup stops it (SIGTERM, then SIGKILL) and checks
 // that none of its plugin processes survive.
-func StartAgent(t testing.TB, env []string, args ...string) *Agent {
+func LaunchAgent(t testing.TB, env []string, args ...string) *Agent {
 	t.Helper()
 	full := append([]string{"agent", "--log-format", "json", "--log-level", "debug"}, args...)
 	if !hasFlag(args, "--http-addr") {

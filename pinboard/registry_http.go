@@ -1,0 +1,166 @@
+package pinboard
+
+import (
+	"encoding/json"
+	"errors"
+
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/httpx"
+)
+
+// maxRegistryBody bounds a registry request body.
+const maxRegistryBody = 256 << 10
+
+// decodeBody reads one JSON object into v; anything else is a 400.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxRegistryBody))
+	if err := dec.Decode(v); err != nil {
+		httpx.WriteError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error(), 0)
+		return false
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		httpx.WriteError(w, http.StatusBadRequest, "invalid JSON body: trailing data", 0)
+		return false
+	}
+	return true
+}
+
+// registryError maps a Registry error to the seed's status codes.
+func (f *FrontDoor) registryError(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, ErrBadRequest):
+		httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
+	case errors.Is(err, ErrChallengeFailed):
+		httpx.WriteError(w, http.StatusForbidden, err.Error(), 0)
+	case errors.Is(err, ErrAdvertiseInUse):
+		httpx.WriteError(w, http.StatusConflict, err.Error(), 0)
+	case errors.Is(err, ErrReregister):
+		httpx.WriteJSON(w, http.StatusConflict, map[string]any{"error": "session unknown or lapsed: register again", "reregister": true})
+	case r.Context().Err() != nil:
+	default:
+		f.cfg.Logger.Warn("registry request failed", "path", r.URL.Path, "err", err)
+		httpx.WriteError(w, http.StatusServiceUnavailable, "directory unavailable", time.Second)
+	}
+}
+
+func (f *FrontDoor) registryRegister(w http.ResponseWriter, r *http.Request) {
+	var req RegisterRequest
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	ack, err := f.cfg.Registry.Register(r.Context(), req)
+	if err != nil {
+		f.registryError(w, r, err)
+		return
+	}
+	httpx.WriteJSON(w, http.StatusOK, ack)
+}
+
+func (f *FrontDoor) registryHeartbeat(w http.ResponseWriter, r *http.Request) {
+	var req HeartbeatRequest
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	ack, err := f.cfg.Registry.Heartbeat(r.Context(), req)
+	if err != nil {
+		f.registryError(w, r, err)
+		return
+	}
+	httpx.WriteJSON(w, http.StatusOK, ack)
+}
+
+func (f *FrontDoor) registryDeregister(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		ClientID  string `json:"clientId"`
+		SessionID string `json:"sessionId"`
+	}
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	if req.ClientID == "" || req.SessionID == "" {
+		httpx.WriteError(w, http.StatusBadRequest, "clientId and sessionId are required", 0)
+		return
+	}
+	if err := f.cfg.Registry.Deregister(r.Context(), req.ClientID, req.SessionID); err != nil {
+		f.registryError(w, r, err)
+		return
+	}
+	httpx.WriteJSON(w, http.StatusOK, map[string]bool{"ok": true})
+}
+
+// WorkerView is one worker as GET /registry/workers shows it.
+type WorkerView struct {
+	ClientID      string   `json:"clientId"`
+	AdvertiseURL  string   `json:"advertiseUrl"`
+	SessionID     string   `json:"sessionId"`
+	NodeID        string   `json:"nodeId"`
+	Namespaces    []string `json:"namespaces"`
+	Headroom      int64    `json:"headroom"`
+	Live          bool     `json:"live"`
+	ExpiresInMs   int64    `json:"expiresInMs"`
+	Degraded      bool     `json:"degraded"`
+	Draining      bool     `json:"draining"`
+	Cordoned      bool     `json:"cordoned,omitempty"`
+	DrainDeadline int64    `json:"drainDeadline,omitempty"`
+	RegisteredAt  int64    `json:"registeredAt"`
+	Placements    int      `json:"placements"`
+}
+
+// registryWorkers lists the workers holding a session (the seed's live
+// workers), with their lease and drain state.
+func (f *FrontDoor) registryWorkers(w http.ResponseWriter, r *http.Request) {
+	m := f.cfg.Dir.Machine()
+	now := time.Now().UnixMilli()
+	all := r.URL.Query().Get("all") == "1"
+	out := []WorkerView{}
+	for _, wk := range m.Workers() {
+		if !wk.Registered() && !all {
+			continue
+		}
+		v := WorkerView{
+			ClientID: wk.ClientID, AdvertiseURL: wk.AdvertiseURL, SessionID: wk.SessionID, NodeID: wk.NodeID,
+			Namespaces: wk.Namespaces, Headroom: wk.Headroom, Live: wk.Live(now),
+			ExpiresInMs: max(0, wk.LeaseExpiry-now), Degraded: wk.Degraded, RegisteredAt: wk.RegisteredAt,
+			Placements: len(m.PlacementsOf(wk.ClientID)),
+		}
+		if d, ok := m.DrainOf(wk.ClientID); ok && d.Active(now) {
+			v.Draining, v.Cordoned, v.DrainDeadline = true, d.Cordon, d.Deadline
+		}
+		if v.Namespaces == nil {
+			v.Namespaces = []string{}
+		}
+		out = append(out, v)
+	}
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"workers": out})
+}
+
+// registryHealth reports the directory as this node sees it: the cold-start
+// quarantine remainder, counts, and the consensus view the agent adds.
+func (f *FrontDoor) registryHealth(w http.ResponseWriter, _ *http.Request) {
+	m := f.cfg.Dir.Machine()
+	now := time.Now().UnixMilli()
+	workers, placements := m.Len()
+	live := 0
+	for _, wk := range m.Workers() {
+		if wk.Live(now) {
+			live++
+		}
+	}
+	body := map[string]any{
+		"ok":           true,
+		"quarantineMs": m.QuarantineMs(now, f.cfg.Quarantine.Milliseconds()),
+		"workers":      workers,
+		"liveWorkers":  live,
+		"placements":   placements,
+		"appliedIndex": m.AppliedIndex(),
+	}
+	if f.cfg.Health != nil {
+		for k, v := range f.cfg.Health() {
+			body[k] = v
+		}
+	}
+	httpx.WriteJSON(w, http.StatusOK, body)
+}
