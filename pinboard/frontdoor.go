@@ -23,6 +23,9 @@ var (
 	ErrRefused = errors.New("refused by the directory")
 )
 
+// claimTimeout bounds how long a request waits for its placement.
+const claimTimeout = 5 * time.Second
+
 // RefusalHeader marks a 503 refused by the owner's worker in-band (lease
 // unhealthy, draining): the front door may release the placement and retry
 // elsewhere.
@@ -32,6 +35,9 @@ const RefusalHeader = "X-Pinned-Refusal"
 type Instances interface {
 	Serves(namespace string) bool
 	Live(namespace, id string) bool
+	// ServeExisting serves the request if the instance is live here and
+	// reports whether it did; it never activates.
+	ServeExisting(w http.ResponseWriter, r *http.Request, namespace, id string, rest string) bool
 	ServeInstance(w http.ResponseWriter, r *http.Request, namespace, id string, generation uint64, rest string)
 }
 
@@ -287,6 +293,22 @@ func (f *FrontDoor) knownNamespace(ns string) bool {
 func (f *FrontDoor) resolve(w http.ResponseWriter, r *http.Request, key directory.Key, rest string) {
 	self := f.cfg.Worker.ClientID()
 	now := time.Now()
+	// A live local instance is this node's own record of a placement it
+	// was granted; the local replica may not have applied the grant yet
+	// (or ever, if the leader died right after committing it). Serving it
+	// is as safe as the lease allows.
+	if f.cfg.Local != nil && f.cfg.Local.Live(key.Namespace, key.ID) {
+		switch lease := f.cfg.Worker.Lease(now); lease {
+		case LeaseHealthy, LeaseUnhealthy:
+			if f.cfg.Local.ServeExisting(w, r, key.Namespace, key.ID, rest) {
+				f.resolutions.WithLabelValues("local").Inc()
+				return
+			}
+		default:
+			f.refuse(w, lease)
+			return
+		}
+	}
 	m := f.cfg.Dir.Machine()
 	if p, owner, ok := m.Owner(key); ok {
 		if p.Owner == self {
@@ -310,10 +332,14 @@ func (f *FrontDoor) resolve(w http.ResponseWriter, r *http.Request, key director
 		f.refuse(w, lease)
 		return
 	}
+	// A claim waits for the leader at most claimTimeout: a client is
+	// better served by a prompt 503 + Retry-After than a hung request.
+	ctx, cancel := context.WithTimeout(r.Context(), claimTimeout)
+	defer cancel()
 	var res directory.Result
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
-		res, err = f.cfg.Dir.Do(r.Context(), directory.Claim{
+		res, err = f.cfg.Dir.Do(ctx, directory.Claim{
 			Key: key, ClientID: self, Now: time.Now().UnixMilli(), QuarantineMs: f.cfg.Quarantine.Milliseconds(),
 		})
 		if err != nil || res.Code != directory.CodeConflict {

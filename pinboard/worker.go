@@ -203,15 +203,19 @@ func (w *Worker) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		// Each attempt is bounded so a directory without a leader cannot
+		// stall renewals: the next try comes at the next interval.
+		actx, cancel := context.WithTimeout(ctx, max(w.cfg.Interval, time.Second))
 		var err error
 		if w.SessionID() == "" {
-			err = w.register(ctx)
+			err = w.register(actx)
 		} else {
-			err = w.heartbeat(ctx)
+			err = w.heartbeat(actx)
 			if errors.Is(err, ErrReregister) {
-				err = w.register(ctx)
+				err = w.register(actx)
 			}
 		}
+		cancel()
 		next := w.cfg.Interval
 		if err != nil {
 			if ctx.Err() != nil {

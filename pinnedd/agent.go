@@ -352,6 +352,19 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		NodeID: cfg.nodeID, AdvertiseURL: advertise, Namespaces: sup.Namespaces(),
 		TTL: cfg.leaseTTL, Interval: cfg.heartbeat, Logger: log,
 		StateFile: filepath.Join(dataDir, "worker.json"),
+		LiveIDs: func() []pinboard.InstanceKey {
+			var out []pinboard.InstanceKey
+			for _, in := range sup.Instances() {
+				out = append(out, pinboard.InstanceKey{Namespace: in.Namespace, ID: in.ID})
+			}
+			return out
+		},
+		// A re-registration found ids placed elsewhere meanwhile: quit them.
+		OnDuplicates: func(keys []pinboard.InstanceKey) {
+			for _, k := range keys {
+				sup.Evict(context.Background(), supervisor.Key{Namespace: k.Namespace, ID: k.ID}, 0)
+			}
+		},
 	}, registry)
 
 	var quarantine time.Duration

@@ -45,7 +45,8 @@ const activationTimeout = 30 * time.Second
 
 // acquire returns the live instance for k, activating it if needed, with
 // one more open connection counted on it. Concurrent first requests share
-// one activation.
+// one activation. gen 0 means "only if live": nothing is activated and a
+// missing instance is errNotLive.
 func (s *Supervisor) acquire(ctx context.Context, k Key, gen uint64) (*instance, error) {
 	p := s.byNS[k.Namespace]
 	if p == nil {
@@ -93,6 +94,10 @@ func (s *Supervisor) acquire(ctx context.Context, k Key, gen uint64) (*instance,
 				return nil, in.err
 			}
 			return in, nil
+		}
+		if gen == 0 {
+			s.mu.Unlock()
+			return nil, errNotLive
 		}
 		inc, err := p.current()
 		if err != nil {
@@ -265,7 +270,10 @@ type ctxKey int
 
 const instanceCtxKey ctxKey = 0
 
-var errInactive = errors.New("plugin no longer has the instance")
+var (
+	errInactive = errors.New("plugin no longer has the instance")
+	errNotLive  = errors.New("instance not live")
+)
 
 // newProxy builds the reverse proxy to one incarnation's data socket. Every
 // write is flushed through at once so streams (SSE, chunked) are live;
@@ -322,17 +330,38 @@ func (s *Supervisor) Live(ns, id string) bool {
 // generation gen if it is not live, with the request path replaced by rest
 // (escaped form, e.g. "/increment").
 func (s *Supervisor) ServeInstance(w http.ResponseWriter, r *http.Request, ns, id string, gen uint64, rest string) {
-	k := Key{ns, id}
-	start := time.Now()
 	sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
-	defer func() {
-		s.metrics.requests.WithLabelValues(k.Namespace, strconv.Itoa(sw.code)).Observe(time.Since(start).Seconds())
-	}()
-	in, err := s.acquire(r.Context(), k, gen)
+	defer s.observe(ns, time.Now(), sw)
+	in, err := s.acquire(r.Context(), Key{ns, id}, gen)
 	if err != nil {
 		s.writeAcquireError(sw, r, err)
 		return
 	}
+	s.serve(sw, r, in, rest)
+}
+
+// ServeExisting serves r if (ns, id) is live here and reports whether it
+// did; it never activates. A live instance is this node's own record of a
+// placement it was granted, which its directory replica may not show yet.
+func (s *Supervisor) ServeExisting(w http.ResponseWriter, r *http.Request, ns, id string, rest string) bool {
+	start := time.Now()
+	in, err := s.acquire(r.Context(), Key{ns, id}, 0)
+	if err != nil {
+		return false
+	}
+	sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+	defer s.observe(ns, start, sw)
+	s.serve(sw, r, in, rest)
+	return true
+}
+
+func (s *Supervisor) observe(ns string, start time.Time, sw *statusWriter) {
+	s.metrics.requests.WithLabelValues(ns, strconv.Itoa(sw.code)).Observe(time.Since(start).Seconds())
+}
+
+// serve proxies r to the acquired instance and releases it.
+func (s *Supervisor) serve(sw *statusWriter, r *http.Request, in *instance, rest string) {
+	k := in.key
 	defer s.release(in)
 
 	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), instanceCtxKey, in))

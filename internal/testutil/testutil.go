@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -370,4 +371,27 @@ func (l *logBuffer) find(subs []string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// FreeAddr returns a loopback address with a port the kernel just handed
+// out and released. Only for a node that must come back on the same
+// address after a restart (a Raft member's address is part of the
+// cluster's configuration); everything else listens on :0 directly.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// CLI runs `pinnedd args...` and returns its combined output.
+func CLI(t testing.TB, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(Bin(t, "pinnedd"), args...)
+	cmd.Env = append(os.Environ(), "PINBOARD_TOKEN=dev-token")
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }

@@ -1,0 +1,337 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
+)
+
+// node is one fleet member with fixed addresses, so it can be restarted
+// with the same command line as systemd would.
+type node struct {
+	id, http, raft, dir string
+	args                []string
+	a                   *testutil.Agent
+}
+
+var fleetEnv = []string{"PINBOARD_TOKEN=dev-token"}
+
+func newNode(t *testing.T, id string, extra ...string) *node {
+	n := &node{id: id, http: testutil.FreeAddr(t), raft: testutil.FreeAddr(t), dir: filepath.Join(t.TempDir(), id)}
+	n.args = append([]string{
+		"--node-id", id, "--http-addr", n.http, "--raft-addr", n.raft, "--data-dir", n.dir,
+		"--plugin", "/counters=" + testutil.Bin(t, "counter"),
+		"--lease-ttl", "3s", "--heartbeat-interval", "500ms", "--raft-timeout", "300ms",
+	}, extra...)
+	return n
+}
+
+func (n *node) url() string { return "http://" + n.http }
+
+// start launches the node; ready waits until its worker is registered.
+func (n *node) start(t *testing.T, ready bool) *node {
+	t.Helper()
+	if ready {
+		n.a = testutil.StartAgent(t, fleetEnv, n.args...)
+	} else {
+		n.a = testutil.LaunchAgent(t, fleetEnv, n.args...)
+	}
+	return n
+}
+
+type member struct {
+	ID      string `json:"id"`
+	Voter   bool   `json:"voter"`
+	Leader  bool   `json:"leader"`
+	APIAddr string `json:"api_addr"`
+}
+
+func members(t *testing.T, via *node) []member {
+	t.Helper()
+	out, err := testutil.CLI(t, "members", "--json", "--addr", via.url())
+	if err != nil {
+		t.Fatalf("pinnedd members: %v\n%s", err, out)
+	}
+	var ms []member
+	if err := json.Unmarshal([]byte(out), &ms); err != nil {
+		t.Fatalf("members output %q: %v", out, err)
+	}
+	return ms
+}
+
+func memberSummary(ms []member) string {
+	var parts []string
+	for _, m := range ms {
+		s := m.ID
+		if !m.Voter {
+			s += "(nonvoter)"
+		}
+		if m.Leader {
+			s += "*"
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, " ")
+}
+
+type workerView struct {
+	ClientID     string   `json:"clientId"`
+	NodeID       string   `json:"nodeId"`
+	AdvertiseURL string   `json:"advertiseUrl"`
+	SessionID    string   `json:"sessionId"`
+	Namespaces   []string `json:"namespaces"`
+	Live         bool     `json:"live"`
+}
+
+func liveWorkers(t *testing.T, via *node) map[string]workerView {
+	t.Helper()
+	r, err := via.a.Do("GET", "/registry/workers", "")
+	if err != nil || r.Code != 200 {
+		return nil
+	}
+	var out struct{ Workers []workerView }
+	r.JSON(t, &out)
+	m := map[string]workerView{}
+	for _, w := range out.Workers {
+		if w.Live {
+			m[w.NodeID] = w
+		}
+	}
+	return m
+}
+
+func health(t *testing.T, n *node) map[string]any {
+	t.Helper()
+	r, err := n.a.Do("GET", "/registry/health", "")
+	if err != nil {
+		return nil
+	}
+	var h map[string]any
+	_ = r.JSONErr(&h)
+	return h
+}
+
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if err := testutil.Eventually(timeout, cond); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// The issue's walkthrough: bootstrap, join at start, join at runtime
+// through a follower, kill -9 the leader, restart it, leave, and a fourth
+// node beyond the voter count.
+func TestFleetMembership(t *testing.T) {
+	t.Parallel()
+	n1 := newNode(t, "n1", "--bootstrap").start(t, true)
+	n2 := newNode(t, "n2", "--join", n1.url()).start(t, true)
+	n3 := newNode(t, "n3").start(t, false)
+	if r := n3.a.MustDo("GET", "/readyz", ""); r.Code != 503 {
+		t.Fatalf("unjoined node ready: %d %s", r.Code, r.Body)
+	}
+	// Runtime join through a follower (n2 forwards to the leader).
+	if out, err := testutil.CLI(t, "join", "--addr", n3.url(), n2.url()); err != nil {
+		t.Fatalf("pinnedd join: %v\n%s", err, out)
+	}
+	if err := n3.a.WaitReady(20 * time.Second); err != nil {
+		t.Fatalf("n3 not ready after join: %v", err)
+	}
+	eventually(t, 10*time.Second, "3 voters", func() bool { return memberSummary(members(t, n3)) == "n1* n2 n3" })
+	eventually(t, 10*time.Second, "3 workers", func() bool { return len(liveWorkers(t, n1)) == 3 })
+	for id, w := range liveWorkers(t, n2) {
+		if w.ClientID == "" || w.SessionID == "" || !strings.HasPrefix(w.AdvertiseURL, "http://127.0.0.1:") || strings.Join(w.Namespaces, ",") != "/counters" {
+			t.Fatalf("worker %s: %+v", id, w)
+		}
+	}
+	oldClient := liveWorkers(t, n1)["n1"].ClientID
+
+	// kill -9 the leader: a new leader among the survivors, directory intact.
+	n1.a.Signal(syscall.SIGKILL)
+	if _, err := n1.a.Wait(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "new leader", func() bool {
+		h := health(t, n2)
+		return h != nil && (h["leader"] == "n2" || h["leader"] == "n3")
+	})
+	if w := liveWorkers(t, n3); w["n2"].ClientID == "" || w["n3"].ClientID == "" {
+		t.Fatalf("survivors lost the directory: %+v", w)
+	}
+
+	// Restart n1 with its same command line (--bootstrap included).
+	n1.start(t, true)
+	eventually(t, 20*time.Second, "n1 back as a member", func() bool {
+		return strings.Contains(memberSummary(members(t, n2)), "n1")
+	})
+	eventually(t, 20*time.Second, "n1 catches up", func() bool {
+		h1, h2 := health(t, n1), health(t, n2)
+		return h1 != nil && h2 != nil && h1["leader"] == h2["leader"] && h1["leader"] != "" &&
+			h1["appliedIndex"].(float64) >= h2["appliedIndex"].(float64)-3
+	})
+	eventually(t, 10*time.Second, "n1's new worker registered", func() bool {
+		w := liveWorkers(t, n2)["n1"]
+		return w.ClientID != "" && w.ClientID != oldClient
+	})
+
+	// leave: n3 goes, two members stay.
+	if out, err := testutil.CLI(t, "leave", "--addr", n3.url()); err != nil {
+		t.Fatalf("pinnedd leave: %v\n%s", err, out)
+	}
+	eventually(t, 10*time.Second, "2 members after leave", func() bool {
+		s := memberSummary(members(t, n2))
+		return len(strings.Fields(s)) == 2 && !strings.Contains(s, "n3")
+	})
+
+	// With 3 voters as the cap, a fourth and fifth: n4 votes (only two
+	// voters left), n5 does not.
+	n4 := newNode(t, "n4", "--join", n2.url()).start(t, true)
+	n5 := newNode(t, "n5", "--join", n4.url()).start(t, true)
+	eventually(t, 10*time.Second, "n5 as nonvoter", func() bool {
+		s := memberSummary(members(t, n5))
+		return strings.Contains(s, "n4") && !strings.Contains(s, "n4(") && strings.Contains(s, "n5(nonvoter)")
+	})
+}
+
+// A worker that cannot renew its lease refuses by itself: unhealthy (new
+// activations 503 + in-band refusal marker) and then expired (every request
+// 503 lease expired, not ready), with no message from anyone.
+func TestLeaseLossRefusesByItself(t *testing.T) {
+	t.Parallel()
+	n1 := newNode(t, "n1", "--bootstrap").start(t, true)
+	n2 := newNode(t, "n2", "--join", n1.url()).start(t, true)
+	n3 := newNode(t, "n3", "--join", n1.url()).start(t, true)
+	eventually(t, 10*time.Second, "3 workers", func() bool { return len(liveWorkers(t, n1)) == 3 })
+
+	// Cold-start quarantine: the fresh directory refuses placements for one
+	// TTL from the first attempt.
+	r := n3.a.MustDo("POST", "/counters/q/increment", "")
+	if r.Code != 503 || !strings.Contains(r.Body, "quarantine") || r.Header.Get("Retry-After") == "" {
+		t.Fatalf("first placement: %d %s", r.Code, r.Body)
+	}
+	// n3's replica applies the stamping entry a moment after the leader.
+	eventually(t, 5*time.Second, "quarantineMs on /registry/health", func() bool {
+		q, _ := health(t, n3)["quarantineMs"].(float64)
+		return q > 0 && q <= 3000
+	})
+	eventually(t, 10*time.Second, "placement after quarantine", func() bool {
+		r := n3.a.MustDo("POST", "/counters/q/increment", "")
+		return r.Code == 200 && strings.TrimSpace(r.Body) == `{"value":1}`
+	})
+
+	// Take quorum away from n3.
+	for _, n := range []*node{n1, n2} {
+		n.a.Signal(syscall.SIGKILL)
+		if _, err := n.a.Wait(10 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Unhealthy: the live instance still serves, a new one is refused in-band.
+	eventually(t, 20*time.Second, "lease unhealthy", func() bool { return getStatus(t, n3.a).Worker.Lease == "unhealthy" })
+	if r := n3.a.MustDo("POST", "/counters/fresh/increment", ""); r.Code != 503 || r.Header.Get("X-Pinned-Refusal") != "lease-unhealthy" || r.Header.Get("Retry-After") == "" {
+		t.Fatalf("new activation while unhealthy: %d %v %s", r.Code, r.Header, r.Body)
+	}
+	if r := n3.a.MustDo("GET", "/readyz", ""); r.Code != 200 {
+		t.Fatalf("unhealthy but unexpired must stay ready: %d", r.Code)
+	}
+	if r := n3.a.MustDo("POST", "/counters/q/increment", ""); r.Code != 200 {
+		t.Fatalf("live instance refused while merely unhealthy: %d %s", r.Code, r.Body)
+	}
+	// Expired: everything refused, not ready.
+	eventually(t, 20*time.Second, "lease expired", func() bool {
+		r := n3.a.MustDo("POST", "/counters/q/increment", "")
+		return r.Code == 503 && strings.Contains(r.Body, "lease expired")
+	})
+	if r := n3.a.MustDo("GET", "/readyz", ""); r.Code != 503 {
+		t.Fatalf("expired lease must not be ready: %d", r.Code)
+	}
+	if got := n3.a.Metric("pinned_lease_healthy"); got != 0 {
+		t.Fatalf("pinned_lease_healthy = %v", got)
+	}
+}
+
+// Registry input that is malformed, unauthenticated or unverifiable gets a
+// clear 4xx and changes nothing.
+func TestRegistryBadInput(t *testing.T) {
+	t.Parallel()
+	n1 := newNode(t, "n1", "--bootstrap").start(t, true)
+	applied := func() float64 { v, _ := health(t, n1)["appliedIndex"].(float64); return v }
+	workersBefore := len(liveWorkers(t, n1))
+
+	// A fake worker whose challenge endpoint echoes whatever it is told to:
+	// it proves nothing about exclusivity, but passes the probe.
+	values := map[string]string{}
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, values[r.URL.Query().Get("challenge")])
+	}))
+	defer fake.Close()
+
+	post := func(path, token, body string) testutil.Response {
+		h := map[string]string{}
+		if token != "" {
+			h["Authorization"] = "Bearer " + token
+		}
+		r, err := testutil.Do(t.Context(), "POST", n1.url()+path, body, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	valid := func(client string) string {
+		values["c-"+client] = "v-" + client
+		return fmt.Sprintf(`{"clientId":%q,"advertiseUrl":%q,"namespaces":["/counters"],"headroom":5,"challenge":"c-%s","challengeValue":"v-%s"}`,
+			client, fake.URL, client, client)
+	}
+	before := applied()
+	for _, c := range []struct {
+		path, token, body string
+		code              int
+	}{
+		{"/registry/register", "", valid("a"), 401},
+		{"/registry/register", "nope", valid("a"), 403},
+		{"/registry/register", "dev-token", `{`, 400},
+		{"/registry/register", "dev-token", `[]`, 400},
+		{"/registry/register", "dev-token", `{"clientId":"a"} {}`, 400},
+		{"/registry/register", "dev-token", `{"clientId":5}`, 400},
+		{"/registry/register", "dev-token", `{"clientId":"a","advertiseUrl":"ftp://x","namespaces":["/counters"],"challenge":"c","challengeValue":"v"}`, 400},
+		{"/registry/register", "dev-token", `{"clientId":"a","advertiseUrl":"http://x","namespaces":["/Bad"],"challenge":"c","challengeValue":"v"}`, 400},
+		{"/registry/register", "dev-token", `{"clientId":"a","advertiseUrl":"http://x","namespaces":["/counters"]}`, 400},
+		{"/registry/register", "dev-token", `{"clientId":"a","advertiseUrl":"` + fake.URL + `","namespaces":["/counters"],"headroom":-1,"challenge":"c","challengeValue":"v"}`, 400},
+		// The advertise URL does not know this challenge: 403.
+		{"/registry/register", "dev-token", `{"clientId":"a","advertiseUrl":"` + fake.URL + `","namespaces":["/counters"],"challenge":"c-x","challengeValue":"v-x"}`, 403},
+		// Another node's URL cannot answer our challenge either.
+		{"/registry/register", "dev-token", `{"clientId":"a","advertiseUrl":"` + n1.url() + `","namespaces":["/counters"],"challenge":"c","challengeValue":"v"}`, 403},
+		{"/registry/heartbeat", "dev-token", `{"clientId":"a"}`, 400},
+		{"/registry/heartbeat", "dev-token", `nonsense`, 400},
+	} {
+		if r := post(c.path, c.token, c.body); r.Code != c.code {
+			t.Errorf("POST %s %s: %d %s, want %d", c.path, c.body, r.Code, r.Body, c.code)
+		}
+	}
+	if after := applied(); after != before {
+		t.Fatalf("bad input changed the directory: applied index %v -> %v", before, after)
+	}
+	if got := len(liveWorkers(t, n1)); got != workersBefore {
+		t.Fatalf("bad input added workers: %d -> %d", workersBefore, got)
+	}
+
+	// A valid registration, then a second process claiming the same URL.
+	if r := post("/registry/register", "dev-token", valid("a")); r.Code != 200 || !strings.Contains(r.Body, `"expiresInMs":3000`) {
+		t.Fatalf("register: %d %s", r.Code, r.Body)
+	}
+	if r := post("/registry/register", "dev-token", valid("b")); r.Code != 409 {
+		t.Fatalf("second worker on one advertise URL: %d %s, want 409", r.Code, r.Body)
+	}
+	// An unknown session is told to re-register.
+	r := post("/registry/heartbeat", "dev-token", `{"clientId":"a","sessionId":"stale","headroom":1,"challenge":"c-a","challengeValue":"v-a"}`)
+	if r.Code != 409 || !strings.Contains(r.Body, `"reregister":true`) {
+		t.Fatalf("stale heartbeat: %d %s", r.Code, r.Body)
+	}
+}
