@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 )
@@ -47,21 +48,149 @@ var ErrDirectory = errors.New("directory command failed")
 
 // Directory is the placement directory as this node uses it: reads from the
 // local machine (possibly stale in a fleet), writes through the applier.
+//
+// Writes are group-committed: Do queues the command, and a few flushers
+// each take whatever has queued up (up to MaxBatch) and apply it as one
+// Batch entry, so a burst of claims costs one Raft round trip (and one
+// forward to the leader) per batch rather than per claim. An idle
+// directory sends a lone command as itself, with no added wait.
 type Directory struct {
 	m       *directory.Machine
 	applier Applier
+
+	queue  chan *pending
+	stop   chan struct{}
+	ctx    context.Context // cancelled by Close: in-flight batches give up
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
-// NewDirectory reads from m and writes through a.
-func NewDirectory(m *directory.Machine, a Applier) *Directory {
-	return &Directory{m: m, applier: a}
+type pending struct {
+	cmd  directory.Command
+	done chan outcome
 }
+
+type outcome struct {
+	res directory.Result
+	err error
+}
+
+// Batching limits. Flushers bound the batches in flight at once; MaxBatch
+// bounds one entry (its encoding stays well under raftstore's 4 MiB).
+const (
+	flushers     = 4
+	MaxBatch     = 1024
+	batchTimeout = 10 * time.Second
+)
+
+// NewDirectory reads from m and writes through a. Close stops its flushers.
+func NewDirectory(m *directory.Machine, a Applier) *Directory {
+	d := &Directory{m: m, applier: a, queue: make(chan *pending, 4*MaxBatch), stop: make(chan struct{})}
+	d.ctx, d.cancel = context.WithCancel(context.Background())
+	for range flushers {
+		d.wg.Add(1)
+		go d.flusher()
+	}
+	return d
+}
+
+// Close stops the flushers; commands still queued fail with ErrClosed.
+func (d *Directory) Close() {
+	close(d.stop)
+	d.cancel()
+	d.wg.Wait()
+	for {
+		select {
+		case p := <-d.queue:
+			p.done <- outcome{err: ErrClosed}
+		default:
+			return
+		}
+	}
+}
+
+// ErrClosed: the directory was closed.
+var ErrClosed = errors.New("directory closed")
 
 // Machine is the local replica, for reads.
 func (d *Directory) Machine() *directory.Machine { return d.m }
 
-// Do applies one command and decodes its result.
+// Do applies one command (group-committed with concurrent ones) and
+// decodes its result. If ctx ends first the command may still be applied;
+// every command is safe to retry.
 func (d *Directory) Do(ctx context.Context, cmd directory.Command) (directory.Result, error) {
+	p := &pending{cmd: cmd, done: make(chan outcome, 1)}
+	select {
+	case d.queue <- p:
+	case <-ctx.Done():
+		return directory.Result{}, ctx.Err()
+	case <-d.stop:
+		return directory.Result{}, ErrClosed
+	}
+	select {
+	case o := <-p.done:
+		return o.res, o.err
+	case <-ctx.Done():
+		return directory.Result{}, ctx.Err()
+	}
+}
+
+func (d *Directory) flusher() {
+	defer d.wg.Done()
+	batch := make([]*pending, 0, MaxBatch)
+	for {
+		select {
+		case <-d.stop:
+			return
+		case p := <-d.queue:
+			batch = append(batch[:0], p)
+		}
+	fill:
+		for len(batch) < MaxBatch {
+			select {
+			case p := <-d.queue:
+				batch = append(batch, p)
+			default:
+				break fill
+			}
+		}
+		d.flush(batch)
+	}
+}
+
+// flush applies batch as one entry and hands each command its result.
+func (d *Directory) flush(batch []*pending) {
+	ctx, cancel := context.WithTimeout(d.ctx, batchTimeout)
+	defer cancel()
+	if len(batch) == 1 {
+		res, err := d.DoNow(ctx, batch[0].cmd)
+		batch[0].done <- outcome{res, err}
+		return
+	}
+	cmds := make([]directory.Command, len(batch))
+	for i, p := range batch {
+		cmds[i] = p.cmd
+	}
+	res, err := d.DoNow(ctx, directory.Batch{Commands: cmds})
+	if err == nil && len(res.Results) != len(batch) {
+		err = fmt.Errorf("%w: batch of %d answered with %d results", ErrDirectory, len(batch), len(res.Results))
+	}
+	for i, p := range batch {
+		if err != nil {
+			p.done <- outcome{err: err}
+			continue
+		}
+		r := res.Results[i]
+		var rerr error
+		if r.Code == directory.CodeError {
+			rerr = fmt.Errorf("%w: %s", ErrDirectory, r.Reason)
+		}
+		p.done <- outcome{r, rerr}
+	}
+}
+
+// DoNow applies one command as its own entry, bypassing group commit.
+func (d *Directory) DoNow(ctx context.Context, cmd directory.Command) (directory.Result, error) {
 	out, err := d.applier.Apply(ctx, directory.Encode(cmd))
 	if err != nil {
 		return directory.Result{}, err

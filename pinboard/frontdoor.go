@@ -403,7 +403,12 @@ func (f *FrontDoor) Released(ns, id string, generation uint64, release bool) {
 	if !release {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if f.cfg.Worker.Lease(time.Now()) == LeaseExpired {
+		// Our session is lapsing anyway, and with it the placement; a
+		// directory we cannot renew with would not take the release either.
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	key := directory.Key{Namespace: ns, ID: id}
 	if _, err := f.cfg.Dir.Do(ctx, directory.Release{Key: key, ClientID: f.cfg.Worker.ClientID(), Generation: generation}); err != nil {

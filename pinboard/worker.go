@@ -361,8 +361,8 @@ func (w *Worker) retirePrevious(ctx context.Context) {
 // Deregister ends the session so the directory forgets our placements.
 func (w *Worker) Deregister(ctx context.Context) error {
 	sid := w.SessionID()
-	if sid == "" {
-		return nil
+	if sid == "" || w.Lease(time.Now()) == LeaseExpired {
+		return nil // nothing to end, or the directory already let it lapse
 	}
 	err := w.registrar.Deregister(ctx, w.clientID, sid)
 	w.mu.Lock()

@@ -345,6 +345,7 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		}
 	}()
 	dir := pinboard.NewDirectory(machine, store)
+	defer dir.Close()
 	store.RunAsLeader("directory", func(ctx context.Context) { directoryLeader(ctx, dir, log) })
 
 	registry := pinboard.NewRegistry(dir, cfg.leaseTTL)
