@@ -5,7 +5,9 @@ import (
 	"crypto/subtle"
 	"errors"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/http/httputil"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -35,6 +37,8 @@ const RefusalHeader = "X-Pinned-Refusal"
 type Instances interface {
 	Serves(namespace string) bool
 	Live(namespace, id string) bool
+	// LiveGeneration reports the generation a live instance runs under.
+	LiveGeneration(namespace, id string) (uint64, bool)
 	// ServeExisting serves the request if the instance is live here and
 	// reports whether it did; it never activates.
 	ServeExisting(w http.ResponseWriter, r *http.Request, namespace, id string, rest string) bool
@@ -110,6 +114,12 @@ type FrontDoorConfig struct {
 	Ready func() bool
 	// Status returns extra status for /_pinned/status (plugins, instances).
 	Status func() map[string]any
+	// Transport carries node-to-node requests; nil is a plain
+	// http.Transport. Mutual TLS between nodes plugs in here.
+	Transport http.RoundTripper
+	// AttestationWindow bounds an attestation's age and the replay cache
+	// (default DefaultAttestationWindow).
+	AttestationWindow time.Duration
 }
 
 // FrontDoor is the node's HTTP entry point.
@@ -117,8 +127,12 @@ type FrontDoor struct {
 	cfg      FrontDoorConfig
 	mux      *http.ServeMux
 	stopping atomic.Bool
+	proxy    *httputil.ReverseProxy
+	verifier Verifier
 
-	resolutions *prometheus.CounterVec
+	resolutions     *prometheus.CounterVec
+	forwardFailures *prometheus.CounterVec
+	attestFailures  *prometheus.CounterVec
 }
 
 // NewFrontDoor builds the handler.
@@ -129,21 +143,39 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 	if cfg.Tokens == nil {
 		cfg.Tokens = NewTokens()
 	}
-	f := &FrontDoor{cfg: cfg, mux: http.NewServeMux()}
+	f := &FrontDoor{cfg: cfg, mux: http.NewServeMux(), verifier: Verifier{Window: cfg.AttestationWindow}}
+	tr := cfg.Transport
+	if tr == nil {
+		tr = &http.Transport{
+			Proxy: nil, MaxIdleConns: 1024, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second,
+			DialContext: (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		}
+	}
+	f.proxy = f.newProxy(tr)
 	f.resolutions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pinboard_placement_resolutions_total",
 		Help: "Placement resolutions at this front door, by outcome.",
 	}, []string{"outcome"})
+	f.forwardFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pinboard_forward_failures_total",
+		Help: "Requests this front door could not complete at the owner, by outcome.",
+	}, []string{"outcome"})
+	f.attestFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pinned_attestation_failures_total",
+		Help: "Owner-side requests refused for their attestation, by reason.",
+	}, []string{"reason"})
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(f.resolutions)
-		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "pinned_lease_healthy", Help: "1 while this worker's lease is healthy.",
-		}, func() float64 {
-			if cfg.Worker.Lease(time.Now()) == LeaseHealthy {
-				return 1
-			}
-			return 0
-		}))
+		cfg.Registerer.MustRegister(f.resolutions, f.forwardFailures, f.attestFailures)
+		if cfg.Worker != nil {
+			cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "pinned_lease_healthy", Help: "1 while this worker's lease is healthy.",
+			}, func() float64 {
+				if cfg.Worker.Lease(time.Now()) == LeaseHealthy {
+					return 1
+				}
+				return 0
+			}))
+		}
 	}
 	f.mux.HandleFunc("GET /healthz", f.healthz)
 	f.mux.HandleFunc("GET /readyz", f.readyz)
@@ -151,7 +183,9 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		f.mux.Handle("GET /metrics", cfg.Metrics)
 	}
 	f.mux.HandleFunc("GET /_pinned/status", f.requireScope(ScopeOperator, f.status))
-	f.mux.HandleFunc("GET /_pinned/challenge", cfg.Worker.ServeChallenge)
+	if cfg.Worker != nil {
+		f.mux.HandleFunc("GET /_pinned/challenge", cfg.Worker.ServeChallenge)
+	}
 	f.mux.HandleFunc("GET /registry/health", f.registryHealth)
 	f.mux.HandleFunc("GET /registry/workers", f.requireScope(ScopeOperator, f.registryWorkers))
 	if cfg.Registry != nil {
@@ -183,6 +217,10 @@ func (f *FrontDoor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			httpx.WriteError(w, http.StatusInternalServerError, "internal error", 0)
 		}
 	}()
+	if strings.HasPrefix(r.URL.Path, ownerRoutePrefix+"/") {
+		f.owned(w, r)
+		return
+	}
 	if isInstancePath(r.URL.Path) {
 		// Instance paths bypass the mux: it would clean "/ns//x" or
 		// "/ns/../x" and redirect to a different id; those are bad ids.
@@ -220,19 +258,29 @@ func (f *FrontDoor) healthz(w http.ResponseWriter, _ *http.Request) {
 // readyz follows the seed's readiness table: 503 while waiting for the
 // first registration or past the lease's expiry; 200 while registered,
 // also when the lease is merely unhealthy or the node is draining.
+//
+// A node without hosts (--no-hosts) has no lease: it is ready when Ready
+// says so (it follows a leader).
 func (f *FrontDoor) readyz(w http.ResponseWriter, _ *http.Request) {
-	lease := f.cfg.Worker.Lease(time.Now())
 	ready := f.cfg.Ready == nil || f.cfg.Ready()
-	body := map[string]any{"lease": lease.String(), "plugins": ready}
+	body := map[string]any{"ready": ready}
+	if f.cfg.Worker != nil {
+		lease := f.cfg.Worker.Lease(time.Now())
+		body["lease"] = lease.String()
+		ready = ready && lease != LeaseUnregistered && lease != LeaseExpired
+	}
 	code := http.StatusOK
-	if !ready || lease == LeaseUnregistered || lease == LeaseExpired || f.stopping.Load() {
+	if !ready || f.stopping.Load() {
 		code = http.StatusServiceUnavailable
 	}
 	httpx.WriteJSON(w, code, body)
 }
 
 func (f *FrontDoor) status(w http.ResponseWriter, _ *http.Request) {
-	body := map[string]any{"worker": f.cfg.Worker.Status()}
+	body := map[string]any{}
+	if f.cfg.Worker != nil {
+		body["worker"] = f.cfg.Worker.Status()
+	}
 	if f.cfg.Status != nil {
 		for k, v := range f.cfg.Status() {
 			body[k] = v
@@ -286,116 +334,6 @@ func (f *FrontDoor) knownNamespace(ns string) bool {
 		}
 	}
 	return false
-}
-
-// resolve finds (or makes) the placement of key and serves the request
-// there.
-func (f *FrontDoor) resolve(w http.ResponseWriter, r *http.Request, key directory.Key, rest string) {
-	self := f.cfg.Worker.ClientID()
-	now := time.Now()
-	// A live local instance is this node's own record of a placement it
-	// was granted; the local replica may not have applied the grant yet
-	// (or ever, if the leader died right after committing it). Serving it
-	// is as safe as the lease allows.
-	if f.cfg.Local != nil && f.cfg.Local.Live(key.Namespace, key.ID) {
-		switch lease := f.cfg.Worker.Lease(now); lease {
-		case LeaseHealthy, LeaseUnhealthy:
-			if f.cfg.Local.ServeExisting(w, r, key.Namespace, key.ID, rest) {
-				f.resolutions.WithLabelValues("local").Inc()
-				return
-			}
-		default:
-			f.refuse(w, lease)
-			return
-		}
-	}
-	m := f.cfg.Dir.Machine()
-	if p, owner, ok := m.Owner(key); ok {
-		if p.Owner == self {
-			f.resolutions.WithLabelValues("local").Inc()
-			f.serveLocal(w, r, p, rest)
-			return
-		}
-		if owner.Live(now.UnixMilli()) {
-			// Serving another node's ids is the fleet data plane's job.
-			f.resolutions.WithLabelValues("remote").Inc()
-			httpx.WriteError(w, http.StatusServiceUnavailable, "placed on another node", time.Second)
-			return
-		}
-	}
-	if f.cfg.Local == nil || !f.cfg.Local.Serves(key.Namespace) {
-		f.resolutions.WithLabelValues("no-backends").Inc()
-		httpx.WriteError(w, http.StatusServiceUnavailable, "no live workers for namespace", time.Second)
-		return
-	}
-	if lease := f.cfg.Worker.Lease(now); lease != LeaseHealthy {
-		f.refuse(w, lease)
-		return
-	}
-	// A claim waits for the leader at most claimTimeout: a client is
-	// better served by a prompt 503 + Retry-After than a hung request.
-	ctx, cancel := context.WithTimeout(r.Context(), claimTimeout)
-	defer cancel()
-	var res directory.Result
-	var err error
-	for attempt := 0; attempt < 3; attempt++ {
-		res, err = f.cfg.Dir.Do(ctx, directory.Claim{
-			Key: key, ClientID: self, Now: time.Now().UnixMilli(), QuarantineMs: f.cfg.Quarantine.Milliseconds(),
-		})
-		if err != nil || res.Code != directory.CodeConflict {
-			break
-		}
-	}
-	if err != nil {
-		if r.Context().Err() == nil {
-			f.cfg.Logger.Warn("claim failed", "key", key.String(), "err", err)
-			httpx.WriteError(w, http.StatusServiceUnavailable, "directory unavailable", time.Second)
-		}
-		return
-	}
-	switch res.Code {
-	case directory.CodeGranted, directory.CodeExisting:
-		f.resolutions.WithLabelValues("placed").Inc()
-		f.serveLocal(w, r, res.Placement, rest)
-	case directory.CodeQuarantine:
-		f.resolutions.WithLabelValues("quarantine").Inc()
-		httpx.WriteError(w, http.StatusServiceUnavailable, "cold start quarantine", time.Duration(res.RemainingMs)*time.Millisecond)
-	case directory.CodeHeld:
-		f.resolutions.WithLabelValues("remote").Inc()
-		httpx.WriteError(w, http.StatusServiceUnavailable, "placed on another node", time.Second)
-	default:
-		f.resolutions.WithLabelValues("refused").Inc()
-		httpx.WriteError(w, http.StatusServiceUnavailable, "placement refused: "+res.Reason, time.Second)
-	}
-}
-
-// serveLocal serves an id placed on this node, as the worker's lease allows.
-func (f *FrontDoor) serveLocal(w http.ResponseWriter, r *http.Request, p directory.Placement, rest string) {
-	switch lease := f.cfg.Worker.Lease(time.Now()); lease {
-	case LeaseHealthy:
-	case LeaseUnhealthy:
-		if !f.cfg.Local.Live(p.Key.Namespace, p.Key.ID) {
-			f.refuse(w, lease)
-			return
-		}
-	default:
-		f.refuse(w, lease)
-		return
-	}
-	f.cfg.Local.ServeInstance(w, r, p.Key.Namespace, p.Key.ID, p.Generation, rest)
-}
-
-// refuse answers for a worker whose lease does not allow the request.
-func (f *FrontDoor) refuse(w http.ResponseWriter, lease LeaseState) {
-	switch lease {
-	case LeaseUnhealthy:
-		w.Header().Set(RefusalHeader, "lease-unhealthy")
-		httpx.WriteError(w, http.StatusServiceUnavailable, "lease unhealthy", time.Second)
-	case LeaseUnregistered:
-		httpx.WriteError(w, http.StatusServiceUnavailable, "worker not registered yet", time.Second)
-	default:
-		httpx.WriteError(w, http.StatusServiceUnavailable, "lease expired", time.Second)
-	}
 }
 
 // Released is the supervisor's OnEvicted hook: give the placement back.

@@ -51,6 +51,7 @@ func agentCommand() *cli.Command {
 			&cli.IntFlag{Name: "max-voters", Value: 3, Usage: "Raft voters (3 or 5); members joining beyond it are nonvoters", EnvVars: []string{"PINNEDD_MAX_VOTERS"}},
 			&cli.DurationFlag{Name: "raft-timeout", Usage: "Raft heartbeat and election timeout (default: hashicorp/raft's 1s)", EnvVars: []string{"PINNEDD_RAFT_TIMEOUT"}, Hidden: true},
 			&cli.StringSliceFlag{Name: "plugin", Usage: "serve `/NS=PATH`: namespace NS from the plugin binary at PATH (repeatable)", EnvVars: []string{"PINNEDD_PLUGINS"}},
+			&cli.BoolFlag{Name: "no-hosts", Usage: "serve no instances: a pure front door and Raft member (the seed's pinboard role)", EnvVars: []string{"PINNEDD_NO_HOSTS"}},
 			&cli.StringFlag{Name: "token", Usage: "deployment token (worker and operator scopes)", EnvVars: []string{"PINBOARD_TOKEN"}},
 			&cli.DurationFlag{Name: "lease-ttl", Value: pinboard.DefaultLeaseTTL, Usage: "worker lease TTL (also PINBOARD_LEASE_TTL_MS)", EnvVars: []string{"PINNEDD_LEASE_TTL"}},
 			&cli.DurationFlag{Name: "heartbeat-interval", Value: pinboard.DefaultHeartbeatInterval, Usage: "worker heartbeat interval", EnvVars: []string{"PINNEDD_HEARTBEAT_INTERVAL"}},
@@ -74,6 +75,7 @@ func agentCommand() *cli.Command {
 
 type agentConfig struct {
 	dev             bool
+	noHosts         bool
 	raftAddr        string
 	raftAdvertise   string
 	bootstrap       bool
@@ -101,6 +103,7 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 	}
 	cfg := agentConfig{
 		dev:             c.Bool("dev"),
+		noHosts:         c.Bool("no-hosts"),
 		raftAddr:        c.String("raft-addr"),
 		raftAdvertise:   c.String("raft-advertise-addr"),
 		bootstrap:       c.Bool("bootstrap"),
@@ -164,13 +167,19 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 	if cfg.maxVoters != 3 && cfg.maxVoters != 5 && cfg.maxVoters != 1 {
 		return cfg, fmt.Errorf("--max-voters %d: use 3 or 5 (1 for a single node)", cfg.maxVoters)
 	}
+	if cfg.noHosts {
+		if len(c.StringSlice("plugin")) > 0 || cfg.dev {
+			return cfg, errors.New("--no-hosts serves no instances: it excludes --plugin and --dev")
+		}
+		return cfg, nil
+	}
 	specs, err := pluginSpecs(c.StringSlice("plugin"), cfg.dev)
 	if err != nil {
 		return cfg, err
 	}
 	cfg.specs = specs
 	if len(cfg.specs) == 0 {
-		return cfg, errors.New("no hosts to serve: give --plugin /ns=path (or --dev for the built-in examples)")
+		return cfg, errors.New("no hosts to serve: give --plugin /ns=path (or --dev for the built-in examples, or --no-hosts for a pure front door)")
 	}
 	return cfg, nil
 }
@@ -313,18 +322,21 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	}
 
 	var fd *pinboard.FrontDoor
-	sup, err := supervisor.New(supervisor.Config{
-		Specs: cfg.specs, Logger: log, Registerer: reg,
-		DetachedTimeout: cfg.detachedTimeout, StopGrace: cfg.stopGrace, StablePeriod: cfg.stablePeriod,
-		OnEvicted: func(k supervisor.Key, gen uint64, release bool) { fd.Released(k.Namespace, k.ID, gen, release) },
-	})
-	if err != nil {
-		return err
+	var sup *supervisor.Supervisor
+	if !cfg.noHosts {
+		sup, err = supervisor.New(supervisor.Config{
+			Specs: cfg.specs, Logger: log, Registerer: reg,
+			DetachedTimeout: cfg.detachedTimeout, StopGrace: cfg.stopGrace, StablePeriod: cfg.stablePeriod,
+			OnEvicted: func(k supervisor.Key, gen uint64, release bool) { fd.Released(k.Namespace, k.ID, gen, release) },
+		})
+		if err != nil {
+			return err
+		}
+		if err := sup.Start(ctx); err != nil {
+			return fmt.Errorf("start plugins: %w", err)
+		}
+		defer sup.Stop(context.Background())
 	}
-	if err := sup.Start(ctx); err != nil {
-		return fmt.Errorf("start plugins: %w", err)
-	}
-	defer sup.Stop(context.Background())
 
 	machine := directory.New()
 	store, err := raftstore.Open(ctx, raftstore.Config{
@@ -349,41 +361,51 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	store.RunAsLeader("directory", func(ctx context.Context) { directoryLeader(ctx, dir, log) })
 
 	registry := pinboard.NewRegistry(dir, cfg.leaseTTL)
-	worker := pinboard.NewWorker(pinboard.WorkerConfig{
-		NodeID: cfg.nodeID, AdvertiseURL: advertise, Namespaces: sup.Namespaces(),
-		TTL: cfg.leaseTTL, Interval: cfg.heartbeat, Logger: log,
-		StateFile: filepath.Join(dataDir, "worker.json"),
-		LiveIDs: func() []pinboard.InstanceKey {
-			var out []pinboard.InstanceKey
-			for _, in := range sup.Instances() {
-				out = append(out, pinboard.InstanceKey{Namespace: in.Namespace, ID: in.ID})
-			}
-			return out
-		},
-		// A re-registration found ids placed elsewhere meanwhile: quit them.
-		OnDuplicates: func(keys []pinboard.InstanceKey) {
-			for _, k := range keys {
-				sup.Evict(context.Background(), supervisor.Key{Namespace: k.Namespace, ID: k.ID}, 0)
-			}
-		},
-	}, registry)
-
 	var quarantine time.Duration
 	if !cfg.dev {
 		quarantine = cfg.leaseTTL
 	}
-	fd = pinboard.NewFrontDoor(pinboard.FrontDoorConfig{
-		Dir: dir, Worker: worker, Local: sup, Tokens: tokens, Registry: registry,
+	fdc := pinboard.FrontDoorConfig{
+		Dir: dir, Tokens: tokens, Registry: registry,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Logger: log, Registerer: reg,
-		Quarantine: quarantine, Ready: sup.Ready,
-		Health: func() map[string]any { return raftHealth(store) },
+		Quarantine: quarantine,
+		Ready:      func() bool { id, _ := store.Leader(); return id != "" },
+		Health:     func() map[string]any { return raftHealth(store) },
 		Status: func() map[string]any {
-			return map[string]any{
+			st := map[string]any{
 				"nodeId": cfg.nodeID, "version": version, "advertiseUrl": advertise, "pid": os.Getpid(),
-				"raft": raftHealth(store), "plugins": sup.Plugins(), "instances": sup.Instances(),
+				"raft": raftHealth(store),
 			}
+			if sup != nil {
+				st["plugins"], st["instances"] = sup.Plugins(), sup.Instances()
+			}
+			return st
 		},
-	})
+	}
+	var worker *pinboard.Worker
+	if sup != nil {
+		worker = pinboard.NewWorker(pinboard.WorkerConfig{
+			NodeID: cfg.nodeID, AdvertiseURL: advertise, Namespaces: sup.Namespaces(),
+			TTL: cfg.leaseTTL, Interval: cfg.heartbeat, Logger: log,
+			StateFile: filepath.Join(dataDir, "worker.json"),
+			LiveIDs: func() []pinboard.InstanceKey {
+				var out []pinboard.InstanceKey
+				for _, in := range sup.Instances() {
+					out = append(out, pinboard.InstanceKey{Namespace: in.Namespace, ID: in.ID})
+				}
+				return out
+			},
+			// A re-registration found ids placed elsewhere meanwhile: quit them.
+			OnDuplicates: func(keys []pinboard.InstanceKey) {
+				for _, k := range keys {
+					sup.Evict(context.Background(), supervisor.Key{Namespace: k.Namespace, ID: k.ID}, 0)
+				}
+			},
+		}, registry)
+		fdc.Worker, fdc.Local = worker, sup
+		fdc.Ready = sup.Ready
+	}
+	fd = pinboard.NewFrontDoor(fdc)
 	member := func(r *http.Request) bool {
 		return tokens.Allowed(r, pinboard.ScopeWorker) || tokens.Allowed(r, pinboard.ScopeOperator)
 	}
@@ -393,8 +415,12 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	srv := &http.Server{Handler: fd, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
+	var namespaces []string
+	if sup != nil {
+		namespaces = sup.Namespaces()
+	}
 	log.Info("front door listening", "addr", ln.Addr().String(), "advertise_url", advertise, "node_id", cfg.nodeID,
-		"raft_addr", store.RaftAddr(), "namespaces", sup.Namespaces())
+		"raft_addr", store.RaftAddr(), "namespaces", namespaces)
 
 	wctx, wcancel := context.WithCancel(context.Background())
 	var bg sync.WaitGroup
@@ -402,8 +428,10 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		bg.Add(1)
 		go func() { defer bg.Done(); joinUntilDone(wctx, cfg.join, cfg.tokens[0], store, log) }()
 	}
-	bg.Add(1)
-	go func() { defer bg.Done(); worker.Run(wctx) }()
+	if worker != nil {
+		bg.Add(1)
+		go func() { defer bg.Done(); worker.Run(wctx) }()
+	}
 
 	var runErr error
 	select {
@@ -414,14 +442,18 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	}
 
 	fd.SetStopping()
-	sup.Stop(context.Background()) // evicts, releasing placements, and ends every plugin
+	if sup != nil {
+		sup.Stop(context.Background()) // evicts, releasing placements, and ends every plugin
+	}
 	wcancel()
 	bg.Wait()
-	dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
-	if err := worker.Deregister(dctx); err != nil {
-		log.Warn("deregister failed", "err", err)
+	if worker != nil {
+		dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := worker.Deregister(dctx); err != nil {
+			log.Warn("deregister failed", "err", err)
+		}
+		dcancel()
 	}
-	dcancel()
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer scancel()
 	if err := srv.Shutdown(sctx); err != nil {

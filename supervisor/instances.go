@@ -326,6 +326,17 @@ func (s *Supervisor) Live(ns, id string) bool {
 	return in != nil && !in.evicting
 }
 
+// LiveGeneration reports the generation (ns, id) runs under, if live here.
+func (s *Supervisor) LiveGeneration(ns, id string) (uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in := s.instances[Key{ns, id}]
+	if in == nil || in.evicting {
+		return 0, false
+	}
+	return in.gen, true
+}
+
 // ServeInstance hands r to instance (ns, id), activating it under
 // generation gen if it is not live, with the request path replaced by rest
 // (escaped form, e.g. "/increment").

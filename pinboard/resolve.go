@@ -1,0 +1,444 @@
+package pinboard
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/pinboard/directory"
+	"github.com/pinnedd/pinnedd/plugins"
+)
+
+// maxRetryBody: a request body up to this size is buffered so the request
+// can be retried once on another worker after an in-band refusal.
+const maxRetryBody = 1 << 20
+
+// ownerRoutePrefix is the owner-side route forwarded requests arrive on.
+const ownerRoutePrefix = "/_pinned/i"
+
+// route is one request's way through resolution.
+type route struct {
+	key       directory.Key
+	rest      string // escaped instance path, e.g. "/increment"
+	body      []byte // buffered body when retryable
+	retryable bool
+	attempt   int
+	exclude   string // a worker that refused in-band
+	viaLeader bool   // the replica named a wrong owner: ask the leader
+}
+
+// resolve finds (or makes) the placement of key and serves the request
+// there: locally, or forwarded to the owner.
+func (f *FrontDoor) resolve(w http.ResponseWriter, r *http.Request, key directory.Key, rest string) {
+	rt := &route{key: key, rest: rest}
+	switch {
+	case r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 && r.Header.Get("Transfer-Encoding") == "":
+		rt.retryable = true
+	case r.ContentLength > 0 && r.ContentLength <= maxRetryBody:
+		body, err := io.ReadAll(io.LimitReader(r.Body, maxRetryBody+1))
+		if err != nil {
+			httpx.WriteError(w, http.StatusBadRequest, "reading request body: "+err.Error(), 0)
+			return
+		}
+		rt.body, rt.retryable = body, true
+	}
+	f.route(w, r, rt)
+}
+
+// withBody gives r a fresh copy of the buffered body for this attempt.
+func (rt *route) withBody(r *http.Request) *http.Request {
+	if !rt.retryable || rt.body == nil {
+		return r
+	}
+	r2 := r.Clone(r.Context())
+	r2.Body = io.NopCloser(bytes.NewReader(rt.body))
+	r2.ContentLength = int64(len(rt.body))
+	return r2
+}
+
+func (f *FrontDoor) selfID() string {
+	if f.cfg.Worker == nil {
+		return ""
+	}
+	return f.cfg.Worker.ClientID()
+}
+
+func (f *FrontDoor) route(w http.ResponseWriter, r *http.Request, rt *route) {
+	key, self, now := rt.key, f.selfID(), time.Now()
+	// A live local instance is this node's own record of a placement it
+	// was granted; the local replica may not have applied the grant yet
+	// (or ever, if the leader died right after committing it). Serving it
+	// is as safe as the lease allows.
+	if self != "" && f.cfg.Local.Live(key.Namespace, key.ID) {
+		switch lease := f.cfg.Worker.Lease(now); lease {
+		case LeaseHealthy, LeaseUnhealthy:
+			if f.cfg.Local.ServeExisting(w, rt.withBody(r), key.Namespace, key.ID, rt.rest) {
+				f.resolutions.WithLabelValues("local").Inc()
+				return
+			}
+		default:
+			f.refuse(w, lease)
+			return
+		}
+	}
+	if !rt.viaLeader {
+		if p, owner, ok := f.cfg.Dir.Machine().Owner(key); ok && owner.Live(now.UnixMilli()) && owner.ClientID != rt.exclude {
+			f.dispatch(w, r, rt, p, owner)
+			return
+		}
+	}
+	p, owner, err := f.claim(r, rt)
+	if err != nil {
+		f.claimFailed(w, r, err)
+		return
+	}
+	f.dispatch(w, r, rt, p, owner)
+}
+
+// dispatch serves on this node or forwards to the owner.
+func (f *FrontDoor) dispatch(w http.ResponseWriter, r *http.Request, rt *route, p directory.Placement, owner directory.Worker) {
+	if p.Owner == f.selfID() {
+		f.resolutions.WithLabelValues("local").Inc()
+		f.serveLocal(w, rt.withBody(r), p, rt.rest)
+		return
+	}
+	f.resolutions.WithLabelValues("forwarded").Inc()
+	f.forward(w, r, rt, p, owner)
+}
+
+// Claim outcomes that are not placements.
+var (
+	errNoBackends = errors.New("no live workers for namespace")
+	errQuarantine = errors.New("cold start quarantine")
+)
+
+type quarantineError struct{ remaining time.Duration }
+
+func (e quarantineError) Error() string { return errQuarantine.Error() }
+func (e quarantineError) Unwrap() error { return errQuarantine }
+
+// claim asks the leader (linearizably) to place key on a candidate the
+// policy picks, and returns the placement the directory holds afterwards:
+// ours, or whoever already held it.
+func (f *FrontDoor) claim(r *http.Request, rt *route) (directory.Placement, directory.Worker, error) {
+	ctx, cancel := context.WithTimeout(r.Context(), claimTimeout)
+	defer cancel()
+	m := f.cfg.Dir.Machine()
+	tried := map[string]bool{}
+	if rt.exclude != "" {
+		tried[rt.exclude] = true
+	}
+	for attempt := 0; attempt < 3; attempt++ {
+		now := time.Now()
+		var cands []candidate
+		for _, wk := range m.Candidates(rt.key.Namespace, now.UnixMilli()) {
+			if tried[wk.ClientID] {
+				continue
+			}
+			// Our own replica may still call us live while our lease is
+			// in danger; we know better.
+			if wk.ClientID == f.selfID() && f.cfg.Worker.Lease(now) != LeaseHealthy {
+				continue
+			}
+			cands = append(cands, candidate{clientID: wk.ClientID, headroom: wk.Headroom})
+		}
+		if len(cands) == 0 {
+			return directory.Placement{}, directory.Worker{}, errNoBackends
+		}
+		choice := f.choose(r, rt.key, cands)
+		res, err := f.cfg.Dir.Do(ctx, directory.Claim{
+			Key: rt.key, ClientID: choice, Now: time.Now().UnixMilli(), QuarantineMs: f.cfg.Quarantine.Milliseconds(),
+		})
+		if err != nil {
+			return directory.Placement{}, directory.Worker{}, err
+		}
+		switch res.Code {
+		case directory.CodeGranted, directory.CodeExisting, directory.CodeHeld:
+			owner, ok := m.Worker(res.Placement.Owner)
+			if !ok {
+				// The leader knows a worker our replica has not heard of
+				// yet; a moment later it will.
+				continue
+			}
+			if res.Code == directory.CodeGranted {
+				f.resolutions.WithLabelValues("placed").Inc()
+			}
+			return res.Placement, owner, nil
+		case directory.CodeQuarantine:
+			return directory.Placement{}, directory.Worker{}, quarantineError{time.Duration(res.RemainingMs) * time.Millisecond}
+		case directory.CodeIneligible:
+			tried[choice] = true
+		case directory.CodeConflict:
+		default:
+			return directory.Placement{}, directory.Worker{}, errors.New("placement refused: " + res.Code.String() + " " + res.Reason)
+		}
+	}
+	return directory.Placement{}, directory.Worker{}, errNoBackends
+}
+
+func (f *FrontDoor) claimFailed(w http.ResponseWriter, r *http.Request, err error) {
+	var q quarantineError
+	switch {
+	case errors.As(err, &q):
+		f.resolutions.WithLabelValues("quarantine").Inc()
+		httpx.WriteError(w, http.StatusServiceUnavailable, "cold start quarantine", q.remaining)
+	case errors.Is(err, errNoBackends):
+		f.resolutions.WithLabelValues("no-backends").Inc()
+		httpx.WriteError(w, http.StatusServiceUnavailable, "no live workers for namespace", time.Second)
+	case r.Context().Err() != nil:
+	default:
+		f.resolutions.WithLabelValues("error").Inc()
+		f.cfg.Logger.Warn("placement failed", "path", r.URL.Path, "err", err)
+		httpx.WriteError(w, http.StatusServiceUnavailable, "directory unavailable", time.Second)
+	}
+}
+
+// serveLocal serves an id placed on this node, as the worker's lease allows.
+func (f *FrontDoor) serveLocal(w http.ResponseWriter, r *http.Request, p directory.Placement, rest string) {
+	switch lease := f.cfg.Worker.Lease(time.Now()); lease {
+	case LeaseHealthy:
+	case LeaseUnhealthy:
+		if !f.cfg.Local.Live(p.Key.Namespace, p.Key.ID) {
+			f.refuse(w, lease)
+			return
+		}
+	default:
+		f.refuse(w, lease)
+		return
+	}
+	f.cfg.Local.ServeInstance(w, r, p.Key.Namespace, p.Key.ID, p.Generation, rest)
+}
+
+// refuse answers for a worker whose lease does not allow the request. An
+// unhealthy lease refuses in-band (RefusalHeader) so a forwarding front
+// door releases the placement and retries elsewhere.
+func (f *FrontDoor) refuse(w http.ResponseWriter, lease LeaseState) {
+	switch lease {
+	case LeaseUnhealthy:
+		w.Header().Set(RefusalHeader, refusalUnhealthy)
+		httpx.WriteError(w, http.StatusServiceUnavailable, "lease unhealthy", time.Second)
+	case LeaseUnregistered:
+		httpx.WriteError(w, http.StatusServiceUnavailable, "worker not registered yet", time.Second)
+	default:
+		httpx.WriteError(w, http.StatusServiceUnavailable, "lease expired", time.Second)
+	}
+}
+
+// In-band refusal markers (RefusalHeader values).
+const (
+	refusalUnhealthy = "lease-unhealthy"
+	refusalNotOwner  = "not-owner"
+)
+
+// Forwarding failures, seen by the proxy's error handler.
+type refusedError struct {
+	marker string
+	resp   *http.Response
+}
+
+func (e *refusedError) Error() string { return "owner refused: " + e.marker }
+
+type fwdCtxKey struct{}
+
+type fwdInfo struct {
+	rt    *route
+	orig  *http.Request
+	p     directory.Placement
+	owner directory.Worker
+}
+
+// forward proxies r to the owner's attested owner-side route.
+func (f *FrontDoor) forward(w http.ResponseWriter, r *http.Request, rt *route, p directory.Placement, owner directory.Worker) {
+	secret := f.cfg.Dir.Machine().Secret()
+	if len(secret) == 0 {
+		httpx.WriteError(w, http.StatusServiceUnavailable, "cluster secret not replicated yet", time.Second)
+		return
+	}
+	base, err := url.Parse(owner.AdvertiseURL)
+	if err != nil {
+		httpx.WriteError(w, http.StatusBadGateway, "owner has an invalid advertise URL", 0)
+		return
+	}
+	path := ownerRoutePrefix + p.Key.Namespace + "/" + p.Key.ID + rt.rest
+	signed := path
+	if r.URL.RawQuery != "" {
+		signed += "?" + r.URL.RawQuery
+	}
+	att := Sign(secret, Attestation{Target: owner.ClientID, Caller: f.selfID(), Generation: p.Generation, At: time.Now()}, r.Method, signed)
+
+	ctx := context.WithValue(r.Context(), fwdCtxKey{}, &fwdInfo{rt: rt, orig: r, p: p, owner: owner})
+	out := rt.withBody(r).Clone(ctx)
+	out.URL = &url.URL{Scheme: base.Scheme, Host: base.Host, Path: strings.TrimSuffix(base.Path, "/") + path, RawQuery: r.URL.RawQuery}
+	if unescaped, err := url.PathUnescape(out.URL.Path); err == nil && unescaped != out.URL.Path {
+		out.URL.RawPath = out.URL.Path
+		out.URL.Path = unescaped
+	}
+	out.Header.Set(AttestationHeader, att)
+	f.proxy.ServeHTTP(w, out)
+}
+
+// newProxy builds the node-to-node proxy: streams flush through, Upgrade
+// requests pass as raw connections, a client going away cancels upstream.
+func (f *FrontDoor) newProxy(tr http.RoundTripper) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Transport:     tr,
+		FlushInterval: -1,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.Host = pr.In.Host
+			pr.SetXForwarded()
+		},
+		ModifyResponse: func(resp *http.Response) error {
+			switch m := resp.Header.Get(RefusalHeader); {
+			case resp.StatusCode == http.StatusServiceUnavailable && m == refusalUnhealthy,
+				resp.StatusCode == http.StatusMisdirectedRequest && m == refusalNotOwner:
+				return &refusedError{marker: m, resp: resp}
+			}
+			return nil
+		},
+		ErrorHandler: f.forwardFailed,
+	}
+}
+
+// forwardFailed handles an owner that could not be reached or refused:
+// an in-band refusal releases the placement and retries once elsewhere; a
+// misdirected request (our replica named the wrong owner) retries once
+// through the leader; an unreachable owner is a 503 + Retry-After until its
+// lease lapses and the id can move.
+func (f *FrontDoor) forwardFailed(w http.ResponseWriter, r *http.Request, err error) {
+	info, _ := r.Context().Value(fwdCtxKey{}).(*fwdInfo)
+	if info == nil {
+		httpx.WriteError(w, http.StatusBadGateway, "forwarding failed", 0)
+		return
+	}
+	var ref *refusedError
+	if errors.As(err, &ref) {
+		_ = ref.resp.Body.Close()
+		rt := info.rt
+		if ref.marker == refusalUnhealthy {
+			f.forwardFailures.WithLabelValues("refused").Inc()
+			ctx, cancel := context.WithTimeout(info.orig.Context(), claimTimeout)
+			_, _ = f.cfg.Dir.Do(ctx, directory.Release{Key: info.p.Key, ClientID: info.p.Owner, Generation: info.p.Generation})
+			cancel()
+			rt.exclude = info.p.Owner
+		} else {
+			f.forwardFailures.WithLabelValues("misdirected").Inc()
+			rt.viaLeader = true
+		}
+		if rt.attempt == 0 && rt.retryable {
+			rt.attempt++
+			f.route(w, info.orig, rt)
+			return
+		}
+		if ref.marker == refusalUnhealthy {
+			httpx.WriteError(w, http.StatusServiceUnavailable, "owner refused: lease unhealthy", time.Second)
+		} else {
+			httpx.WriteError(w, http.StatusServiceUnavailable, "placement moved, retry", time.Second)
+		}
+		return
+	}
+	if info.orig.Context().Err() != nil {
+		f.forwardFailures.WithLabelValues("canceled").Inc()
+		return
+	}
+	f.forwardFailures.WithLabelValues("unreachable").Inc()
+	f.cfg.Logger.Warn("owner unreachable", "owner", info.owner.ClientID, "advertise_url", info.owner.AdvertiseURL, "key", info.p.Key.String(), "err", err)
+	httpx.WriteError(w, http.StatusServiceUnavailable, "owner unreachable, retry", time.Second)
+}
+
+// owned serves the owner-side route /_pinned/i/<ns>/<id>/<rest>: only with
+// a valid attestation for this worker, and only for a placement this node
+// really holds under the attested generation. Nothing activates otherwise.
+func (f *FrontDoor) owned(w http.ResponseWriter, r *http.Request) {
+	escaped := strings.TrimPrefix(r.URL.EscapedPath(), ownerRoutePrefix)
+	ns, id, rest, ok := splitInstancePath(escaped)
+	if !ok || plugins.ValidateNamespace(ns) != nil || plugins.ValidateID(id) != nil {
+		httpx.WriteError(w, http.StatusBadRequest, "invalid instance path", 0)
+		return
+	}
+	if f.cfg.Worker == nil {
+		w.Header().Set(RefusalHeader, refusalNotOwner)
+		httpx.WriteError(w, http.StatusMisdirectedRequest, "this node hosts no instances", 0)
+		return
+	}
+	signed := r.URL.EscapedPath()
+	if r.URL.RawQuery != "" {
+		signed += "?" + r.URL.RawQuery
+	}
+	att, err := f.verifier.Verify(f.cfg.Dir.Machine().Secret(), r.Header.Get(AttestationHeader), f.selfID(), r.Method, signed, time.Now())
+	if err != nil {
+		f.attestFailures.WithLabelValues(attestOutcome(err)).Inc()
+		httpx.WriteError(w, http.StatusForbidden, "invalid attestation", 0)
+		return
+	}
+	r.Header.Del(AttestationHeader)
+	key := directory.Key{Namespace: ns, ID: id}
+	if gen, live := f.cfg.Local.LiveGeneration(ns, id); live && gen > att.Generation {
+		f.notOwner(w)
+		return
+	} else if live && gen == att.Generation {
+		f.serveLocal(w, r, directory.Placement{Key: key, Owner: f.selfID(), Generation: gen}, rest)
+		return
+	}
+	// Activate only once our own replica shows the placement the
+	// forwarder resolved: it may be ahead of us by a few entries.
+	m := f.cfg.Dir.Machine()
+	deadline := time.Now().Add(3 * time.Second)
+	for m.AppliedIndex() < att.Generation && time.Now().Before(deadline) && r.Context().Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+	p, found := m.Placement(key)
+	if !found || p.Owner != f.selfID() || p.Generation != att.Generation {
+		f.notOwner(w)
+		return
+	}
+	f.serveLocal(w, r, p, rest)
+}
+
+func (f *FrontDoor) notOwner(w http.ResponseWriter) {
+	w.Header().Set(RefusalHeader, refusalNotOwner)
+	httpx.WriteError(w, http.StatusMisdirectedRequest, "not the owner of this placement", 0)
+}
+
+func attestOutcome(err error) string {
+	switch {
+	case errors.Is(err, ErrAttestationMissing):
+		return "missing"
+	case errors.Is(err, ErrAttestationExpired):
+		return "expired"
+	case errors.Is(err, ErrAttestationReplayed):
+		return "replayed"
+	case errors.Is(err, ErrAttestationMalformed):
+		return "malformed"
+	default:
+		return "forged"
+	}
+}
+
+// candidate is a worker a new placement may go to.
+type candidate struct {
+	clientID string
+	headroom int64
+}
+
+// choose picks the worker for a new placement: this node's own worker
+// when it is a candidate (a request is cheapest where it arrived), else
+// the one with the most headroom.
+func (f *FrontDoor) choose(_ *http.Request, _ directory.Key, cands []candidate) string {
+	best := cands[0]
+	for _, c := range cands {
+		if c.clientID == f.selfID() {
+			return c.clientID
+		}
+		if c.headroom > best.headroom {
+			best = c
+		}
+	}
+	return best.clientID
+}
