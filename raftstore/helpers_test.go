@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -102,9 +103,9 @@ func testLogger() *slog.Logger {
 // fastConfig returns timeouts short enough for tests on a loaded 2-core machine, yet long
 // enough that -race does not make leaders flap.
 func fastConfig(c Config) Config {
-	c.HeartbeatTimeout = 300 * time.Millisecond
-	c.ElectionTimeout = 300 * time.Millisecond
-	c.LeaderLeaseTimeout = 150 * time.Millisecond
+	c.HeartbeatTimeout = 500 * time.Millisecond
+	c.ElectionTimeout = 500 * time.Millisecond
+	c.LeaderLeaseTimeout = 250 * time.Millisecond
 	c.CommitTimeout = 20 * time.Millisecond
 	c.ApplyTimeout = 5 * time.Second
 	c.Logger = testLogger()
@@ -214,9 +215,7 @@ func newClusterSM(t testing.TB, size int, mod func(*Config), newSM func() *listS
 	waitLeader(t, nodes[0])
 	for i := 2; i <= size; i++ {
 		n := startNodeSM(t, fmt.Sprintf("n%d", i), t.TempDir(), "", false, mod, newSM())
-		if err := JoinVia(ctxTimeout(t, 10*time.Second), nil, nodes[0].srv.URL, "secret", n.id, n.s.RaftAddr(), n.srv.URL); err != nil {
-			t.Fatalf("join %s: %v", n.id, err)
-		}
+		join(t, nodes[0].srv.URL, n)
 		nodes = append(nodes, n)
 	}
 	for _, n := range nodes {
@@ -280,4 +279,20 @@ func mustApply(t testing.TB, n *testNode, cmd string) string {
 		t.Fatalf("apply %q via %s: %v", cmd, n.id, err)
 	}
 	return string(res)
+}
+
+// join asks the member at url to add n, as an agent started with --join does: joining is
+// idempotent, so an unknown outcome (leadership lost mid-change) is simply retried.
+func join(t testing.TB, url string, n *testNode) {
+	t.Helper()
+	ctx := ctxTimeout(t, 20*time.Second)
+	for {
+		err := JoinVia(ctx, nil, url, "secret", n.id, n.s.RaftAddr(), n.srv.URL)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, ErrOutcomeUnknown) || ctx.Err() != nil {
+			t.Fatalf("join %s via %s: %v", n.id, url, err)
+		}
+	}
 }

@@ -261,8 +261,8 @@ func (s *Store) Apply(ctx context.Context, cmd []byte) ([]byte, error) {
 			res, err = s.call(ctx, api, "apply", cmd, true)
 			return err
 		})
-	if err != nil {
-		return nil, err
+	if err != nil || len(res) == 0 {
+		return nil, err // an empty result is nil on the leader and across forwarding alike
 	}
 	return res, nil
 }
