@@ -1,0 +1,246 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
+)
+
+// threeWorkers starts the issue's fleet: three nodes serving /counters and
+// the test host, past the cold-start quarantine.
+func threeWorkers(t *testing.T) []*node {
+	t.Helper()
+	th := testutil.Bin(t, "testhost")
+	extra := []string{"--plugin", "/misc=" + th}
+	n1 := newNode(t, "n1", append([]string{"--bootstrap"}, extra...)...).start(t, true)
+	n2 := newNode(t, "n2", append([]string{"--join", n1.url()}, extra...)...).start(t, true)
+	n3 := newNode(t, "n3", append([]string{"--join", n1.url()}, extra...)...).start(t, true)
+	nodes := []*node{n1, n2, n3}
+	for _, n := range nodes {
+		eventually(t, 10*time.Second, n.id+" sees 3 workers", func() bool { return len(liveWorkers(t, n)) == 3 })
+	}
+	// Wait out the cold-start quarantine once.
+	eventually(t, 10*time.Second, "quarantine over", func() bool {
+		r := n1.a.MustDo("GET", "/counters/warmup/value", "")
+		return r.Code == 200
+	})
+	return nodes
+}
+
+// ownerOf asks a node's status which node runs an instance.
+func ownerOf(t *testing.T, nodes []*node, ns, id string) *node {
+	t.Helper()
+	for _, n := range nodes {
+		if n.a == nil {
+			continue
+		}
+		if r, err := n.a.Do("GET", "/_pinned/status", ""); err == nil && r.Code == 200 {
+			var st status
+			r.JSON(t, &st)
+			for _, in := range st.Instances {
+				if in.Namespace == ns && in.ID == id {
+					return n
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func TestAnyNodeServesAnyID(t *testing.T) {
+	t.Parallel()
+	nodes := threeWorkers(t)
+	for i, n := range nodes {
+		r := n.a.MustDo("POST", "/counters/alice/increment", "")
+		if r.Code != 200 || strings.TrimSpace(r.Body) != fmt.Sprintf(`{"value":%d}`, i+1) {
+			t.Fatalf("increment via %s: %d %s", n.id, r.Code, r.Body)
+		}
+	}
+	// Exactly one node runs alice.
+	count := 0
+	for _, n := range nodes {
+		var st status
+		n.a.MustDo("GET", "/_pinned/status", "").JSON(t, &st)
+		for _, in := range st.Instances {
+			if in.ID == "alice" {
+				count++
+			}
+		}
+	}
+	if count != 1 {
+		t.Fatalf("alice runs on %d nodes", count)
+	}
+	// Streams flush through the forwarding hop; upgrades pass through.
+	owner := ownerOf(t, nodes, "/counters", "alice")
+	var via *node
+	for _, n := range nodes {
+		if n != owner {
+			via = n
+		}
+	}
+	_ = via.a.MustDo("GET", "/misc/s1/ping", "") // place s1 somewhere
+	streamEvents(t, via.url()+"/misc/s1/sse", 3)
+	upgradeEcho(t, via.url(), "/misc/s1/upgrade")
+}
+
+func streamEvents(t *testing.T, url string, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for i := 0; i < n; {
+		if !sc.Scan() {
+			t.Fatalf("stream %s ended after %d events: %v", url, i, sc.Err())
+		}
+		if sc.Text() != "" {
+			i++
+		}
+	}
+}
+
+func upgradeEcho(t *testing.T, base, path string) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n", path)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade through %s: %v %v", base, resp, err)
+	}
+	fmt.Fprint(conn, "hi\n")
+	if line, err := br.ReadString('\n'); err != nil || line != "echo: hi\n" {
+		t.Fatalf("echo = %q, %v", line, err)
+	}
+}
+
+// kill -9 the owner: once its lease lapses the next request through a
+// survivor places the id on a live node.
+func TestOwnerKilledIDMoves(t *testing.T) {
+	t.Parallel()
+	nodes := threeWorkers(t)
+	if r := nodes[0].a.MustDo("POST", "/counters/bob/increment", ""); r.Code != 200 {
+		t.Fatalf("first increment: %d %s", r.Code, r.Body)
+	}
+	owner := ownerOf(t, nodes, "/counters", "bob")
+	if owner == nil {
+		t.Fatal("no owner for bob")
+	}
+	owner.a.Signal(syscall.SIGKILL)
+	if _, err := owner.a.Wait(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var survivor *node
+	for _, n := range nodes {
+		if n != owner {
+			survivor = n
+		}
+	}
+	// Until the lease lapses: a prompt 503 + Retry-After, never a hang.
+	r := survivor.a.MustDo("POST", "/counters/bob/increment", "")
+	if r.Code == 503 && r.Header.Get("Retry-After") == "" {
+		t.Fatalf("503 without Retry-After: %s", r.Body)
+	}
+	eventually(t, 20*time.Second, "bob served after the lease lapsed", func() bool {
+		r := survivor.a.MustDo("POST", "/counters/bob/increment", "")
+		return r.Code == 200
+	})
+	owner.a = nil
+	if n := ownerOf(t, nodes, "/counters", "bob"); n == nil || n == owner {
+		t.Fatalf("bob's new owner: %v", n)
+	}
+	if got := survivor.a.Metric(`pinboard_forward_failures_total{outcome="unreachable"}`); got < 1 {
+		// Only if a request was forwarded to the dead owner before its
+		// lease lapsed; the first request above was.
+		t.Fatalf("unreachable forwards = %v", got)
+	}
+}
+
+// The seed's topology: one host-less front door (the pinboard role) in
+// front of two workers; losing one worker keeps quorum and service.
+func TestPinboardFrontsTwoWorkers(t *testing.T) {
+	t.Parallel()
+	pb := newNode(t, "pb", "--bootstrap")
+	pb.args = removePlugin(pb.args)
+	pb.args = append(pb.args, "--no-hosts")
+	pb.start(t, true)
+	w1 := newNode(t, "w1", "--join", pb.url()).start(t, true)
+	w2 := newNode(t, "w2", "--join", pb.url()).start(t, true)
+	eventually(t, 10*time.Second, "two workers", func() bool { return len(liveWorkers(t, pb)) == 2 })
+	eventually(t, 10*time.Second, "quarantine over", func() bool {
+		return pb.a.MustDo("POST", "/counters/c1/increment", "").Code == 200
+	})
+	if r := pb.a.MustDo("POST", "/counters/c1/increment", ""); strings.TrimSpace(r.Body) != `{"value":2}` {
+		t.Fatalf("second increment through pinboard: %d %s", r.Code, r.Body)
+	}
+	if r := pb.a.MustDo("GET", "/nope/x/y", ""); r.Code != 404 || !strings.Contains(r.Body, "unknown namespace") {
+		t.Fatalf("unknown namespace via pinboard: %d %s", r.Code, r.Body)
+	}
+	owner := ownerOf(t, []*node{w1, w2}, "/counters", "c1")
+	owner.a.Signal(syscall.SIGKILL)
+	if _, err := owner.a.Wait(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "c1 served by the other worker", func() bool {
+		return pb.a.MustDo("POST", "/counters/c1/increment", "").Code == 200
+	})
+}
+
+func removePlugin(args []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		if args[i] == "--plugin" {
+			i++
+			continue
+		}
+		out = append(out, args[i])
+	}
+	return out
+}
+
+// The owner-side route serves nothing without a valid attestation, and
+// nothing activates.
+func TestOwnerRouteNeedsAttestation(t *testing.T) {
+	t.Parallel()
+	nodes := threeWorkers(t)
+	n := nodes[1]
+	before := n.a.Metric(`pinned_activations_total{namespace="/counters"}`)
+	for name, h := range map[string]string{
+		"missing":   "",
+		"malformed": "v1.garbage",
+		"forged":    "v1." + liveWorkers(t, n)[n.id].ClientID + "..5." + fmt.Sprint(time.Now().UnixMilli()) + ".nonce.AAAA",
+	} {
+		hdr := map[string]string{}
+		if h != "" {
+			hdr["X-Pinned-Attestation"] = h
+		}
+		r, err := testutil.Do(context.Background(), "POST", n.url()+"/_pinned/i/counters/mallory/increment", "", hdr)
+		if err != nil || r.Code != 403 {
+			t.Errorf("%s attestation: %v %d %s, want 403", name, err, r.Code, r.Body)
+		}
+	}
+	if got := n.a.Metric(`pinned_activations_total{namespace="/counters"}`); got != before {
+		t.Fatalf("refused requests activated instances: %v -> %v", before, got)
+	}
+	if ownerOf(t, nodes, "/counters", "mallory") != nil {
+		t.Fatal("mallory was activated")
+	}
+}
