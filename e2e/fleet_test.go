@@ -227,13 +227,22 @@ func TestLeaseLossRefusesByItself(t *testing.T) {
 		return r.Code == 200 && strings.TrimSpace(r.Body) == `{"value":1}`
 	})
 
-	// Take quorum away from n3.
-	for _, n := range []*node{n1, n2} {
+	// Take quorum away from q's owner: kill the other two.
+	nodes := []*node{n1, n2, n3}
+	owner := ownerOf(t, nodes, "/counters", "q")
+	if owner == nil {
+		t.Fatal("no owner for q")
+	}
+	for _, n := range nodes {
+		if n == owner {
+			continue
+		}
 		n.a.Signal(syscall.SIGKILL)
 		if _, err := n.a.Wait(10 * time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
+	n3 = owner
 	// Unhealthy: the live instance still serves, a new one is refused in-band.
 	eventually(t, 20*time.Second, "lease unhealthy", func() bool { return getStatus(t, n3.a).Worker.Lease == "unhealthy" })
 	if r := n3.a.MustDo("GET", "/readyz", ""); r.Code != 200 {

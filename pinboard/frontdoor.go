@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -117,6 +118,15 @@ type FrontDoorConfig struct {
 	// Transport carries node-to-node requests; nil is a plain
 	// http.Transport. Mutual TLS between nodes plugs in here.
 	Transport http.RoundTripper
+	// Policy chooses the worker for a new placement.
+	Policy PlacementPolicy
+	// TrustedProxies are the peers whose forwarding headers name the
+	// client IP (PINBOARD_TRUSTED_PROXIES).
+	TrustedProxies []netip.Prefix
+	// AffinityKey, if set, is the programmatic affinity for a request:
+	// nil keeps client-IP affinity, "" asks for power of two choices, a
+	// string is a rendezvous preference. It must not consume the body.
+	AffinityKey func(*http.Request) *string
 	// AttestationWindow bounds an attestation's age and the replay cache
 	// (default DefaultAttestationWindow).
 	AttestationWindow time.Duration

@@ -137,7 +137,7 @@ func (f *FrontDoor) claim(r *http.Request, rt *route) (directory.Placement, dire
 	}
 	for attempt := 0; attempt < 3; attempt++ {
 		now := time.Now()
-		var cands []candidate
+		var cands []Candidate
 		for _, wk := range m.Candidates(rt.key.Namespace, now.UnixMilli()) {
 			if tried[wk.ClientID] {
 				continue
@@ -147,12 +147,16 @@ func (f *FrontDoor) claim(r *http.Request, rt *route) (directory.Placement, dire
 			if wk.ClientID == f.selfID() && f.cfg.Worker.Lease(now) != LeaseHealthy {
 				continue
 			}
-			cands = append(cands, candidate{clientID: wk.ClientID, headroom: wk.Headroom})
+			cands = append(cands, Candidate{ClientID: wk.ClientID, Headroom: wk.Headroom})
 		}
 		if len(cands) == 0 {
 			return directory.Placement{}, directory.Worker{}, errNoBackends
 		}
-		choice := f.choose(r, rt.key, cands)
+		choice, _ := f.cfg.Policy.Choose(PlacementRequest{
+			Key:         rt.key.Env + "\x00" + rt.key.Namespace + "\x00" + rt.key.ID,
+			ClientIP:    ClientIP(r.RemoteAddr, r.Header, f.cfg.TrustedProxies),
+			AffinityKey: f.affinityKey(r),
+		}, cands)
 		res, err := f.cfg.Dir.Do(ctx, directory.Claim{
 			Key: rt.key, ClientID: choice, Now: time.Now().UnixMilli(), QuarantineMs: f.cfg.Quarantine.Milliseconds(),
 		})
@@ -421,24 +425,9 @@ func attestOutcome(err error) string {
 	}
 }
 
-// candidate is a worker a new placement may go to.
-type candidate struct {
-	clientID string
-	headroom int64
-}
-
-// choose picks the worker for a new placement: this node's own worker
-// when it is a candidate (a request is cheapest where it arrived), else
-// the one with the most headroom.
-func (f *FrontDoor) choose(_ *http.Request, _ directory.Key, cands []candidate) string {
-	best := cands[0]
-	for _, c := range cands {
-		if c.clientID == f.selfID() {
-			return c.clientID
-		}
-		if c.headroom > best.headroom {
-			best = c
-		}
+func (f *FrontDoor) affinityKey(r *http.Request) *string {
+	if f.cfg.AffinityKey == nil {
+		return nil
 	}
-	return best.clientID
+	return f.cfg.AffinityKey(r)
 }

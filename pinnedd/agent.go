@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -58,6 +59,8 @@ func agentCommand() *cli.Command {
 			&cli.DurationFlag{Name: "detached-timeout", Value: 60 * time.Second, Usage: "evict an instance with no open request for this long (a host may set its own)", EnvVars: []string{"PINNEDD_DETACHED_TIMEOUT"}},
 			&cli.DurationFlag{Name: "stop-grace", Value: 10 * time.Second, Usage: "at shutdown, how long instances' tasks get to return", EnvVars: []string{"PINNEDD_STOP_GRACE"}},
 			&cli.DurationFlag{Name: "plugin-stable-period", Value: 30 * time.Second, Usage: "a plugin run this long resets its crash count", EnvVars: []string{"PINNEDD_PLUGIN_STABLE_PERIOD"}},
+			&cli.Float64Flag{Name: "affinity-balance-factor", Value: pinboard.DefaultBalanceFactor, Usage: "keep a client's preferred worker while its headroom is at least the best / this", EnvVars: []string{"PINBOARD_AFFINITY_BALANCE_FACTOR"}},
+			&cli.StringFlag{Name: "trusted-proxies", Usage: "comma-separated IPs/CIDRs whose X-Forwarded-For/Forwarded name the client", EnvVars: []string{"PINBOARD_TRUSTED_PROXIES"}},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", EnvVars: []string{"LOG_LEVEL"}},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", EnvVars: []string{"PINNEDD_LOG_FORMAT"}},
 		},
@@ -74,6 +77,8 @@ func agentCommand() *cli.Command {
 }
 
 type agentConfig struct {
+	balanceFactor   float64
+	trustedProxies  []netip.Prefix
 	dev             bool
 	noHosts         bool
 	raftAddr        string
@@ -127,6 +132,10 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 			return cfg, fmt.Errorf("PINBOARD_LEASE_TTL_MS: %w", err)
 		}
 		cfg.leaseTTL = d
+	}
+	cfg.balanceFactor = c.Float64("affinity-balance-factor")
+	if cfg.trustedProxies, err = pinboard.ParseTrustedProxies(c.String("trusted-proxies")); err != nil {
+		return cfg, fmt.Errorf("--trusted-proxies: %w", err)
 	}
 	if cfg.heartbeat >= cfg.leaseTTL {
 		return cfg, fmt.Errorf("--heartbeat-interval (%s) must be shorter than --lease-ttl (%s)", cfg.heartbeat, cfg.leaseTTL)
@@ -369,8 +378,9 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		Dir: dir, Tokens: tokens, Registry: registry,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Logger: log, Registerer: reg,
 		Quarantine: quarantine,
-		Ready:      func() bool { id, _ := store.Leader(); return id != "" },
-		Health:     func() map[string]any { return raftHealth(store) },
+		Policy:     pinboard.PlacementPolicy{BalanceFactor: cfg.balanceFactor}, TrustedProxies: cfg.trustedProxies,
+		Ready:  func() bool { id, _ := store.Leader(); return id != "" },
+		Health: func() map[string]any { return raftHealth(store) },
 		Status: func() map[string]any {
 			st := map[string]any{
 				"nodeId": cfg.nodeID, "version": version, "advertiseUrl": advertise, "pid": os.Getpid(),
