@@ -89,6 +89,45 @@ func TestAnyNodeServesAnyID(t *testing.T) {
 	_ = via.a.MustDo("GET", "/misc/s1/ping", "") // place s1 somewhere
 	streamEvents(t, via.url()+"/misc/s1/sse", 3)
 	upgradeEcho(t, via.url(), "/misc/s1/upgrade")
+
+	// /registry/stats on any node shows which worker holds alice.
+	var stats struct {
+		Workers []struct {
+			NodeID     string `json:"nodeId"`
+			Error      string `json:"error"`
+			UptimeMs   int64  `json:"uptimeMs"`
+			RSSBytes   int64  `json:"rssBytes"`
+			LeaseFlaps *int   `json:"leaseFlaps"`
+			Namespaces []struct {
+				Namespace   string `json:"namespace"`
+				Activations int    `json:"activations"`
+			} `json:"namespaces"`
+			Instances []struct {
+				Namespace  string `json:"namespace"`
+				ID         string `json:"id"`
+				Generation uint64 `json:"generation"`
+			} `json:"instances"`
+		} `json:"workers"`
+	}
+	via.a.MustDo("GET", "/registry/stats", "").JSON(t, &stats)
+	holders := []string{}
+	for _, w := range stats.Workers {
+		if w.Error != "" || w.UptimeMs <= 0 || w.RSSBytes <= 0 || w.LeaseFlaps == nil || len(w.Namespaces) != 2 {
+			t.Fatalf("worker stats %+v", w)
+		}
+		for _, in := range w.Instances {
+			if in.ID == "alice" && in.Generation > 0 {
+				holders = append(holders, w.NodeID)
+			}
+		}
+	}
+	if len(stats.Workers) != 3 || len(holders) != 1 || holders[0] != owner.id {
+		t.Fatalf("stats: %d workers, alice held by %v (owner %s)", len(stats.Workers), holders, owner.id)
+	}
+	// The worker-side route answers attested callers only.
+	if r, _ := testutil.Do(context.Background(), "GET", owner.url()+"/_pinned/stats", "", map[string]string{"Authorization": "Bearer dev-token"}); r.Code != 403 {
+		t.Fatalf("unattested /_pinned/stats: %d", r.Code)
+	}
 }
 
 func streamEvents(t *testing.T, url string, n int) {

@@ -127,6 +127,9 @@ type FrontDoorConfig struct {
 	// nil keeps client-IP affinity, "" asks for power of two choices, a
 	// string is a rendezvous preference. It must not consume the body.
 	AffinityKey func(*http.Request) *string
+	// WorkerStats reports this worker's instances and process for
+	// /_pinned/stats (the front door adds the lease counters).
+	WorkerStats func(ctx context.Context) map[string]any
 	// AttestationWindow bounds an attestation's age and the replay cache
 	// (default DefaultAttestationWindow).
 	AttestationWindow time.Duration
@@ -138,6 +141,7 @@ type FrontDoor struct {
 	mux      *http.ServeMux
 	stopping atomic.Bool
 	proxy    *httputil.ReverseProxy
+	client   *http.Client // node-to-node calls of the front door's own (stats)
 	verifier Verifier
 
 	resolutions     *prometheus.CounterVec
@@ -162,6 +166,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		}
 	}
 	f.proxy = f.newProxy(tr)
+	f.client = &http.Client{Transport: tr}
 	f.resolutions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pinboard_placement_resolutions_total",
 		Help: "Placement resolutions at this front door, by outcome.",
@@ -197,6 +202,8 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		f.mux.HandleFunc("GET /_pinned/challenge", cfg.Worker.ServeChallenge)
 	}
 	f.mux.HandleFunc("GET /registry/health", f.registryHealth)
+	f.mux.HandleFunc("GET /registry/stats", f.requireScope(ScopeOperator, f.registryStats))
+	f.mux.HandleFunc("GET "+statsPath, f.workerStats)
 	f.mux.HandleFunc("GET /registry/workers", f.requireScope(ScopeOperator, f.registryWorkers))
 	if cfg.Registry != nil {
 		f.mux.HandleFunc("POST /registry/register", f.requireScope(ScopeWorker, f.registryRegister))

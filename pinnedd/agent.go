@@ -25,6 +25,7 @@ import (
 
 	"github.com/pinnedd/pinnedd/examples"
 	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/internal/procstat"
 	"github.com/pinnedd/pinnedd/pinboard"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
@@ -414,6 +415,14 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		}, registry)
 		fdc.Worker, fdc.Local = worker, sup
 		fdc.Ready = sup.Ready
+		fdc.WorkerStats = func(ctx context.Context) map[string]any {
+			nss, insts := sup.Stats(ctx)
+			p := procstat.Read()
+			return map[string]any{
+				"nodeId": cfg.nodeID, "namespaces": nss, "instances": insts, "plugins": sup.Plugins(),
+				"uptimeMs": p.UptimeMs, "rssBytes": p.RSSBytes, "cpuPercent": p.CPUPercent,
+			}
+		}
 	}
 	fd = pinboard.NewFrontDoor(fdc)
 	member := func(r *http.Request) bool {

@@ -131,6 +131,7 @@ func (s *Supervisor) acquire(ctx context.Context, k Key, gen uint64) (*instance,
 		}
 		s.metrics.activations.WithLabelValues(k.Namespace).Inc()
 		s.metrics.instances.WithLabelValues(k.Namespace).Inc()
+		s.count(k.Namespace, true)
 		close(in.ready)
 		return in, nil
 	}
@@ -210,6 +211,7 @@ func (s *Supervisor) evict(ctx context.Context, in *instance, reason proto.Reaso
 	}
 	s.metrics.evictions.WithLabelValues(in.key.Namespace, reasonLabel(reason)).Inc()
 	s.metrics.instances.WithLabelValues(in.key.Namespace).Dec()
+	s.count(in.key.Namespace, false)
 	release := true
 	if h := in.inc.hosts[in.key.Namespace]; reason == proto.Reason_REASON_IDLE && h != nil && !h.ReleasePlacementOnIdle {
 		release = false
@@ -258,6 +260,7 @@ func (s *Supervisor) dropIncarnation(inc *incarnation) {
 		if s.remove(in) {
 			s.metrics.evictions.WithLabelValues(in.key.Namespace, "crash").Inc()
 			s.metrics.instances.WithLabelValues(in.key.Namespace).Dec()
+			s.count(in.key.Namespace, false)
 		}
 	}
 }

@@ -217,8 +217,13 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 	p.state = StateRunning
 	p.lastErr = ""
 	if p.namespaces == nil {
-		for ns := range hosts {
-			p.namespaces = append(p.namespaces, ns)
+		// Serve what the operator configured; a binary may describe more
+		// hosts than this node is asked to run.
+		p.namespaces = append(p.namespaces, p.spec.Namespaces...)
+		if len(p.namespaces) == 0 {
+			for ns := range hosts {
+				p.namespaces = append(p.namespaces, ns)
+			}
 		}
 	}
 	p.mu.Unlock()

@@ -97,6 +97,7 @@ type Supervisor struct {
 
 	mu        sync.Mutex
 	instances map[Key]*instance
+	counts    map[string]*NamespaceStats
 	stopping  bool
 	started   bool
 
@@ -111,7 +112,7 @@ func New(cfg Config) (*Supervisor, error) {
 	if len(cfg.Specs) == 0 {
 		return nil, errors.New("supervisor: no plugins configured")
 	}
-	s := &Supervisor{cfg: cfg, metrics: newMetrics(cfg.Registerer), byNS: map[string]*pluginProc{}, instances: map[Key]*instance{}}
+	s := &Supervisor{cfg: cfg, metrics: newMetrics(cfg.Registerer), byNS: map[string]*pluginProc{}, instances: map[Key]*instance{}, counts: map[string]*NamespaceStats{}}
 	names := map[string]bool{}
 	for _, sp := range cfg.Specs {
 		if names[sp.Name] {
@@ -253,6 +254,74 @@ type InstanceStatus struct {
 	ActivatedAt int64  `json:"activatedAt"`
 	Plugin      string `json:"plugin"`
 	PID         int    `json:"pid"`
+	Tasks       int    `json:"tasks"`
+}
+
+// NamespaceStats counts a namespace's instance lifecycle on this node.
+type NamespaceStats struct {
+	Namespace   string `json:"namespace"`
+	Activations int64  `json:"activations"`
+	Evictions   int64  `json:"evictions"`
+	Live        int    `json:"live"`
+}
+
+// count records an activation (+1) or eviction (-1) of ns.
+func (s *Supervisor) count(ns string, activated bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.counts[ns]
+	if c == nil {
+		c = &NamespaceStats{Namespace: ns}
+		s.counts[ns] = c
+	}
+	if activated {
+		c.Activations++
+	} else {
+		c.Evictions++
+	}
+}
+
+// Stats reports per-namespace counts and the live instances with their
+// tracked tasks (asked of each plugin, bounded by ctx).
+func (s *Supervisor) Stats(ctx context.Context) ([]NamespaceStats, []InstanceStatus) {
+	tasks := map[Key]int{}
+	for _, p := range s.procs {
+		inc, err := p.current()
+		if err != nil {
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		resp, err := inc.conn.Control.Stats(sctx, &proto.StatsRequest{})
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, in := range resp.Instances {
+			tasks[Key{in.Namespace, in.Id}] = int(in.Tasks)
+		}
+	}
+	insts := s.Instances()
+	for i := range insts {
+		insts[i].Tasks = tasks[Key{insts[i].Namespace, insts[i].ID}]
+	}
+	s.mu.Lock()
+	nss := make([]NamespaceStats, 0, len(s.byNS))
+	for _, ns := range s.Namespaces() {
+		c := NamespaceStats{Namespace: ns}
+		if got := s.counts[ns]; got != nil {
+			c = *got
+		}
+		nss = append(nss, c)
+	}
+	s.mu.Unlock()
+	for i := range nss {
+		for _, in := range insts {
+			if in.Namespace == nss[i].Namespace {
+				nss[i].Live++
+			}
+		}
+	}
+	return nss, insts
 }
 
 // Plugins reports every plugin's state.

@@ -1,0 +1,109 @@
+package pinboard
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/httpx"
+)
+
+// statsPath is the worker-side stats route; it answers attested callers
+// (another node's front door) only.
+const statsPath = "/_pinned/stats"
+
+// workerStats serves GET /_pinned/stats to an attested caller.
+func (f *FrontDoor) workerStats(w http.ResponseWriter, r *http.Request) {
+	if f.cfg.Worker == nil || f.cfg.WorkerStats == nil {
+		httpx.WriteError(w, http.StatusNotFound, "this node hosts no instances", 0)
+		return
+	}
+	if _, err := f.verifier.Verify(f.cfg.Dir.Machine().Secret(), r.Header.Get(AttestationHeader), f.selfID(), r.Method, statsPath, time.Now()); err != nil {
+		f.attestFailures.WithLabelValues(attestOutcome(err)).Inc()
+		httpx.WriteError(w, http.StatusForbidden, "invalid attestation", 0)
+		return
+	}
+	st := f.cfg.WorkerStats(r.Context())
+	ws := f.cfg.Worker.Status()
+	st["clientId"] = ws.ClientID
+	st["draining"] = ws.Draining
+	st["leaseFlaps"] = ws.LeaseFlaps
+	st["reregistrations"] = ws.Reregistations
+	st["lease"] = ws.Lease
+	httpx.WriteJSON(w, http.StatusOK, st)
+}
+
+// registryStats serves GET /registry/stats: every registered worker's
+// /_pinned/stats, gathered in parallel, so an operator can see which node
+// holds an id and how each is doing. A worker that does not answer is
+// listed with its error.
+func (f *FrontDoor) registryStats(w http.ResponseWriter, r *http.Request) {
+	m := f.cfg.Dir.Machine()
+	secret := m.Secret()
+	gen := max(m.AppliedIndex(), 1)
+	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	defer cancel()
+	workers := m.Workers()
+	out := make([]map[string]any, 0, len(workers))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, wk := range workers {
+		if !wk.Registered() {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			entry := map[string]any{}
+			err := f.fetchStats(ctx, secret, gen, wk.ClientID, wk.AdvertiseURL, &entry)
+			if err != nil {
+				entry = map[string]any{"error": err.Error()}
+			}
+			entry["clientId"], entry["advertiseUrl"], entry["nodeId"] = wk.ClientID, wk.AdvertiseURL, wk.NodeID
+			mu.Lock()
+			out = append(out, entry)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	// Stable order for people and diffs.
+	sortByClientID(out)
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"workers": out})
+}
+
+func (f *FrontDoor) fetchStats(ctx context.Context, secret []byte, gen uint64, target, advertise string, into *map[string]any) error {
+	if len(secret) == 0 {
+		return fmt.Errorf("no cluster secret yet")
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(advertise, "/")+statsPath, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set(AttestationHeader, Sign(secret, Attestation{Target: target, Caller: f.selfID(), Generation: gen, At: time.Now()}, http.MethodGet, statsPath))
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("unreachable: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("answered %s", resp.Status)
+	}
+	return json.Unmarshal(body, into)
+}
+
+func sortByClientID(ws []map[string]any) {
+	for i := 1; i < len(ws); i++ {
+		for j := i; j > 0 && fmt.Sprint(ws[j]["clientId"]) < fmt.Sprint(ws[j-1]["clientId"]); j-- {
+			ws[j], ws[j-1] = ws[j-1], ws[j]
+		}
+	}
+}
