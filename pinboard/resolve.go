@@ -293,7 +293,9 @@ func (f *FrontDoor) forward(w http.ResponseWriter, r *http.Request, rt *route, p
 func (f *FrontDoor) newProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Transport:     tr,
-		FlushInterval: -1,
+		// FlushInterval 0: ReverseProxy flushes streamed responses (SSE,
+		// unknown length) on every write by itself, and leaves
+		// fixed-length ones whole, one write to the client.
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()

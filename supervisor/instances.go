@@ -79,8 +79,7 @@ func (s *Supervisor) acquire(ctx context.Context, k Key, gen uint64) (*instance,
 		if in != nil {
 			in.conns++
 			if in.idle != nil {
-				in.idle.Stop()
-				in.idle = nil
+				in.idle.Stop() // kept for Reset: one timer per instance, not per request
 			}
 			s.mu.Unlock()
 			select {
@@ -149,10 +148,18 @@ func (s *Supervisor) release(in *instance) {
 	s.armIdleLocked(in)
 }
 
-func (s *Supervisor) armIdleLocked(in *instance) {
-	timeout := s.cfg.DetachedTimeout
+func (s *Supervisor) idleTimeout(in *instance) time.Duration {
 	if h := in.inc.hosts[in.key.Namespace]; h != nil && h.DetachedTimeoutMs > 0 {
-		timeout = time.Duration(h.DetachedTimeoutMs) * time.Millisecond
+		return time.Duration(h.DetachedTimeoutMs) * time.Millisecond
+	}
+	return s.cfg.DetachedTimeout
+}
+
+func (s *Supervisor) armIdleLocked(in *instance) {
+	timeout := s.idleTimeout(in)
+	if in.idle != nil {
+		in.idle.Reset(timeout)
+		return
 	}
 	in.idle = time.AfterFunc(timeout, func() {
 		s.evict(context.Background(), in, proto.Reason_REASON_IDLE, s.cfg.StopGrace)
@@ -183,10 +190,16 @@ func (s *Supervisor) evict(ctx context.Context, in *instance, reason proto.Reaso
 		s.mu.Unlock()
 		return
 	}
+	if reason == proto.Reason_REASON_IDLE && time.Since(in.lastActive) < s.idleTimeout(in) {
+		// A timer that fired just as a request came and went: the
+		// instance has not been idle for the timeout yet.
+		s.armIdleLocked(in)
+		s.mu.Unlock()
+		return
+	}
 	in.evicting = true
 	if in.idle != nil {
 		in.idle.Stop()
-		in.idle = nil
 	}
 	s.mu.Unlock()
 	<-in.ready
@@ -282,13 +295,15 @@ var (
 // write is flushed through at once so streams (SSE, chunked) are live;
 // Upgrade requests (WebSocket) pass through as raw connections.
 func (s *Supervisor) newProxy(inc *incarnation) *httputil.ReverseProxy {
-	var tr http.RoundTripper = inc.tr
+	var tr http.RoundTripper = inc.fast
 	if s.cfg.DataPlane == DataPlaneGRPC {
 		tr = &plugins.GRPCTransport{Data: inc.conn.Data}
 	}
 	return &httputil.ReverseProxy{
 		Transport:     tr,
-		FlushInterval: -1,
+		// FlushInterval 0: ReverseProxy flushes streamed responses (SSE,
+		// unknown length) on every write by itself, and leaves
+		// fixed-length ones whole, one write to the client.
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = "plugin"

@@ -56,7 +56,8 @@ type incarnation struct {
 	socket  string
 	hosts   map[string]*proto.HostInfo
 	proxy   *httputil.ReverseProxy
-	tr      *http.Transport
+	tr      *http.Transport // streamed uploads and upgrades
+	fast    *unixTransport  // everything else
 	started time.Time
 	cancel  context.CancelFunc // ends the Events stream
 	dead    chan struct{}      // closed once the process is gone
@@ -193,6 +194,7 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 	}
+	inc.fast = newUnixTransport(desc.DataSocket, inc.tr)
 	inc.proxy = s.newProxy(inc)
 
 	ectx, ecancel := context.WithCancel(context.Background())
@@ -253,6 +255,7 @@ func (p *pluginProc) watch(inc *incarnation, events proto.Control_EventsClient) 
 		inc.client.Kill()
 	}
 	inc.tr.CloseIdleConnections()
+	inc.fast.close()
 	_ = os.Remove(inc.socket)
 	p.mu.Lock()
 	if p.cur == inc {
