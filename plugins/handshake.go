@@ -14,8 +14,9 @@ import (
 // History:
 //
 //	1: Control service (Describe, Activate, Deactivate, Stats, Health,
-//	   Shutdown); instance HTTP over the plugin's unix socket; Data service
-//	   (gRPC streaming) kept as the measured alternative.
+//	   Shutdown, Events); instance HTTP over the plugin's unix socket; Data
+//	   service (gRPC streaming) kept as the measured alternative; Store
+//	   service served by pinnedd over the broker (id in DescribeRequest).
 const ProtocolVersion = 1
 
 // Handshake is shared by pinnedd and every plugin. The cookie is not a
@@ -46,6 +47,8 @@ const (
 type Server interface {
 	proto.ControlServer
 	proto.DataServer
+	// SetBroker receives the broker pinnedd's callbacks are dialed through.
+	SetBroker(*plugin.GRPCBroker)
 }
 
 // HostPlugin is the go-plugin glue for the "host" plugin kind. On the plugin
@@ -57,22 +60,26 @@ type HostPlugin struct {
 
 var _ plugin.GRPCPlugin = (*HostPlugin)(nil)
 
-// GRPCServer registers the plugin's services.
-func (p *HostPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
+// GRPCServer registers the plugin's services and hands it the broker it
+// dials pinnedd's callbacks through.
+func (p *HostPlugin) GRPCServer(broker *plugin.GRPCBroker, s *grpc.Server) error {
 	proto.RegisterControlServer(s, p.Impl)
 	proto.RegisterDataServer(s, p.Impl)
+	p.Impl.SetBroker(broker)
 	return nil
 }
 
 // GRPCClient wraps the connection pinnedd uses to talk to one plugin process.
-func (p *HostPlugin) GRPCClient(_ context.Context, _ *plugin.GRPCBroker, cc *grpc.ClientConn) (any, error) {
-	return &Conn{Control: proto.NewControlClient(cc), Data: proto.NewDataClient(cc)}, nil
+func (p *HostPlugin) GRPCClient(_ context.Context, broker *plugin.GRPCBroker, cc *grpc.ClientConn) (any, error) {
+	return &Conn{Control: proto.NewControlClient(cc), Data: proto.NewDataClient(cc), Broker: broker}, nil
 }
 
 // Conn is pinnedd's handle on one plugin process's services.
 type Conn struct {
 	Control proto.ControlClient
 	Data    proto.DataClient
+	// Broker serves pinnedd's callbacks (the Store service) to the plugin.
+	Broker *plugin.GRPCBroker
 }
 
 // PluginSet is the plugin map both sides pass to go-plugin.

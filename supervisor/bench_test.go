@@ -32,7 +32,7 @@ import (
 // Each reports p50/p99 latency in µs beside ns/op.
 func BenchmarkDataPlane(b *testing.B) {
 	b.Run("in-process", func(b *testing.B) {
-		h, err := counter.Host().New(&sdk.Instance{})
+		h, err := counter.Host().New(sdk.NewMemoryInstance("/counters", "bench"))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -43,7 +43,7 @@ func BenchmarkDataPlane(b *testing.B) {
 		})
 	})
 	b.Run("loopback-http", func(b *testing.B) {
-		h, _ := counter.Host().New(&sdk.Instance{})
+		h, _ := counter.Host().New(sdk.NewMemoryInstance("/counters", "bench"))
 		srv := httptest.NewServer(h)
 		defer srv.Close()
 		measure(b, post(srv.URL+"/increment"))

@@ -258,6 +258,21 @@ func (s *Supervisor) Evict(ctx context.Context, k Key, grace time.Duration) bool
 	return true
 }
 
+// dropFenced forgets an instance the plugin stopped because a newer
+// activation fenced its writes. The placement is not ours to release.
+func (s *Supervisor) dropFenced(k Key, inc *incarnation) {
+	s.mu.Lock()
+	in := s.instances[k]
+	s.mu.Unlock()
+	if in == nil || in.inc != inc || !s.remove(in) {
+		return
+	}
+	s.cfg.Logger.Warn("instance fenced by a newer activation; dropped", "instance", k.String(), "generation", in.gen)
+	s.metrics.evictions.WithLabelValues(k.Namespace, "fenced").Inc()
+	s.metrics.instances.WithLabelValues(k.Namespace).Dec()
+	s.count(k.Namespace, false)
+}
+
 // dropIncarnation forgets the instances a dead plugin process took with it.
 // Their placements stay: the ids re-activate here on their next request.
 func (s *Supervisor) dropIncarnation(inc *incarnation) {

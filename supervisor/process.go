@@ -158,8 +158,9 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 		return nil, fmt.Errorf("dispense plugin %s: %w", p.spec.Name, err)
 	}
 	conn := raw.(*plugins.Conn)
+	storeID := s.serveStore(&incarnation{conn: conn})
 	dctx, cancel := context.WithTimeout(ctx, s.cfg.HandshakeTimeout)
-	desc, err := conn.Control.Describe(dctx, &proto.DescribeRequest{})
+	desc, err := conn.Control.Describe(dctx, &proto.DescribeRequest{StoreBrokerId: storeID})
 	cancel()
 	if err != nil {
 		client.Kill()
@@ -241,8 +242,11 @@ func (p *pluginProc) watch(inc *incarnation, events proto.Control_EventsClient) 
 		if err != nil {
 			break
 		}
-		if ev.Kind == proto.EventKind_EVENT_KIND_EVICT_ME {
+		switch ev.Kind {
+		case proto.EventKind_EVENT_KIND_EVICT_ME:
 			go p.sup.evictKey(Key{ev.Namespace, ev.Id}, inc, proto.Reason_REASON_IDLE, true)
+		case proto.EventKind_EVENT_KIND_FENCED:
+			p.sup.dropFenced(Key{ev.Namespace, ev.Id}, inc)
 		}
 	}
 	// The stream ends a moment before go-plugin reaps the process; give it

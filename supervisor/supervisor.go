@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pinnedd/pinnedd/plugins/proto"
+	"github.com/pinnedd/pinnedd/statestore"
 )
 
 // Key names an instance on this node.
@@ -30,6 +31,10 @@ type Config struct {
 	// temporary directory, removed by Stop. Keep it short: unix socket
 	// paths are limited to 107 bytes.
 	RuntimeDir string
+
+	// Store is the node's state store, served to plugins over the
+	// go-plugin broker; nil means plugins have no durable state.
+	Store statestore.Store
 
 	// DataPlane picks how requests reach a plugin: DataPlaneUnix (HTTP
 	// over the plugin's unix socket, the default) or DataPlaneGRPC (one

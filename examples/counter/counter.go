@@ -3,6 +3,10 @@
 //	POST /counters/alice/increment -> {"value":1}
 //	GET  /counters/alice/value     -> {"value":1}
 //
+// The value lives in a tray ("counter", "~"), written through to pinnedd's
+// store before each answer: an acknowledged increment survives kill -9 of
+// the plugin or of pinnedd, and a move to another node.
+//
 // It is built into pinnedd (for --dev) and also builds as a plugin binary of
 // its own: go build ./examples/counter/cmd/counter.
 package counter
@@ -21,7 +25,10 @@ const Namespace = "/counters"
 // Host builds one counter per id.
 func Host() sdk.Host {
 	return sdk.Host{New: func(inst *sdk.Instance) (http.Handler, error) {
-		c := &counter{}
+		c := &counter{inst: inst, tray: inst.Tray("counter", "~")}
+		if _, err := c.tray.Get("value", &c.value); err != nil {
+			return nil, err
+		}
 		mux := http.NewServeMux()
 		mux.HandleFunc("POST /increment", c.increment)
 		mux.HandleFunc("GET /value", c.get)
@@ -30,15 +37,28 @@ func Host() sdk.Host {
 }
 
 type counter struct {
+	inst *sdk.Instance
+	tray *sdk.Tray
+
 	mu    sync.Mutex
 	value int64
 }
 
-func (c *counter) increment(w http.ResponseWriter, _ *http.Request) {
+func (c *counter) increment(w http.ResponseWriter, r *http.Request) {
 	c.mu.Lock()
 	c.value++
 	v := c.value
+	err := c.tray.Set("value", v) // queued in order under the lock
 	c.mu.Unlock()
+	if err == nil {
+		err = c.inst.Durable(r.Context()) // acknowledge only what is stored
+	}
+	if err != nil {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+		return
+	}
 	writeValue(w, v)
 }
 

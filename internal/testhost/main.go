@@ -197,7 +197,7 @@ func servePlainHTTP() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	h, _ := counter.Host().New(&sdk.Instance{})
+	h, _ := counter.Host().New(sdk.NewMemoryInstance("/counters", "bench"))
 	fmt.Printf("listening %s\n", ln.Addr())
 	_ = http.Serve(ln, h)
 }

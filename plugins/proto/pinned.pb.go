@@ -93,6 +93,10 @@ const (
 	EventKind_EVENT_KIND_READY EventKind = 1
 	// The instance asks pinnedd to evict it (it finished, or wants to move).
 	EventKind_EVENT_KIND_EVICT_ME EventKind = 2
+	// A write was fenced: a newer activation of the id exists elsewhere.
+	// The instance has stopped itself; pinnedd drops it without releasing
+	// the placement (it is not ours any more).
+	EventKind_EVENT_KIND_FENCED EventKind = 3
 )
 
 // Enum value maps for EventKind.
@@ -101,11 +105,13 @@ var (
 		0: "EVENT_KIND_UNSPECIFIED",
 		1: "EVENT_KIND_READY",
 		2: "EVENT_KIND_EVICT_ME",
+		3: "EVENT_KIND_FENCED",
 	}
 	EventKind_value = map[string]int32{
 		"EVENT_KIND_UNSPECIFIED": 0,
 		"EVENT_KIND_READY":       1,
 		"EVENT_KIND_EVICT_ME":    2,
+		"EVENT_KIND_FENCED":      3,
 	}
 )
 
@@ -137,7 +143,10 @@ func (EventKind) EnumDescriptor() ([]byte, []int) {
 }
 
 type DescribeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// go-plugin broker id on which pinnedd serves the Store service for this
+	// plugin; 0 when the node has no state store.
+	StoreBrokerId uint32 `protobuf:"varint,1,opt,name=store_broker_id,json=storeBrokerId,proto3" json:"store_broker_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -170,6 +179,13 @@ func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
 func (*DescribeRequest) Descriptor() ([]byte, []int) {
 	return file_pinned_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *DescribeRequest) GetStoreBrokerId() uint32 {
+	if x != nil {
+		return x.StoreBrokerId
+	}
+	return 0
 }
 
 type DescribeResponse struct {
@@ -1240,12 +1256,653 @@ func (x *Event) GetId() string {
 	return ""
 }
 
+type StoreLoadRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Generation    uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoreLoadRequest) Reset() {
+	*x = StoreLoadRequest{}
+	mi := &file_pinned_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoreLoadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoreLoadRequest) ProtoMessage() {}
+
+func (x *StoreLoadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pinned_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoreLoadRequest.ProtoReflect.Descriptor instead.
+func (*StoreLoadRequest) Descriptor() ([]byte, []int) {
+	return file_pinned_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *StoreLoadRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *StoreLoadRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *StoreLoadRequest) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+type TrayItem struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           int64                  `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Payload       []byte                 `protobuf:"bytes,2,opt,name=payload,proto3" json:"payload,omitempty"`
+	Applied       bool                   `protobuf:"varint,3,opt,name=applied,proto3" json:"applied,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrayItem) Reset() {
+	*x = TrayItem{}
+	mi := &file_pinned_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrayItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrayItem) ProtoMessage() {}
+
+func (x *TrayItem) ProtoReflect() protoreflect.Message {
+	mi := &file_pinned_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrayItem.ProtoReflect.Descriptor instead.
+func (*TrayItem) Descriptor() ([]byte, []int) {
+	return file_pinned_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *TrayItem) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *TrayItem) GetPayload() []byte {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
+func (x *TrayItem) GetApplied() bool {
+	if x != nil {
+		return x.Applied
+	}
+	return false
+}
+
+type TrayData struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TrayNs        string                 `protobuf:"bytes,1,opt,name=tray_ns,json=trayNs,proto3" json:"tray_ns,omitempty"`
+	TrayId        string                 `protobuf:"bytes,2,opt,name=tray_id,json=trayId,proto3" json:"tray_id,omitempty"`
+	Fields        map[string][]byte      `protobuf:"bytes,3,rep,name=fields,proto3" json:"fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Items         []*TrayItem            `protobuf:"bytes,4,rep,name=items,proto3" json:"items,omitempty"`
+	Marked        bool                   `protobuf:"varint,5,opt,name=marked,proto3" json:"marked,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrayData) Reset() {
+	*x = TrayData{}
+	mi := &file_pinned_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrayData) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrayData) ProtoMessage() {}
+
+func (x *TrayData) ProtoReflect() protoreflect.Message {
+	mi := &file_pinned_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrayData.ProtoReflect.Descriptor instead.
+func (*TrayData) Descriptor() ([]byte, []int) {
+	return file_pinned_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *TrayData) GetTrayNs() string {
+	if x != nil {
+		return x.TrayNs
+	}
+	return ""
+}
+
+func (x *TrayData) GetTrayId() string {
+	if x != nil {
+		return x.TrayId
+	}
+	return ""
+}
+
+func (x *TrayData) GetFields() map[string][]byte {
+	if x != nil {
+		return x.Fields
+	}
+	return nil
+}
+
+func (x *TrayData) GetItems() []*TrayItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+func (x *TrayData) GetMarked() bool {
+	if x != nil {
+		return x.Marked
+	}
+	return false
+}
+
+type StoreLoadResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Trays         []*TrayData            `protobuf:"bytes,1,rep,name=trays,proto3" json:"trays,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoreLoadResponse) Reset() {
+	*x = StoreLoadResponse{}
+	mi := &file_pinned_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoreLoadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoreLoadResponse) ProtoMessage() {}
+
+func (x *StoreLoadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pinned_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoreLoadResponse.ProtoReflect.Descriptor instead.
+func (*StoreLoadResponse) Descriptor() ([]byte, []int) {
+	return file_pinned_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *StoreLoadResponse) GetTrays() []*TrayData {
+	if x != nil {
+		return x.Trays
+	}
+	return nil
+}
+
+type StoreMutation struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	TrayNs string                 `protobuf:"bytes,1,opt,name=tray_ns,json=trayNs,proto3" json:"tray_ns,omitempty"`
+	TrayId string                 `protobuf:"bytes,2,opt,name=tray_id,json=trayId,proto3" json:"tray_id,omitempty"`
+	// Types that are valid to be assigned to Op:
+	//
+	//	*StoreMutation_SetField
+	//	*StoreMutation_AppendItems
+	//	*StoreMutation_MarkAppliedUpTo
+	//	*StoreMutation_RemoveItemsUpTo
+	//	*StoreMutation_DeleteTray
+	Op            isStoreMutation_Op `protobuf_oneof:"op"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoreMutation) Reset() {
+	*x = StoreMutation{}
+	mi := &file_pinned_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoreMutation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoreMutation) ProtoMessage() {}
+
+func (x *StoreMutation) ProtoReflect() protoreflect.Message {
+	mi := &file_pinned_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoreMutation.ProtoReflect.Descriptor instead.
+func (*StoreMutation) Descriptor() ([]byte, []int) {
+	return file_pinned_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *StoreMutation) GetTrayNs() string {
+	if x != nil {
+		return x.TrayNs
+	}
+	return ""
+}
+
+func (x *StoreMutation) GetTrayId() string {
+	if x != nil {
+		return x.TrayId
+	}
+	return ""
+}
+
+func (x *StoreMutation) GetOp() isStoreMutation_Op {
+	if x != nil {
+		return x.Op
+	}
+	return nil
+}
+
+func (x *StoreMutation) GetSetField() *SetFieldOp {
+	if x != nil {
+		if x, ok := x.Op.(*StoreMutation_SetField); ok {
+			return x.SetField
+		}
+	}
+	return nil
+}
+
+func (x *StoreMutation) GetAppendItems() *AppendItemsOp {
+	if x != nil {
+		if x, ok := x.Op.(*StoreMutation_AppendItems); ok {
+			return x.AppendItems
+		}
+	}
+	return nil
+}
+
+func (x *StoreMutation) GetMarkAppliedUpTo() int64 {
+	if x != nil {
+		if x, ok := x.Op.(*StoreMutation_MarkAppliedUpTo); ok {
+			return x.MarkAppliedUpTo
+		}
+	}
+	return 0
+}
+
+func (x *StoreMutation) GetRemoveItemsUpTo() int64 {
+	if x != nil {
+		if x, ok := x.Op.(*StoreMutation_RemoveItemsUpTo); ok {
+			return x.RemoveItemsUpTo
+		}
+	}
+	return 0
+}
+
+func (x *StoreMutation) GetDeleteTray() bool {
+	if x != nil {
+		if x, ok := x.Op.(*StoreMutation_DeleteTray); ok {
+			return x.DeleteTray
+		}
+	}
+	return false
+}
+
+type isStoreMutation_Op interface {
+	isStoreMutation_Op()
+}
+
+type StoreMutation_SetField struct {
+	SetField *SetFieldOp `protobuf:"bytes,3,opt,name=set_field,json=setField,proto3,oneof"`
+}
+
+type StoreMutation_AppendItems struct {
+	AppendItems *AppendItemsOp `protobuf:"bytes,4,opt,name=append_items,json=appendItems,proto3,oneof"`
+}
+
+type StoreMutation_MarkAppliedUpTo struct {
+	MarkAppliedUpTo int64 `protobuf:"varint,5,opt,name=mark_applied_up_to,json=markAppliedUpTo,proto3,oneof"`
+}
+
+type StoreMutation_RemoveItemsUpTo struct {
+	RemoveItemsUpTo int64 `protobuf:"varint,6,opt,name=remove_items_up_to,json=removeItemsUpTo,proto3,oneof"`
+}
+
+type StoreMutation_DeleteTray struct {
+	DeleteTray bool `protobuf:"varint,7,opt,name=delete_tray,json=deleteTray,proto3,oneof"`
+}
+
+func (*StoreMutation_SetField) isStoreMutation_Op() {}
+
+func (*StoreMutation_AppendItems) isStoreMutation_Op() {}
+
+func (*StoreMutation_MarkAppliedUpTo) isStoreMutation_Op() {}
+
+func (*StoreMutation_RemoveItemsUpTo) isStoreMutation_Op() {}
+
+func (*StoreMutation_DeleteTray) isStoreMutation_Op() {}
+
+type SetFieldOp struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Absent (delete) is distinct from empty.
+	Value         []byte `protobuf:"bytes,2,opt,name=value,proto3,oneof" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetFieldOp) Reset() {
+	*x = SetFieldOp{}
+	mi := &file_pinned_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetFieldOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetFieldOp) ProtoMessage() {}
+
+func (x *SetFieldOp) ProtoReflect() protoreflect.Message {
+	mi := &file_pinned_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetFieldOp.ProtoReflect.Descriptor instead.
+func (*SetFieldOp) Descriptor() ([]byte, []int) {
+	return file_pinned_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *SetFieldOp) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SetFieldOp) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+type AppendItemsOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Payloads      [][]byte               `protobuf:"bytes,1,rep,name=payloads,proto3" json:"payloads,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppendItemsOp) Reset() {
+	*x = AppendItemsOp{}
+	mi := &file_pinned_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppendItemsOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppendItemsOp) ProtoMessage() {}
+
+func (x *AppendItemsOp) ProtoReflect() protoreflect.Message {
+	mi := &file_pinned_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppendItemsOp.ProtoReflect.Descriptor instead.
+func (*AppendItemsOp) Descriptor() ([]byte, []int) {
+	return file_pinned_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *AppendItemsOp) GetPayloads() [][]byte {
+	if x != nil {
+		return x.Payloads
+	}
+	return nil
+}
+
+type StoreCommitRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Generation    uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	Mutations     []*StoreMutation       `protobuf:"bytes,4,rep,name=mutations,proto3" json:"mutations,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoreCommitRequest) Reset() {
+	*x = StoreCommitRequest{}
+	mi := &file_pinned_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoreCommitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoreCommitRequest) ProtoMessage() {}
+
+func (x *StoreCommitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pinned_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoreCommitRequest.ProtoReflect.Descriptor instead.
+func (*StoreCommitRequest) Descriptor() ([]byte, []int) {
+	return file_pinned_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *StoreCommitRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *StoreCommitRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *StoreCommitRequest) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *StoreCommitRequest) GetMutations() []*StoreMutation {
+	if x != nil {
+		return x.Mutations
+	}
+	return nil
+}
+
+type Seqs struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seqs          []int64                `protobuf:"varint,1,rep,packed,name=seqs,proto3" json:"seqs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Seqs) Reset() {
+	*x = Seqs{}
+	mi := &file_pinned_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Seqs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Seqs) ProtoMessage() {}
+
+func (x *Seqs) ProtoReflect() protoreflect.Message {
+	mi := &file_pinned_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Seqs.ProtoReflect.Descriptor instead.
+func (*Seqs) Descriptor() ([]byte, []int) {
+	return file_pinned_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *Seqs) GetSeqs() []int64 {
+	if x != nil {
+		return x.Seqs
+	}
+	return nil
+}
+
+type StoreCommitResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One entry per append_items mutation, in order.
+	Seqs          []*Seqs `protobuf:"bytes,1,rep,name=seqs,proto3" json:"seqs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoreCommitResponse) Reset() {
+	*x = StoreCommitResponse{}
+	mi := &file_pinned_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoreCommitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoreCommitResponse) ProtoMessage() {}
+
+func (x *StoreCommitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pinned_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoreCommitResponse.ProtoReflect.Descriptor instead.
+func (*StoreCommitResponse) Descriptor() ([]byte, []int) {
+	return file_pinned_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *StoreCommitResponse) GetSeqs() []*Seqs {
+	if x != nil {
+		return x.Seqs
+	}
+	return nil
+}
+
 var File_pinned_proto protoreflect.FileDescriptor
 
 const file_pinned_proto_rawDesc = "" +
 	"\n" +
-	"\fpinned.proto\x12\x11pinnedd.plugin.v1\"\x11\n" +
-	"\x0fDescribeRequest\"\x99\x01\n" +
+	"\fpinned.proto\x12\x11pinnedd.plugin.v1\"9\n" +
+	"\x0fDescribeRequest\x12&\n" +
+	"\x0fstore_broker_id\x18\x01 \x01(\rR\rstoreBrokerId\"\x99\x01\n" +
 	"\x10DescribeResponse\x121\n" +
 	"\x05hosts\x18\x01 \x03(\v2\x1b.pinnedd.plugin.v1.HostInfoR\x05hosts\x12\x1f\n" +
 	"\vdata_socket\x18\x02 \x01(\tR\n" +
@@ -1312,18 +1969,68 @@ const file_pinned_proto_rawDesc = "" +
 	"\x05Event\x120\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1c.pinnedd.plugin.v1.EventKindR\x04kind\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x0e\n" +
-	"\x02id\x18\x03 \x01(\tR\x02id*~\n" +
+	"\x02id\x18\x03 \x01(\tR\x02id\"`\n" +
+	"\x10StoreLoadRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x04R\n" +
+	"generation\"P\n" +
+	"\bTrayItem\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x18\n" +
+	"\apayload\x18\x02 \x01(\fR\apayload\x12\x18\n" +
+	"\aapplied\x18\x03 \x01(\bR\aapplied\"\x83\x02\n" +
+	"\bTrayData\x12\x17\n" +
+	"\atray_ns\x18\x01 \x01(\tR\x06trayNs\x12\x17\n" +
+	"\atray_id\x18\x02 \x01(\tR\x06trayId\x12?\n" +
+	"\x06fields\x18\x03 \x03(\v2'.pinnedd.plugin.v1.TrayData.FieldsEntryR\x06fields\x121\n" +
+	"\x05items\x18\x04 \x03(\v2\x1b.pinnedd.plugin.v1.TrayItemR\x05items\x12\x16\n" +
+	"\x06marked\x18\x05 \x01(\bR\x06marked\x1a9\n" +
+	"\vFieldsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"F\n" +
+	"\x11StoreLoadResponse\x121\n" +
+	"\x05trays\x18\x01 \x03(\v2\x1b.pinnedd.plugin.v1.TrayDataR\x05trays\"\xcd\x02\n" +
+	"\rStoreMutation\x12\x17\n" +
+	"\atray_ns\x18\x01 \x01(\tR\x06trayNs\x12\x17\n" +
+	"\atray_id\x18\x02 \x01(\tR\x06trayId\x12<\n" +
+	"\tset_field\x18\x03 \x01(\v2\x1d.pinnedd.plugin.v1.SetFieldOpH\x00R\bsetField\x12E\n" +
+	"\fappend_items\x18\x04 \x01(\v2 .pinnedd.plugin.v1.AppendItemsOpH\x00R\vappendItems\x12-\n" +
+	"\x12mark_applied_up_to\x18\x05 \x01(\x03H\x00R\x0fmarkAppliedUpTo\x12-\n" +
+	"\x12remove_items_up_to\x18\x06 \x01(\x03H\x00R\x0fremoveItemsUpTo\x12!\n" +
+	"\vdelete_tray\x18\a \x01(\bH\x00R\n" +
+	"deleteTrayB\x04\n" +
+	"\x02op\"E\n" +
+	"\n" +
+	"SetFieldOp\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
+	"\x05value\x18\x02 \x01(\fH\x00R\x05value\x88\x01\x01B\b\n" +
+	"\x06_value\"+\n" +
+	"\rAppendItemsOp\x12\x1a\n" +
+	"\bpayloads\x18\x01 \x03(\fR\bpayloads\"\xa2\x01\n" +
+	"\x12StoreCommitRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x04R\n" +
+	"generation\x12>\n" +
+	"\tmutations\x18\x04 \x03(\v2 .pinnedd.plugin.v1.StoreMutationR\tmutations\"\x1a\n" +
+	"\x04Seqs\x12\x12\n" +
+	"\x04seqs\x18\x01 \x03(\x03R\x04seqs\"B\n" +
+	"\x13StoreCommitResponse\x12+\n" +
+	"\x04seqs\x18\x01 \x03(\v2\x17.pinnedd.plugin.v1.SeqsR\x04seqs*~\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vREASON_IDLE\x10\x01\x12\x10\n" +
 	"\fREASON_DRAIN\x10\x02\x12\x13\n" +
 	"\x0fREASON_SHUTDOWN\x10\x03\x12\x0f\n" +
 	"\vREASON_SWAP\x10\x04\x12\x13\n" +
-	"\x0fREASON_OPERATOR\x10\x05*V\n" +
+	"\x0fREASON_OPERATOR\x10\x05*m\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10EVENT_KIND_READY\x10\x01\x12\x17\n" +
-	"\x13EVENT_KIND_EVICT_ME\x10\x022\xc6\x04\n" +
+	"\x13EVENT_KIND_EVICT_ME\x10\x02\x12\x15\n" +
+	"\x11EVENT_KIND_FENCED\x10\x032\xc6\x04\n" +
 	"\aControl\x12S\n" +
 	"\bDescribe\x12\".pinnedd.plugin.v1.DescribeRequest\x1a#.pinnedd.plugin.v1.DescribeResponse\x12S\n" +
 	"\bActivate\x12\".pinnedd.plugin.v1.ActivateRequest\x1a#.pinnedd.plugin.v1.ActivateResponse\x12Y\n" +
@@ -1332,7 +2039,10 @@ const file_pinned_proto_rawDesc = "" +
 	"\x05Stats\x12\x1f.pinnedd.plugin.v1.StatsRequest\x1a .pinnedd.plugin.v1.StatsResponse\x12M\n" +
 	"\x06Health\x12 .pinnedd.plugin.v1.HealthRequest\x1a!.pinnedd.plugin.v1.HealthResponse\x12S\n" +
 	"\bShutdown\x12\".pinnedd.plugin.v1.ShutdownRequest\x1a#.pinnedd.plugin.v1.ShutdownResponse\x12F\n" +
-	"\x06Events\x12 .pinnedd.plugin.v1.EventsRequest\x1a\x18.pinnedd.plugin.v1.Event0\x012R\n" +
+	"\x06Events\x12 .pinnedd.plugin.v1.EventsRequest\x1a\x18.pinnedd.plugin.v1.Event0\x012\xb3\x01\n" +
+	"\x05Store\x12Q\n" +
+	"\x04Load\x12#.pinnedd.plugin.v1.StoreLoadRequest\x1a$.pinnedd.plugin.v1.StoreLoadResponse\x12W\n" +
+	"\x06Commit\x12%.pinnedd.plugin.v1.StoreCommitRequest\x1a&.pinnedd.plugin.v1.StoreCommitResponse2R\n" +
 	"\x04Data\x12J\n" +
 	"\bExchange\x12\x1c.pinnedd.plugin.v1.HTTPFrame\x1a\x1c.pinnedd.plugin.v1.HTTPFrame(\x010\x01B*Z(github.com/pinnedd/pinnedd/plugins/protob\x06proto3"
 
@@ -1349,30 +2059,41 @@ func file_pinned_proto_rawDescGZIP() []byte {
 }
 
 var file_pinned_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_pinned_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_pinned_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_pinned_proto_goTypes = []any{
-	(Reason)(0),                // 0: pinnedd.plugin.v1.Reason
-	(EventKind)(0),             // 1: pinnedd.plugin.v1.EventKind
-	(*DescribeRequest)(nil),    // 2: pinnedd.plugin.v1.DescribeRequest
-	(*DescribeResponse)(nil),   // 3: pinnedd.plugin.v1.DescribeResponse
-	(*HostInfo)(nil),           // 4: pinnedd.plugin.v1.HostInfo
-	(*ActivateRequest)(nil),    // 5: pinnedd.plugin.v1.ActivateRequest
-	(*ActivateResponse)(nil),   // 6: pinnedd.plugin.v1.ActivateResponse
-	(*DeactivateRequest)(nil),  // 7: pinnedd.plugin.v1.DeactivateRequest
-	(*DeactivateResponse)(nil), // 8: pinnedd.plugin.v1.DeactivateResponse
-	(*StatsRequest)(nil),       // 9: pinnedd.plugin.v1.StatsRequest
-	(*InstanceStats)(nil),      // 10: pinnedd.plugin.v1.InstanceStats
-	(*StatsResponse)(nil),      // 11: pinnedd.plugin.v1.StatsResponse
-	(*HealthRequest)(nil),      // 12: pinnedd.plugin.v1.HealthRequest
-	(*HealthResponse)(nil),     // 13: pinnedd.plugin.v1.HealthResponse
-	(*ShutdownRequest)(nil),    // 14: pinnedd.plugin.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),   // 15: pinnedd.plugin.v1.ShutdownResponse
-	(*Header)(nil),             // 16: pinnedd.plugin.v1.Header
-	(*RequestHead)(nil),        // 17: pinnedd.plugin.v1.RequestHead
-	(*ResponseHead)(nil),       // 18: pinnedd.plugin.v1.ResponseHead
-	(*HTTPFrame)(nil),          // 19: pinnedd.plugin.v1.HTTPFrame
-	(*EventsRequest)(nil),      // 20: pinnedd.plugin.v1.EventsRequest
-	(*Event)(nil),              // 21: pinnedd.plugin.v1.Event
+	(Reason)(0),                 // 0: pinnedd.plugin.v1.Reason
+	(EventKind)(0),              // 1: pinnedd.plugin.v1.EventKind
+	(*DescribeRequest)(nil),     // 2: pinnedd.plugin.v1.DescribeRequest
+	(*DescribeResponse)(nil),    // 3: pinnedd.plugin.v1.DescribeResponse
+	(*HostInfo)(nil),            // 4: pinnedd.plugin.v1.HostInfo
+	(*ActivateRequest)(nil),     // 5: pinnedd.plugin.v1.ActivateRequest
+	(*ActivateResponse)(nil),    // 6: pinnedd.plugin.v1.ActivateResponse
+	(*DeactivateRequest)(nil),   // 7: pinnedd.plugin.v1.DeactivateRequest
+	(*DeactivateResponse)(nil),  // 8: pinnedd.plugin.v1.DeactivateResponse
+	(*StatsRequest)(nil),        // 9: pinnedd.plugin.v1.StatsRequest
+	(*InstanceStats)(nil),       // 10: pinnedd.plugin.v1.InstanceStats
+	(*StatsResponse)(nil),       // 11: pinnedd.plugin.v1.StatsResponse
+	(*HealthRequest)(nil),       // 12: pinnedd.plugin.v1.HealthRequest
+	(*HealthResponse)(nil),      // 13: pinnedd.plugin.v1.HealthResponse
+	(*ShutdownRequest)(nil),     // 14: pinnedd.plugin.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),    // 15: pinnedd.plugin.v1.ShutdownResponse
+	(*Header)(nil),              // 16: pinnedd.plugin.v1.Header
+	(*RequestHead)(nil),         // 17: pinnedd.plugin.v1.RequestHead
+	(*ResponseHead)(nil),        // 18: pinnedd.plugin.v1.ResponseHead
+	(*HTTPFrame)(nil),           // 19: pinnedd.plugin.v1.HTTPFrame
+	(*EventsRequest)(nil),       // 20: pinnedd.plugin.v1.EventsRequest
+	(*Event)(nil),               // 21: pinnedd.plugin.v1.Event
+	(*StoreLoadRequest)(nil),    // 22: pinnedd.plugin.v1.StoreLoadRequest
+	(*TrayItem)(nil),            // 23: pinnedd.plugin.v1.TrayItem
+	(*TrayData)(nil),            // 24: pinnedd.plugin.v1.TrayData
+	(*StoreLoadResponse)(nil),   // 25: pinnedd.plugin.v1.StoreLoadResponse
+	(*StoreMutation)(nil),       // 26: pinnedd.plugin.v1.StoreMutation
+	(*SetFieldOp)(nil),          // 27: pinnedd.plugin.v1.SetFieldOp
+	(*AppendItemsOp)(nil),       // 28: pinnedd.plugin.v1.AppendItemsOp
+	(*StoreCommitRequest)(nil),  // 29: pinnedd.plugin.v1.StoreCommitRequest
+	(*Seqs)(nil),                // 30: pinnedd.plugin.v1.Seqs
+	(*StoreCommitResponse)(nil), // 31: pinnedd.plugin.v1.StoreCommitResponse
+	nil,                         // 32: pinnedd.plugin.v1.TrayData.FieldsEntry
 }
 var file_pinned_proto_depIdxs = []int32{
 	4,  // 0: pinnedd.plugin.v1.DescribeResponse.hosts:type_name -> pinnedd.plugin.v1.HostInfo
@@ -1383,27 +2104,38 @@ var file_pinned_proto_depIdxs = []int32{
 	17, // 5: pinnedd.plugin.v1.HTTPFrame.request:type_name -> pinnedd.plugin.v1.RequestHead
 	18, // 6: pinnedd.plugin.v1.HTTPFrame.response:type_name -> pinnedd.plugin.v1.ResponseHead
 	1,  // 7: pinnedd.plugin.v1.Event.kind:type_name -> pinnedd.plugin.v1.EventKind
-	2,  // 8: pinnedd.plugin.v1.Control.Describe:input_type -> pinnedd.plugin.v1.DescribeRequest
-	5,  // 9: pinnedd.plugin.v1.Control.Activate:input_type -> pinnedd.plugin.v1.ActivateRequest
-	7,  // 10: pinnedd.plugin.v1.Control.Deactivate:input_type -> pinnedd.plugin.v1.DeactivateRequest
-	9,  // 11: pinnedd.plugin.v1.Control.Stats:input_type -> pinnedd.plugin.v1.StatsRequest
-	12, // 12: pinnedd.plugin.v1.Control.Health:input_type -> pinnedd.plugin.v1.HealthRequest
-	14, // 13: pinnedd.plugin.v1.Control.Shutdown:input_type -> pinnedd.plugin.v1.ShutdownRequest
-	20, // 14: pinnedd.plugin.v1.Control.Events:input_type -> pinnedd.plugin.v1.EventsRequest
-	19, // 15: pinnedd.plugin.v1.Data.Exchange:input_type -> pinnedd.plugin.v1.HTTPFrame
-	3,  // 16: pinnedd.plugin.v1.Control.Describe:output_type -> pinnedd.plugin.v1.DescribeResponse
-	6,  // 17: pinnedd.plugin.v1.Control.Activate:output_type -> pinnedd.plugin.v1.ActivateResponse
-	8,  // 18: pinnedd.plugin.v1.Control.Deactivate:output_type -> pinnedd.plugin.v1.DeactivateResponse
-	11, // 19: pinnedd.plugin.v1.Control.Stats:output_type -> pinnedd.plugin.v1.StatsResponse
-	13, // 20: pinnedd.plugin.v1.Control.Health:output_type -> pinnedd.plugin.v1.HealthResponse
-	15, // 21: pinnedd.plugin.v1.Control.Shutdown:output_type -> pinnedd.plugin.v1.ShutdownResponse
-	21, // 22: pinnedd.plugin.v1.Control.Events:output_type -> pinnedd.plugin.v1.Event
-	19, // 23: pinnedd.plugin.v1.Data.Exchange:output_type -> pinnedd.plugin.v1.HTTPFrame
-	16, // [16:24] is the sub-list for method output_type
-	8,  // [8:16] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	32, // 8: pinnedd.plugin.v1.TrayData.fields:type_name -> pinnedd.plugin.v1.TrayData.FieldsEntry
+	23, // 9: pinnedd.plugin.v1.TrayData.items:type_name -> pinnedd.plugin.v1.TrayItem
+	24, // 10: pinnedd.plugin.v1.StoreLoadResponse.trays:type_name -> pinnedd.plugin.v1.TrayData
+	27, // 11: pinnedd.plugin.v1.StoreMutation.set_field:type_name -> pinnedd.plugin.v1.SetFieldOp
+	28, // 12: pinnedd.plugin.v1.StoreMutation.append_items:type_name -> pinnedd.plugin.v1.AppendItemsOp
+	26, // 13: pinnedd.plugin.v1.StoreCommitRequest.mutations:type_name -> pinnedd.plugin.v1.StoreMutation
+	30, // 14: pinnedd.plugin.v1.StoreCommitResponse.seqs:type_name -> pinnedd.plugin.v1.Seqs
+	2,  // 15: pinnedd.plugin.v1.Control.Describe:input_type -> pinnedd.plugin.v1.DescribeRequest
+	5,  // 16: pinnedd.plugin.v1.Control.Activate:input_type -> pinnedd.plugin.v1.ActivateRequest
+	7,  // 17: pinnedd.plugin.v1.Control.Deactivate:input_type -> pinnedd.plugin.v1.DeactivateRequest
+	9,  // 18: pinnedd.plugin.v1.Control.Stats:input_type -> pinnedd.plugin.v1.StatsRequest
+	12, // 19: pinnedd.plugin.v1.Control.Health:input_type -> pinnedd.plugin.v1.HealthRequest
+	14, // 20: pinnedd.plugin.v1.Control.Shutdown:input_type -> pinnedd.plugin.v1.ShutdownRequest
+	20, // 21: pinnedd.plugin.v1.Control.Events:input_type -> pinnedd.plugin.v1.EventsRequest
+	22, // 22: pinnedd.plugin.v1.Store.Load:input_type -> pinnedd.plugin.v1.StoreLoadRequest
+	29, // 23: pinnedd.plugin.v1.Store.Commit:input_type -> pinnedd.plugin.v1.StoreCommitRequest
+	19, // 24: pinnedd.plugin.v1.Data.Exchange:input_type -> pinnedd.plugin.v1.HTTPFrame
+	3,  // 25: pinnedd.plugin.v1.Control.Describe:output_type -> pinnedd.plugin.v1.DescribeResponse
+	6,  // 26: pinnedd.plugin.v1.Control.Activate:output_type -> pinnedd.plugin.v1.ActivateResponse
+	8,  // 27: pinnedd.plugin.v1.Control.Deactivate:output_type -> pinnedd.plugin.v1.DeactivateResponse
+	11, // 28: pinnedd.plugin.v1.Control.Stats:output_type -> pinnedd.plugin.v1.StatsResponse
+	13, // 29: pinnedd.plugin.v1.Control.Health:output_type -> pinnedd.plugin.v1.HealthResponse
+	15, // 30: pinnedd.plugin.v1.Control.Shutdown:output_type -> pinnedd.plugin.v1.ShutdownResponse
+	21, // 31: pinnedd.plugin.v1.Control.Events:output_type -> pinnedd.plugin.v1.Event
+	25, // 32: pinnedd.plugin.v1.Store.Load:output_type -> pinnedd.plugin.v1.StoreLoadResponse
+	31, // 33: pinnedd.plugin.v1.Store.Commit:output_type -> pinnedd.plugin.v1.StoreCommitResponse
+	19, // 34: pinnedd.plugin.v1.Data.Exchange:output_type -> pinnedd.plugin.v1.HTTPFrame
+	25, // [25:35] is the sub-list for method output_type
+	15, // [15:25] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_pinned_proto_init() }
@@ -1417,15 +2149,23 @@ func file_pinned_proto_init() {
 		(*HTTPFrame_Body)(nil),
 		(*HTTPFrame_End)(nil),
 	}
+	file_pinned_proto_msgTypes[24].OneofWrappers = []any{
+		(*StoreMutation_SetField)(nil),
+		(*StoreMutation_AppendItems)(nil),
+		(*StoreMutation_MarkAppliedUpTo)(nil),
+		(*StoreMutation_RemoveItemsUpTo)(nil),
+		(*StoreMutation_DeleteTray)(nil),
+	}
+	file_pinned_proto_msgTypes[25].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pinned_proto_rawDesc), len(file_pinned_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   20,
+			NumMessages:   31,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_pinned_proto_goTypes,
 		DependencyIndexes: file_pinned_proto_depIdxs,

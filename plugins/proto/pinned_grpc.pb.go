@@ -387,6 +387,160 @@ var Control_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
+	Store_Load_FullMethodName   = "/pinnedd.plugin.v1.Store/Load"
+	Store_Commit_FullMethodName = "/pinnedd.plugin.v1.Store/Commit"
+)
+
+// StoreClient is the client API for Store service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Store is served by pinnedd to each plugin over go-plugin's broker: a
+// plugin's only way to durable state (it never opens a database itself).
+// Errors: ABORTED = fenced by a newer generation (the instance must stop),
+// INVALID_ARGUMENT = bad input, UNAVAILABLE = the store is down.
+type StoreClient interface {
+	// Load fences the instance at generation and returns its trays.
+	Load(ctx context.Context, in *StoreLoadRequest, opts ...grpc.CallOption) (*StoreLoadResponse, error)
+	// Commit applies mutations atomically under generation.
+	Commit(ctx context.Context, in *StoreCommitRequest, opts ...grpc.CallOption) (*StoreCommitResponse, error)
+}
+
+type storeClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewStoreClient(cc grpc.ClientConnInterface) StoreClient {
+	return &storeClient{cc}
+}
+
+func (c *storeClient) Load(ctx context.Context, in *StoreLoadRequest, opts ...grpc.CallOption) (*StoreLoadResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StoreLoadResponse)
+	err := c.cc.Invoke(ctx, Store_Load_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *storeClient) Commit(ctx context.Context, in *StoreCommitRequest, opts ...grpc.CallOption) (*StoreCommitResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StoreCommitResponse)
+	err := c.cc.Invoke(ctx, Store_Commit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// StoreServer is the server API for Store service.
+// All implementations must embed UnimplementedStoreServer
+// for forward compatibility.
+//
+// Store is served by pinnedd to each plugin over go-plugin's broker: a
+// plugin's only way to durable state (it never opens a database itself).
+// Errors: ABORTED = fenced by a newer generation (the instance must stop),
+// INVALID_ARGUMENT = bad input, UNAVAILABLE = the store is down.
+type StoreServer interface {
+	// Load fences the instance at generation and returns its trays.
+	Load(context.Context, *StoreLoadRequest) (*StoreLoadResponse, error)
+	// Commit applies mutations atomically under generation.
+	Commit(context.Context, *StoreCommitRequest) (*StoreCommitResponse, error)
+	mustEmbedUnimplementedStoreServer()
+}
+
+// UnimplementedStoreServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedStoreServer struct{}
+
+func (UnimplementedStoreServer) Load(context.Context, *StoreLoadRequest) (*StoreLoadResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Load not implemented")
+}
+func (UnimplementedStoreServer) Commit(context.Context, *StoreCommitRequest) (*StoreCommitResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Commit not implemented")
+}
+func (UnimplementedStoreServer) mustEmbedUnimplementedStoreServer() {}
+func (UnimplementedStoreServer) testEmbeddedByValue()               {}
+
+// UnsafeStoreServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to StoreServer will
+// result in compilation errors.
+type UnsafeStoreServer interface {
+	mustEmbedUnimplementedStoreServer()
+}
+
+func RegisterStoreServer(s grpc.ServiceRegistrar, srv StoreServer) {
+	// If the following call panics, it indicates UnimplementedStoreServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Store_ServiceDesc, srv)
+}
+
+func _Store_Load_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StoreLoadRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StoreServer).Load(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Store_Load_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StoreServer).Load(ctx, req.(*StoreLoadRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Store_Commit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StoreCommitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StoreServer).Commit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Store_Commit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StoreServer).Commit(ctx, req.(*StoreCommitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Store_ServiceDesc is the grpc.ServiceDesc for Store service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Store_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "pinnedd.plugin.v1.Store",
+	HandlerType: (*StoreServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Load",
+			Handler:    _Store_Load_Handler,
+		},
+		{
+			MethodName: "Commit",
+			Handler:    _Store_Commit_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "pinned.proto",
+}
+
+const (
 	Data_Exchange_FullMethodName = "/pinnedd.plugin.v1.Data/Exchange"
 )
 

@@ -40,6 +40,9 @@ type Host struct {
 	// KeepPlacementOnIdle keeps the id placed on this node across idle
 	// eviction (the seed's release_placement_on_idle=False).
 	KeepPlacementOnIdle bool
+	// Trays maps a tray namespace to the handler that executes its work
+	// items (see Tray.Append). Trays of other namespaces hold fields only.
+	Trays map[string]TrayHandler
 }
 
 // Starter is implemented by an instance handler that must do work before its
@@ -76,6 +79,22 @@ type Instance struct {
 	ntasks atomic.Int32
 
 	requestEviction func()
+	onFenced        func()
+	fenceOnce       sync.Once
+
+	state *state
+}
+
+// fenced stops an instance whose write was fenced: a newer activation owns
+// the id now, so this one must do nothing more.
+func (i *Instance) fenced() {
+	i.fenceOnce.Do(func() {
+		i.logger.Warn("instance fenced by a newer activation; stopping")
+		i.cancel()
+		if i.onFenced != nil {
+			i.onFenced()
+		}
+	})
 }
 
 // RequestEviction asks pinnedd to evict this instance as soon as it has no
@@ -145,4 +164,19 @@ func (i *Instance) waitTasks(grace time.Duration) int {
 	case <-t.C:
 		return i.Tasks()
 	}
+}
+
+// NewMemoryInstance returns an instance whose trays live in memory only,
+// outside any pinnedd: for testing and benchmarking host code in-process.
+// Cancel its context with Stop.
+func NewMemoryInstance(ns, id string) *Instance {
+	inst := newInstance(ns, id, 1, slog.Default())
+	inst.state = newState(inst, nil, Host{}, nil)
+	return inst
+}
+
+// Stop cancels a NewMemoryInstance's context and waits for its tasks.
+func (i *Instance) Stop() {
+	i.cancel()
+	i.tasks.Wait()
 }

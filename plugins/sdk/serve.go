@@ -68,6 +68,41 @@ type Runtime struct {
 	srv    *http.Server
 
 	events chan *proto.Event
+
+	brokerMu sync.Mutex
+	broker   *plugin.GRPCBroker
+	store    proto.StoreClient
+}
+
+// SetBroker implements plugins.Server.
+func (rt *Runtime) SetBroker(b *plugin.GRPCBroker) {
+	rt.brokerMu.Lock()
+	defer rt.brokerMu.Unlock()
+	rt.broker = b
+}
+
+// UseStore connects the runtime to a Store service directly (pinnedd does
+// it through the broker in Describe); for tests of host code.
+func (rt *Runtime) UseStore(c proto.StoreClient) {
+	rt.brokerMu.Lock()
+	defer rt.brokerMu.Unlock()
+	rt.store = c
+}
+
+// Instance returns the live instance (ns, id), or nil.
+func (rt *Runtime) Instance(ns, id string) *Instance {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if l := rt.instances[key{ns, id}]; l != nil {
+		return l.inst
+	}
+	return nil
+}
+
+func (rt *Runtime) storeClient() proto.StoreClient {
+	rt.brokerMu.Lock()
+	defer rt.brokerMu.Unlock()
+	return rt.store
 }
 
 type key struct{ ns, id string }
@@ -171,8 +206,24 @@ func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 // Flush passes through so SSE from an instance is not buffered.
 func (w *trackingWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
 
-// Describe implements proto.ControlServer.
-func (rt *Runtime) Describe(context.Context, *proto.DescribeRequest) (*proto.DescribeResponse, error) {
+// Describe implements proto.ControlServer. It also connects the plugin to
+// pinnedd's Store service when the request names one.
+func (rt *Runtime) Describe(_ context.Context, req *proto.DescribeRequest) (*proto.DescribeResponse, error) {
+	if req.StoreBrokerId != 0 {
+		rt.brokerMu.Lock()
+		b := rt.broker
+		rt.brokerMu.Unlock()
+		if b == nil {
+			return nil, status.Error(codes.FailedPrecondition, "no broker to reach the store through")
+		}
+		conn, err := b.Dial(req.StoreBrokerId)
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "dial store: %v", err)
+		}
+		rt.brokerMu.Lock()
+		rt.store = proto.NewStoreClient(conn)
+		rt.brokerMu.Unlock()
+	}
 	resp := &proto.DescribeResponse{DataSocket: rt.socket, SdkVersion: Version, Pid: int32(os.Getpid())}
 	for ns, h := range rt.hosts {
 		resp.Hosts = append(resp.Hosts, &proto.HostInfo{
@@ -200,13 +251,23 @@ func (rt *Runtime) Activate(ctx context.Context, req *proto.ActivateRequest) (*p
 		return &proto.ActivateResponse{}, nil
 	}
 	inst := newInstance(req.Namespace, req.Id, req.Generation, rt.logger)
-	inst.requestEviction = func() {
-		select {
-		case rt.events <- &proto.Event{Kind: proto.EventKind_EVENT_KIND_EVICT_ME, Namespace: req.Namespace, Id: req.Id}:
-		default:
-			inst.logger.Warn("event queue full; eviction request dropped")
+	inst.requestEviction = func() { rt.emit(inst, proto.EventKind_EVENT_KIND_EVICT_ME) }
+	inst.onFenced = func() { go rt.dropFenced(k, inst) }
+	var loaded []*proto.TrayData
+	store := rt.storeClient()
+	if store != nil {
+		// Load fences the predecessor: from here on its writes fail.
+		resp, err := store.Load(ctx, &proto.StoreLoadRequest{Namespace: req.Namespace, Id: req.Id, Generation: req.Generation})
+		if err != nil {
+			inst.cancel()
+			if status.Code(err) == codes.Aborted {
+				return nil, status.Errorf(codes.FailedPrecondition, "activate %s/%s: %v", req.Namespace, req.Id, ErrFenced)
+			}
+			return nil, status.Errorf(codes.Unavailable, "activate %s/%s: load state: %v", req.Namespace, req.Id, err)
 		}
+		loaded = resp.Trays
 	}
+	inst.state = newState(inst, store, h, loaded)
 	handler, err := build(h, inst)
 	if err == nil {
 		if s, ok := handler.(Starter); ok {
@@ -221,8 +282,33 @@ func (rt *Runtime) Activate(ctx context.Context, req *proto.ActivateRequest) (*p
 	rt.mu.Lock()
 	rt.instances[k] = &live{inst: inst, handler: handler}
 	rt.mu.Unlock()
+	inst.state.redeliver()
 	inst.logger.Debug("instance activated", "generation", req.Generation)
 	return &proto.ActivateResponse{}, nil
+}
+
+// emit queues an event for pinnedd.
+func (rt *Runtime) emit(inst *Instance, kind proto.EventKind) {
+	select {
+	case rt.events <- &proto.Event{Kind: kind, Namespace: inst.ns, Id: inst.id}:
+	default:
+		inst.logger.Warn("event queue full; event dropped", "kind", kind.String())
+	}
+}
+
+// dropFenced tears down an instance whose writes were fenced and tells
+// pinnedd, which drops it without releasing the placement.
+func (rt *Runtime) dropFenced(k key, inst *Instance) {
+	rt.mu.Lock()
+	l := rt.instances[k]
+	if l == nil || l.inst != inst {
+		rt.mu.Unlock()
+		return
+	}
+	delete(rt.instances, k)
+	rt.mu.Unlock()
+	stop(context.Background(), l, 5*time.Second)
+	rt.emit(inst, proto.EventKind_EVENT_KIND_FENCED)
 }
 
 func build(h Host, inst *Instance) (handler http.Handler, err error) {
@@ -278,14 +364,25 @@ func (rt *Runtime) Deactivate(ctx context.Context, req *proto.DeactivateRequest)
 	return &proto.DeactivateResponse{AbandonedTasks: int32(abandoned)}, nil
 }
 
+// stop ends an instance: cancel its context, give its tasks grace, run the
+// stop hook, then wait for the durability frontier, so pinnedd releases the
+// placement only once everything the instance wrote is in the store.
 func stop(ctx context.Context, l *live, grace time.Duration) int {
 	l.inst.cancel()
 	abandoned := l.inst.waitTasks(grace)
 	if s, ok := l.handler.(Stopper); ok {
 		_ = callHook(l.inst, "stop", func() error { s.Stop(ctx); return nil })
 	}
+	dctx, cancel := context.WithTimeout(context.Background(), max(grace, frontierWait))
+	defer cancel()
+	if err := l.inst.state.durable(dctx); err != nil && !errors.Is(err, ErrFenced) {
+		l.inst.logger.Error("instance stopped before its writes were durable", "err", err)
+	}
 	return abandoned
 }
+
+// frontierWait bounds how long a stopping instance waits for its writes.
+const frontierWait = 10 * time.Second
 
 func (rt *Runtime) deactivateAll(ctx context.Context, grace time.Duration) {
 	rt.mu.Lock()

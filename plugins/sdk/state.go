@@ -1,0 +1,429 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/pinnedd/pinnedd/plugins/proto"
+)
+
+// Errors of durable state.
+var (
+	// ErrFenced: a newer activation of this id exists (it was placed
+	// elsewhere); this instance's writes are rejected and it stops.
+	ErrFenced = errors.New("fenced: a newer activation of this instance exists")
+	// ErrStoreUnavailable: pinnedd's store could not be reached.
+	ErrStoreUnavailable = errors.New("state store unavailable")
+)
+
+// TrayKey names a tray within its instance, e.g. {"log", "~"}.
+type TrayKey struct{ NS, ID string }
+
+// Item is one unit of durable work in a tray. Applied means a handler
+// declared the batch applied before the process stopped: it comes back with
+// Run.Resume set.
+type Item struct {
+	Seq     int64
+	Payload json.RawMessage
+	Applied bool
+}
+
+// state is an instance's durable state: its trays, cached in memory, and
+// the queue of writes on their way to pinnedd's store. Writes apply to the
+// cache at once and reach the store in order, batched; Durable waits for
+// the frontier.
+type state struct {
+	inst  *Instance
+	store proto.StoreClient // nil: no store, state lives in memory only
+	host  Host
+
+	mu       sync.Mutex
+	trays    map[TrayKey]*Tray
+	queue    []queued
+	enq      uint64 // writes queued so far
+	done     uint64 // writes committed so far
+	err      error  // sticky: ErrFenced
+	flushing bool
+	changed  chan struct{} // closed and replaced whenever done or err moves
+}
+
+type queued struct {
+	m    *proto.StoreMutation
+	seqs *[]int64 // AppendItems: where the store's seqs go
+}
+
+func newState(inst *Instance, store proto.StoreClient, host Host, loaded []*proto.TrayData) *state {
+	st := &state{inst: inst, store: store, host: host, trays: map[TrayKey]*Tray{}, changed: make(chan struct{})}
+	for _, td := range loaded {
+		t := st.tray(TrayKey{td.TrayNs, td.TrayId})
+		for k, v := range td.Fields {
+			t.fields[k] = v
+		}
+		for _, it := range td.Items {
+			t.items = append(t.items, Item{Seq: it.Seq, Payload: it.Payload, Applied: it.Applied})
+		}
+	}
+	return st
+}
+
+// tray returns the cached tray, creating an empty one. Caller holds no lock
+// or st.mu (it only touches the map under st.mu when called by Tray).
+func (st *state) tray(k TrayKey) *Tray {
+	t := st.trays[k]
+	if t == nil {
+		t = &Tray{st: st, key: k, fields: map[string][]byte{}}
+		st.trays[k] = t
+	}
+	return t
+}
+
+// enqueue adds a write; the flusher takes it to the store.
+func (st *state) enqueueLocked(q queued) {
+	st.queue = append(st.queue, q)
+	st.enq++
+	if st.store == nil {
+		st.done = st.enq
+		st.queue = st.queue[:0]
+		return
+	}
+	if !st.flushing {
+		st.flushing = true
+		go st.flush()
+	}
+}
+
+// flush commits queued writes in batches until the queue is empty. A
+// transient failure is retried (the writes stay queued, in order); a
+// fence stops everything.
+func (st *state) flush() {
+	backoff := 50 * time.Millisecond
+	for {
+		st.mu.Lock()
+		if len(st.queue) == 0 || st.err != nil {
+			st.flushing = false
+			st.mu.Unlock()
+			return
+		}
+		batch := slices.Clone(st.queue)
+		st.mu.Unlock()
+
+		req := &proto.StoreCommitRequest{Namespace: st.inst.ns, Id: st.inst.id, Generation: st.inst.generation}
+		for _, q := range batch {
+			req.Mutations = append(req.Mutations, q.m)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		resp, err := st.store.Commit(ctx, req)
+		cancel()
+
+		st.mu.Lock()
+		switch {
+		case err == nil:
+			i := 0
+			for _, q := range batch {
+				if q.seqs != nil && i < len(resp.Seqs) {
+					*q.seqs = resp.Seqs[i].Seqs
+				}
+				if q.m.GetAppendItems() != nil {
+					i++
+				}
+			}
+			st.queue = st.queue[len(batch):]
+			st.done += uint64(len(batch))
+			backoff = 50 * time.Millisecond
+		case status.Code(err) == codes.Aborted:
+			st.err = fmt.Errorf("%w (%v)", ErrFenced, status.Convert(err).Message())
+		case status.Code(err) == codes.InvalidArgument:
+			// A write the store will never take: drop it rather than
+			// block every later one, and say so loudly.
+			st.inst.logger.Error("state write rejected; dropped", "err", err)
+			st.queue = st.queue[len(batch):]
+			st.done += uint64(len(batch))
+		default:
+			st.inst.logger.Warn("state write failed; retrying", "err", err, "retry_in", backoff)
+		}
+		close(st.changed)
+		st.changed = make(chan struct{})
+		fenced := st.err != nil
+		st.mu.Unlock()
+		if fenced {
+			st.inst.fenced()
+			return
+		}
+		if err != nil && status.Code(err) != codes.InvalidArgument {
+			time.Sleep(backoff)
+			backoff = min(2*backoff, 2*time.Second)
+		}
+	}
+}
+
+// durable waits until every write queued before the call is committed.
+func (st *state) durable(ctx context.Context) error {
+	st.mu.Lock()
+	target := st.enq
+	for st.done < target && st.err == nil {
+		ch := st.changed
+		st.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for durable state: %w", ctx.Err())
+		}
+		st.mu.Lock()
+	}
+	err := st.err
+	st.mu.Unlock()
+	return err
+}
+
+// Tray is a durable slot of an instance: persistent fields and a queue of
+// work items. Its methods are safe for concurrent use.
+type Tray struct {
+	st     *state
+	key    TrayKey
+	fields map[string][]byte
+	items  []Item
+
+	running bool // a handler run is in progress
+}
+
+// Tray returns the instance's tray (ns, id); it exists durably once
+// something is written to it.
+func (i *Instance) Tray(ns, id string) *Tray {
+	i.state.mu.Lock()
+	defer i.state.mu.Unlock()
+	return i.state.tray(TrayKey{ns, id})
+}
+
+// Durable waits until every write this instance made so far is committed
+// to pinnedd's store (the durability frontier). Acknowledge a client only
+// after it returns nil.
+func (i *Instance) Durable(ctx context.Context) error { return i.state.durable(ctx) }
+
+// Key is the tray's name.
+func (t *Tray) Key() TrayKey { return t.key }
+
+// Get decodes field name into v; false if the field is not set.
+func (t *Tray) Get(name string, v any) (bool, error) {
+	t.st.mu.Lock()
+	b, ok := t.fields[name]
+	t.st.mu.Unlock()
+	if !ok {
+		return false, nil
+	}
+	return true, json.Unmarshal(b, v)
+}
+
+// Set writes field name (JSON-encoded) through to the store. The cache
+// changes at once; the write is durable once Instance.Durable returns.
+func (t *Tray) Set(name string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("tray %s:%s field %s: %w", t.key.NS, t.key.ID, name, err)
+	}
+	t.st.mu.Lock()
+	defer t.st.mu.Unlock()
+	if t.st.err != nil {
+		return t.st.err
+	}
+	t.fields[name] = b
+	t.st.enqueueLocked(queued{m: &proto.StoreMutation{TrayNs: t.key.NS, TrayId: t.key.ID,
+		Op: &proto.StoreMutation_SetField{SetField: &proto.SetFieldOp{Name: name, Value: b}}}})
+	return nil
+}
+
+// Delete removes field name.
+func (t *Tray) Delete(name string) {
+	t.st.mu.Lock()
+	defer t.st.mu.Unlock()
+	if _, ok := t.fields[name]; !ok || t.st.err != nil {
+		return
+	}
+	delete(t.fields, name)
+	t.st.enqueueLocked(queued{m: &proto.StoreMutation{TrayNs: t.key.NS, TrayId: t.key.ID,
+		Op: &proto.StoreMutation_SetField{SetField: &proto.SetFieldOp{Name: name}}}})
+}
+
+// Items returns the tray's pending work items.
+func (t *Tray) Items() []Item {
+	t.st.mu.Lock()
+	defer t.st.mu.Unlock()
+	return slices.Clone(t.items)
+}
+
+// Marked reports whether the tray holds unfinished work.
+func (t *Tray) Marked() bool {
+	t.st.mu.Lock()
+	defer t.st.mu.Unlock()
+	return len(t.items) > 0
+}
+
+// Append adds work items (each JSON-encoded) and waits until they are
+// durable: an item Append returned for survives any crash and is delivered
+// to the tray's handler, again after a crash, until a run settles it.
+func (t *Tray) Append(ctx context.Context, payloads ...any) ([]int64, error) {
+	raw := make([][]byte, len(payloads))
+	for i, p := range payloads {
+		b, err := json.Marshal(p)
+		if err != nil {
+			return nil, fmt.Errorf("tray %s:%s item: %w", t.key.NS, t.key.ID, err)
+		}
+		raw[i] = b
+	}
+	var seqs []int64
+	t.st.mu.Lock()
+	if t.st.err != nil {
+		t.st.mu.Unlock()
+		return nil, t.st.err
+	}
+	if t.st.store == nil {
+		// Memory only: number the items ourselves.
+		next := int64(1)
+		if n := len(t.items); n > 0 {
+			next = t.items[n-1].Seq + 1
+		}
+		for i := range raw {
+			seqs = append(seqs, next+int64(i))
+		}
+	}
+	t.st.enqueueLocked(queued{m: &proto.StoreMutation{TrayNs: t.key.NS, TrayId: t.key.ID,
+		Op: &proto.StoreMutation_AppendItems{AppendItems: &proto.AppendItemsOp{Payloads: raw}}}, seqs: &seqs})
+	t.st.mu.Unlock()
+	if err := t.st.durable(ctx); err != nil {
+		return nil, err
+	}
+	t.st.mu.Lock()
+	for i, s := range seqs {
+		t.items = append(t.items, Item{Seq: s, Payload: raw[i]})
+	}
+	t.st.mu.Unlock()
+	t.st.kick(t)
+	return seqs, nil
+}
+
+// markApplied and settle are the run's bookkeeping.
+func (t *Tray) markApplied(upTo int64) {
+	t.st.mu.Lock()
+	defer t.st.mu.Unlock()
+	for i := range t.items {
+		if t.items[i].Seq <= upTo {
+			t.items[i].Applied = true
+		}
+	}
+	t.st.enqueueLocked(queued{m: &proto.StoreMutation{TrayNs: t.key.NS, TrayId: t.key.ID,
+		Op: &proto.StoreMutation_MarkAppliedUpTo{MarkAppliedUpTo: upTo}}})
+}
+
+// settle drops the items a run finished; a tray left with no items and no
+// fields deletes itself.
+func (t *Tray) settle(upTo int64) {
+	t.st.mu.Lock()
+	defer t.st.mu.Unlock()
+	t.items = slices.DeleteFunc(t.items, func(it Item) bool { return it.Seq <= upTo })
+	t.st.enqueueLocked(queued{m: &proto.StoreMutation{TrayNs: t.key.NS, TrayId: t.key.ID,
+		Op: &proto.StoreMutation_RemoveItemsUpTo{RemoveItemsUpTo: upTo}}})
+	if len(t.items) == 0 && len(t.fields) == 0 {
+		t.st.enqueueLocked(queued{m: &proto.StoreMutation{TrayNs: t.key.NS, TrayId: t.key.ID,
+			Op: &proto.StoreMutation_DeleteTray{DeleteTray: true}}})
+	}
+}
+
+// Run is one delivery of a tray's pending items to its handler.
+type Run struct {
+	Tray   *Tray
+	Items  []Item
+	Resume bool // the batch was declared applied before a crash: redelivered
+}
+
+// Applied declares the batch applied, durably: if the process dies after
+// this returns, the batch is redelivered with Resume set.
+func (r *Run) Applied(ctx context.Context) error {
+	if len(r.Items) == 0 {
+		return nil
+	}
+	r.Tray.markApplied(r.Items[len(r.Items)-1].Seq)
+	return r.Tray.st.durable(ctx)
+}
+
+// TrayHandler executes a tray's work. Returning nil settles the batch (and
+// deletes the tray when it holds nothing else); an error leaves it marked,
+// to be redelivered on the next activation.
+type TrayHandler func(ctx context.Context, run *Run) error
+
+// kick starts a run of t if its namespace has a handler and none is going.
+func (st *state) kick(t *Tray) {
+	h := st.host.Trays[t.key.NS]
+	if h == nil {
+		return
+	}
+	st.mu.Lock()
+	if t.running || len(t.items) == 0 {
+		st.mu.Unlock()
+		return
+	}
+	t.running = true
+	st.mu.Unlock()
+	st.inst.Go("tray "+t.key.NS+":"+t.key.ID, func(ctx context.Context) {
+		defer func() {
+			st.mu.Lock()
+			t.running = false
+			st.mu.Unlock()
+		}()
+		for ctx.Err() == nil {
+			items := t.Items()
+			if len(items) == 0 {
+				return
+			}
+			run := &Run{Tray: t, Items: items, Resume: items[0].Applied}
+			if err := h(ctx, run); err != nil {
+				if ctx.Err() == nil {
+					st.inst.logger.Error("tray run failed; left for redelivery", "tray", t.key.NS+":"+t.key.ID, "err", err)
+				}
+				return
+			}
+			t.settle(items[len(items)-1].Seq)
+			if err := st.durable(ctx); err != nil {
+				return
+			}
+		}
+	})
+}
+
+// redeliver starts runs for every marked tray with a handler (after a
+// restart or a move, the work the previous activation left).
+func (st *state) redeliver() {
+	st.mu.Lock()
+	var marked []*Tray
+	for _, t := range st.trays {
+		if len(t.items) > 0 {
+			marked = append(marked, t)
+		}
+	}
+	st.mu.Unlock()
+	slices.SortFunc(marked, func(a, b *Tray) int {
+		if a.key.NS != b.key.NS {
+			return compare(a.key.NS, b.key.NS)
+		}
+		return compare(a.key.ID, b.key.ID)
+	})
+	for _, t := range marked {
+		st.kick(t)
+	}
+}
+
+func compare(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}

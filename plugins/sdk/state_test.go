@@ -1,0 +1,164 @@
+package sdk_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/pinnedd/pinnedd/plugins/proto"
+	"github.com/pinnedd/pinnedd/plugins/sdk"
+	"github.com/pinnedd/pinnedd/statestore"
+	"github.com/pinnedd/pinnedd/statestore/memstore"
+	"github.com/pinnedd/pinnedd/supervisor"
+)
+
+// storeClient serves store over real gRPC on loopback, as pinnedd does over
+// the plugin broker, and returns a client for it.
+func storeClient(t *testing.T, store statestore.Store) proto.StoreClient {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	proto.RegisterStoreServer(g, supervisor.NewStoreServer(store, func(string) bool { return true }))
+	go func() { _ = g.Serve(ln) }()
+	t.Cleanup(g.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return proto.NewStoreClient(conn)
+}
+
+type recorder struct {
+	mu   sync.Mutex
+	runs []string
+}
+
+func (r *recorder) add(s string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.runs = append(r.runs, s)
+}
+
+func (r *recorder) all() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.runs...)
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 5s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestTraysSurviveReactivationAndFence(t *testing.T) {
+	store := memstore.New()
+	client := storeClient(t, store)
+	rec := &recorder{}
+	var crash sync.Once
+	hosts := map[string]sdk.Host{
+		"/things": {
+			New: func(inst *sdk.Instance) (http.Handler, error) {
+				return http.NotFoundHandler(), nil
+			},
+			Trays: map[string]sdk.TrayHandler{
+				"runs": func(ctx context.Context, run *sdk.Run) error {
+					rec.add(string(run.Items[0].Payload) + map[bool]string{true: " resume", false: ""}[run.Resume])
+					if err := run.Applied(ctx); err != nil {
+						return err
+					}
+					// The first delivery "crashes" after applying: the
+					// batch stays and comes back with Resume set.
+					crashed := false
+					crash.Do(func() { crashed = true })
+					if crashed {
+						return errors.New("simulated crash after applied")
+					}
+					return nil
+				},
+			},
+		},
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	rt, err := sdk.NewRuntime(hosts, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.UseStore(client)
+	ctx := context.Background()
+	activate := func(gen uint64) {
+		t.Helper()
+		if _, err := rt.Activate(ctx, &proto.ActivateRequest{Namespace: "/things", Id: "a", Generation: gen}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deactivate := func() {
+		t.Helper()
+		if _, err := rt.Deactivate(ctx, &proto.DeactivateRequest{Namespace: "/things", Id: "a", Reason: proto.Reason_REASON_SHUTDOWN, GraceMs: 1000}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	activate(5)
+	inst := rt.Instance("/things", "a")
+	if err := inst.Tray("log", "~").Set("title", "hello"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inst.Tray("runs", "r1").Append(ctx, "job-1"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "first run", func() bool { return len(rec.all()) == 1 })
+	deactivate()
+
+	// Reactivated under a newer generation: the field is back and the
+	// applied batch is redelivered with Resume, then settled.
+	activate(6)
+	inst = rt.Instance("/things", "a")
+	var title string
+	if ok, err := inst.Tray("log", "~").Get("title", &title); !ok || err != nil || title != "hello" {
+		t.Fatalf("title after reactivation: %q %v %v", title, ok, err)
+	}
+	eventually(t, "redelivery", func() bool { return len(rec.all()) == 2 })
+	if got := rec.all(); got[0] != `"job-1"` || got[1] != `"job-1" resume` {
+		t.Fatalf("runs = %q", got)
+	}
+	eventually(t, "settled run deletes its tray", func() bool {
+		trays, err := store.Load(ctx, statestore.InstanceKey{Namespace: "/things", ID: "a"}, 6)
+		return err == nil && len(trays) == 1 && trays[0].Key.NS == "log"
+	})
+
+	// A newer activation elsewhere fences this one: its next write fails
+	// and it stops.
+	if err := store.Fence(ctx, statestore.InstanceKey{Namespace: "/things", ID: "a"}, 7); err != nil {
+		t.Fatal(err)
+	}
+	if err := inst.Tray("log", "~").Set("title", "stale"); err != nil {
+		t.Fatal(err)
+	}
+	if err := inst.Durable(ctx); !errors.Is(err, sdk.ErrFenced) {
+		t.Fatalf("write after fence: %v, want ErrFenced", err)
+	}
+	eventually(t, "fenced instance stops", func() bool { return inst.Context().Err() != nil && rt.Instance("/things", "a") == nil })
+	trays, _ := store.Load(ctx, statestore.InstanceKey{Namespace: "/things", ID: "a"}, 7)
+	if string(trays[0].Fields["title"]) != `"hello"` {
+		t.Fatalf("stale write reached the store: %s", trays[0].Fields["title"])
+	}
+}
