@@ -105,6 +105,9 @@ func (m MarkApplied) tray() TrayKey { return m.Tray }
 func (m RemoveItems) tray() TrayKey { return m.Tray }
 func (m DeleteTray) tray() TrayKey  { return m.Tray }
 
+// TrayOf returns the tray a mutation acts on.
+func TrayOf(m Mutation) TrayKey { return m.tray() }
+
 func (SetField) sealed()    {}
 func (AppendItems) sealed() {}
 func (MarkApplied) sealed() {}
