@@ -238,6 +238,10 @@ func (f *FrontDoor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.owned(w, r)
 		return
 	}
+	if strings.HasPrefix(r.URL.Path, wakePrefix+"/") && r.Method == http.MethodPost {
+		f.wakeOwned(w, r)
+		return
+	}
 	if isInstancePath(r.URL.Path) {
 		// Instance paths bypass the mux: it would clean "/ns//x" or
 		// "/ns/../x" and redirect to a different id; those are bad ids.

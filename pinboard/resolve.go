@@ -128,7 +128,13 @@ func (e quarantineError) Unwrap() error { return errQuarantine }
 // policy picks, and returns the placement the directory holds afterwards:
 // ours, or whoever already held it.
 func (f *FrontDoor) claim(r *http.Request, rt *route) (directory.Placement, directory.Worker, error) {
-	ctx, cancel := context.WithTimeout(r.Context(), claimTimeout)
+	return f.claimFor(r.Context(), rt, ClientIP(r.RemoteAddr, r.Header, f.cfg.TrustedProxies), f.affinityKey(r))
+}
+
+// claimFor is claim without a request: clientIP and affinity are the
+// placement hints ("" and nil when there is no client, as for the scanner).
+func (f *FrontDoor) claimFor(ctx context.Context, rt *route, clientIP string, affinity *string) (directory.Placement, directory.Worker, error) {
+	ctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
 	m := f.cfg.Dir.Machine()
 	tried := map[string]bool{}
@@ -144,7 +150,7 @@ func (f *FrontDoor) claim(r *http.Request, rt *route) (directory.Placement, dire
 			}
 			// Our own replica may still call us live while our lease is
 			// in danger; we know better.
-			if wk.ClientID == f.selfID() && f.cfg.Worker.Lease(now) != LeaseHealthy {
+			if f.cfg.Worker != nil && wk.ClientID == f.selfID() && f.cfg.Worker.Lease(now) != LeaseHealthy {
 				continue
 			}
 			cands = append(cands, Candidate{ClientID: wk.ClientID, Headroom: wk.Headroom})
@@ -154,8 +160,8 @@ func (f *FrontDoor) claim(r *http.Request, rt *route) (directory.Placement, dire
 		}
 		choice, _ := f.cfg.Policy.Choose(PlacementRequest{
 			Key:         rt.key.Env + "\x00" + rt.key.Namespace + "\x00" + rt.key.ID,
-			ClientIP:    ClientIP(r.RemoteAddr, r.Header, f.cfg.TrustedProxies),
-			AffinityKey: f.affinityKey(r),
+			ClientIP:    clientIP,
+			AffinityKey: affinity,
 		}, cands)
 		res, err := f.cfg.Dir.Do(ctx, directory.Claim{
 			Key: rt.key, ClientID: choice, Now: time.Now().UnixMilli(), QuarantineMs: f.cfg.Quarantine.Milliseconds(),
@@ -292,7 +298,7 @@ func (f *FrontDoor) forward(w http.ResponseWriter, r *http.Request, rt *route, p
 // requests pass as raw connections, a client going away cancels upstream.
 func (f *FrontDoor) newProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
-		Transport:     tr,
+		Transport: tr,
 		// FlushInterval 0: ReverseProxy flushes streamed responses (SSE,
 		// unknown length) on every write by itself, and leaves
 		// fixed-length ones whole, one write to the client.
@@ -394,13 +400,8 @@ func (f *FrontDoor) owned(w http.ResponseWriter, r *http.Request) {
 	}
 	// Activate only once our own replica shows the placement the
 	// forwarder resolved: it may be ahead of us by a few entries.
-	m := f.cfg.Dir.Machine()
-	deadline := time.Now().Add(3 * time.Second)
-	for m.AppliedIndex() < att.Generation && time.Now().Before(deadline) && r.Context().Err() == nil {
-		time.Sleep(5 * time.Millisecond)
-	}
-	p, found := m.Placement(key)
-	if !found || p.Owner != f.selfID() || p.Generation != att.Generation {
+	p, ok := f.awaitPlacement(r.Context(), key, att.Generation)
+	if !ok {
 		f.notOwner(w)
 		return
 	}

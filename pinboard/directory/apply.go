@@ -200,7 +200,7 @@ func (m *Machine) applyClaim(c Claim) Result {
 	if why := m.eligible(w, c.Key.Namespace, c.Now); why != "" {
 		return Result{Code: CodeIneligible, Reason: why}
 	}
-	if _, again := m.removedNow[c.Key]; again || (placed && p.Generation == m.index) {
+	if _, again := m.grantedNow[c.Key]; again {
 		return Result{Code: CodeConflict, Reason: "key already granted in this entry"}
 	}
 	if placed {
@@ -210,9 +210,13 @@ func (m *Machine) applyClaim(c Claim) Result {
 		Key:          c.Key,
 		Owner:        w.ClientID, // share the worker's string, not the decoded copy
 		OwnerSession: w.SessionID,
-		Generation:   m.index,
+		Generation:   m.nextGeneration(c.Now),
 		PlacedAt:     c.Now,
 	}
+	if m.grantedNow == nil {
+		m.grantedNow = make(map[Key]struct{})
+	}
+	m.grantedNow[c.Key] = struct{}{}
 	m.st.placements[c.Key] = np
 	keys := m.st.owned[w.ClientID]
 	if keys == nil {
@@ -307,7 +311,7 @@ func (m *Machine) dropPlacementsOf(clientID string) int {
 }
 
 // removePlacement is the only way a placement leaves the directory, so the
-// owner index and the same-entry regrant guard stay right.
+// owner index stays right.
 func (m *Machine) removePlacement(p Placement) {
 	delete(m.st.placements, p.Key)
 	if keys := m.st.owned[p.Owner]; keys != nil {
@@ -316,10 +320,20 @@ func (m *Machine) removePlacement(p Placement) {
 			delete(m.st.owned, p.Owner)
 		}
 	}
-	if p.Generation == m.index {
-		if m.removedNow == nil {
-			m.removedNow = make(map[Key]struct{})
-		}
-		m.removedNow[p.Key] = struct{}{}
+}
+
+// nextGeneration issues a fencing token: strictly greater than every one
+// this directory granted before, and at least the grant's time in ms × 1000.
+// The time floor matters when a directory is rebuilt from scratch (a wiped
+// data dir, a --dev restart) while the state store keeps the generations
+// it has seen: the log index would restart at 1 and every write would be
+// fenced, but the clock keeps counting. Both inputs are in the state or the
+// command, so every replica computes the same token.
+func (m *Machine) nextGeneration(now int64) uint64 {
+	gen := m.st.lastGen + 1
+	if now > 0 {
+		gen = max(gen, uint64(now)*1000)
 	}
+	m.st.lastGen = gen
+	return gen
 }

@@ -18,7 +18,7 @@
 // The same *Machine also serves a single-node "local" directory that calls
 // Apply (or ApplyCommand, which skips the byte round trip) with its own
 // strictly increasing index. Apply refuses an index that is not above the
-// applied index, because generations are log indexes and must never repeat.
+// applied index: replaying an entry would apply its commands twice.
 //
 // # Commands, retries and versions
 //
@@ -44,10 +44,13 @@
 // deregistered, re-registered without it, or its lease lapsed at the
 // command's Now), to a candidate that is live, serves the namespace, is not
 // draining and not degraded, and only once the cold-start quarantine has
-// passed. The generation of a placement is the log index of the entry that
-// granted it; within one entry (a Batch) a key is granted at most once, the
-// second attempt answering CodeConflict, so generations stay unique and
-// strictly increase per key.
+// passed. The generation of a placement (the fencing token its owner writes
+// under) strictly increases across every grant the directory makes and is
+// at least the grant's time in ms × 1000, so a directory rebuilt from
+// nothing (a wiped data dir, a --dev restart) keeps issuing tokens above
+// those a durable state store has already seen; a log index would restart
+// at 1 and fence every write. Within one entry (a Batch) a key is granted at
+// most once, the second attempt answering CodeConflict.
 //
 // # Leases
 //

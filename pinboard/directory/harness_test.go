@@ -169,6 +169,7 @@ type checker struct {
 	ackExp  map[string]int64 // client -> latest lease expiry acknowledged to it
 	holder  map[Key]Placement
 	lastGen map[Key]uint64
+	maxGen  uint64 // generations strictly increase across all keys
 	// clock is the latest Now seen. The lease guarantee assumes time does not
 	// go backwards; a corrupted entry can break that, and the checks that
 	// depend on it are skipped for commands dated before clock.
@@ -264,9 +265,10 @@ func (c *checker) observe(index uint64, cmd Command, r Result) {
 			return
 		}
 		p := r.Placement
-		if p.Generation != index || p.Key != cmd.Key || p.Owner != cmd.ClientID {
-			c.tb.Fatalf("grant %+v for claim %+v at index %d", p, cmd, index)
+		if p.Key != cmd.Key || p.Owner != cmd.ClientID || (cmd.Now > 0 && p.Generation < uint64(cmd.Now)*1000) || p.Generation <= c.maxGen {
+			c.tb.Fatalf("grant %+v for claim %+v at index %d (newest generation so far %d)", p, cmd, index, c.maxGen)
 		}
+		c.maxGen = p.Generation
 		if last := c.lastGen[p.Key]; p.Generation <= last {
 			c.tb.Fatalf("key %v granted generation %d after %d", p.Key, p.Generation, last)
 		}

@@ -15,14 +15,15 @@ type Machine struct {
 
 	// Scratch of the entry being applied, guarded by mu's write side.
 	index uint64
-	// removedNow holds keys whose placement was granted and then removed
-	// within the current entry; together with Generation == index it stops a
-	// key from being granted twice with the same generation.
-	removedNow map[Key]struct{}
+	// grantedNow holds keys granted within the current entry: a key is
+	// granted at most once per entry (a second claim answers CodeConflict),
+	// so one batch cannot flip an id between workers.
+	grantedNow map[Key]struct{}
 }
 
 type state struct {
 	applied    uint64
+	lastGen    uint64 // the newest placement generation granted
 	coldStart  int64
 	secret     []byte
 	workers    map[string]*Worker
@@ -68,8 +69,7 @@ func (m *Machine) ApplyCommand(index uint64, cmd Command) Result {
 
 func (m *Machine) applyLocked(index uint64, c Command, decodeErr error) Result {
 	if index <= m.st.applied {
-		// Generations are log indexes: applying at an old index again could
-		// hand out a generation twice.
+		// An entry applied twice would apply its commands twice.
 		return Result{Code: CodeError, Reason: "index not above the applied index"}
 	}
 	m.st.applied = index
@@ -81,8 +81,8 @@ func (m *Machine) applyLocked(index uint64, c Command, decodeErr error) Result {
 	}
 	m.index = index
 	r := m.exec(c, false)
-	if len(m.removedNow) != 0 {
-		clear(m.removedNow)
+	if len(m.grantedNow) != 0 {
+		clear(m.grantedNow)
 	}
 	return r
 }

@@ -53,8 +53,8 @@ const (
 )
 
 // Result is the answer to one command. Fields a command does not use stay
-// zero; a Placement is present iff its Generation is non-zero (log indexes
-// start at 1).
+// zero; a Placement is present iff its Generation is non-zero (generations
+// start above 0).
 type Result struct {
 	Code   Code
 	Reason string

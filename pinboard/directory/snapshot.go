@@ -15,7 +15,7 @@ import (
 // CRC-32C of everything before it.
 const (
 	snapshotMagic   = "PDIR"
-	snapshotVersion = 1
+	snapshotVersion = 2 // 2: lastGen after coldStart
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -26,6 +26,7 @@ var crcTable = crc32.MakeTable(crc32.Castagnoli)
 type snapshot struct {
 	applied    uint64
 	coldStart  int64
+	lastGen    uint64
 	secret     []byte
 	workers    []Worker
 	placements []Placement
@@ -40,6 +41,7 @@ func (m *Machine) Snapshot() (io.WriterTo, error) {
 	s := &snapshot{
 		applied:    m.st.applied,
 		coldStart:  m.st.coldStart,
+		lastGen:    m.st.lastGen,
 		secret:     m.st.secret, // set once, never modified
 		workers:    make([]Worker, 0, len(m.st.workers)),
 		placements: make([]Placement, 0, len(m.st.placements)),
@@ -95,6 +97,7 @@ func (s *snapshot) WriteTo(w io.Writer) (int64, error) {
 	b = append(b, snapshotVersion)
 	b = binary.AppendUvarint(b, s.applied)
 	b = binary.AppendVarint(b, s.coldStart)
+	b = binary.AppendUvarint(b, s.lastGen)
 	b = binary.AppendUvarint(b, uint64(len(s.secret)))
 	b = append(b, s.secret...)
 
@@ -157,7 +160,7 @@ func (m *Machine) Restore(r io.Reader) error {
 	m.mu.Lock()
 	m.st = st
 	m.index = 0
-	clear(m.removedNow)
+	clear(m.grantedNow)
 	m.mu.Unlock()
 	return nil
 }
@@ -177,6 +180,7 @@ func decodeSnapshot(data []byte) (state, error) {
 	st := newState()
 	st.applied = d.uvarint()
 	st.coldStart = d.varint()
+	st.lastGen = d.uvarint()
 	if sec := d.bytes(); len(sec) != 0 {
 		st.secret = append([]byte(nil), sec...)
 	}

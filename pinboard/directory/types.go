@@ -86,8 +86,9 @@ func (w Worker) clone() Worker {
 }
 
 // Placement records which worker session serves a key. Generation is the
-// log index of the entry that granted it: the fencing token the owner passes
-// with every durable write.
+// fencing token the owner passes with every durable write: strictly
+// increasing across grants, and never below the grant time in ms × 1000
+// (see the package doc).
 type Placement struct {
 	Key          Key
 	Owner        string // client id
