@@ -1,0 +1,384 @@
+// Package pgstore is the statestore.Store on Postgres, shared by every node of a cluster.
+//
+// Fencing rests on one row per instance in pinned_instance_fence. Every Fence, Load and Commit
+// starts with an upsert of that row that keeps the greater generation and returns it; the upsert
+// takes the row lock, so writers of one instance (on any node) queue behind each other for the
+// rest of their transaction, and a writer whose generation is older sees the newer one and rolls
+// back. The same row carries the instance's sequence counter, so seqs are reserved under that
+// lock and outlive the trays they were handed to.
+//
+// A Commit is one READ COMMITTED transaction of three round trips: the fence upsert, one pipelined
+// batch with every mutation and the re-derived index rows of the trays it touched, and COMMIT.
+//
+// Setup migrates under pg_advisory_xact_lock, so nodes starting together migrate exactly once.
+// The package must never hold the fence row lock across anything but its own statements.
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pinnedd/pinnedd/statestore"
+)
+
+// DefaultMaxConns sizes the pool when the DSN has no pool_max_conns. Commits are short and
+// mostly wait on the server's WAL flush, so a handful of connections per node keeps the node busy
+// without eating into the server's max_connections (100 by default) when many nodes share it.
+const DefaultMaxConns = 8
+
+// Store is a statestore.Store on a pgxpool.
+type Store struct {
+	pool   *pgxpool.Pool
+	closed atomic.Bool
+}
+
+var _ statestore.Store = (*Store)(nil)
+
+// Open connects a pool to dsn and checks that the server answers. It does not create tables:
+// call Setup.
+func Open(ctx context.Context, dsn string) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: open: %w", err)
+	}
+	if !strings.Contains(dsn, "pool_max_conns") {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "pinnedd"
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: open: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("pgstore: open: %w", err)
+	}
+	return &Store{pool: pool}, nil
+}
+
+// Pool exposes the pool, for tests and operational queries of the same database.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+func (s *Store) usable(ctx context.Context) error {
+	if s.closed.Load() {
+		return statestore.ErrClosed
+	}
+	return ctx.Err()
+}
+
+// wrap prefixes err with the operation, and marks it ErrClosed when the pool was closed under
+// the call.
+func (s *Store) wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if s.closed.Load() && !errors.Is(err, statestore.ErrClosed) {
+		return fmt.Errorf("pgstore: %s: %w: %w", op, statestore.ErrClosed, err)
+	}
+	return fmt.Errorf("pgstore: %s: %w", op, err)
+}
+
+// Setup creates or migrates the tables. The advisory lock is held until the transaction ends,
+// so concurrent callers run one after the other and all but the first find nothing to do.
+func (s *Store) Setup(ctx context.Context) error {
+	if err := s.usable(ctx); err != nil {
+		return s.wrap("setup", err)
+	}
+	return s.wrap("setup", pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", setupLockKey); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, createVersionTable); err != nil {
+			return err
+		}
+		var version int
+		if err := tx.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM pinned_schema_version").Scan(&version); err != nil {
+			return err
+		}
+		if version > len(migrations) {
+			return fmt.Errorf("database has schema version %d, this build knows up to %d", version, len(migrations))
+		}
+		for v := version; v < len(migrations); v++ {
+			if _, err := tx.Exec(ctx, migrations[v]); err != nil {
+				return fmt.Errorf("migration %d: %w", v+1, err)
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO pinned_schema_version (version) VALUES ($1)", v+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+}
+
+// fenceSQL raises the fence to $3 unless it is already newer, and reserves $4 seqs. It returns
+// the generation now stored and the last reserved seq. When the returned generation is newer
+// than $3 the caller is fenced and rolls back (Fence changes nothing then: GREATEST kept it).
+const fenceSQL = `
+INSERT INTO pinned_instance_fence AS f (ns, id, generation, last_seq) VALUES ($1, $2, $3, $4)
+ON CONFLICT (ns, id) DO UPDATE SET
+	generation = GREATEST(f.generation, EXCLUDED.generation),
+	last_seq = f.last_seq + $4,
+	updated_at = now()
+RETURNING generation, last_seq`
+
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// fence runs fenceSQL and returns the first reserved seq.
+func fence(ctx context.Context, q querier, inst statestore.InstanceKey, gen uint64, n int) (first int64, err error) {
+	var stored, last int64
+	if err := q.QueryRow(ctx, fenceSQL, inst.Namespace, inst.ID, int64(gen), int64(n)).Scan(&stored, &last); err != nil {
+		return 0, err
+	}
+	if uint64(stored) > gen {
+		return 0, statestore.FencedError(inst, gen, uint64(stored))
+	}
+	return last - int64(n) + 1, nil
+}
+
+// Fence implements statestore.Store with one autocommitted statement.
+func (s *Store) Fence(ctx context.Context, inst statestore.InstanceKey, gen uint64) error {
+	if err := statestore.ValidateFence(inst, gen); err != nil {
+		return fmt.Errorf("pgstore: fence: %w", err)
+	}
+	if err := s.usable(ctx); err != nil {
+		return s.wrap("fence", err)
+	}
+	_, err := fence(ctx, s.pool, inst, gen, 0)
+	return s.wrap("fence", err)
+}
+
+// Load implements statestore.Store. The reads run in the transaction that holds the fence row
+// lock, so no commit of this instance lands between fencing and reading.
+func (s *Store) Load(ctx context.Context, inst statestore.InstanceKey, gen uint64) ([]statestore.Tray, error) {
+	if err := statestore.ValidateFence(inst, gen); err != nil {
+		return nil, fmt.Errorf("pgstore: load: %w", err)
+	}
+	if err := s.usable(ctx); err != nil {
+		return nil, s.wrap("load", err)
+	}
+	var trays []statestore.Tray
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := fence(ctx, tx, inst, gen, 0); err != nil {
+			return err
+		}
+		trays = nil
+		at := map[statestore.TrayKey]int{}
+		b := &pgx.Batch{}
+		b.Queue(`SELECT tray_ns, tray_id, marked FROM pinned_tray_index WHERE ns = $1 AND id = $2
+			ORDER BY tray_ns, tray_id`, inst.Namespace, inst.ID).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				t := statestore.Tray{Fields: map[string][]byte{}}
+				if err := rows.Scan(&t.Key.NS, &t.Key.ID, &t.Marked); err != nil {
+					return err
+				}
+				at[t.Key] = len(trays)
+				trays = append(trays, t)
+			}
+			return rows.Err()
+		})
+		b.Queue(`SELECT tray_ns, tray_id, name, value FROM pinned_tray_fields WHERE ns = $1 AND id = $2`,
+			inst.Namespace, inst.ID).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var k statestore.TrayKey
+				var name string
+				var value []byte
+				if err := rows.Scan(&k.NS, &k.ID, &name, &value); err != nil {
+					return err
+				}
+				if i, ok := at[k]; ok {
+					if value == nil {
+						value = []byte{} // an empty value is a value
+					}
+					trays[i].Fields[name] = value
+				}
+			}
+			return rows.Err()
+		})
+		b.Queue(`SELECT tray_ns, tray_id, seq, payload, applied FROM pinned_tray_items WHERE ns = $1 AND id = $2
+			ORDER BY tray_ns, tray_id, seq`, inst.Namespace, inst.ID).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var k statestore.TrayKey
+				var it statestore.Item
+				if err := rows.Scan(&k.NS, &k.ID, &it.Seq, &it.Payload, &it.Applied); err != nil {
+					return err
+				}
+				if i, ok := at[k]; ok {
+					trays[i].Items = append(trays[i].Items, it)
+				}
+			}
+			return rows.Err()
+		})
+		return tx.SendBatch(ctx, b).Close()
+	})
+	if err != nil {
+		return nil, s.wrap("load", err)
+	}
+	return trays, nil
+}
+
+// SQL of the mutations; $1..$4 are always ns, id, tray_ns, tray_id.
+const (
+	trayWhere    = `ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4`
+	setFieldSQL  = `INSERT INTO pinned_tray_fields (ns, id, tray_ns, tray_id, name, value) VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (ns, id, tray_ns, tray_id, name) DO UPDATE SET value = EXCLUDED.value`
+	delFieldSQL  = `DELETE FROM pinned_tray_fields WHERE ` + trayWhere + ` AND name = $5`
+	appendSQL    = `INSERT INTO pinned_tray_items (ns, id, tray_ns, tray_id, seq, payload)
+SELECT $1, $2, $3, $4, u.seq, u.payload FROM unnest($5::bigint[], $6::bytea[]) AS u(seq, payload)`
+	markSQL      = `UPDATE pinned_tray_items SET applied = true WHERE ` + trayWhere + ` AND seq <= $5 AND NOT applied`
+	removeSQL    = `DELETE FROM pinned_tray_items WHERE ` + trayWhere + ` AND seq <= $5`
+	delFieldsSQL = `DELETE FROM pinned_tray_fields WHERE ` + trayWhere
+	delItemsSQL  = `DELETE FROM pinned_tray_items WHERE ` + trayWhere
+
+	// reindexSQL derives the tray's index row from what the commit left: no row for an empty
+	// tray, marked iff it holds an item, and the generation of this write.
+	reindexSQL = `
+WITH s AS (
+	SELECT EXISTS (SELECT 1 FROM pinned_tray_items WHERE ` + trayWhere + `) AS marked,
+	       EXISTS (SELECT 1 FROM pinned_tray_fields WHERE ` + trayWhere + `) AS has_fields
+), gone AS (
+	DELETE FROM pinned_tray_index WHERE ` + trayWhere + ` AND NOT (SELECT marked OR has_fields FROM s)
+)
+INSERT INTO pinned_tray_index (ns, id, tray_ns, tray_id, marked, generation, updated_at)
+SELECT $1, $2, $3, $4, s.marked, $5, now() FROM s WHERE s.marked OR s.has_fields
+ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET
+	marked = EXCLUDED.marked, generation = EXCLUDED.generation, updated_at = EXCLUDED.updated_at`
+)
+
+// Commit implements statestore.Store.
+func (s *Store) Commit(ctx context.Context, inst statestore.InstanceKey, gen uint64, muts []statestore.Mutation) (statestore.CommitResult, error) {
+	appended, err := statestore.ValidateCommit(inst, gen, muts)
+	if err != nil {
+		return statestore.CommitResult{}, fmt.Errorf("pgstore: commit: %w", err)
+	}
+	if err := s.usable(ctx); err != nil {
+		return statestore.CommitResult{}, s.wrap("commit", err)
+	}
+	var res statestore.CommitResult
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		next, err := fence(ctx, tx, inst, gen, appended)
+		if err != nil {
+			return err
+		}
+		if len(muts) == 0 {
+			return nil
+		}
+		res = statestore.CommitResult{}
+		b := &pgx.Batch{}
+		var touched []statestore.TrayKey
+		seen := map[statestore.TrayKey]bool{}
+		for _, m := range muts {
+			tk := statestore.TrayOf(m)
+			if !seen[tk] {
+				seen[tk] = true
+				touched = append(touched, tk)
+			}
+			key := []any{inst.Namespace, inst.ID, tk.NS, tk.ID}
+			switch m := m.(type) {
+			case statestore.SetField:
+				if m.Value == nil {
+					b.Queue(delFieldSQL, append(key, m.Name)...)
+				} else {
+					b.Queue(setFieldSQL, append(key, m.Name, m.Value)...)
+				}
+			case statestore.AppendItems:
+				seqs := make([]int64, len(m.Payloads))
+				ps := make([][]byte, len(m.Payloads))
+				for i, p := range m.Payloads {
+					seqs[i] = next
+					next++
+					if p == nil {
+						p = []byte{} // a nil slice would be a NULL element
+					}
+					ps[i] = p
+				}
+				res.Seqs = append(res.Seqs, seqs)
+				if len(seqs) > 0 {
+					b.Queue(appendSQL, append(key, seqs, ps)...)
+				}
+			case statestore.MarkApplied:
+				b.Queue(markSQL, append(key, m.UpTo)...)
+			case statestore.RemoveItems:
+				b.Queue(removeSQL, append(key, m.UpTo)...)
+			case statestore.DeleteTray:
+				b.Queue(delFieldsSQL, key...)
+				b.Queue(delItemsSQL, key...)
+			}
+		}
+		for _, tk := range touched {
+			b.Queue(reindexSQL, inst.Namespace, inst.ID, tk.NS, tk.ID, int64(gen))
+		}
+		return tx.SendBatch(ctx, b).Close()
+	})
+	if err != nil {
+		return statestore.CommitResult{}, s.wrap("commit", err)
+	}
+	return res, nil
+}
+
+// ListMarked implements statestore.Store on the partial index of marked trays.
+func (s *Store) ListMarked(ctx context.Context, after statestore.InstanceKey, limit int) ([]statestore.InstanceKey, error) {
+	if err := statestore.ValidateAfter(after); err != nil {
+		return nil, fmt.Errorf("pgstore: list marked: %w", err)
+	}
+	if err := statestore.ValidateListLimit(limit); err != nil {
+		return nil, fmt.Errorf("pgstore: list marked: %w", err)
+	}
+	if err := s.usable(ctx); err != nil {
+		return nil, s.wrap("list marked", err)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT DISTINCT ns, id FROM pinned_tray_index
+		WHERE marked AND (ns, id) > ($1::text COLLATE "C", $2::text COLLATE "C")
+		ORDER BY ns, id LIMIT $3`, after.Namespace, after.ID, limit)
+	if err != nil {
+		return nil, s.wrap("list marked", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (statestore.InstanceKey, error) {
+		var k statestore.InstanceKey
+		err := r.Scan(&k.Namespace, &k.ID)
+		return k, err
+	})
+	if err != nil {
+		return nil, s.wrap("list marked", err)
+	}
+	return out, nil
+}
+
+// Generation implements statestore.Store.
+func (s *Store) Generation(ctx context.Context, inst statestore.InstanceKey) (uint64, error) {
+	if err := statestore.ValidateInstance(inst); err != nil {
+		return 0, fmt.Errorf("pgstore: generation: %w", err)
+	}
+	if err := s.usable(ctx); err != nil {
+		return 0, s.wrap("generation", err)
+	}
+	var gen int64
+	err := s.pool.QueryRow(ctx, `SELECT generation FROM pinned_instance_fence WHERE ns = $1 AND id = $2`,
+		inst.Namespace, inst.ID).Scan(&gen)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, s.wrap("generation", err)
+	}
+	return uint64(gen), nil
+}
+
+// Close closes the pool, waiting for connections in use to be returned; later calls fail with
+// ErrClosed.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.pool.Close()
+	return nil
+}

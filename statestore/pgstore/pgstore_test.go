@@ -1,0 +1,157 @@
+package pgstore_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pinnedd/pinnedd/statestore"
+	"github.com/pinnedd/pinnedd/statestore/pgstore"
+	"github.com/pinnedd/pinnedd/statestore/pgstore/pgtest"
+	"github.com/pinnedd/pinnedd/statestore/storetest"
+)
+
+func open(t testing.TB, dsn string) *pgstore.Store {
+	t.Helper()
+	s, err := pgstore.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatalf("pgstore.Open: %v", err)
+	}
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	// Each store remembers its database so reopen and attach reach the same one.
+	var mu sync.Mutex
+	dsns := map[statestore.Store]string{}
+	dsnOf := func(s statestore.Store) string {
+		mu.Lock()
+		defer mu.Unlock()
+		return dsns[s]
+	}
+	openAt := func(t *testing.T, dsn string) statestore.Store {
+		s := open(t, dsn)
+		mu.Lock()
+		dsns[s] = dsn
+		mu.Unlock()
+		return s
+	}
+	storetest.Run(t,
+		func(t *testing.T) statestore.Store { return openAt(t, pgtest.NewDatabase(t)) },
+		storetest.WithReopen(func(t *testing.T, s statestore.Store) statestore.Store {
+			if err := s.Close(); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			return openAt(t, dsnOf(s))
+		}),
+		storetest.WithAttach(func(t *testing.T, s statestore.Store) statestore.Store {
+			return openAt(t, dsnOf(s))
+		}),
+	)
+}
+
+// TestTrayIndexRows: the table an operator reads shows one row per tray, as in the seed.
+func TestTrayIndexRows(t *testing.T) {
+	ctx := t.Context()
+	s := open(t, pgtest.NewDatabase(t))
+	defer s.Close()
+	if err := s.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	inst := statestore.InstanceKey{Namespace: "/threads", ID: "t1"}
+	if _, err := s.Commit(ctx, inst, 3, []statestore.Mutation{
+		statestore.SetField{Tray: statestore.TrayKey{NS: "log", ID: "~"}, Name: "messages", Value: []byte(`{}`)},
+		statestore.AppendItems{Tray: statestore.TrayKey{NS: "client_commands", ID: "c1"}, Payloads: [][]byte{[]byte(`{"cmd":1}`)}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Commit(ctx, inst, 4, []statestore.Mutation{
+		statestore.SetField{Tray: statestore.TrayKey{NS: "log", ID: "~"}, Name: "messages", Value: []byte(`{"m":1}`)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := s.Pool().Query(ctx, `SELECT ns, id, tray_ns, tray_id, marked, generation, updated_at
+		FROM pinned_tray_index ORDER BY tray_ns, tray_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var ns, id, trayNS, trayID string
+		var marked bool
+		var gen int64
+		var updated time.Time
+		if err := rows.Scan(&ns, &id, &trayNS, &trayID, &marked, &gen, &updated); err != nil {
+			t.Fatal(err)
+		}
+		if updated.IsZero() {
+			t.Fatalf("updated_at not set")
+		}
+		got = append(got, strings.Join([]string{ns, id, trayNS, trayID, map[bool]string{true: "t", false: "f"}[marked], strconv.FormatInt(gen, 10)}, "|"))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"/threads|t1|client_commands|c1|t|3", "/threads|t1|log|~|f|4"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("pinned_tray_index:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	var fenceGen int64
+	if err := s.Pool().QueryRow(ctx, `SELECT generation FROM pinned_instance_fence WHERE ns = '/threads' AND id = 't1'`).Scan(&fenceGen); err != nil || fenceGen != 4 {
+		t.Fatalf("pinned_instance_fence generation = %d, %v; want 4", fenceGen, err)
+	}
+}
+
+// TestSetupMigratesOnce: nodes starting together record each schema version exactly once.
+func TestSetupMigratesOnce(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	const nodes = 6
+	stores := make([]*pgstore.Store, nodes)
+	for i := range stores {
+		stores[i] = open(t, dsn)
+		defer stores[i].Close()
+	}
+	errs := make([]error, nodes)
+	var wg sync.WaitGroup
+	for i, s := range stores {
+		wg.Go(func() { errs[i] = s.Setup(context.Background()) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("node %d Setup: %v", i, err)
+		}
+	}
+	var rows, distinct int
+	if err := stores[0].Pool().QueryRow(t.Context(),
+		`SELECT count(*), count(DISTINCT version) FROM pinned_schema_version`).Scan(&rows, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	if rows != distinct || rows < 1 {
+		t.Fatalf("pinned_schema_version has %d rows for %d versions", rows, distinct)
+	}
+}
+
+// TestRefusesNewerSchema: a node must not write into a schema it does not know.
+func TestRefusesNewerSchema(t *testing.T) {
+	s := open(t, pgtest.NewDatabase(t))
+	defer s.Close()
+	if err := s.Setup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pool().Exec(t.Context(), `INSERT INTO pinned_schema_version (version) VALUES (999)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Setup(t.Context()); err == nil || !strings.Contains(err.Error(), "schema version 999") {
+		t.Fatalf("Setup on a newer schema: err = %v, want a refusal", err)
+	}
+}
+
+func BenchmarkCommit(b *testing.B) {
+	s := open(b, pgtest.NewDatabase(b))
+	defer s.Close()
+	storetest.BenchCommit(b, s)
+}
