@@ -30,6 +30,9 @@ import (
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/raftstore"
+	"github.com/pinnedd/pinnedd/statestore"
+	"github.com/pinnedd/pinnedd/statestore/boltstore"
+	"github.com/pinnedd/pinnedd/statestore/pgstore"
 	"github.com/pinnedd/pinnedd/supervisor"
 )
 
@@ -53,6 +56,8 @@ func agentCommand() *cli.Command {
 			&cli.IntFlag{Name: "max-voters", Value: 3, Usage: "Raft voters (3 or 5); members joining beyond it are nonvoters", EnvVars: []string{"PINNEDD_MAX_VOTERS"}},
 			&cli.DurationFlag{Name: "raft-timeout", Usage: "Raft heartbeat and election timeout (default: hashicorp/raft's 1s)", EnvVars: []string{"PINNEDD_RAFT_TIMEOUT"}, Hidden: true},
 			&cli.StringSliceFlag{Name: "plugin", Usage: "serve `/NS=PATH`: namespace NS from the plugin binary at PATH (repeatable)", EnvVars: []string{"PINNEDD_PLUGINS"}},
+			&cli.StringFlag{Name: "database-url", Usage: "Postgres for instance state, shared by the fleet (default: an embedded store in --data-dir)", EnvVars: []string{"DATABASE_URL"}},
+			&cli.DurationFlag{Name: "scan-interval", Value: 5 * time.Second, Usage: "how often the leader looks for marked durable work to resume", EnvVars: []string{"PINNEDD_SCAN_INTERVAL"}},
 			&cli.BoolFlag{Name: "no-hosts", Usage: "serve no instances: a pure front door and Raft member (the seed's pinboard role)", EnvVars: []string{"PINNEDD_NO_HOSTS"}},
 			&cli.StringFlag{Name: "token", Usage: "deployment token (worker and operator scopes)", EnvVars: []string{"PINBOARD_TOKEN"}},
 			&cli.DurationFlag{Name: "lease-ttl", Value: pinboard.DefaultLeaseTTL, Usage: "worker lease TTL (also PINBOARD_LEASE_TTL_MS)", EnvVars: []string{"PINNEDD_LEASE_TTL"}},
@@ -78,6 +83,8 @@ func agentCommand() *cli.Command {
 }
 
 type agentConfig struct {
+	databaseURL     string
+	scanInterval    time.Duration
 	balanceFactor   float64
 	trustedProxies  []netip.Prefix
 	dev             bool
@@ -135,6 +142,8 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 		cfg.leaseTTL = d
 	}
 	cfg.balanceFactor = c.Float64("affinity-balance-factor")
+	cfg.databaseURL = c.String("database-url")
+	cfg.scanInterval = c.Duration("scan-interval")
 	if cfg.trustedProxies, err = pinboard.ParseTrustedProxies(c.String("trusted-proxies")); err != nil {
 		return cfg, fmt.Errorf("--trusted-proxies: %w", err)
 	}
@@ -333,9 +342,15 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 
 	var fd *pinboard.FrontDoor
 	var sup *supervisor.Supervisor
+	var states statestore.Store
 	if !cfg.noHosts {
+		states, err = openStateStore(ctx, cfg, dataDir)
+		if err != nil {
+			return err
+		}
+		defer states.Close()
 		sup, err = supervisor.New(supervisor.Config{
-			Specs: cfg.specs, Logger: log, Registerer: reg,
+			Specs: cfg.specs, Logger: log, Registerer: reg, Store: states,
 			DetachedTimeout: cfg.detachedTimeout, StopGrace: cfg.stopGrace, StablePeriod: cfg.stablePeriod,
 			OnEvicted: func(k supervisor.Key, gen uint64, release bool) { fd.Released(k.Namespace, k.ID, gen, release) },
 		})
@@ -369,6 +384,7 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	dir := pinboard.NewDirectory(machine, store)
 	defer dir.Close()
 	store.RunAsLeader("directory", func(ctx context.Context) { directoryLeader(ctx, dir, log) })
+
 
 	registry := pinboard.NewRegistry(dir, cfg.leaseTTL)
 	var quarantine time.Duration
@@ -425,6 +441,9 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		}
 	}
 	fd = pinboard.NewFrontDoor(fdc)
+	if states != nil {
+		store.RunAsLeader("scanner", func(ctx context.Context) { scanMarked(ctx, states, fd, cfg.scanInterval, log) })
+	}
 	member := func(r *http.Request) bool {
 		return tokens.Allowed(r, pinboard.ScopeWorker) || tokens.Allowed(r, pinboard.ScopeOperator)
 	}
@@ -590,4 +609,72 @@ func joinHandler(tokens *pinboard.Tokens, cfg agentConfig, store *raftstore.Stor
 		log.Info("joined the cluster", "via", req.URL)
 		httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "nodeId": store.NodeID()})
 	})
+}
+
+// openStateStore opens the node's instance state store: Postgres when
+// --database-url is set (shared by the fleet, so any node can restore any
+// id), else an embedded bbolt file in the data dir (this node only).
+func openStateStore(ctx context.Context, cfg agentConfig, dataDir string) (statestore.Store, error) {
+	var st statestore.Store
+	if cfg.databaseURL != "" {
+		pg, err := pgstore.Open(ctx, cfg.databaseURL)
+		if err != nil {
+			return nil, fmt.Errorf("state store: %w", err)
+		}
+		st = pg
+	} else {
+		b, err := boltstore.Open(filepath.Join(dataDir, "state.db"))
+		if err != nil {
+			return nil, fmt.Errorf("state store: %w", err)
+		}
+		st = b
+		if !cfg.dev {
+			cfg.logger.Warn("instance state is in this node's data dir only; give --database-url so another node can restore an id after this one dies")
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := st.Setup(sctx); err != nil {
+		st.Close()
+		return nil, fmt.Errorf("state store setup: %w", err)
+	}
+	return st, nil
+}
+
+// scanMarked is the leader's background scanner: instances with marked
+// durable work whose id is unplaced or whose owner's lease lapsed are woken
+// on a live worker, so interrupted work resumes without any client.
+func scanMarked(ctx context.Context, states statestore.Store, fd *pinboard.FrontDoor, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		after := statestore.InstanceKey{}
+		for ctx.Err() == nil {
+			page, err := states.ListMarked(ctx, after, 256)
+			if err != nil {
+				if ctx.Err() == nil {
+					log.Warn("scan for marked work", "err", err)
+				}
+				break
+			}
+			for _, k := range page {
+				woke, err := fd.Wake(ctx, directory.Key{Namespace: k.Namespace, ID: k.ID})
+				switch {
+				case err != nil && ctx.Err() == nil:
+					log.Debug("wake for marked work failed", "instance", k.String(), "err", err)
+				case woke:
+					log.Info("woke an instance to resume its marked work", "instance", k.String())
+				}
+			}
+			if len(page) < 256 {
+				break
+			}
+			after = page[len(page)-1]
+		}
+	}
 }
