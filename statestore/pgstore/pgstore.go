@@ -120,13 +120,14 @@ func (s *Store) Setup(ctx context.Context) error {
 
 // fenceSQL raises the fence to $3 unless it is already newer, and reserves $4 seqs. It returns
 // the generation now stored and the last reserved seq. When the returned generation is newer
-// than $3 the caller is fenced and rolls back (Fence changes nothing then: GREATEST kept it).
+// than $3 the caller is fenced and rolls back; Fence, which runs it alone, then writes the row
+// back unchanged (GREATEST keeps the generation, updated_at moves only when it rises).
 const fenceSQL = `
 INSERT INTO pinned_instance_fence AS f (ns, id, generation, last_seq) VALUES ($1, $2, $3, $4)
 ON CONFLICT (ns, id) DO UPDATE SET
 	generation = GREATEST(f.generation, EXCLUDED.generation),
 	last_seq = f.last_seq + $4,
-	updated_at = now()
+	updated_at = CASE WHEN EXCLUDED.generation > f.generation THEN now() ELSE f.updated_at END
 RETURNING generation, last_seq`
 
 type querier interface {
@@ -228,11 +229,11 @@ func (s *Store) Load(ctx context.Context, inst statestore.InstanceKey, gen uint6
 
 // SQL of the mutations; $1..$4 are always ns, id, tray_ns, tray_id.
 const (
-	trayWhere    = `ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4`
-	setFieldSQL  = `INSERT INTO pinned_tray_fields (ns, id, tray_ns, tray_id, name, value) VALUES ($1, $2, $3, $4, $5, $6)
+	trayWhere   = `ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4`
+	setFieldSQL = `INSERT INTO pinned_tray_fields (ns, id, tray_ns, tray_id, name, value) VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (ns, id, tray_ns, tray_id, name) DO UPDATE SET value = EXCLUDED.value`
-	delFieldSQL  = `DELETE FROM pinned_tray_fields WHERE ` + trayWhere + ` AND name = $5`
-	appendSQL    = `INSERT INTO pinned_tray_items (ns, id, tray_ns, tray_id, seq, payload)
+	delFieldSQL = `DELETE FROM pinned_tray_fields WHERE ` + trayWhere + ` AND name = $5`
+	appendSQL   = `INSERT INTO pinned_tray_items (ns, id, tray_ns, tray_id, seq, payload)
 SELECT $1, $2, $3, $4, u.seq, u.payload FROM unnest($5::bigint[], $6::bytea[]) AS u(seq, payload)`
 	markSQL      = `UPDATE pinned_tray_items SET applied = true WHERE ` + trayWhere + ` AND seq <= $5 AND NOT applied`
 	removeSQL    = `DELETE FROM pinned_tray_items WHERE ` + trayWhere + ` AND seq <= $5`

@@ -155,3 +155,32 @@ func BenchmarkCommit(b *testing.B) {
 	defer s.Close()
 	storetest.BenchCommit(b, s)
 }
+
+// TestKeysCollateByBytes: the server here may well default to C.UTF-8, so the conformance
+// suite's byte-order cases would pass without the schema's COLLATE "C"; check the columns.
+func TestKeysCollateByBytes(t *testing.T) {
+	s := open(t, pgtest.NewDatabase(t))
+	defer s.Close()
+	if err := s.Setup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := s.Pool().Query(t.Context(), `SELECT table_name || '.' || column_name FROM information_schema.columns
+		WHERE table_name LIKE 'pinned\_%' AND data_type = 'text' AND coalesce(collation_name, '') <> 'C'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bad []string
+	for rows.Next() {
+		var c string
+		if err := rows.Scan(&c); err != nil {
+			t.Fatal(err)
+		}
+		bad = append(bad, c)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(bad) > 0 {
+		t.Fatalf("text columns without COLLATE \"C\": %v", bad)
+	}
+}

@@ -14,8 +14,8 @@ CREATE TABLE pinned_instance_fence (
 	ns         text COLLATE "C" NOT NULL,
 	id         text COLLATE "C" NOT NULL,
 	generation bigint NOT NULL CHECK (generation > 0),
-	last_seq   bigint NOT NULL DEFAULT 0,
-	updated_at timestamptz NOT NULL DEFAULT now(),
+	last_seq   bigint NOT NULL DEFAULT 0,  -- last seq handed out; never reset
+	updated_at timestamptz NOT NULL DEFAULT now(),  -- when generation last rose
 	PRIMARY KEY (ns, id)
 );
 
