@@ -273,8 +273,10 @@ func (s *Supervisor) dropFenced(k Key, inc *incarnation) {
 	s.count(k.Namespace, false)
 }
 
-// dropIncarnation forgets the instances a dead plugin process took with it.
-// Their placements stay: the ids re-activate here on their next request.
+// dropIncarnation forgets the instances a dead plugin process took with it
+// and remembers them for the next incarnation: their placements stay here,
+// and reactivate brings them back so streams can reconnect and durable work
+// resumes without waiting for a request.
 func (s *Supervisor) dropIncarnation(inc *incarnation) {
 	s.mu.Lock()
 	var gone []*instance
@@ -289,7 +291,33 @@ func (s *Supervisor) dropIncarnation(inc *incarnation) {
 			s.metrics.evictions.WithLabelValues(in.key.Namespace, "crash").Inc()
 			s.metrics.instances.WithLabelValues(in.key.Namespace).Dec()
 			s.count(in.key.Namespace, false)
+			inc.proc.mu.Lock()
+			inc.proc.orphans = append(inc.proc.orphans, orphan{in.key, in.gen})
+			inc.proc.mu.Unlock()
 		}
+	}
+}
+
+// orphan is an instance a crashed incarnation took down.
+type orphan struct {
+	key Key
+	gen uint64
+}
+
+// reactivate brings back the instances the previous incarnation of p lost.
+// One that fails (its placement moved, the host refuses) stays down until
+// a request comes.
+func (s *Supervisor) reactivate(p *pluginProc) {
+	p.mu.Lock()
+	orphans := p.orphans
+	p.orphans = nil
+	p.mu.Unlock()
+	for _, o := range orphans {
+		ctx, cancel := context.WithTimeout(s.runCtx, activationTimeout)
+		if err := s.Wake(ctx, o.key.Namespace, o.key.ID, o.gen); err != nil && ctx.Err() == nil {
+			s.cfg.Logger.Warn("reactivation after plugin restart failed", "instance", o.key.String(), "err", err)
+		}
+		cancel()
 	}
 }
 
@@ -315,7 +343,7 @@ func (s *Supervisor) newProxy(inc *incarnation) *httputil.ReverseProxy {
 		tr = &plugins.GRPCTransport{Data: inc.conn.Data}
 	}
 	return &httputil.ReverseProxy{
-		Transport:     tr,
+		Transport: tr,
 		// FlushInterval 0: ReverseProxy flushes streamed responses (SSE,
 		// unknown length) on every write by itself, and leaves
 		// fixed-length ones whole, one write to the client.
@@ -357,6 +385,17 @@ func (s *Supervisor) Live(ns, id string) bool {
 	defer s.mu.Unlock()
 	in := s.instances[Key{ns, id}]
 	return in != nil && !in.evicting
+}
+
+// Wake activates (ns, id) under generation without serving a request (its
+// durable work resumes); the idle timer then runs as after any request.
+func (s *Supervisor) Wake(ctx context.Context, ns, id string, gen uint64) error {
+	in, err := s.acquire(ctx, Key{ns, id}, gen)
+	if err != nil {
+		return err
+	}
+	s.release(in)
+	return nil
 }
 
 // LiveGeneration reports the generation (ns, id) runs under, if live here.

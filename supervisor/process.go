@@ -87,6 +87,7 @@ type pluginProc struct {
 	degraded   bool
 	namespaces []string
 	lastErr    string
+	orphans    []orphan // instances the last crash took down
 }
 
 // errors a caller maps to responses.
@@ -285,6 +286,9 @@ func (p *pluginProc) run(ctx context.Context, first chan<- error) {
 			}
 		}
 		var uptime time.Duration
+		if err == nil && attempt > 0 {
+			go p.sup.reactivate(p)
+		}
 		if err == nil {
 			stable := time.NewTimer(cfg.StablePeriod)
 			select {

@@ -100,6 +100,27 @@ func main() {
 		"/fail": {New: func(*sdk.Instance) (http.Handler, error) {
 			return nil, errors.New("this host never activates")
 		}},
+		// /jobs: durable work. POST /submit?mode=crash|hang appends a job;
+		// the tray handler records each delivery, marks it applied, then
+		// (first delivery only) exits the plugin or hangs in mode crash or
+		// hang, so the test can watch it come back with resume=true.
+		"/jobs": {
+			New: func(inst *sdk.Instance) (http.Handler, error) {
+				mux := http.NewServeMux()
+				mux.HandleFunc("POST /submit", func(w http.ResponseWriter, r *http.Request) {
+					job := map[string]string{"name": r.URL.Query().Get("name"), "mode": r.URL.Query().Get("mode")}
+					seqs, err := inst.Tray("runs", "r").Append(r.Context(), job)
+					if err != nil {
+						http.Error(w, err.Error(), http.StatusServiceUnavailable)
+						return
+					}
+					w.WriteHeader(http.StatusAccepted)
+					fmt.Fprintf(w, `{"seq":%d}`, seqs[0])
+				})
+				return mux, nil
+			},
+			Trays: map[string]sdk.TrayHandler{"runs": runJob},
+		},
 		// /misc: panics, crashes, streams, upgrades.
 		"/misc": {New: func(inst *sdk.Instance) (http.Handler, error) { return misc(inst), nil }},
 	})
@@ -200,4 +221,27 @@ func servePlainHTTP() {
 	h, _ := counter.Host().New(sdk.NewMemoryInstance("/counters", "bench"))
 	fmt.Printf("listening %s\n", ln.Addr())
 	_ = http.Serve(ln, h)
+}
+
+// runJob is /jobs' tray handler.
+func runJob(ctx context.Context, run *sdk.Run) error {
+	var job struct{ Name, Mode string }
+	if err := json.Unmarshal(run.Items[0].Payload, &job); err != nil {
+		return err
+	}
+	record("run %s resume=%v", job.Name, run.Resume)
+	if err := run.Applied(ctx); err != nil {
+		return err
+	}
+	if !run.Resume {
+		switch job.Mode {
+		case "crash":
+			os.Exit(3)
+		case "hang":
+			<-ctx.Done() // until the process dies
+			return ctx.Err()
+		}
+	}
+	record("done %s", job.Name)
+	return nil
 }
