@@ -1,0 +1,72 @@
+package e2e
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
+	"github.com/pinnedd/pinnedd/statestore/pgstore/pgtest"
+)
+
+// --dev with Postgres and no --data-dir: the directory restarts from
+// nothing, the state store does not. The generations the new directory
+// issues must still be above the ones the store has seen, or every write
+// would be fenced.
+func TestDevPostgresRestartKeepsState(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDatabase(t)
+	a := testutil.StartAgent(t, nil, "--dev", "--database-url", dsn)
+	expect(t, a, "POST", "/counters/pg/increment", 200, `{"value":1}`)
+	expect(t, a, "POST", "/counters/pg/increment", 200, `{"value":2}`)
+	a.Signal(syscall.SIGKILL)
+	if _, err := a.Wait(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	b := testutil.StartAgent(t, nil, "--dev", "--database-url", dsn)
+	expect(t, b, "GET", "/counters/pg/value", 200, `{"value":2}`)
+	expect(t, b, "POST", "/counters/pg/increment", 200, `{"value":3}`)
+}
+
+// Two workers sharing Postgres: kill -9 the owner, the survivor restores
+// the counter from the store and goes on from the last acknowledged value.
+func TestFleetFailoverRestoresFromPostgres(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDatabase(t)
+	pg := []string{"--database-url", dsn}
+	n1 := newNode(t, "n1", append([]string{"--bootstrap"}, pg...)...).start(t, true)
+	n2 := newNode(t, "n2", append([]string{"--join", n1.url()}, pg...)...).start(t, true)
+	n3 := newNode(t, "n3", append([]string{"--join", n1.url()}, pg...)...).start(t, true)
+	nodes := []*node{n1, n2, n3}
+	for _, n := range nodes {
+		eventually(t, 10*time.Second, n.id+" sees 3 workers", func() bool { return len(liveWorkers(t, n)) == 3 })
+	}
+	eventually(t, 10*time.Second, "quarantine over", func() bool {
+		return n1.a.MustDo("POST", "/counters/f/increment", "").Code == 200
+	})
+	for i := 0; i < 4; i++ {
+		if r := nodes[i%3].a.MustDo("POST", "/counters/f/increment", ""); r.Code != 200 {
+			t.Fatalf("increment: %d %s", r.Code, r.Body)
+		}
+	}
+	owner := ownerOf(t, nodes, "/counters", "f")
+	owner.a.Signal(syscall.SIGKILL)
+	if _, err := owner.a.Wait(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var survivor *node
+	for _, n := range nodes {
+		if n != owner {
+			survivor = n
+		}
+	}
+	var r testutil.Response
+	eventually(t, 20*time.Second, "f restored on a survivor", func() bool {
+		r = survivor.a.MustDo("GET", "/counters/f/value", "")
+		return r.Code == 200
+	})
+	if strings.TrimSpace(r.Body) != `{"value":5}` {
+		t.Fatalf("value after failover = %s, want 5", r.Body)
+	}
+}
