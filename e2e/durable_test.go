@@ -57,7 +57,7 @@ func TestAppliedWorkRedeliveredAfterPluginCrash(t *testing.T) {
 		return countEvents(t, events, "done first") == 1
 	})
 	got := strings.Join(eventLines(t, events), "|")
-	if !strings.Contains(got, "run first resume=false|") || !strings.Contains(got, "run first resume=true|done first") {
+	if !strings.Contains(got, "run first resume=false|applied first|") || !strings.Contains(got, "run first resume=true|applied first|done first") {
 		t.Fatalf("events %q", got)
 	}
 	if n := a.Metric(`pinned_plugin_restarts_total{plugin="testhost"}`); n != 1 {
@@ -75,13 +75,16 @@ func TestAppliedWorkResumesAfterAgentKill9(t *testing.T) {
 	if r := a.MustDo("POST", "/jobs/j2/submit?name=second&mode=hang", ""); r.Code != 202 {
 		t.Fatalf("submit: %d %s", r.Code, r.Body)
 	}
-	eventually(t, 10*time.Second, "first delivery", func() bool { return countEvents(t, events, "run second resume=false") == 1 })
+	// Kill only once the batch is durably marked applied.
+	eventually(t, 10*time.Second, "first delivery applied", func() bool { return countEvents(t, events, "applied second") == 1 })
 	a.Signal(syscall.SIGKILL)
 	if _, err := a.Wait(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
 	b := testutil.StartAgent(t, []string{"TESTHOST_EVENTS=" + events}, append([]string{"--dev"}, args...)...)
-	eventually(t, 15*time.Second, "resumed by the scanner", func() bool { return countEvents(t, events, "done second") == 1 })
+	if err := testutil.Eventually(15*time.Second, func() bool { return countEvents(t, events, "done second") == 1 }); err != nil {
+		t.Fatalf("not resumed by the scanner; events %q", eventLines(t, events))
+	}
 	if countEvents(t, events, "run second resume=true") != 1 {
 		t.Fatalf("events %q", eventLines(t, events))
 	}

@@ -233,6 +233,7 @@ func runJob(ctx context.Context, run *sdk.Run) error {
 	if err := run.Applied(ctx); err != nil {
 		return err
 	}
+	record("applied %s", job.Name)
 	if !run.Resume {
 		switch job.Mode {
 		case "crash":
