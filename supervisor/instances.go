@@ -38,6 +38,15 @@ type instance struct {
 
 	ctx    context.Context // cancelled at eviction: ends open streams
 	cancel context.CancelFunc
+
+	// Wind-down, guarded by Supervisor.mu. windDown is an operator's
+	// deadline for this instance (zero: none); deadline is the one in
+	// force (the earliest of it and the node's drain); sent is what the
+	// plugin was last told; timer evicts at the deadline.
+	windDown time.Time
+	deadline time.Time
+	sent     time.Time
+	timer    *time.Timer
 }
 
 // activationTimeout bounds a host's New + Start.
@@ -98,6 +107,10 @@ func (s *Supervisor) acquire(ctx context.Context, k Key, gen uint64) (*instance,
 			s.mu.Unlock()
 			return nil, errNotLive
 		}
+		if s.drainingLocked() {
+			s.mu.Unlock()
+			return nil, ErrDraining
+		}
 		inc, err := p.current()
 		if err != nil {
 			s.mu.Unlock()
@@ -145,6 +158,12 @@ func (s *Supervisor) release(in *instance) {
 	if in.conns > 0 || in.evicting || s.instances[in.key] != in || in.err != nil {
 		return
 	}
+	if s.windingLocked(in) {
+		// Its last connection closed while winding down: go now unless
+		// tracked work is still running.
+		go s.evictWith(context.Background(), in, s.windReason(in), s.cfg.StopGrace, true)
+		return
+	}
 	s.armIdleLocked(in)
 }
 
@@ -177,6 +196,9 @@ func (s *Supervisor) remove(in *instance) bool {
 	if in.idle != nil {
 		in.idle.Stop()
 	}
+	if in.timer != nil {
+		in.timer.Stop()
+	}
 	close(in.stopped)
 	in.cancel()
 	return true
@@ -185,8 +207,15 @@ func (s *Supervisor) remove(in *instance) bool {
 // evict deactivates in (idle eviction only while it has no open
 // connection, and the host's idle hook may keep it), then reports it gone.
 func (s *Supervisor) evict(ctx context.Context, in *instance, reason proto.Reason, grace time.Duration) {
+	s.evictWith(ctx, in, reason, grace, false)
+}
+
+// evictWith is evict; onlyIfIdle leaves an instance with open connections
+// or running tasks alone (a winding-down instance evicted early, when its
+// work is done).
+func (s *Supervisor) evictWith(ctx context.Context, in *instance, reason proto.Reason, grace time.Duration, onlyIfIdle bool) {
 	s.mu.Lock()
-	if s.instances[in.key] != in || in.evicting || (reason == proto.Reason_REASON_IDLE && in.conns > 0) {
+	if s.instances[in.key] != in || in.evicting || ((reason == proto.Reason_REASON_IDLE || onlyIfIdle) && in.conns > 0) {
 		s.mu.Unlock()
 		return
 	}
@@ -205,12 +234,14 @@ func (s *Supervisor) evict(ctx context.Context, in *instance, reason proto.Reaso
 	<-in.ready
 
 	resp, err := in.inc.conn.Control.Deactivate(ctx, &proto.DeactivateRequest{
-		Namespace: in.key.Namespace, Id: in.key.ID, Reason: reason, GraceMs: grace.Milliseconds(),
+		Namespace: in.key.Namespace, Id: in.key.ID, Reason: reason, GraceMs: grace.Milliseconds(), OnlyIfIdle: onlyIfIdle,
 	})
 	if err == nil && resp.Kept {
 		s.mu.Lock()
 		in.evicting = false
-		if in.conns == 0 && s.instances[in.key] == in {
+		// A winding-down instance waits for its work (EVICT_ME) or its
+		// deadline; any other one goes back to idling.
+		if in.conns == 0 && s.instances[in.key] == in && !s.windingLocked(in) {
 			s.armIdleLocked(in)
 		}
 		s.mu.Unlock()
@@ -225,6 +256,12 @@ func (s *Supervisor) evict(ctx context.Context, in *instance, reason proto.Reaso
 	s.metrics.evictions.WithLabelValues(in.key.Namespace, reasonLabel(reason)).Inc()
 	s.metrics.instances.WithLabelValues(in.key.Namespace).Dec()
 	s.count(in.key.Namespace, false)
+	if reason == proto.Reason_REASON_SWAP {
+		// Hot swap: the id stays placed here and comes back at once in
+		// the new process (streams reconnect, durable work resumes).
+		s.adoptOrphan(in)
+		return
+	}
 	release := true
 	if h := in.inc.hosts[in.key.Namespace]; reason == proto.Reason_REASON_IDLE && h != nil && !h.ReleasePlacementOnIdle {
 		release = false
@@ -232,14 +269,22 @@ func (s *Supervisor) evict(ctx context.Context, in *instance, reason proto.Reaso
 	if s.cfg.OnEvicted != nil {
 		s.cfg.OnEvicted(in.key, in.gen, release)
 	}
+	s.noteDrained()
 }
 
 // evictKey evicts the instance k if it still belongs to inc.
+// evictKey handles an instance's own request to go (EVICT_ME): idle
+// eviction normally; while winding down, eviction as soon as it is idle.
 func (s *Supervisor) evictKey(k Key, inc *incarnation, reason proto.Reason, _ bool) {
 	s.mu.Lock()
 	in := s.instances[k]
+	winding := in != nil && s.windingLocked(in)
 	s.mu.Unlock()
 	if in == nil || in.inc != inc {
+		return
+	}
+	if winding {
+		s.evictWith(context.Background(), in, s.windReason(in), s.cfg.StopGrace, true)
 		return
 	}
 	s.evict(context.Background(), in, reason, s.cfg.StopGrace)
@@ -296,6 +341,16 @@ func (s *Supervisor) dropIncarnation(inc *incarnation) {
 			inc.proc.mu.Unlock()
 		}
 	}
+}
+
+// adoptOrphan queues an instance a hot swap evicted from the old process
+// for activation in the new one, and starts that at once.
+func (s *Supervisor) adoptOrphan(in *instance) {
+	p := in.inc.proc
+	p.mu.Lock()
+	p.orphans = append(p.orphans, orphan{in.key, in.gen})
+	p.mu.Unlock()
+	go s.reactivate(p)
 }
 
 // orphan is an instance a crashed incarnation took down.
@@ -476,6 +531,11 @@ func (s *Supervisor) writeAcquireError(w http.ResponseWriter, r *http.Request, e
 		httpx.WriteError(w, http.StatusServiceUnavailable, "namespace degraded on this node", 5*time.Second)
 	case errors.Is(err, ErrPluginDown):
 		httpx.WriteError(w, http.StatusServiceUnavailable, "plugin restarting, retry", time.Second)
+	case errors.Is(err, ErrDraining):
+		// In-band refusal: a forwarding front door releases the placement
+		// and retries on another worker.
+		w.Header().Set(plugins.HeaderRefusal, "draining")
+		httpx.WriteError(w, http.StatusServiceUnavailable, "node is draining", time.Second)
 	case errors.Is(err, ErrStopping):
 		httpx.WriteError(w, http.StatusServiceUnavailable, "node is shutting down", time.Second)
 	case errors.Is(err, ErrActivation):

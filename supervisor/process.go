@@ -2,8 +2,11 @@ package supervisor
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -14,6 +17,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -33,6 +37,8 @@ type Spec struct {
 	// Namespaces the operator expects this binary to serve (from
 	// --plugin /ns=path). Empty: whatever it describes.
 	Namespaces []string
+	// Watch reloads the plugin (hot swap) when the binary at Path changes.
+	Watch bool
 }
 
 // State of a plugin process, as status reports it.
@@ -61,6 +67,12 @@ type incarnation struct {
 	started time.Time
 	cancel  context.CancelFunc // ends the Events stream
 	dead    chan struct{}      // closed once the process is gone
+
+	// A hot swap retires an incarnation: no new activations, its
+	// instances wind down by retireBy, then it is stopped on purpose.
+	retired  atomic.Bool
+	retireBy time.Time
+	bin      binStat // the binary this incarnation runs
 }
 
 func (inc *incarnation) alive() bool {
@@ -87,7 +99,9 @@ type pluginProc struct {
 	degraded   bool
 	namespaces []string
 	lastErr    string
-	orphans    []orphan // instances the last crash took down
+	orphans    []orphan      // instances to bring back in the current incarnation
+	swapped    chan struct{} // closed and replaced by every hot swap
+	reloadMu   sync.Mutex    // one swap at a time
 }
 
 // errors a caller maps to responses.
@@ -124,6 +138,7 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 	p.mu.Unlock()
 
 	socket := filepath.Join(s.runtimeDir, fmt.Sprintf("%s-%d.sock", p.spec.Name, seq))
+	bin := statBinary(p.spec.Path)
 	cmd := exec.Command(p.spec.Path, p.spec.Args...)
 	cmd.Env = append(os.Environ(), p.spec.Env...)
 	cmd.Env = append(cmd.Env,
@@ -183,7 +198,7 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 	}
 
 	inc := &incarnation{
-		proc: p, seq: seq, client: client, conn: conn, pid: int(desc.Pid),
+		proc: p, seq: seq, client: client, conn: conn, pid: int(desc.Pid), bin: bin,
 		socket: desc.DataSocket, hosts: hosts, started: time.Now(), dead: make(chan struct{}),
 	}
 	inc.tr = &http.Transport{
@@ -265,9 +280,9 @@ func (p *pluginProc) watch(inc *incarnation, events proto.Control_EventsClient) 
 	p.mu.Lock()
 	if p.cur == inc {
 		p.cur = nil
+		p.sup.metrics.pluginUp.WithLabelValues(p.spec.Name).Set(0)
 	}
 	p.mu.Unlock()
-	p.sup.metrics.pluginUp.WithLabelValues(p.spec.Name).Set(0)
 	close(inc.dead)
 	p.sup.dropIncarnation(inc)
 }
@@ -290,25 +305,12 @@ func (p *pluginProc) run(ctx context.Context, first chan<- error) {
 			go p.sup.reactivate(p)
 		}
 		if err == nil {
-			stable := time.NewTimer(cfg.StablePeriod)
-			select {
-			case <-inc.dead:
-			case <-ctx.Done():
-				stable.Stop()
+			died, crashed := p.watchCurrent(ctx, inc)
+			if !crashed {
 				return
-			case <-stable.C:
-				p.mu.Lock()
-				p.crashes, p.degraded = 0, false
-				p.mu.Unlock()
-				select {
-				case <-inc.dead:
-				case <-ctx.Done():
-					return
-				}
 			}
-			stable.Stop()
-			uptime = time.Since(inc.started)
-			p.logger.Error("plugin exited unexpectedly", "pid", inc.pid, "uptime", uptime.Round(time.Millisecond))
+			uptime = time.Since(died.started)
+			p.logger.Error("plugin exited unexpectedly", "pid", died.pid, "uptime", uptime.Round(time.Millisecond))
 		} else {
 			p.logger.Error("plugin failed to start", "err", err)
 		}
@@ -342,6 +344,131 @@ func (p *pluginProc) run(ctx context.Context, first chan<- error) {
 	}
 }
 
+// watchCurrent follows the serving incarnation until it dies unexpectedly
+// (crashed true) or ctx ends. A hot swap replaces the incarnation under
+// watch; a retired one stopping on purpose is not a crash. It also resets
+// the crash count after a stable period, and reloads the plugin when its
+// binary changes on disk (Spec.Watch).
+func (p *pluginProc) watchCurrent(ctx context.Context, last *incarnation) (*incarnation, bool) {
+	stable := time.NewTimer(p.sup.cfg.StablePeriod)
+	defer stable.Stop()
+	var tick <-chan time.Time
+	if p.spec.Watch {
+		t := time.NewTicker(binaryPoll)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		p.mu.Lock()
+		cur, swapped := p.cur, p.swapped
+		p.mu.Unlock()
+		if cur == nil {
+			return last, true
+		}
+		last = cur
+		select {
+		case <-cur.dead:
+			if !cur.retired.Load() {
+				return cur, true
+			}
+		case <-swapped:
+		case <-stable.C:
+			p.mu.Lock()
+			p.crashes, p.degraded = 0, false
+			p.mu.Unlock()
+		case <-tick:
+			if changed(p.spec.Path, cur.bin) {
+				p.logger.Info("plugin binary changed on disk; reloading", "path", p.spec.Path)
+				go func() {
+					if err := p.reload(ctx); err != nil {
+						p.logger.Error("reload after binary change failed; the old process keeps serving", "err", err)
+					}
+				}()
+			}
+		case <-ctx.Done():
+			return nil, false
+		}
+	}
+}
+
+// binaryPoll is how often a watched plugin binary is checked for change.
+const binaryPoll = 2 * time.Second
+
+// binStat identifies a binary version cheaply (for change detection) and
+// by content (for `plugins list`).
+type binStat struct {
+	mod  time.Time
+	size int64
+	hash string
+}
+
+func statBinary(path string) binStat {
+	st, err := os.Stat(path)
+	if err != nil {
+		return binStat{}
+	}
+	b := binStat{mod: st.ModTime(), size: st.Size()}
+	if f, err := os.Open(path); err == nil {
+		h := sha256.New()
+		if _, err := io.Copy(h, f); err == nil {
+			b.hash = hex.EncodeToString(h.Sum(nil))[:12]
+		}
+		f.Close()
+	}
+	return b
+}
+
+func changed(path string, was binStat) bool {
+	st, err := os.Stat(path)
+	return err == nil && (!st.ModTime().Equal(was.mod) || st.Size() != was.size)
+}
+
+// reload hot-swaps the plugin: a new process starts and takes every new
+// activation; the old one's instances wind down (by SwapDeadline) and come
+// back in the new process at once; then the old process is stopped. If the
+// new binary fails to start, the old process keeps serving.
+func (p *pluginProc) reload(ctx context.Context) error {
+	p.reloadMu.Lock()
+	defer p.reloadMu.Unlock()
+	p.mu.Lock()
+	old := p.cur
+	p.mu.Unlock()
+	if _, err := p.spawn(ctx); err != nil {
+		p.mu.Lock()
+		if old != nil && old.alive() {
+			p.state = StateRunning
+		}
+		p.lastErr = err.Error()
+		p.mu.Unlock()
+		return fmt.Errorf("reload %s: %w", p.spec.Name, err)
+	}
+	p.mu.Lock()
+	close(p.swapped)
+	p.swapped = make(chan struct{})
+	p.mu.Unlock()
+	if old == nil {
+		return nil
+	}
+	s := p.sup
+	s.mu.Lock()
+	old.retireBy = time.Now().Add(s.cfg.SwapDeadline)
+	old.retired.Store(true)
+	acts := s.recomputeLocked()
+	s.mu.Unlock()
+	s.run(acts)
+	p.logger.Info("plugin reloaded; old process winding down", "old_pid", old.pid, "deadline", s.cfg.SwapDeadline)
+	go func() {
+		// Wait until the old process serves nothing (or its deadline and
+		// a little grace passed), then stop it.
+		limit := time.Now().Add(s.cfg.SwapDeadline + 2*deadlineGrace)
+		for s.instancesOn(old) > 0 && time.Now().Before(limit) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		p.stopIncarnation(old, s.cfg.StopGrace)
+	}()
+	return nil
+}
+
 // backoff is min·2^(n-1), capped at max.
 func backoff(n int, lo, hi time.Duration) time.Duration {
 	d := lo
@@ -354,6 +481,8 @@ func backoff(n int, lo, hi time.Duration) time.Duration {
 // stop ends the current incarnation: a Shutdown RPC lets instances stop
 // within grace, then go-plugin's Kill (graceful, then SIGKILL).
 func (p *pluginProc) stop(grace time.Duration) {
+	p.reloadMu.Lock() // no swap half-done underneath
+	defer p.reloadMu.Unlock()
 	p.mu.Lock()
 	inc := p.cur
 	p.state = StateStopped
@@ -361,6 +490,12 @@ func (p *pluginProc) stop(grace time.Duration) {
 	if inc == nil {
 		return
 	}
+	p.stopIncarnation(inc, grace)
+}
+
+// stopIncarnation ends one process: Shutdown lets its instances stop
+// within grace, then go-plugin's Kill.
+func (p *pluginProc) stopIncarnation(inc *incarnation, grace time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), grace+time.Second)
 	_, err := inc.conn.Control.Shutdown(ctx, &proto.ShutdownRequest{GraceMs: grace.Milliseconds()})
 	cancel()

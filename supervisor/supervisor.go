@@ -49,6 +49,7 @@ type Config struct {
 	BackoffMax         time.Duration // default 30s
 	StablePeriod       time.Duration // default 30s: a run this long resets the crash count
 	CrashLoopThreshold int           // default 3 consecutive short runs → degraded
+	SwapDeadline       time.Duration // default 10s: a hot swap's wind-down of the old process
 
 	// OnEvicted is called once an instance is gone for good (idle,
 	// drained, shut down): release is false when its host keeps the
@@ -73,6 +74,7 @@ func (c *Config) setDefaults() {
 	if c.DataPlane == "" {
 		c.DataPlane = DataPlaneUnix
 	}
+	def(&c.SwapDeadline, 10*time.Second)
 	if c.CrashLoopThreshold <= 0 {
 		c.CrashLoopThreshold = 3
 	}
@@ -103,6 +105,8 @@ type Supervisor struct {
 	mu        sync.Mutex
 	instances map[Key]*instance
 	counts    map[string]*NamespaceStats
+	drains    map[string]drainSpec
+	drainedCh chan struct{} // replaced on every change WaitDrained cares about
 	stopping  bool
 	started   bool
 
@@ -117,14 +121,15 @@ func New(cfg Config) (*Supervisor, error) {
 	if len(cfg.Specs) == 0 {
 		return nil, errors.New("supervisor: no plugins configured")
 	}
-	s := &Supervisor{cfg: cfg, metrics: newMetrics(cfg.Registerer), byNS: map[string]*pluginProc{}, instances: map[Key]*instance{}, counts: map[string]*NamespaceStats{}}
+	s := &Supervisor{cfg: cfg, metrics: newMetrics(cfg.Registerer), byNS: map[string]*pluginProc{}, instances: map[Key]*instance{}, counts: map[string]*NamespaceStats{},
+		drains: map[string]drainSpec{}, drainedCh: make(chan struct{})}
 	names := map[string]bool{}
 	for _, sp := range cfg.Specs {
 		if names[sp.Name] {
 			return nil, fmt.Errorf("supervisor: two plugins named %q", sp.Name)
 		}
 		names[sp.Name] = true
-		s.procs = append(s.procs, &pluginProc{sup: s, spec: sp, state: StateStopped, logger: cfg.Logger.With("plugin", sp.Name)})
+		s.procs = append(s.procs, &pluginProc{sup: s, spec: sp, state: StateStopped, logger: cfg.Logger.With("plugin", sp.Name), swapped: make(chan struct{})})
 	}
 	return s, nil
 }
@@ -236,6 +241,36 @@ func (s *Supervisor) Stop(ctx context.Context) {
 	}
 }
 
+// Reload hot-swaps the plugin serving ns, or every plugin when ns is "".
+func (s *Supervisor) Reload(ctx context.Context, ns string) error {
+	var errs []error
+	found := false
+	for _, p := range s.procs {
+		if ns != "" && s.byNS[ns] != p {
+			continue
+		}
+		found = true
+		errs = append(errs, p.reload(ctx))
+	}
+	if !found {
+		return fmt.Errorf("%w: %s", ErrUnknownNS, ns)
+	}
+	return errors.Join(errs...)
+}
+
+// instancesOn counts the live instances of one incarnation.
+func (s *Supervisor) instancesOn(inc *incarnation) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, in := range s.instances {
+		if in.inc == inc {
+			n++
+		}
+	}
+	return n
+}
+
 // PluginStatus is one plugin as `pinnedd status` shows it.
 type PluginStatus struct {
 	Name        string   `json:"name"`
@@ -247,6 +282,7 @@ type PluginStatus struct {
 	Degraded    bool     `json:"degraded"`
 	Namespaces  []string `json:"namespaces"`
 	LastError   string   `json:"lastError,omitempty"`
+	Version     string   `json:"version,omitempty"` // sha256 prefix of the binary the process runs
 }
 
 // InstanceStatus is one live instance.
@@ -341,6 +377,7 @@ func (s *Supervisor) Plugins() []PluginStatus {
 		}
 		if p.cur != nil {
 			st.PID = p.cur.pid
+			st.Version = p.cur.bin.hash
 		}
 		p.mu.Unlock()
 		sort.Strings(st.Namespaces)

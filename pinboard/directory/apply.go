@@ -86,6 +86,7 @@ func (m *Machine) applyRegister(c Register) Result {
 	w.Namespaces = append([]string(nil), c.Namespaces...)
 	w.Headroom = c.Headroom
 	w.Degraded = false // registration is gated on a passing challenge
+	w.Draining = c.Draining
 
 	var live map[Key]struct{}
 	if len(c.LiveIDs) != 0 {
@@ -139,6 +140,7 @@ func (m *Machine) applyHeartbeat(c Heartbeat) Result {
 	}
 	w.Headroom = c.Headroom
 	w.Degraded = !c.ProbeOK
+	w.Draining = c.Draining
 	return m.renew(w, c.Now, c.TTLMs)
 }
 
@@ -164,6 +166,8 @@ func (m *Machine) eligible(w *Worker, ns string, now int64) string {
 		return ReasonNamespace
 	case w.Degraded:
 		return ReasonDegraded
+	case w.Draining:
+		return ReasonDraining
 	}
 	if _, ok := m.activeDrain(w.ClientID, now); ok {
 		return ReasonDraining

@@ -57,6 +57,7 @@ type Register struct {
 	TTLMs        int64
 	Now          int64
 	LiveIDs      []Key
+	Draining     bool // see Heartbeat.Draining
 }
 
 // Heartbeat renews the lease of the worker's current session. ProbeOK is the
@@ -69,6 +70,9 @@ type Heartbeat struct {
 	TTLMs     int64
 	Headroom  int64
 	ProbeOK   bool
+	// Draining: the worker drains by itself (SIGTERM, a local `pinnedd
+	// drain`): new placements skip it, as they skip an operator drain.
+	Draining bool
 }
 
 // Deregister ends the worker's session and drops its placements. The worker
@@ -157,7 +161,8 @@ func (c Register) appendPayload(b []byte) []byte {
 	b = binary.AppendVarint(b, c.Headroom)
 	b = binary.AppendVarint(b, c.TTLMs)
 	b = binary.AppendVarint(b, c.Now)
-	return appendKeys(b, c.LiveIDs)
+	b = appendKeys(b, c.LiveIDs)
+	return appendBool(b, c.Draining)
 }
 
 func (c Heartbeat) appendPayload(b []byte) []byte {
@@ -166,7 +171,8 @@ func (c Heartbeat) appendPayload(b []byte) []byte {
 	b = binary.AppendVarint(b, c.Now)
 	b = binary.AppendVarint(b, c.TTLMs)
 	b = binary.AppendVarint(b, c.Headroom)
-	return appendBool(b, c.ProbeOK)
+	b = appendBool(b, c.ProbeOK)
+	return appendBool(b, c.Draining)
 }
 
 func (c Deregister) appendPayload(b []byte) []byte {
@@ -286,12 +292,13 @@ func decodeBody(t byte, payload []byte, inBatch bool) (Command, error) {
 			ClientID: d.string(), SessionID: d.string(), NodeID: d.string(),
 			AdvertiseURL: d.string(), Namespaces: d.strings(),
 			Headroom: d.varint(), TTLMs: d.varint(), Now: d.varint(),
-			LiveIDs: d.keys(),
+			LiveIDs: d.keys(), Draining: d.bool(),
 		}
 	case TypeHeartbeat:
 		c = Heartbeat{
 			ClientID: d.string(), SessionID: d.string(),
 			Now: d.varint(), TTLMs: d.varint(), Headroom: d.varint(), ProbeOK: d.bool(),
+			Draining: d.bool(),
 		}
 	case TypeDeregister:
 		c = Deregister{ClientID: d.string(), SessionID: d.string()}

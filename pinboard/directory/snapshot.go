@@ -15,7 +15,7 @@ import (
 // CRC-32C of everything before it.
 const (
 	snapshotMagic   = "PDIR"
-	snapshotVersion = 2 // 2: lastGen after coldStart
+	snapshotVersion = 3 // 2: lastGen after coldStart; 3: Worker.Draining
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -142,7 +142,8 @@ func appendWorker(b []byte, w Worker) []byte {
 	b = binary.AppendVarint(b, w.LeaseExpiry)
 	b = appendBool(b, w.Degraded)
 	b = binary.AppendVarint(b, w.RegisteredAt)
-	return binary.AppendVarint(b, w.LastHeartbeat)
+	b = binary.AppendVarint(b, w.LastHeartbeat)
+	return appendBool(b, w.Draining)
 }
 
 // Restore replaces the state with the snapshot read from r. It decodes into
@@ -189,7 +190,7 @@ func decodeSnapshot(data []byte) (state, error) {
 			ClientID: d.string(), SessionID: d.string(), NodeID: d.string(),
 			AdvertiseURL: d.string(), Namespaces: d.strings(), Headroom: d.varint(),
 			LeaseExpiry: d.varint(), Degraded: d.bool(), RegisteredAt: d.varint(),
-			LastHeartbeat: d.varint(),
+			LastHeartbeat: d.varint(), Draining: d.bool(),
 		}
 		st.workers[w.ClientID] = w
 		if w.AdvertiseURL != "" {

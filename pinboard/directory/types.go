@@ -64,6 +64,7 @@ type Worker struct {
 	Headroom      int64 // selection weight; each grant subtracts one until the next heartbeat
 	LeaseExpiry   int64 // unix ms; the worker serves while now <= LeaseExpiry
 	Degraded      bool  // the last challenge probe failed
+	Draining      bool  // the worker reported draining by itself
 	RegisteredAt  int64 // unix ms of the current session's registration
 	LastHeartbeat int64 // unix ms
 }

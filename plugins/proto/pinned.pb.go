@@ -424,7 +424,10 @@ type DeactivateRequest struct {
 	Reason    Reason                 `protobuf:"varint,3,opt,name=reason,proto3,enum=pinnedd.plugin.v1.Reason" json:"reason,omitempty"`
 	// Tracked tasks get until this many ms to return after the instance
 	// context is cancelled; 0 means do not wait.
-	GraceMs       int64 `protobuf:"varint,4,opt,name=grace_ms,json=graceMs,proto3" json:"grace_ms,omitempty"`
+	GraceMs int64 `protobuf:"varint,4,opt,name=grace_ms,json=graceMs,proto3" json:"grace_ms,omitempty"`
+	// Only deactivate if the instance has no tracked task running (a
+	// winding-down instance that still works answers kept).
+	OnlyIfIdle    bool `protobuf:"varint,5,opt,name=only_if_idle,json=onlyIfIdle,proto3" json:"only_if_idle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -487,6 +490,110 @@ func (x *DeactivateRequest) GetGraceMs() int64 {
 	return 0
 }
 
+func (x *DeactivateRequest) GetOnlyIfIdle() bool {
+	if x != nil {
+		return x.OnlyIfIdle
+	}
+	return false
+}
+
+type WindDownRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Id        string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	// Unix ms of the eviction deadline; 0 revokes the wind-down.
+	DeadlineUnixMs int64 `protobuf:"varint,3,opt,name=deadline_unix_ms,json=deadlineUnixMs,proto3" json:"deadline_unix_ms,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *WindDownRequest) Reset() {
+	*x = WindDownRequest{}
+	mi := &file_pinned_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WindDownRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WindDownRequest) ProtoMessage() {}
+
+func (x *WindDownRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pinned_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WindDownRequest.ProtoReflect.Descriptor instead.
+func (*WindDownRequest) Descriptor() ([]byte, []int) {
+	return file_pinned_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *WindDownRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *WindDownRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *WindDownRequest) GetDeadlineUnixMs() int64 {
+	if x != nil {
+		return x.DeadlineUnixMs
+	}
+	return 0
+}
+
+type WindDownResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WindDownResponse) Reset() {
+	*x = WindDownResponse{}
+	mi := &file_pinned_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WindDownResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WindDownResponse) ProtoMessage() {}
+
+func (x *WindDownResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pinned_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WindDownResponse.ProtoReflect.Descriptor instead.
+func (*WindDownResponse) Descriptor() ([]byte, []int) {
+	return file_pinned_proto_rawDescGZIP(), []int{7}
+}
+
 type DeactivateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The idle hook asked to stay resident (only for REASON_IDLE).
@@ -499,7 +606,7 @@ type DeactivateResponse struct {
 
 func (x *DeactivateResponse) Reset() {
 	*x = DeactivateResponse{}
-	mi := &file_pinned_proto_msgTypes[6]
+	mi := &file_pinned_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -511,7 +618,7 @@ func (x *DeactivateResponse) String() string {
 func (*DeactivateResponse) ProtoMessage() {}
 
 func (x *DeactivateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[6]
+	mi := &file_pinned_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -524,7 +631,7 @@ func (x *DeactivateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeactivateResponse.ProtoReflect.Descriptor instead.
 func (*DeactivateResponse) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{6}
+	return file_pinned_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeactivateResponse) GetKept() bool {
@@ -549,7 +656,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_pinned_proto_msgTypes[7]
+	mi := &file_pinned_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -561,7 +668,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[7]
+	mi := &file_pinned_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -574,7 +681,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{7}
+	return file_pinned_proto_rawDescGZIP(), []int{9}
 }
 
 type InstanceStats struct {
@@ -590,7 +697,7 @@ type InstanceStats struct {
 
 func (x *InstanceStats) Reset() {
 	*x = InstanceStats{}
-	mi := &file_pinned_proto_msgTypes[8]
+	mi := &file_pinned_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -602,7 +709,7 @@ func (x *InstanceStats) String() string {
 func (*InstanceStats) ProtoMessage() {}
 
 func (x *InstanceStats) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[8]
+	mi := &file_pinned_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -615,7 +722,7 @@ func (x *InstanceStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceStats.ProtoReflect.Descriptor instead.
 func (*InstanceStats) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{8}
+	return file_pinned_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *InstanceStats) GetNamespace() string {
@@ -662,7 +769,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_pinned_proto_msgTypes[9]
+	mi := &file_pinned_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +781,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[9]
+	mi := &file_pinned_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +794,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{9}
+	return file_pinned_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StatsResponse) GetInstances() []*InstanceStats {
@@ -705,7 +812,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_pinned_proto_msgTypes[10]
+	mi := &file_pinned_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -717,7 +824,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[10]
+	mi := &file_pinned_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -730,7 +837,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{10}
+	return file_pinned_proto_rawDescGZIP(), []int{12}
 }
 
 type HealthResponse struct {
@@ -742,7 +849,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_pinned_proto_msgTypes[11]
+	mi := &file_pinned_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -754,7 +861,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[11]
+	mi := &file_pinned_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -767,7 +874,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{11}
+	return file_pinned_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HealthResponse) GetServing() bool {
@@ -786,7 +893,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_pinned_proto_msgTypes[12]
+	mi := &file_pinned_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -798,7 +905,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[12]
+	mi := &file_pinned_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -811,7 +918,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{12}
+	return file_pinned_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ShutdownRequest) GetGraceMs() int64 {
@@ -829,7 +936,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_pinned_proto_msgTypes[13]
+	mi := &file_pinned_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -841,7 +948,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[13]
+	mi := &file_pinned_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -854,7 +961,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{13}
+	return file_pinned_proto_rawDescGZIP(), []int{15}
 }
 
 type Header struct {
@@ -867,7 +974,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_pinned_proto_msgTypes[14]
+	mi := &file_pinned_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -879,7 +986,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[14]
+	mi := &file_pinned_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -892,7 +999,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{14}
+	return file_pinned_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Header) GetName() string {
@@ -923,7 +1030,7 @@ type RequestHead struct {
 
 func (x *RequestHead) Reset() {
 	*x = RequestHead{}
-	mi := &file_pinned_proto_msgTypes[15]
+	mi := &file_pinned_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1042,7 @@ func (x *RequestHead) String() string {
 func (*RequestHead) ProtoMessage() {}
 
 func (x *RequestHead) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[15]
+	mi := &file_pinned_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1055,7 @@ func (x *RequestHead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestHead.ProtoReflect.Descriptor instead.
 func (*RequestHead) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{15}
+	return file_pinned_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RequestHead) GetMethod() string {
@@ -1003,7 +1110,7 @@ type ResponseHead struct {
 
 func (x *ResponseHead) Reset() {
 	*x = ResponseHead{}
-	mi := &file_pinned_proto_msgTypes[16]
+	mi := &file_pinned_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +1122,7 @@ func (x *ResponseHead) String() string {
 func (*ResponseHead) ProtoMessage() {}
 
 func (x *ResponseHead) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[16]
+	mi := &file_pinned_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +1135,7 @@ func (x *ResponseHead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResponseHead.ProtoReflect.Descriptor instead.
 func (*ResponseHead) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{16}
+	return file_pinned_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ResponseHead) GetStatus() int32 {
@@ -1060,7 +1167,7 @@ type HTTPFrame struct {
 
 func (x *HTTPFrame) Reset() {
 	*x = HTTPFrame{}
-	mi := &file_pinned_proto_msgTypes[17]
+	mi := &file_pinned_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1072,7 +1179,7 @@ func (x *HTTPFrame) String() string {
 func (*HTTPFrame) ProtoMessage() {}
 
 func (x *HTTPFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[17]
+	mi := &file_pinned_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1085,7 +1192,7 @@ func (x *HTTPFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPFrame.ProtoReflect.Descriptor instead.
 func (*HTTPFrame) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{17}
+	return file_pinned_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *HTTPFrame) GetFrame() isHTTPFrame_Frame {
@@ -1168,7 +1275,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_pinned_proto_msgTypes[18]
+	mi := &file_pinned_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1180,7 +1287,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[18]
+	mi := &file_pinned_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1193,7 +1300,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{18}
+	return file_pinned_proto_rawDescGZIP(), []int{20}
 }
 
 type Event struct {
@@ -1207,7 +1314,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_pinned_proto_msgTypes[19]
+	mi := &file_pinned_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +1326,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[19]
+	mi := &file_pinned_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +1339,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{19}
+	return file_pinned_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Event) GetKind() EventKind {
@@ -1267,7 +1374,7 @@ type StoreLoadRequest struct {
 
 func (x *StoreLoadRequest) Reset() {
 	*x = StoreLoadRequest{}
-	mi := &file_pinned_proto_msgTypes[20]
+	mi := &file_pinned_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1279,7 +1386,7 @@ func (x *StoreLoadRequest) String() string {
 func (*StoreLoadRequest) ProtoMessage() {}
 
 func (x *StoreLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[20]
+	mi := &file_pinned_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1292,7 +1399,7 @@ func (x *StoreLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreLoadRequest.ProtoReflect.Descriptor instead.
 func (*StoreLoadRequest) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{20}
+	return file_pinned_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StoreLoadRequest) GetNamespace() string {
@@ -1327,7 +1434,7 @@ type TrayItem struct {
 
 func (x *TrayItem) Reset() {
 	*x = TrayItem{}
-	mi := &file_pinned_proto_msgTypes[21]
+	mi := &file_pinned_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1339,7 +1446,7 @@ func (x *TrayItem) String() string {
 func (*TrayItem) ProtoMessage() {}
 
 func (x *TrayItem) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[21]
+	mi := &file_pinned_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1352,7 +1459,7 @@ func (x *TrayItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrayItem.ProtoReflect.Descriptor instead.
 func (*TrayItem) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{21}
+	return file_pinned_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TrayItem) GetSeq() int64 {
@@ -1389,7 +1496,7 @@ type TrayData struct {
 
 func (x *TrayData) Reset() {
 	*x = TrayData{}
-	mi := &file_pinned_proto_msgTypes[22]
+	mi := &file_pinned_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1401,7 +1508,7 @@ func (x *TrayData) String() string {
 func (*TrayData) ProtoMessage() {}
 
 func (x *TrayData) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[22]
+	mi := &file_pinned_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1414,7 +1521,7 @@ func (x *TrayData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrayData.ProtoReflect.Descriptor instead.
 func (*TrayData) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{22}
+	return file_pinned_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *TrayData) GetTrayNs() string {
@@ -1461,7 +1568,7 @@ type StoreLoadResponse struct {
 
 func (x *StoreLoadResponse) Reset() {
 	*x = StoreLoadResponse{}
-	mi := &file_pinned_proto_msgTypes[23]
+	mi := &file_pinned_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1580,7 @@ func (x *StoreLoadResponse) String() string {
 func (*StoreLoadResponse) ProtoMessage() {}
 
 func (x *StoreLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[23]
+	mi := &file_pinned_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1593,7 @@ func (x *StoreLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreLoadResponse.ProtoReflect.Descriptor instead.
 func (*StoreLoadResponse) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{23}
+	return file_pinned_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StoreLoadResponse) GetTrays() []*TrayData {
@@ -1514,7 +1621,7 @@ type StoreMutation struct {
 
 func (x *StoreMutation) Reset() {
 	*x = StoreMutation{}
-	mi := &file_pinned_proto_msgTypes[24]
+	mi := &file_pinned_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1633,7 @@ func (x *StoreMutation) String() string {
 func (*StoreMutation) ProtoMessage() {}
 
 func (x *StoreMutation) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[24]
+	mi := &file_pinned_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1646,7 @@ func (x *StoreMutation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreMutation.ProtoReflect.Descriptor instead.
 func (*StoreMutation) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{24}
+	return file_pinned_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StoreMutation) GetTrayNs() string {
@@ -1653,7 +1760,7 @@ type SetFieldOp struct {
 
 func (x *SetFieldOp) Reset() {
 	*x = SetFieldOp{}
-	mi := &file_pinned_proto_msgTypes[25]
+	mi := &file_pinned_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1665,7 +1772,7 @@ func (x *SetFieldOp) String() string {
 func (*SetFieldOp) ProtoMessage() {}
 
 func (x *SetFieldOp) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[25]
+	mi := &file_pinned_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1678,7 +1785,7 @@ func (x *SetFieldOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetFieldOp.ProtoReflect.Descriptor instead.
 func (*SetFieldOp) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{25}
+	return file_pinned_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SetFieldOp) GetName() string {
@@ -1704,7 +1811,7 @@ type AppendItemsOp struct {
 
 func (x *AppendItemsOp) Reset() {
 	*x = AppendItemsOp{}
-	mi := &file_pinned_proto_msgTypes[26]
+	mi := &file_pinned_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1716,7 +1823,7 @@ func (x *AppendItemsOp) String() string {
 func (*AppendItemsOp) ProtoMessage() {}
 
 func (x *AppendItemsOp) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[26]
+	mi := &file_pinned_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1729,7 +1836,7 @@ func (x *AppendItemsOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendItemsOp.ProtoReflect.Descriptor instead.
 func (*AppendItemsOp) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{26}
+	return file_pinned_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *AppendItemsOp) GetPayloads() [][]byte {
@@ -1751,7 +1858,7 @@ type StoreCommitRequest struct {
 
 func (x *StoreCommitRequest) Reset() {
 	*x = StoreCommitRequest{}
-	mi := &file_pinned_proto_msgTypes[27]
+	mi := &file_pinned_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +1870,7 @@ func (x *StoreCommitRequest) String() string {
 func (*StoreCommitRequest) ProtoMessage() {}
 
 func (x *StoreCommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[27]
+	mi := &file_pinned_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +1883,7 @@ func (x *StoreCommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreCommitRequest.ProtoReflect.Descriptor instead.
 func (*StoreCommitRequest) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{27}
+	return file_pinned_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StoreCommitRequest) GetNamespace() string {
@@ -1816,7 +1923,7 @@ type Seqs struct {
 
 func (x *Seqs) Reset() {
 	*x = Seqs{}
-	mi := &file_pinned_proto_msgTypes[28]
+	mi := &file_pinned_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1828,7 +1935,7 @@ func (x *Seqs) String() string {
 func (*Seqs) ProtoMessage() {}
 
 func (x *Seqs) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[28]
+	mi := &file_pinned_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1841,7 +1948,7 @@ func (x *Seqs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Seqs.ProtoReflect.Descriptor instead.
 func (*Seqs) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{28}
+	return file_pinned_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Seqs) GetSeqs() []int64 {
@@ -1861,7 +1968,7 @@ type StoreCommitResponse struct {
 
 func (x *StoreCommitResponse) Reset() {
 	*x = StoreCommitResponse{}
-	mi := &file_pinned_proto_msgTypes[29]
+	mi := &file_pinned_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1873,7 +1980,7 @@ func (x *StoreCommitResponse) String() string {
 func (*StoreCommitResponse) ProtoMessage() {}
 
 func (x *StoreCommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[29]
+	mi := &file_pinned_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1886,7 +1993,7 @@ func (x *StoreCommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreCommitResponse.ProtoReflect.Descriptor instead.
 func (*StoreCommitResponse) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{29}
+	return file_pinned_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *StoreCommitResponse) GetSeqs() []*Seqs {
@@ -1920,12 +2027,19 @@ const file_pinned_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x03 \x01(\x04R\n" +
 	"generation\"\x12\n" +
-	"\x10ActivateResponse\"\x8f\x01\n" +
+	"\x10ActivateResponse\"\xb1\x01\n" +
 	"\x11DeactivateRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x121\n" +
 	"\x06reason\x18\x03 \x01(\x0e2\x19.pinnedd.plugin.v1.ReasonR\x06reason\x12\x19\n" +
-	"\bgrace_ms\x18\x04 \x01(\x03R\agraceMs\"Q\n" +
+	"\bgrace_ms\x18\x04 \x01(\x03R\agraceMs\x12 \n" +
+	"\fonly_if_idle\x18\x05 \x01(\bR\n" +
+	"onlyIfIdle\"i\n" +
+	"\x0fWindDownRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12(\n" +
+	"\x10deadline_unix_ms\x18\x03 \x01(\x03R\x0edeadlineUnixMs\"\x12\n" +
+	"\x10WindDownResponse\"Q\n" +
 	"\x12DeactivateResponse\x12\x12\n" +
 	"\x04kept\x18\x01 \x01(\bR\x04kept\x12'\n" +
 	"\x0fabandoned_tasks\x18\x02 \x01(\x05R\x0eabandonedTasks\"\x0e\n" +
@@ -2030,13 +2144,14 @@ const file_pinned_proto_rawDesc = "" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10EVENT_KIND_READY\x10\x01\x12\x17\n" +
 	"\x13EVENT_KIND_EVICT_ME\x10\x02\x12\x15\n" +
-	"\x11EVENT_KIND_FENCED\x10\x032\xc6\x04\n" +
+	"\x11EVENT_KIND_FENCED\x10\x032\x9b\x05\n" +
 	"\aControl\x12S\n" +
 	"\bDescribe\x12\".pinnedd.plugin.v1.DescribeRequest\x1a#.pinnedd.plugin.v1.DescribeResponse\x12S\n" +
 	"\bActivate\x12\".pinnedd.plugin.v1.ActivateRequest\x1a#.pinnedd.plugin.v1.ActivateResponse\x12Y\n" +
 	"\n" +
 	"Deactivate\x12$.pinnedd.plugin.v1.DeactivateRequest\x1a%.pinnedd.plugin.v1.DeactivateResponse\x12J\n" +
-	"\x05Stats\x12\x1f.pinnedd.plugin.v1.StatsRequest\x1a .pinnedd.plugin.v1.StatsResponse\x12M\n" +
+	"\x05Stats\x12\x1f.pinnedd.plugin.v1.StatsRequest\x1a .pinnedd.plugin.v1.StatsResponse\x12S\n" +
+	"\bWindDown\x12\".pinnedd.plugin.v1.WindDownRequest\x1a#.pinnedd.plugin.v1.WindDownResponse\x12M\n" +
 	"\x06Health\x12 .pinnedd.plugin.v1.HealthRequest\x1a!.pinnedd.plugin.v1.HealthResponse\x12S\n" +
 	"\bShutdown\x12\".pinnedd.plugin.v1.ShutdownRequest\x1a#.pinnedd.plugin.v1.ShutdownResponse\x12F\n" +
 	"\x06Events\x12 .pinnedd.plugin.v1.EventsRequest\x1a\x18.pinnedd.plugin.v1.Event0\x012\xb3\x01\n" +
@@ -2059,7 +2174,7 @@ func file_pinned_proto_rawDescGZIP() []byte {
 }
 
 var file_pinned_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_pinned_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_pinned_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_pinned_proto_goTypes = []any{
 	(Reason)(0),                 // 0: pinnedd.plugin.v1.Reason
 	(EventKind)(0),              // 1: pinnedd.plugin.v1.EventKind
@@ -2069,70 +2184,74 @@ var file_pinned_proto_goTypes = []any{
 	(*ActivateRequest)(nil),     // 5: pinnedd.plugin.v1.ActivateRequest
 	(*ActivateResponse)(nil),    // 6: pinnedd.plugin.v1.ActivateResponse
 	(*DeactivateRequest)(nil),   // 7: pinnedd.plugin.v1.DeactivateRequest
-	(*DeactivateResponse)(nil),  // 8: pinnedd.plugin.v1.DeactivateResponse
-	(*StatsRequest)(nil),        // 9: pinnedd.plugin.v1.StatsRequest
-	(*InstanceStats)(nil),       // 10: pinnedd.plugin.v1.InstanceStats
-	(*StatsResponse)(nil),       // 11: pinnedd.plugin.v1.StatsResponse
-	(*HealthRequest)(nil),       // 12: pinnedd.plugin.v1.HealthRequest
-	(*HealthResponse)(nil),      // 13: pinnedd.plugin.v1.HealthResponse
-	(*ShutdownRequest)(nil),     // 14: pinnedd.plugin.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),    // 15: pinnedd.plugin.v1.ShutdownResponse
-	(*Header)(nil),              // 16: pinnedd.plugin.v1.Header
-	(*RequestHead)(nil),         // 17: pinnedd.plugin.v1.RequestHead
-	(*ResponseHead)(nil),        // 18: pinnedd.plugin.v1.ResponseHead
-	(*HTTPFrame)(nil),           // 19: pinnedd.plugin.v1.HTTPFrame
-	(*EventsRequest)(nil),       // 20: pinnedd.plugin.v1.EventsRequest
-	(*Event)(nil),               // 21: pinnedd.plugin.v1.Event
-	(*StoreLoadRequest)(nil),    // 22: pinnedd.plugin.v1.StoreLoadRequest
-	(*TrayItem)(nil),            // 23: pinnedd.plugin.v1.TrayItem
-	(*TrayData)(nil),            // 24: pinnedd.plugin.v1.TrayData
-	(*StoreLoadResponse)(nil),   // 25: pinnedd.plugin.v1.StoreLoadResponse
-	(*StoreMutation)(nil),       // 26: pinnedd.plugin.v1.StoreMutation
-	(*SetFieldOp)(nil),          // 27: pinnedd.plugin.v1.SetFieldOp
-	(*AppendItemsOp)(nil),       // 28: pinnedd.plugin.v1.AppendItemsOp
-	(*StoreCommitRequest)(nil),  // 29: pinnedd.plugin.v1.StoreCommitRequest
-	(*Seqs)(nil),                // 30: pinnedd.plugin.v1.Seqs
-	(*StoreCommitResponse)(nil), // 31: pinnedd.plugin.v1.StoreCommitResponse
-	nil,                         // 32: pinnedd.plugin.v1.TrayData.FieldsEntry
+	(*WindDownRequest)(nil),     // 8: pinnedd.plugin.v1.WindDownRequest
+	(*WindDownResponse)(nil),    // 9: pinnedd.plugin.v1.WindDownResponse
+	(*DeactivateResponse)(nil),  // 10: pinnedd.plugin.v1.DeactivateResponse
+	(*StatsRequest)(nil),        // 11: pinnedd.plugin.v1.StatsRequest
+	(*InstanceStats)(nil),       // 12: pinnedd.plugin.v1.InstanceStats
+	(*StatsResponse)(nil),       // 13: pinnedd.plugin.v1.StatsResponse
+	(*HealthRequest)(nil),       // 14: pinnedd.plugin.v1.HealthRequest
+	(*HealthResponse)(nil),      // 15: pinnedd.plugin.v1.HealthResponse
+	(*ShutdownRequest)(nil),     // 16: pinnedd.plugin.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),    // 17: pinnedd.plugin.v1.ShutdownResponse
+	(*Header)(nil),              // 18: pinnedd.plugin.v1.Header
+	(*RequestHead)(nil),         // 19: pinnedd.plugin.v1.RequestHead
+	(*ResponseHead)(nil),        // 20: pinnedd.plugin.v1.ResponseHead
+	(*HTTPFrame)(nil),           // 21: pinnedd.plugin.v1.HTTPFrame
+	(*EventsRequest)(nil),       // 22: pinnedd.plugin.v1.EventsRequest
+	(*Event)(nil),               // 23: pinnedd.plugin.v1.Event
+	(*StoreLoadRequest)(nil),    // 24: pinnedd.plugin.v1.StoreLoadRequest
+	(*TrayItem)(nil),            // 25: pinnedd.plugin.v1.TrayItem
+	(*TrayData)(nil),            // 26: pinnedd.plugin.v1.TrayData
+	(*StoreLoadResponse)(nil),   // 27: pinnedd.plugin.v1.StoreLoadResponse
+	(*StoreMutation)(nil),       // 28: pinnedd.plugin.v1.StoreMutation
+	(*SetFieldOp)(nil),          // 29: pinnedd.plugin.v1.SetFieldOp
+	(*AppendItemsOp)(nil),       // 30: pinnedd.plugin.v1.AppendItemsOp
+	(*StoreCommitRequest)(nil),  // 31: pinnedd.plugin.v1.StoreCommitRequest
+	(*Seqs)(nil),                // 32: pinnedd.plugin.v1.Seqs
+	(*StoreCommitResponse)(nil), // 33: pinnedd.plugin.v1.StoreCommitResponse
+	nil,                         // 34: pinnedd.plugin.v1.TrayData.FieldsEntry
 }
 var file_pinned_proto_depIdxs = []int32{
 	4,  // 0: pinnedd.plugin.v1.DescribeResponse.hosts:type_name -> pinnedd.plugin.v1.HostInfo
 	0,  // 1: pinnedd.plugin.v1.DeactivateRequest.reason:type_name -> pinnedd.plugin.v1.Reason
-	10, // 2: pinnedd.plugin.v1.StatsResponse.instances:type_name -> pinnedd.plugin.v1.InstanceStats
-	16, // 3: pinnedd.plugin.v1.RequestHead.headers:type_name -> pinnedd.plugin.v1.Header
-	16, // 4: pinnedd.plugin.v1.ResponseHead.headers:type_name -> pinnedd.plugin.v1.Header
-	17, // 5: pinnedd.plugin.v1.HTTPFrame.request:type_name -> pinnedd.plugin.v1.RequestHead
-	18, // 6: pinnedd.plugin.v1.HTTPFrame.response:type_name -> pinnedd.plugin.v1.ResponseHead
+	12, // 2: pinnedd.plugin.v1.StatsResponse.instances:type_name -> pinnedd.plugin.v1.InstanceStats
+	18, // 3: pinnedd.plugin.v1.RequestHead.headers:type_name -> pinnedd.plugin.v1.Header
+	18, // 4: pinnedd.plugin.v1.ResponseHead.headers:type_name -> pinnedd.plugin.v1.Header
+	19, // 5: pinnedd.plugin.v1.HTTPFrame.request:type_name -> pinnedd.plugin.v1.RequestHead
+	20, // 6: pinnedd.plugin.v1.HTTPFrame.response:type_name -> pinnedd.plugin.v1.ResponseHead
 	1,  // 7: pinnedd.plugin.v1.Event.kind:type_name -> pinnedd.plugin.v1.EventKind
-	32, // 8: pinnedd.plugin.v1.TrayData.fields:type_name -> pinnedd.plugin.v1.TrayData.FieldsEntry
-	23, // 9: pinnedd.plugin.v1.TrayData.items:type_name -> pinnedd.plugin.v1.TrayItem
-	24, // 10: pinnedd.plugin.v1.StoreLoadResponse.trays:type_name -> pinnedd.plugin.v1.TrayData
-	27, // 11: pinnedd.plugin.v1.StoreMutation.set_field:type_name -> pinnedd.plugin.v1.SetFieldOp
-	28, // 12: pinnedd.plugin.v1.StoreMutation.append_items:type_name -> pinnedd.plugin.v1.AppendItemsOp
-	26, // 13: pinnedd.plugin.v1.StoreCommitRequest.mutations:type_name -> pinnedd.plugin.v1.StoreMutation
-	30, // 14: pinnedd.plugin.v1.StoreCommitResponse.seqs:type_name -> pinnedd.plugin.v1.Seqs
+	34, // 8: pinnedd.plugin.v1.TrayData.fields:type_name -> pinnedd.plugin.v1.TrayData.FieldsEntry
+	25, // 9: pinnedd.plugin.v1.TrayData.items:type_name -> pinnedd.plugin.v1.TrayItem
+	26, // 10: pinnedd.plugin.v1.StoreLoadResponse.trays:type_name -> pinnedd.plugin.v1.TrayData
+	29, // 11: pinnedd.plugin.v1.StoreMutation.set_field:type_name -> pinnedd.plugin.v1.SetFieldOp
+	30, // 12: pinnedd.plugin.v1.StoreMutation.append_items:type_name -> pinnedd.plugin.v1.AppendItemsOp
+	28, // 13: pinnedd.plugin.v1.StoreCommitRequest.mutations:type_name -> pinnedd.plugin.v1.StoreMutation
+	32, // 14: pinnedd.plugin.v1.StoreCommitResponse.seqs:type_name -> pinnedd.plugin.v1.Seqs
 	2,  // 15: pinnedd.plugin.v1.Control.Describe:input_type -> pinnedd.plugin.v1.DescribeRequest
 	5,  // 16: pinnedd.plugin.v1.Control.Activate:input_type -> pinnedd.plugin.v1.ActivateRequest
 	7,  // 17: pinnedd.plugin.v1.Control.Deactivate:input_type -> pinnedd.plugin.v1.DeactivateRequest
-	9,  // 18: pinnedd.plugin.v1.Control.Stats:input_type -> pinnedd.plugin.v1.StatsRequest
-	12, // 19: pinnedd.plugin.v1.Control.Health:input_type -> pinnedd.plugin.v1.HealthRequest
-	14, // 20: pinnedd.plugin.v1.Control.Shutdown:input_type -> pinnedd.plugin.v1.ShutdownRequest
-	20, // 21: pinnedd.plugin.v1.Control.Events:input_type -> pinnedd.plugin.v1.EventsRequest
-	22, // 22: pinnedd.plugin.v1.Store.Load:input_type -> pinnedd.plugin.v1.StoreLoadRequest
-	29, // 23: pinnedd.plugin.v1.Store.Commit:input_type -> pinnedd.plugin.v1.StoreCommitRequest
-	19, // 24: pinnedd.plugin.v1.Data.Exchange:input_type -> pinnedd.plugin.v1.HTTPFrame
-	3,  // 25: pinnedd.plugin.v1.Control.Describe:output_type -> pinnedd.plugin.v1.DescribeResponse
-	6,  // 26: pinnedd.plugin.v1.Control.Activate:output_type -> pinnedd.plugin.v1.ActivateResponse
-	8,  // 27: pinnedd.plugin.v1.Control.Deactivate:output_type -> pinnedd.plugin.v1.DeactivateResponse
-	11, // 28: pinnedd.plugin.v1.Control.Stats:output_type -> pinnedd.plugin.v1.StatsResponse
-	13, // 29: pinnedd.plugin.v1.Control.Health:output_type -> pinnedd.plugin.v1.HealthResponse
-	15, // 30: pinnedd.plugin.v1.Control.Shutdown:output_type -> pinnedd.plugin.v1.ShutdownResponse
-	21, // 31: pinnedd.plugin.v1.Control.Events:output_type -> pinnedd.plugin.v1.Event
-	25, // 32: pinnedd.plugin.v1.Store.Load:output_type -> pinnedd.plugin.v1.StoreLoadResponse
-	31, // 33: pinnedd.plugin.v1.Store.Commit:output_type -> pinnedd.plugin.v1.StoreCommitResponse
-	19, // 34: pinnedd.plugin.v1.Data.Exchange:output_type -> pinnedd.plugin.v1.HTTPFrame
-	25, // [25:35] is the sub-list for method output_type
-	15, // [15:25] is the sub-list for method input_type
+	11, // 18: pinnedd.plugin.v1.Control.Stats:input_type -> pinnedd.plugin.v1.StatsRequest
+	8,  // 19: pinnedd.plugin.v1.Control.WindDown:input_type -> pinnedd.plugin.v1.WindDownRequest
+	14, // 20: pinnedd.plugin.v1.Control.Health:input_type -> pinnedd.plugin.v1.HealthRequest
+	16, // 21: pinnedd.plugin.v1.Control.Shutdown:input_type -> pinnedd.plugin.v1.ShutdownRequest
+	22, // 22: pinnedd.plugin.v1.Control.Events:input_type -> pinnedd.plugin.v1.EventsRequest
+	24, // 23: pinnedd.plugin.v1.Store.Load:input_type -> pinnedd.plugin.v1.StoreLoadRequest
+	31, // 24: pinnedd.plugin.v1.Store.Commit:input_type -> pinnedd.plugin.v1.StoreCommitRequest
+	21, // 25: pinnedd.plugin.v1.Data.Exchange:input_type -> pinnedd.plugin.v1.HTTPFrame
+	3,  // 26: pinnedd.plugin.v1.Control.Describe:output_type -> pinnedd.plugin.v1.DescribeResponse
+	6,  // 27: pinnedd.plugin.v1.Control.Activate:output_type -> pinnedd.plugin.v1.ActivateResponse
+	10, // 28: pinnedd.plugin.v1.Control.Deactivate:output_type -> pinnedd.plugin.v1.DeactivateResponse
+	13, // 29: pinnedd.plugin.v1.Control.Stats:output_type -> pinnedd.plugin.v1.StatsResponse
+	9,  // 30: pinnedd.plugin.v1.Control.WindDown:output_type -> pinnedd.plugin.v1.WindDownResponse
+	15, // 31: pinnedd.plugin.v1.Control.Health:output_type -> pinnedd.plugin.v1.HealthResponse
+	17, // 32: pinnedd.plugin.v1.Control.Shutdown:output_type -> pinnedd.plugin.v1.ShutdownResponse
+	23, // 33: pinnedd.plugin.v1.Control.Events:output_type -> pinnedd.plugin.v1.Event
+	27, // 34: pinnedd.plugin.v1.Store.Load:output_type -> pinnedd.plugin.v1.StoreLoadResponse
+	33, // 35: pinnedd.plugin.v1.Store.Commit:output_type -> pinnedd.plugin.v1.StoreCommitResponse
+	21, // 36: pinnedd.plugin.v1.Data.Exchange:output_type -> pinnedd.plugin.v1.HTTPFrame
+	26, // [26:37] is the sub-list for method output_type
+	15, // [15:26] is the sub-list for method input_type
 	15, // [15:15] is the sub-list for extension type_name
 	15, // [15:15] is the sub-list for extension extendee
 	0,  // [0:15] is the sub-list for field type_name
@@ -2143,27 +2262,27 @@ func file_pinned_proto_init() {
 	if File_pinned_proto != nil {
 		return
 	}
-	file_pinned_proto_msgTypes[17].OneofWrappers = []any{
+	file_pinned_proto_msgTypes[19].OneofWrappers = []any{
 		(*HTTPFrame_Request)(nil),
 		(*HTTPFrame_Response)(nil),
 		(*HTTPFrame_Body)(nil),
 		(*HTTPFrame_End)(nil),
 	}
-	file_pinned_proto_msgTypes[24].OneofWrappers = []any{
+	file_pinned_proto_msgTypes[26].OneofWrappers = []any{
 		(*StoreMutation_SetField)(nil),
 		(*StoreMutation_AppendItems)(nil),
 		(*StoreMutation_MarkAppliedUpTo)(nil),
 		(*StoreMutation_RemoveItemsUpTo)(nil),
 		(*StoreMutation_DeleteTray)(nil),
 	}
-	file_pinned_proto_msgTypes[25].OneofWrappers = []any{}
+	file_pinned_proto_msgTypes[27].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pinned_proto_rawDesc), len(file_pinned_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   31,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

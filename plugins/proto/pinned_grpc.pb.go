@@ -29,6 +29,7 @@ const (
 	Control_Activate_FullMethodName   = "/pinnedd.plugin.v1.Control/Activate"
 	Control_Deactivate_FullMethodName = "/pinnedd.plugin.v1.Control/Deactivate"
 	Control_Stats_FullMethodName      = "/pinnedd.plugin.v1.Control/Stats"
+	Control_WindDown_FullMethodName   = "/pinnedd.plugin.v1.Control/WindDown"
 	Control_Health_FullMethodName     = "/pinnedd.plugin.v1.Control/Health"
 	Control_Shutdown_FullMethodName   = "/pinnedd.plugin.v1.Control/Shutdown"
 	Control_Events_FullMethodName     = "/pinnedd.plugin.v1.Control/Events"
@@ -51,6 +52,11 @@ type ControlClient interface {
 	// until the deadline and runs the stop hook.
 	Deactivate(ctx context.Context, in *DeactivateRequest, opts ...grpc.CallOption) (*DeactivateResponse, error)
 	Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*StatsResponse, error)
+	// WindDown tells an instance it will be evicted at a deadline (drain,
+	// operator wind-down, hot swap): its tracked work should yield at an
+	// eviction checkpoint. The plugin emits EVICT_ME once the instance has no
+	// tracked task left, so pinnedd can evict it before the deadline.
+	WindDown(ctx context.Context, in *WindDownRequest, opts ...grpc.CallOption) (*WindDownResponse, error)
 	Health(ctx context.Context, in *HealthRequest, opts ...grpc.CallOption) (*HealthResponse, error)
 	// Shutdown deactivates every instance (deadline) and then makes the
 	// process exit on its own, so pinnedd's Kill is only the last resort.
@@ -103,6 +109,16 @@ func (c *controlClient) Stats(ctx context.Context, in *StatsRequest, opts ...grp
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(StatsResponse)
 	err := c.cc.Invoke(ctx, Control_Stats_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *controlClient) WindDown(ctx context.Context, in *WindDownRequest, opts ...grpc.CallOption) (*WindDownResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WindDownResponse)
+	err := c.cc.Invoke(ctx, Control_WindDown_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -165,6 +181,11 @@ type ControlServer interface {
 	// until the deadline and runs the stop hook.
 	Deactivate(context.Context, *DeactivateRequest) (*DeactivateResponse, error)
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
+	// WindDown tells an instance it will be evicted at a deadline (drain,
+	// operator wind-down, hot swap): its tracked work should yield at an
+	// eviction checkpoint. The plugin emits EVICT_ME once the instance has no
+	// tracked task left, so pinnedd can evict it before the deadline.
+	WindDown(context.Context, *WindDownRequest) (*WindDownResponse, error)
 	Health(context.Context, *HealthRequest) (*HealthResponse, error)
 	// Shutdown deactivates every instance (deadline) and then makes the
 	// process exit on its own, so pinnedd's Kill is only the last resort.
@@ -194,6 +215,9 @@ func (UnimplementedControlServer) Deactivate(context.Context, *DeactivateRequest
 }
 func (UnimplementedControlServer) Stats(context.Context, *StatsRequest) (*StatsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Stats not implemented")
+}
+func (UnimplementedControlServer) WindDown(context.Context, *WindDownRequest) (*WindDownResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WindDown not implemented")
 }
 func (UnimplementedControlServer) Health(context.Context, *HealthRequest) (*HealthResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Health not implemented")
@@ -297,6 +321,24 @@ func _Control_Stats_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Control_WindDown_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WindDownRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControlServer).WindDown(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Control_WindDown_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControlServer).WindDown(ctx, req.(*WindDownRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Control_Health_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(HealthRequest)
 	if err := dec(in); err != nil {
@@ -366,6 +408,10 @@ var Control_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Stats",
 			Handler:    _Control_Stats_Handler,
+		},
+		{
+			MethodName: "WindDown",
+			Handler:    _Control_WindDown_Handler,
 		},
 		{
 			MethodName: "Health",

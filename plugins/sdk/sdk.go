@@ -16,6 +16,7 @@ package sdk
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -66,6 +67,18 @@ type Stopper interface {
 	Stop(ctx context.Context)
 }
 
+// WindDowner is implemented by an instance handler that wants to know it
+// will be evicted at deadline (drain, operator wind-down, hot swap), for
+// example to stop taking new work.
+type WindDowner interface {
+	WindDown(ctx context.Context, deadline time.Time)
+}
+
+// ErrWindingDown is what EvictionCheckpoint returns once the instance is
+// being wound down: tracked work should stop at that point and leave the
+// rest to the next activation (durable work is redelivered there).
+var ErrWindingDown = errors.New("instance is winding down")
+
 // Instance is what a host's instance sees of itself.
 type Instance struct {
 	ns, id      string
@@ -77,6 +90,8 @@ type Instance struct {
 
 	tasks  sync.WaitGroup
 	ntasks atomic.Int32
+	// windDown is the eviction deadline in unix ms, 0 when none.
+	windDown atomic.Int64
 
 	requestEviction func()
 	onFenced        func()
@@ -138,7 +153,13 @@ func (i *Instance) Go(name string, fn func(ctx context.Context)) {
 	i.ntasks.Add(1)
 	go func() {
 		defer i.tasks.Done()
-		defer i.ntasks.Add(-1)
+		defer func() {
+			// The last task of a winding-down instance returning means it
+			// can go before its deadline.
+			if i.ntasks.Add(-1) == 0 && i.windDown.Load() != 0 {
+				i.RequestEviction()
+			}
+		}()
 		defer func() {
 			if r := recover(); r != nil {
 				i.logger.Error("task panicked", "task", name, "panic", r)
@@ -146,6 +167,30 @@ func (i *Instance) Go(name string, fn func(ctx context.Context)) {
 		}()
 		fn(i.ctx)
 	}()
+}
+
+// WindingDown reports the eviction deadline if the instance is being wound
+// down.
+func (i *Instance) WindingDown() (time.Time, bool) {
+	ms := i.windDown.Load()
+	if ms == 0 {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(ms), true
+}
+
+// EvictionCheckpoint returns ErrWindingDown once the instance is being
+// wound down (and the instance context's error once it is evicted):
+// long-running tracked work calls it between steps and returns when it
+// fails.
+func (i *Instance) EvictionCheckpoint() error {
+	if err := i.ctx.Err(); err != nil {
+		return err
+	}
+	if i.windDown.Load() != 0 {
+		return ErrWindingDown
+	}
+	return nil
 }
 
 // Tasks is the number of tracked tasks still running.

@@ -343,6 +343,9 @@ func (rt *Runtime) Deactivate(ctx context.Context, req *proto.DeactivateRequest)
 	if l == nil {
 		return &proto.DeactivateResponse{}, nil
 	}
+	if req.OnlyIfIdle && l.inst.Tasks() > 0 {
+		return &proto.DeactivateResponse{Kept: true}, nil
+	}
 	if req.Reason == proto.Reason_REASON_IDLE {
 		if idler, ok := l.handler.(Idler); ok {
 			keep := false
@@ -395,6 +398,27 @@ func (rt *Runtime) deactivateAll(ctx context.Context, grace time.Duration) {
 		go func() { defer wg.Done(); stop(ctx, l, grace) }()
 	}
 	wg.Wait()
+}
+
+// WindDown implements proto.ControlServer.
+func (rt *Runtime) WindDown(ctx context.Context, req *proto.WindDownRequest) (*proto.WindDownResponse, error) {
+	rt.mu.Lock()
+	l := rt.instances[key{req.Namespace, req.Id}]
+	rt.mu.Unlock()
+	if l == nil {
+		return &proto.WindDownResponse{}, nil
+	}
+	l.inst.windDown.Store(req.DeadlineUnixMs)
+	if req.DeadlineUnixMs == 0 {
+		return &proto.WindDownResponse{}, nil
+	}
+	if wd, ok := l.handler.(WindDowner); ok {
+		_ = callHook(l.inst, "wind down", func() error { wd.WindDown(ctx, time.UnixMilli(req.DeadlineUnixMs)); return nil })
+	}
+	if l.inst.Tasks() == 0 {
+		l.inst.RequestEviction()
+	}
+	return &proto.WindDownResponse{}, nil
 }
 
 // Stats implements proto.ControlServer.
