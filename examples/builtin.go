@@ -3,6 +3,7 @@
 package examples
 
 import (
+	"github.com/pinnedd/pinnedd/examples/chat"
 	"github.com/pinnedd/pinnedd/examples/counter"
 	"github.com/pinnedd/pinnedd/examples/ticker"
 	"github.com/pinnedd/pinnedd/plugins/sdk"
@@ -13,5 +14,6 @@ func Builtin() map[string]sdk.Host {
 	return map[string]sdk.Host{
 		counter.Namespace: counter.Host(),
 		ticker.Namespace:  ticker.Host(),
+		chat.Namespace:    chat.Host(),
 	}
 }

@@ -1,0 +1,189 @@
+package statewire
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/pinnedd/pinnedd/plugins/sdk"
+)
+
+// ErrNoServer: a command tray's work reached a process that has no live
+// Statewire server for its instance; it stays queued for the next one.
+var ErrNoServer = errors.New("statewire: no server for this instance")
+
+// The SDK hands a tray handler the run but not the instance, so servers
+// register here by instance and the handler finds them through the
+// instance key each stored command carries (checked against the tray
+// itself, so a stopping activation never runs a successor's work).
+var (
+	registryMu sync.Mutex
+	registry   = map[[2]string]*Server{}
+)
+
+func register(s *Server) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	registry[[2]string{s.inst.Namespace(), s.inst.ID()}] = s
+}
+
+func unregister(s *Server) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	k := [2]string{s.inst.Namespace(), s.inst.ID()}
+	if registry[k] == s {
+		delete(registry, k)
+	}
+}
+
+func lookup(ns, id string, tray *sdk.Tray) *Server {
+	registryMu.Lock()
+	s := registry[[2]string{ns, id}]
+	registryMu.Unlock()
+	if s == nil || s.inst.Tray(tray.Key().NS, tray.Key().ID) != tray {
+		return nil
+	}
+	return s
+}
+
+// Trays returns the tray handlers a Statewire host must list in
+// sdk.Host.Trays.
+func Trays() map[string]sdk.TrayHandler {
+	return map[string]sdk.TrayHandler{CommandTray: handleCommands}
+}
+
+// Command is one admitted client command.
+type Command struct {
+	ClientID string
+	Seq      int64
+	Type     string
+	// Frame is the whole frame as the client sent it.
+	Frame json.RawMessage
+}
+
+// RunContext is what a RunFunc sees of its batch.
+type RunContext struct {
+	// ClientID whose command pool the batch came from.
+	ClientID string
+	// Commands are the batch's run commands, in admission order.
+	Commands []Command
+	// Resume: the batch was declared applied before the process that ran
+	// it stopped; this is a redelivery.
+	Resume bool
+
+	run  *sdk.Run
+	stop chan struct{}
+	once sync.Once
+}
+
+// Applied declares the batch durably applied (it returns once that is
+// stored): from here on a crash redelivers it with Resume set.
+func (rc *RunContext) Applied(ctx context.Context) error {
+	if err := rc.run.Applied(ctx); err != nil {
+		return fmt.Errorf("mark applied: %w", err)
+	}
+	return nil
+}
+
+// StopRequested is closed once a cancel command asked the run to stop.
+func (rc *RunContext) StopRequested() <-chan struct{} { return rc.stop }
+
+// Stopping reports whether a stop was requested.
+func (rc *RunContext) Stopping() bool {
+	select {
+	case <-rc.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+func (rc *RunContext) requestStop() { rc.once.Do(func() { close(rc.stop) }) }
+
+// runManager runs one batch at a time per instance and knows the run in
+// progress, so an admitted cancel can stop it.
+type runManager struct {
+	slot   chan struct{} // holds a token while a run is in progress
+	mu     sync.Mutex
+	active *RunContext
+}
+
+func (m *runManager) init() { m.slot = make(chan struct{}, 1) }
+
+func (m *runManager) requestStop() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.active != nil {
+		m.active.requestStop()
+	}
+}
+
+// handleCommands is the command tray's handler: it hands run commands to
+// the instance's RunFunc and settles the rest.
+func handleCommands(ctx context.Context, run *sdk.Run) error {
+	if len(run.Items) == 0 {
+		return nil
+	}
+	cmds := make([]storedCommand, 0, len(run.Items))
+	for _, it := range run.Items {
+		var c storedCommand
+		if err := json.Unmarshal(it.Payload, &c); err != nil {
+			// Only this package admits items, so this is a bug or a
+			// tampered store: leave the batch queued and say so.
+			return fmt.Errorf("command tray item %d: %w", it.Seq, err)
+		}
+		cmds = append(cmds, c)
+	}
+	s := lookup(cmds[0].Namespace, cmds[0].ID, run.Tray)
+	if s == nil {
+		return ErrNoServer
+	}
+	rc := &RunContext{ClientID: cmds[0].ClientID, Resume: run.Resume, run: run, stop: make(chan struct{})}
+	for _, c := range cmds {
+		switch {
+		case c.Type == CancelCommand:
+			// A cancel queued behind the batch's run commands stops them.
+			if len(rc.Commands) > 0 {
+				rc.requestStop()
+			}
+		case s.cfg.Commands[c.Type].Run:
+			rc.Commands = append(rc.Commands, Command{ClientID: c.ClientID, Seq: c.Seq, Type: c.Type, Frame: c.Frame})
+		}
+	}
+	if len(rc.Commands) > 0 {
+		if err := s.runs.do(ctx, s.cfg.Run, rc); err != nil {
+			return err
+		}
+	}
+	// Keep the dedup mark past the items' removal (the admission's own
+	// write may have been lost with the process that made it).
+	high := cmds[len(cmds)-1].Seq
+	var stored int64
+	if _, err := run.Tray.Get(admittedField, &stored); err != nil || stored < high {
+		if err := run.Tray.Set(admittedField, high); err != nil {
+			return fmt.Errorf("record admitted seq: %w", err)
+		}
+	}
+	return nil
+}
+
+// do runs rc once the slot is free.
+func (m *runManager) do(ctx context.Context, fn RunFunc, rc *RunContext) error {
+	select {
+	case m.slot <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-m.slot }()
+	m.mu.Lock()
+	m.active = rc
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		m.active = nil
+		m.mu.Unlock()
+	}()
+	return fn(ctx, rc)
+}

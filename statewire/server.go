@@ -1,0 +1,440 @@
+// Package statewire owns the server side of the Statewire protocol for
+// pinnedd host authors (see PROTOCOL.md): an instance's JSON state document
+// streamed to any number of clients as a snapshot and then ops, client
+// commands durably admitted into per-client trays and deduplicated by
+// sequence number, and a run manager that executes admitted commands with
+// the SDK's redelivery semantics (Run.Applied, Resume after a crash, a
+// cancel command to stop).
+//
+// It is built only on plugins/sdk and must never reach around it: all
+// durability goes through trays and Instance.Durable.
+//
+//	sdk.Host{
+//		New: func(inst *sdk.Instance) (http.Handler, error) {
+//			return statewire.New(inst, statewire.Config{Initial: ..., Commands: ..., Run: ...})
+//		},
+//		Trays: statewire.Trays(),
+//	}
+package statewire
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/pinnedd/pinnedd/plugins/sdk"
+	"github.com/pinnedd/pinnedd/statewire/wire"
+)
+
+// CommandTray is the tray namespace of the client command pools: one tray
+// per client id, whose work items are that client's admitted commands.
+const CommandTray = "client_commands"
+
+// CancelCommand is the built-in command that stops the run in progress.
+const CancelCommand = "cancel"
+
+// Defaults.
+const (
+	DefaultKeepAlive    = 15 * time.Second
+	DefaultStreamBuffer = 1024
+	DefaultMaxBody      = 256 << 10
+	MaxFrames           = 64 // frames in one POST /frames
+)
+
+// admittedField is the client tray's field holding the highest sequence
+// number admitted and run; pending items hold the ones above it.
+const admittedField = "admitted"
+
+var clientIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
+
+// CommandSpec describes one client command type.
+type CommandSpec struct {
+	// Validate checks a frame (the whole JSON object) before admission; an
+	// error answers 400 and admits nothing.
+	Validate func(frame json.RawMessage) error
+	// Run delivers the command to Config.Run. Commands without it are
+	// admitted and settle without effect beyond Validate (and, for
+	// cancel, stopping the run in progress).
+	Run bool
+}
+
+// RunFunc executes a batch of admitted run commands. Returning nil settles
+// the batch; an error (or the instance stopping) leaves it to be
+// redelivered on the next activation.
+type RunFunc func(ctx context.Context, rc *RunContext) error
+
+// Config configures a Server.
+type Config struct {
+	// Initial is the document before anything happened; any JSON-encodable
+	// value whose top level is an object.
+	Initial any
+	// Commands by type; "cancel" is built in.
+	Commands map[string]CommandSpec
+	// Run executes run commands, one batch at a time per instance.
+	Run RunFunc
+	// KeepAlive is the interval of keepalive frames on an idle stream.
+	KeepAlive time.Duration
+	// StreamBuffer bounds the frames queued for one stream; a stream that
+	// falls further behind ends with fin "lagging" and reconnects.
+	StreamBuffer int
+	// MaxBody bounds a POST /frames body, in bytes.
+	MaxBody int64
+}
+
+// Server serves one instance's Statewire routes:
+//
+//	POST /stream  snapshot, then ops (NDJSON), until fin
+//	POST /frames  client commands, acknowledged once durable
+//	GET  /state   the current snapshot as one JSON object
+type Server struct {
+	inst *sdk.Instance
+	cfg  Config
+	doc  *Doc
+	log  *slog.Logger
+	mux  *http.ServeMux
+
+	clientsMu sync.Mutex
+	clients   map[string]*clientPool
+
+	runs runManager
+}
+
+// clientPool is the admission state of one client: its lock serializes
+// the client's POST /frames, high is the highest admitted seq (-1: not
+// read from the tray yet).
+type clientPool struct {
+	mu   sync.Mutex
+	high int64
+}
+
+// New builds the server for inst and registers it so the command tray's
+// handler (Trays) finds it.
+func New(inst *sdk.Instance, cfg Config) (*Server, error) {
+	if cfg.KeepAlive <= 0 {
+		cfg.KeepAlive = DefaultKeepAlive
+	}
+	if cfg.StreamBuffer <= 0 {
+		cfg.StreamBuffer = DefaultStreamBuffer
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = DefaultMaxBody
+	}
+	for typ, spec := range cfg.Commands {
+		if typ == CancelCommand {
+			return nil, fmt.Errorf("statewire: %q is built in", CancelCommand)
+		}
+		if spec.Run && cfg.Run == nil {
+			return nil, fmt.Errorf("statewire: command %q runs but Config.Run is nil", typ)
+		}
+	}
+	doc, err := newDoc(cfg.Initial, cfg.StreamBuffer)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := doc.root.(map[string]any); !ok {
+		return nil, errors.New("statewire: the initial document must be a JSON object")
+	}
+	s := &Server{inst: inst, cfg: cfg, doc: doc, log: inst.Logger(), clients: map[string]*clientPool{}}
+	s.runs.init()
+	s.mux = http.NewServeMux()
+	s.mux.HandleFunc("POST /stream", s.serveStream)
+	s.mux.HandleFunc("POST /frames", s.serveFrames)
+	s.mux.HandleFunc("GET /state", s.serveState)
+	register(s)
+	context.AfterFunc(inst.Context(), func() { unregister(s) })
+	return s, nil
+}
+
+// Doc is the instance's state document.
+func (s *Server) Doc() *Doc { return s.doc }
+
+// Instance is the instance the server belongs to.
+func (s *Server) Instance() *sdk.Instance { return s.inst }
+
+// ServeHTTP serves the Statewire routes.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	if code == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
+}
+
+func (s *Server) serveState(w http.ResponseWriter, _ *http.Request) {
+	state, version, err := s.doc.Snapshot()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(wire.Frame{Type: wire.TypeSnapshot, Epoch: s.doc.epoch, Version: version, State: state})
+}
+
+// serveStream answers with the snapshot and then every update, flushed
+// frame by frame, until the client leaves, the instance stops or the
+// stream falls behind.
+func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
+	// The body is optional ({"clientId": ...} for logs); drain a little of
+	// it so a client that sent one is not answered mid-upload.
+	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, 4096))
+	snap, sub, err := s.doc.subscribe()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	defer s.doc.unsubscribe(sub)
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	if _, err := w.Write(snap); err != nil {
+		return
+	}
+	if rc.Flush() != nil {
+		return
+	}
+	keep := time.NewTicker(s.cfg.KeepAlive)
+	defer keep.Stop()
+	fin := func(code string, reconnect bool) {
+		b, _ := json.Marshal(wire.Frame{Type: wire.TypeFin, Code: code, Reconnect: &reconnect})
+		_, _ = w.Write(append(b, '\n'))
+		_ = rc.Flush()
+	}
+	for {
+		select {
+		case b := <-sub.frames:
+			_, err := w.Write(b)
+			// Coalesce whatever else is queued into one flush.
+			for more := true; more && err == nil; {
+				select {
+				case b := <-sub.frames:
+					_, err = w.Write(b)
+				default:
+					more = false
+				}
+			}
+			if err != nil || rc.Flush() != nil {
+				return
+			}
+			keep.Reset(s.cfg.KeepAlive)
+		case <-keep.C:
+			if _, err := w.Write([]byte(`{"type":"keepalive"}` + "\n")); err != nil || rc.Flush() != nil {
+				return
+			}
+		case <-sub.lagged:
+			s.log.Warn("statewire stream fell behind; ended", "buffer", s.cfg.StreamBuffer)
+			fin(wire.FinLagging, true)
+			return
+		case <-s.inst.Context().Done():
+			fin(wire.FinEvicted, true)
+			return
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+// framesRequest is the body of POST /frames.
+type framesRequest struct {
+	ClientID string            `json:"clientId"`
+	Frames   []json.RawMessage `json:"frames"`
+}
+
+// frameHead is what admission reads of each frame.
+type frameHead struct {
+	Seq  json.Number `json:"seq"`
+	Type *string     `json:"type"`
+}
+
+// storedCommand is the payload of a command tray item.
+type storedCommand struct {
+	Namespace string          `json:"ns"`
+	ID        string          `json:"id"`
+	ClientID  string          `json:"clientId"`
+	Seq       int64           `json:"seq"`
+	Type      string          `json:"type"`
+	Frame     json.RawMessage `json:"frame"`
+}
+
+// FramesResponse is the answer to POST /frames.
+type FramesResponse struct {
+	// Acked is the highest sequence number of this client now durably
+	// admitted: every frame up to it may be forgotten by the client.
+	Acked int64 `json:"acked"`
+	// Admitted counts the frames admitted by this request; Duplicates the
+	// ones already admitted before (acknowledged again, not re-applied).
+	Admitted   int `json:"admitted"`
+	Duplicates int `json:"duplicates"`
+}
+
+// serveFrames validates the whole request first (any bad frame: 4xx and
+// nothing admitted), then appends the new frames to the client's tray and
+// answers only once they are durable.
+func (s *Server) serveFrames(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body over %d bytes", s.cfg.MaxBody))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "read body: "+err.Error())
+		return
+	}
+	req, cmds, err := s.parseFrames(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	resp, err := s.admit(r.Context(), req.ClientID, cmds)
+	if err != nil {
+		s.log.Warn("statewire frames not admitted", "client", req.ClientID, "err", err)
+		writeError(w, http.StatusServiceUnavailable, "not admitted: "+err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(resp)
+}
+
+func (s *Server) parseFrames(body []byte) (framesRequest, []storedCommand, error) {
+	var req framesRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, nil, fmt.Errorf("malformed body: %w", err)
+	}
+	if dec.More() {
+		return req, nil, errors.New("malformed body: trailing data after the JSON object")
+	}
+	if req.ClientID == "" {
+		return req, nil, errors.New("missing clientId")
+	}
+	if !clientIDPattern.MatchString(req.ClientID) {
+		return req, nil, errors.New("clientId must be 1-64 characters of A-Z a-z 0-9 . _ : -")
+	}
+	if len(req.Frames) == 0 {
+		return req, nil, errors.New("no frames")
+	}
+	if len(req.Frames) > MaxFrames {
+		return req, nil, fmt.Errorf("%d frames, at most %d per request", len(req.Frames), MaxFrames)
+	}
+	cmds := make([]storedCommand, 0, len(req.Frames))
+	prev := int64(0)
+	for i, raw := range req.Frames {
+		var head frameHead
+		d := json.NewDecoder(bytes.NewReader(raw))
+		d.UseNumber()
+		if err := d.Decode(&head); err != nil {
+			return req, nil, fmt.Errorf("frame %d: %w", i, err)
+		}
+		seq, err := strconv.ParseInt(head.Seq.String(), 10, 64)
+		if err != nil || seq <= 0 || seq > math.MaxInt64/2 {
+			return req, nil, fmt.Errorf("frame %d: seq must be a positive integer", i)
+		}
+		if seq <= prev {
+			return req, nil, fmt.Errorf("frame %d: seq %d after %d; seqs must increase", i, seq, prev)
+		}
+		prev = seq
+		if head.Type == nil || *head.Type == "" {
+			return req, nil, fmt.Errorf("frame %d: missing type", i)
+		}
+		typ := *head.Type
+		if typ != CancelCommand {
+			spec, ok := s.cfg.Commands[typ]
+			if !ok {
+				return req, nil, fmt.Errorf("frame %d: unknown command type %q", i, typ)
+			}
+			if spec.Validate != nil {
+				if err := spec.Validate(raw); err != nil {
+					return req, nil, fmt.Errorf("frame %d (%s): %w", i, typ, err)
+				}
+			}
+		}
+		cmds = append(cmds, storedCommand{
+			Namespace: s.inst.Namespace(), ID: s.inst.ID(), ClientID: req.ClientID,
+			Seq: seq, Type: typ, Frame: raw,
+		})
+	}
+	return req, cmds, nil
+}
+
+func (s *Server) pool(clientID string) *clientPool {
+	s.clientsMu.Lock()
+	defer s.clientsMu.Unlock()
+	p := s.clients[clientID]
+	if p == nil {
+		p = &clientPool{high: -1}
+		s.clients[clientID] = p
+	}
+	return p
+}
+
+// admit appends the commands above the client's high-water mark to its
+// tray, durably, and only then acts on admitted cancels.
+func (s *Server) admit(ctx context.Context, clientID string, cmds []storedCommand) (FramesResponse, error) {
+	p := s.pool(clientID)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	tray := s.inst.Tray(CommandTray, clientID)
+	if p.high < 0 {
+		p.high = highWater(tray)
+	}
+	var fresh []any
+	var resp FramesResponse
+	cancels := 0
+	for _, c := range cmds {
+		if c.Seq <= p.high {
+			resp.Duplicates++
+			continue
+		}
+		fresh = append(fresh, c)
+		if c.Type == CancelCommand {
+			cancels++
+		}
+	}
+	if len(fresh) > 0 {
+		if _, err := tray.Append(ctx, fresh...); err != nil {
+			return resp, fmt.Errorf("append to %s:%s: %w", CommandTray, clientID, err)
+		}
+		p.high = cmds[len(cmds)-1].Seq
+		// The items carry their seqs until they settle; the field keeps the
+		// mark after that. Queued behind the items, so never ahead of them.
+		if err := tray.Set(admittedField, p.high); err != nil {
+			return resp, fmt.Errorf("record admitted seq: %w", err)
+		}
+		resp.Admitted = len(fresh)
+	}
+	if cancels > 0 {
+		s.runs.requestStop()
+	}
+	resp.Acked = p.high
+	return resp, nil
+}
+
+// highWater is the highest seq a client's tray has admitted: its field, or
+// a pending item above it (admitted, field write lost in a crash).
+func highWater(tray *sdk.Tray) int64 {
+	var high int64
+	_, _ = tray.Get(admittedField, &high)
+	for _, it := range tray.Items() {
+		var c storedCommand
+		if json.Unmarshal(it.Payload, &c) == nil && c.Seq > high {
+			high = c.Seq
+		}
+	}
+	return high
+}
