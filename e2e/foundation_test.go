@@ -149,7 +149,7 @@ func TestExternalCounterPlugin(t *testing.T) {
 	for _, p := range st.Plugins {
 		names = append(names, fmt.Sprintf("%s=%v", p.Name, p.Namespaces))
 	}
-	if got := strings.Join(names, " "); got != "counter=[/counters] builtin=[/tickers]" {
+	if got := strings.Join(names, " "); got != "counter=[/counters] builtin=[/threads /tickers]" {
 		t.Fatalf("plugins = %s", got)
 	}
 }

@@ -130,6 +130,14 @@ type FrontDoorConfig struct {
 	// WorkerStats reports this worker's instances and process for
 	// /_pinned/stats (the front door adds the lease counters).
 	WorkerStats func(ctx context.Context) map[string]any
+	// Drain drains this node (source local) until a deadline, or cordons
+	// it; zero and false revoke. Nil on a node without hosts.
+	Drain func(deadline time.Time, cordon bool)
+	// WindDown sets (zero: revokes) an operator's eviction deadline for
+	// one live instance, or every one of a namespace (id ""), here.
+	WindDown func(ns, id string, deadline time.Time) int
+	// Reload hot-swaps the plugin serving ns ("" all).
+	Reload func(ctx context.Context, ns string) error
 	// AttestationWindow bounds an attestation's age and the replay cache
 	// (default DefaultAttestationWindow).
 	AttestationWindow time.Duration
@@ -204,6 +212,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 	f.mux.HandleFunc("GET /registry/health", f.registryHealth)
 	f.mux.HandleFunc("GET /registry/stats", f.requireScope(ScopeOperator, f.registryStats))
 	f.mux.HandleFunc("GET "+statsPath, f.workerStats)
+	f.mountOperator()
 	f.mux.HandleFunc("GET /registry/workers", f.requireScope(ScopeOperator, f.registryWorkers))
 	if cfg.Registry != nil {
 		f.mux.HandleFunc("POST /registry/register", f.requireScope(ScopeWorker, f.registryRegister))

@@ -39,6 +39,7 @@ type RegisterRequest struct {
 	Namespaces   []string      `json:"namespaces"`
 	Headroom     int64         `json:"headroom"`
 	LiveIDs      []InstanceKey `json:"liveIds,omitempty"`
+	Draining     bool          `json:"draining,omitempty"` // draining by itself: place nothing new here
 	Challenge
 }
 
@@ -47,6 +48,7 @@ type HeartbeatRequest struct {
 	ClientID  string `json:"clientId"`
 	SessionID string `json:"sessionId"`
 	Headroom  int64  `json:"headroom"`
+	Draining  bool   `json:"draining,omitempty"`
 	Challenge
 }
 
@@ -162,7 +164,7 @@ func (r *Registry) Register(ctx context.Context, req RegisterRequest) (RegisterA
 	res, err := r.dir.Do(ctx, directory.Register{
 		ClientID: req.ClientID, SessionID: sid, NodeID: req.NodeID, AdvertiseURL: req.AdvertiseURL,
 		Namespaces: req.Namespaces, Headroom: req.Headroom, TTLMs: r.ttl.Milliseconds(),
-		Now: time.Now().UnixMilli(), LiveIDs: live,
+		Now: time.Now().UnixMilli(), LiveIDs: live, Draining: req.Draining,
 	})
 	if err != nil {
 		return RegisterAck{}, err
@@ -196,7 +198,7 @@ func (r *Registry) Heartbeat(ctx context.Context, req HeartbeatRequest) (Ack, er
 	probeOK := advertise != "" && req.Challenge.Challenge != "" && r.probe(ctx, advertise, req.Challenge)
 	res, err := r.dir.Do(ctx, directory.Heartbeat{
 		ClientID: req.ClientID, SessionID: req.SessionID, Now: time.Now().UnixMilli(),
-		TTLMs: r.ttl.Milliseconds(), Headroom: req.Headroom, ProbeOK: probeOK,
+		TTLMs: r.ttl.Milliseconds(), Headroom: req.Headroom, ProbeOK: probeOK, Draining: req.Draining,
 	})
 	if err != nil {
 		return Ack{}, err

@@ -245,6 +245,7 @@ func (f *FrontDoor) refuse(w http.ResponseWriter, lease LeaseState) {
 const (
 	refusalUnhealthy = "lease-unhealthy"
 	refusalNotOwner  = "not-owner"
+	refusalDraining  = "draining" // the supervisor's marker for a draining node
 )
 
 // Forwarding failures, seen by the proxy's error handler.
@@ -308,7 +309,7 @@ func (f *FrontDoor) newProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 		},
 		ModifyResponse: func(resp *http.Response) error {
 			switch m := resp.Header.Get(RefusalHeader); {
-			case resp.StatusCode == http.StatusServiceUnavailable && m == refusalUnhealthy,
+			case resp.StatusCode == http.StatusServiceUnavailable && (m == refusalUnhealthy || m == refusalDraining),
 				resp.StatusCode == http.StatusMisdirectedRequest && m == refusalNotOwner:
 				return &refusedError{marker: m, resp: resp}
 			}
@@ -333,7 +334,7 @@ func (f *FrontDoor) forwardFailed(w http.ResponseWriter, r *http.Request, err er
 	if errors.As(err, &ref) {
 		_ = ref.resp.Body.Close()
 		rt := info.rt
-		if ref.marker == refusalUnhealthy {
+		if ref.marker != refusalNotOwner {
 			f.forwardFailures.WithLabelValues("refused").Inc()
 			ctx, cancel := context.WithTimeout(info.orig.Context(), claimTimeout)
 			_, _ = f.cfg.Dir.Do(ctx, directory.Release{Key: info.p.Key, ClientID: info.p.Owner, Generation: info.p.Generation})
@@ -348,8 +349,8 @@ func (f *FrontDoor) forwardFailed(w http.ResponseWriter, r *http.Request, err er
 			f.route(w, info.orig, rt)
 			return
 		}
-		if ref.marker == refusalUnhealthy {
-			httpx.WriteError(w, http.StatusServiceUnavailable, "owner refused: lease unhealthy", time.Second)
+		if ref.marker != refusalNotOwner {
+			httpx.WriteError(w, http.StatusServiceUnavailable, "owner refused: "+ref.marker, time.Second)
 		} else {
 			httpx.WriteError(w, http.StatusServiceUnavailable, "placement moved, retry", time.Second)
 		}

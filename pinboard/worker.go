@@ -69,6 +69,12 @@ type WorkerConfig struct {
 	// so a restarted node takes its advertise URL back at once instead of
 	// waiting out the dead session's lease.
 	StateFile string
+	// Draining reports whether this node drains by itself (SIGTERM, a
+	// local `pinnedd drain`); heartbeats carry it so placements skip us.
+	Draining func() bool
+	// OnOperatorDrain is told, on every ack, the operator drain in force
+	// for this worker (active false: none). Drains ride heartbeat acks.
+	OnOperatorDrain func(active bool, deadline time.Time, cordon bool)
 }
 
 // Worker holds this node's registration and lease.
@@ -244,6 +250,7 @@ func (w *Worker) register(ctx context.Context) error {
 	req := RegisterRequest{
 		ClientID: w.clientID, NodeID: w.cfg.NodeID, AdvertiseURL: w.cfg.AdvertiseURL,
 		Namespaces: w.cfg.Namespaces, Headroom: w.cfg.Headroom(), Challenge: w.newChallenge(),
+		Draining: w.selfDraining(),
 	}
 	if w.cfg.LiveIDs != nil {
 		req.LiveIDs = w.cfg.LiveIDs()
@@ -261,6 +268,7 @@ func (w *Worker) register(ctx context.Context) error {
 	w.acceptLocked(sent, ack.Ack)
 	w.mu.Unlock()
 	w.remember(ack.SessionID)
+	w.tellDrain(ack.Ack)
 	if first {
 		w.cfg.Logger.Info("worker registered", "client_id", w.clientID, "session_id", ack.SessionID, "expires_in_ms", ack.ExpiresInMs)
 	} else {
@@ -276,6 +284,7 @@ func (w *Worker) heartbeat(ctx context.Context) error {
 	sent := time.Now()
 	ack, err := w.registrar.Heartbeat(ctx, HeartbeatRequest{
 		ClientID: w.clientID, SessionID: w.SessionID(), Headroom: w.cfg.Headroom(), Challenge: w.newChallenge(),
+		Draining: w.selfDraining(),
 	})
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
@@ -283,7 +292,31 @@ func (w *Worker) heartbeat(ctx context.Context) error {
 	w.mu.Lock()
 	w.acceptLocked(sent, ack)
 	w.mu.Unlock()
+	w.tellDrain(ack)
 	return nil
+}
+
+func (w *Worker) selfDraining() bool { return w.cfg.Draining != nil && w.cfg.Draining() }
+
+// tellDrain passes the operator drain an ack carries to the node.
+func (w *Worker) tellDrain(ack Ack) {
+	if w.cfg.OnOperatorDrain == nil {
+		return
+	}
+	var dl time.Time
+	if ack.Draining && !ack.Cordoned {
+		dl = time.UnixMilli(ack.DrainDeadline)
+	}
+	w.cfg.OnOperatorDrain(ack.Draining, dl, ack.Cordoned)
+}
+
+// Heartbeat now (after a local drain starts, say) rather than at the next
+// interval; errors are left to the regular loop.
+func (w *Worker) HeartbeatNow(ctx context.Context) {
+	if w.SessionID() == "" {
+		return
+	}
+	_ = w.heartbeat(ctx)
 }
 
 // acceptLocked re-anchors the lease on the ack: expires_at = send time +

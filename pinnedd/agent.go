@@ -12,10 +12,12 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +28,7 @@ import (
 	"github.com/pinnedd/pinnedd/examples"
 	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/internal/procstat"
+	"github.com/pinnedd/pinnedd/internal/sdnotify"
 	"github.com/pinnedd/pinnedd/pinboard"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
@@ -63,6 +66,8 @@ func agentCommand() *cli.Command {
 			&cli.DurationFlag{Name: "lease-ttl", Value: pinboard.DefaultLeaseTTL, Usage: "worker lease TTL (also PINBOARD_LEASE_TTL_MS)", EnvVars: []string{"PINNEDD_LEASE_TTL"}},
 			&cli.DurationFlag{Name: "heartbeat-interval", Value: pinboard.DefaultHeartbeatInterval, Usage: "worker heartbeat interval", EnvVars: []string{"PINNEDD_HEARTBEAT_INTERVAL"}},
 			&cli.DurationFlag{Name: "detached-timeout", Value: 60 * time.Second, Usage: "evict an instance with no open request for this long (a host may set its own)", EnvVars: []string{"PINNEDD_DETACHED_TIMEOUT"}},
+			&cli.DurationFlag{Name: "drain-deadline", Value: 30 * time.Second, Usage: "on SIGTERM, drain: instances with work get this long before they are evicted", EnvVars: []string{"PINNEDD_DRAIN_DEADLINE"}},
+			&cli.DurationFlag{Name: "swap-deadline", Value: 10 * time.Second, Usage: "on a plugin hot swap, the old process's instances get this long to wind down", EnvVars: []string{"PINNEDD_SWAP_DEADLINE"}},
 			&cli.DurationFlag{Name: "stop-grace", Value: 10 * time.Second, Usage: "at shutdown, how long instances' tasks get to return", EnvVars: []string{"PINNEDD_STOP_GRACE"}},
 			&cli.DurationFlag{Name: "plugin-stable-period", Value: 30 * time.Second, Usage: "a plugin run this long resets its crash count", EnvVars: []string{"PINNEDD_PLUGIN_STABLE_PERIOD"}},
 			&cli.Float64Flag{Name: "affinity-balance-factor", Value: pinboard.DefaultBalanceFactor, Usage: "keep a client's preferred worker while its headroom is at least the best / this", EnvVars: []string{"PINBOARD_AFFINITY_BALANCE_FACTOR"}},
@@ -83,6 +88,8 @@ func agentCommand() *cli.Command {
 }
 
 type agentConfig struct {
+	drainDeadline   time.Duration
+	swapDeadline    time.Duration
 	databaseURL     string
 	scanInterval    time.Duration
 	balanceFactor   float64
@@ -143,6 +150,8 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 	}
 	cfg.balanceFactor = c.Float64("affinity-balance-factor")
 	cfg.databaseURL = c.String("database-url")
+	cfg.drainDeadline = c.Duration("drain-deadline")
+	cfg.swapDeadline = c.Duration("swap-deadline")
 	cfg.scanInterval = c.Duration("scan-interval")
 	if cfg.trustedProxies, err = pinboard.ParseTrustedProxies(c.String("trusted-proxies")); err != nil {
 		return cfg, fmt.Errorf("--trusted-proxies: %w", err)
@@ -352,7 +361,8 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		sup, err = supervisor.New(supervisor.Config{
 			Specs: cfg.specs, Logger: log, Registerer: reg, Store: states,
 			DetachedTimeout: cfg.detachedTimeout, StopGrace: cfg.stopGrace, StablePeriod: cfg.stablePeriod,
-			OnEvicted: func(k supervisor.Key, gen uint64, release bool) { fd.Released(k.Namespace, k.ID, gen, release) },
+			SwapDeadline: cfg.swapDeadline,
+			OnEvicted:    func(k supervisor.Key, gen uint64, release bool) { fd.Released(k.Namespace, k.ID, gen, release) },
 		})
 		if err != nil {
 			return err
@@ -384,7 +394,6 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	dir := pinboard.NewDirectory(machine, store)
 	defer dir.Close()
 	store.RunAsLeader("directory", func(ctx context.Context) { directoryLeader(ctx, dir, log) })
-
 
 	registry := pinboard.NewRegistry(dir, cfg.leaseTTL)
 	var quarantine time.Duration
@@ -422,6 +431,13 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 				}
 				return out
 			},
+			Draining: func() bool { return sup.DrainingBy(supervisor.DrainLocal) },
+			OnOperatorDrain: func(active bool, deadline time.Time, cordon bool) {
+				if !active {
+					deadline, cordon = time.Time{}, false
+				}
+				sup.SetDrain(supervisor.DrainOperator, deadline, cordon)
+			},
 			// A re-registration found ids placed elsewhere meanwhile: quit them.
 			OnDuplicates: func(keys []pinboard.InstanceKey) {
 				for _, k := range keys {
@@ -431,6 +447,25 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		}, registry)
 		fdc.Worker, fdc.Local = worker, sup
 		fdc.Ready = sup.Ready
+		fdc.Drain = func(deadline time.Time, cordon bool) {
+			sup.SetDrain(supervisor.DrainLocal, deadline, cordon)
+			// Tell the directory now, not at the next heartbeat: new
+			// placements must skip this node.
+			go func() {
+				hctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				defer cancel()
+				worker.HeartbeatNow(hctx)
+			}()
+		}
+		fdc.WindDown = sup.WindDown
+		fdc.Reload = func(ctx context.Context, ns string) error {
+			if err := sup.Reload(ctx, ns); errors.Is(err, supervisor.ErrUnknownNS) {
+				return fmt.Errorf("%w: %s", pinboard.ErrUnknownNamespace, ns)
+			} else if err != nil {
+				return err
+			}
+			return nil
+		}
 		fdc.WorkerStats = func(ctx context.Context) map[string]any {
 			nss, insts := sup.Stats(ctx)
 			p := procstat.Read()
@@ -471,13 +506,50 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		go func() { defer bg.Done(); worker.Run(wctx) }()
 	}
 
+	bg.Add(1)
+	go func() { defer bg.Done(); notifyReady(wctx, worker, store, log) }()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
 	var runErr error
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down")
-	case err := <-serveErr:
-		runErr = fmt.Errorf("front door: %w", err)
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case err := <-serveErr:
+			runErr = fmt.Errorf("front door: %w", err)
+			break loop
+		case <-hup:
+			if sup == nil {
+				continue
+			}
+			// SIGHUP (systemctl reload): hot-swap every plugin.
+			_ = sdnotify.Reloading()
+			log.Info("SIGHUP: reloading plugins")
+			if err := sup.Reload(context.Background(), ""); err != nil {
+				log.Error("plugin reload failed", "err", err)
+			}
+			_ = sdnotify.Ready()
+		}
 	}
+	_ = sdnotify.Stopping()
+	if sup != nil && runErr == nil {
+		// SIGTERM drains: no new activations, idle instances go at once,
+		// the rest when their work is done or at the deadline; then exit.
+		deadline := time.Now().Add(cfg.drainDeadline)
+		log.Info("draining", "deadline", cfg.drainDeadline)
+		fdc.Drain(deadline, false)
+		dctx, dcancel := context.WithDeadline(context.Background(), deadline.Add(deadlineGrace))
+		if err := sup.WaitDrained(dctx); err != nil {
+			log.Warn("drain deadline passed with instances left; stopping them", "err", err)
+		} else {
+			log.Info("drained")
+		}
+		dcancel()
+	}
+	log.Info("shutting down")
 
 	fd.SetStopping()
 	if sup != nil {
@@ -675,6 +747,38 @@ func scanMarked(ctx context.Context, states statestore.Store, fd *pinboard.Front
 				break
 			}
 			after = page[len(page)-1]
+		}
+	}
+}
+
+// deadlineGrace is how long past the drain deadline SIGTERM waits for the
+// last evictions before stopping everything.
+const deadlineGrace = 3 * time.Second
+
+// notifyReady tells systemd READY=1 once the node serves: Raft is open,
+// the front door listens and the worker is registered (a node without
+// hosts: once it follows a leader).
+func notifyReady(ctx context.Context, worker *pinboard.Worker, store *raftstore.Store, log *slog.Logger) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		ready := false
+		if worker != nil {
+			ready = worker.Lease(time.Now()) == pinboard.LeaseHealthy
+		} else {
+			id, _ := store.Leader()
+			ready = id != ""
+		}
+		if ready {
+			if err := sdnotify.Ready(); err != nil {
+				log.Warn("sd_notify READY", "err", err)
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
 		}
 	}
 }

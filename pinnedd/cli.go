@@ -43,7 +43,7 @@ func newApp() *cli.App {
 			statusCommand(),
 			versionCommand(),
 			pluginHostCommand(),
-		}, clusterCommands()...),
+		}, append(clusterCommands(), opsCommands()...)...),
 		HideHelpCommand: true,
 	}
 }

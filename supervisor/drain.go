@@ -43,6 +43,14 @@ func (s *Supervisor) SetDrain(source string, deadline time.Time, cordon bool) {
 	s.noteDrained()
 }
 
+// DrainingBy reports whether source has a drain in force.
+func (s *Supervisor) DrainingBy(source string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.drains[source]
+	return ok
+}
+
 // Draining reports whether the node drains, and the deadline in force
 // (zero when only cordoned).
 func (s *Supervisor) Draining() (bool, time.Time) {
@@ -158,7 +166,7 @@ func (s *Supervisor) recomputeLocked() []func() {
 			in, at := in, in.deadline
 			acts = append(acts, func() { s.tellWindDown(in, at) })
 		}
-		if s.windingLocked(in) && in.conns == 0 && !in.evicting {
+		if s.windingLocked(in) && in.conns == in.streams && !in.evicting {
 			in := in
 			reason := s.windReason(in)
 			acts = append(acts, func() { s.evictWith(context.Background(), in, reason, s.cfg.StopGrace, true) })

@@ -29,8 +29,11 @@ type instance struct {
 	ready chan struct{} // closed once activation finished (err says how)
 	err   error
 
-	// Guarded by Supervisor.mu.
+	// Guarded by Supervisor.mu. streams counts the connections whose
+	// response turned out to be a stream (SSE, unknown length, upgrade):
+	// they keep an instance resident, but not one that is winding down.
 	conns      int
+	streams    int
 	lastActive time.Time
 	evicting   bool
 	idle       *time.Timer
@@ -150,21 +153,53 @@ func (s *Supervisor) acquire(ctx context.Context, k Key, gen uint64) (*instance,
 }
 
 // release drops one open connection; the last one arms the idle timer.
-func (s *Supervisor) release(in *instance) {
+func (s *Supervisor) release(in *instance) { s.releaseConn(in, nil) }
+
+// releaseConn is release for a served request, which may have been a
+// stream.
+func (s *Supervisor) releaseConn(in *instance, rs *reqState) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	in.conns--
+	if rs != nil && rs.stream {
+		in.streams--
+	}
 	in.lastActive = time.Now()
-	if in.conns > 0 || in.evicting || s.instances[in.key] != in || in.err != nil {
+	if in.evicting || s.instances[in.key] != in || in.err != nil {
 		return
 	}
 	if s.windingLocked(in) {
-		// Its last connection closed while winding down: go now unless
-		// tracked work is still running.
-		go s.evictWith(context.Background(), in, s.windReason(in), s.cfg.StopGrace, true)
+		// Its last plain request finished while winding down: go now
+		// unless tracked work is still running. Streams do not hold it;
+		// they end with the eviction and their clients reconnect.
+		if in.conns == in.streams {
+			go s.evictWith(context.Background(), in, s.windReason(in), s.cfg.StopGrace, true)
+		}
 		return
 	}
-	s.armIdleLocked(in)
+	if in.conns == 0 {
+		s.armIdleLocked(in)
+	}
+}
+
+// reqState is what the proxy learns about one served request.
+type reqState struct {
+	in     *instance
+	stream bool
+}
+
+// markStream records that rs's response is a stream.
+func (s *Supervisor) markStream(rs *reqState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if rs.stream {
+		return
+	}
+	rs.stream = true
+	rs.in.streams++
+	if s.windingLocked(rs.in) && rs.in.conns == rs.in.streams && !rs.in.evicting {
+		go s.evictWith(context.Background(), rs.in, s.windReason(rs.in), s.cfg.StopGrace, true)
+	}
 }
 
 func (s *Supervisor) idleTimeout(in *instance) time.Duration {
@@ -215,7 +250,7 @@ func (s *Supervisor) evict(ctx context.Context, in *instance, reason proto.Reaso
 // work is done).
 func (s *Supervisor) evictWith(ctx context.Context, in *instance, reason proto.Reason, grace time.Duration, onlyIfIdle bool) {
 	s.mu.Lock()
-	if s.instances[in.key] != in || in.evicting || ((reason == proto.Reason_REASON_IDLE || onlyIfIdle) && in.conns > 0) {
+	if s.instances[in.key] != in || in.evicting || (reason == proto.Reason_REASON_IDLE && in.conns > 0) || (onlyIfIdle && in.conns > in.streams) {
 		s.mu.Unlock()
 		return
 	}
@@ -411,10 +446,18 @@ func (s *Supervisor) newProxy(inc *incarnation) *httputil.ReverseProxy {
 			if resp.Header.Get(plugins.HeaderRefusal) != "" {
 				return errInactive
 			}
+			if resp.ContentLength < 0 || resp.StatusCode == http.StatusSwitchingProtocols {
+				if rs, ok := resp.Request.Context().Value(instanceCtxKey).(*reqState); ok {
+					s.markStream(rs)
+				}
+			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			in, _ := r.Context().Value(instanceCtxKey).(*instance)
+			var in *instance
+			if rs, ok := r.Context().Value(instanceCtxKey).(*reqState); ok {
+				in = rs.in
+			}
 			switch {
 			case errors.Is(err, errInactive):
 				if in != nil && s.remove(in) {
@@ -500,9 +543,10 @@ func (s *Supervisor) observe(ns string, start time.Time, sw *statusWriter) {
 // serve proxies r to the acquired instance and releases it.
 func (s *Supervisor) serve(sw *statusWriter, r *http.Request, in *instance, rest string) {
 	k := in.key
-	defer s.release(in)
+	rs := &reqState{in: in}
+	defer s.releaseConn(in, rs)
 
-	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), instanceCtxKey, in))
+	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), instanceCtxKey, rs))
 	defer cancel()
 	stop := context.AfterFunc(in.ctx, cancel)
 	defer stop()

@@ -60,6 +60,11 @@ func (t *ticker) Start(context.Context) error {
 			case <-ctx.Done():
 				return
 			case <-tk.C:
+				// A winding-down ticker stops ticking so its instance can go
+				// before the deadline (a drain, a hot swap).
+				if t.inst.EvictionCheckpoint() != nil {
+					return
+				}
 				t.mu.Lock()
 				t.tick++
 				for ch := range t.subs {

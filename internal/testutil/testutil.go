@@ -104,6 +104,10 @@ func LaunchAgent(t testing.TB, env []string, args ...string) *Agent {
 	if !hasFlag(args, "--http-addr") {
 		full = append(full, "--http-addr", "127.0.0.1:0")
 	}
+	if !hasFlag(args, "--drain-deadline") {
+		// Tests stop agents a lot; 30 s drains would dominate the suite.
+		full = append(full, "--drain-deadline", "2s")
+	}
 	cmd := exec.Command(Bin(t, "pinnedd"), full...)
 	cmd.Env = append(os.Environ(), env...)
 	logs := &logBuffer{name: t.Name(), notify: make(chan struct{}, 1)}

@@ -1,0 +1,394 @@
+package pinboard
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/pinboard/directory"
+	"github.com/pinnedd/pinnedd/plugins"
+)
+
+// Operator routes: the fleet-wide ones (/registry/drain, undrain,
+// wind_down, overview) act through the directory or the owners; the
+// node-local ones (/_pinned/drain, undrain, plugins/reload) act on this
+// node; /_pinned/wind_down is the owner side of a wind-down, for attested
+// callers.
+const windDownPath = "/_pinned/wind_down"
+
+func (f *FrontDoor) mountOperator() {
+	f.mux.HandleFunc("POST /registry/drain", f.requireScope(ScopeOperator, f.registryDrain))
+	f.mux.HandleFunc("POST /registry/undrain", f.requireScope(ScopeOperator, f.registryUndrain))
+	f.mux.HandleFunc("POST /registry/wind_down", f.requireScope(ScopeOperator, f.registryWindDown))
+	f.mux.HandleFunc("GET /registry/overview", f.requireScope(ScopeOperator, f.registryOverview))
+	f.mux.HandleFunc("POST "+windDownPath, f.ownerWindDown)
+	f.mux.HandleFunc("POST /_pinned/drain", f.requireScope(ScopeOperator, f.localDrain))
+	f.mux.HandleFunc("POST /_pinned/undrain", f.requireScope(ScopeOperator, f.localUndrain))
+	f.mux.HandleFunc("POST /_pinned/plugins/reload", f.requireScope(ScopeOperator, f.pluginsReload))
+}
+
+// optionalSeconds reads a JSON number of seconds or null. present reports
+// whether the field was there at all.
+func optionalSeconds(raw json.RawMessage) (d time.Duration, isNull, present bool, err error) {
+	if raw == nil {
+		return 0, false, false, nil
+	}
+	if bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+		return 0, true, true, nil
+	}
+	var secs float64
+	if err := json.Unmarshal(raw, &secs); err != nil || secs < 0 || secs > 365*24*3600 {
+		return 0, false, true, fmt.Errorf("deadline must be a number of seconds (0 to one year) or null")
+	}
+	return time.Duration(secs * float64(time.Second)), false, true, nil
+}
+
+func (f *FrontDoor) ttl() time.Duration {
+	if f.cfg.Registry != nil {
+		return f.cfg.Registry.ttl
+	}
+	return DefaultLeaseTTL
+}
+
+// registryDrain serves POST /registry/drain {"clientId", "deadline"}:
+// deadline in seconds (under one lease TTL becomes one TTL), null cordons.
+func (f *FrontDoor) registryDrain(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		ClientID string          `json:"clientId"`
+		Deadline json.RawMessage `json:"deadline"`
+	}
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	d, cordon, present, err := optionalSeconds(req.Deadline)
+	switch {
+	case req.ClientID == "":
+		httpx.WriteError(w, http.StatusBadRequest, "clientId is required", 0)
+		return
+	case err != nil:
+		httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
+		return
+	case !present:
+		httpx.WriteError(w, http.StatusBadRequest, "deadline is required: seconds, or null to cordon", 0)
+		return
+	}
+	now := time.Now()
+	cmd := directory.DrainWorker{ClientID: req.ClientID, Cordon: cordon, Now: now.UnixMilli()}
+	if !cordon {
+		cmd.Deadline = now.Add(max(d, f.ttl())).UnixMilli()
+	}
+	res, err := f.cfg.Dir.Do(r.Context(), cmd)
+	if err != nil {
+		f.registryError(w, r, err)
+		return
+	}
+	if res.Code == directory.CodeUnknownWorker {
+		httpx.WriteError(w, http.StatusForbidden, "forbidden", 0)
+		return
+	}
+	out := map[string]any{"ok": true, "clientId": req.ClientID, "deadline": nil}
+	if !cordon {
+		out["deadline"] = cmd.Deadline
+	}
+	httpx.WriteJSON(w, http.StatusOK, out)
+}
+
+func (f *FrontDoor) registryUndrain(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		ClientID string `json:"clientId"`
+	}
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	if req.ClientID == "" {
+		httpx.WriteError(w, http.StatusBadRequest, "clientId is required", 0)
+		return
+	}
+	res, err := f.cfg.Dir.Do(r.Context(), directory.UndrainWorker{ClientID: req.ClientID})
+	if err != nil {
+		f.registryError(w, r, err)
+		return
+	}
+	if res.Code == directory.CodeUnknownWorker {
+		httpx.WriteError(w, http.StatusForbidden, "forbidden", 0)
+		return
+	}
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "clientId": req.ClientID})
+}
+
+type windDownReq struct {
+	Namespace string          `json:"namespace"`
+	ID        string          `json:"id,omitempty"`
+	Deadline  json.RawMessage `json:"deadline"`
+	Env       *string         `json:"env,omitempty"`
+}
+
+// registryWindDown serves POST /registry/wind_down: one id, or every id of
+// the namespace when id is omitted; deadline in seconds (0: now), null
+// revokes. Each owner gets an attested request.
+func (f *FrontDoor) registryWindDown(w http.ResponseWriter, r *http.Request) {
+	var req windDownReq
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	d, revoke, present, err := optionalSeconds(req.Deadline)
+	switch {
+	case req.Env != nil:
+		httpx.WriteError(w, http.StatusBadRequest, "env requires hostname-aware mode", 0)
+		return
+	case plugins.ValidateNamespace(req.Namespace) != nil:
+		httpx.WriteError(w, http.StatusBadRequest, "namespace must be a valid namespace such as /threads", 0)
+		return
+	case req.ID != "" && plugins.ValidateID(req.ID) != nil:
+		httpx.WriteError(w, http.StatusBadRequest, "invalid id", 0)
+		return
+	case err != nil:
+		httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
+		return
+	case !present:
+		httpx.WriteError(w, http.StatusBadRequest, "deadline is required: seconds, or null to revoke", 0)
+		return
+	}
+	var at int64 // 0 revokes
+	if !revoke {
+		at = time.Now().Add(d).UnixMilli()
+	}
+	// Who to tell: the owner of the id, or every live worker serving ns.
+	m := f.cfg.Dir.Machine()
+	now := time.Now().UnixMilli()
+	var targets []directory.Worker
+	if req.ID != "" {
+		if _, owner, ok := m.Owner(directory.Key{Namespace: req.Namespace, ID: req.ID}); ok && owner.Live(now) {
+			targets = append(targets, owner)
+		}
+	} else {
+		for _, wk := range m.Workers() {
+			if wk.Live(now) && wk.Serves(req.Namespace) {
+				targets = append(targets, wk)
+			}
+		}
+	}
+	total, failed := 0, []string{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, wk := range targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n, err := f.windDownOn(r.Context(), wk, req.Namespace, req.ID, at)
+			mu.Lock()
+			defer mu.Unlock()
+			total += n
+			if err != nil {
+				failed = append(failed, wk.ClientID+": "+err.Error())
+			}
+		}()
+	}
+	wg.Wait()
+	sort.Strings(failed)
+	out := map[string]any{"ok": len(failed) == 0, "instances": total}
+	if len(failed) > 0 {
+		out["failed"] = failed
+	}
+	httpx.WriteJSON(w, http.StatusOK, out)
+}
+
+// windDownOn applies a wind-down on one worker: here, or at its owner side.
+func (f *FrontDoor) windDownOn(ctx context.Context, wk directory.Worker, ns, id string, atMs int64) (int, error) {
+	if wk.ClientID == f.selfID() {
+		return f.localWindDown(ns, id, atMs), nil
+	}
+	body, _ := json.Marshal(map[string]any{"namespace": ns, "id": id, "deadlineUnixMs": atMs})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(wk.AdvertiseURL, "/")+windDownPath, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	gen := max(f.cfg.Dir.Machine().AppliedIndex(), 1)
+	req.Header.Set(AttestationHeader, Sign(f.cfg.Dir.Machine().Secret(), Attestation{Target: wk.ClientID, Caller: f.selfID(), Generation: gen, At: time.Now()}, http.MethodPost, windDownPath))
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Instances int    `json:"instances"`
+		Error     string `json:"error"`
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	_ = json.Unmarshal(b, &out)
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("%s: %s", resp.Status, out.Error)
+	}
+	return out.Instances, nil
+}
+
+func (f *FrontDoor) localWindDown(ns, id string, atMs int64) int {
+	if f.cfg.WindDown == nil {
+		return 0
+	}
+	var at time.Time
+	if atMs != 0 {
+		at = time.UnixMilli(atMs)
+	}
+	return f.cfg.WindDown(ns, id, at)
+}
+
+// ownerWindDown serves the attested owner side of a wind-down.
+func (f *FrontDoor) ownerWindDown(w http.ResponseWriter, r *http.Request) {
+	if _, err := f.verifier.Verify(f.cfg.Dir.Machine().Secret(), r.Header.Get(AttestationHeader), f.selfID(), r.Method, windDownPath, time.Now()); err != nil {
+		f.attestFailures.WithLabelValues(attestOutcome(err)).Inc()
+		httpx.WriteError(w, http.StatusForbidden, "invalid attestation", 0)
+		return
+	}
+	var req struct {
+		Namespace      string `json:"namespace"`
+		ID             string `json:"id"`
+		DeadlineUnixMs int64  `json:"deadlineUnixMs"`
+	}
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	if plugins.ValidateNamespace(req.Namespace) != nil || (req.ID != "" && plugins.ValidateID(req.ID) != nil) || req.DeadlineUnixMs < 0 {
+		httpx.WriteError(w, http.StatusBadRequest, "invalid wind-down", 0)
+		return
+	}
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"instances": f.localWindDown(req.Namespace, req.ID, req.DeadlineUnixMs)})
+}
+
+// localDrain serves POST /_pinned/drain {"deadline": seconds|null,
+// "cordon": bool} for this node (`pinnedd drain`).
+func (f *FrontDoor) localDrain(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Deadline json.RawMessage `json:"deadline"`
+		Cordon   bool            `json:"cordon"`
+	}
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	d, isNull, present, err := optionalSeconds(req.Deadline)
+	if err != nil {
+		httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
+		return
+	}
+	cordon := req.Cordon || isNull
+	if !cordon && !present {
+		httpx.WriteError(w, http.StatusBadRequest, `give "deadline" in seconds, or "cordon": true`, 0)
+		return
+	}
+	if f.cfg.Drain == nil {
+		httpx.WriteError(w, http.StatusConflict, "this node hosts no instances", 0)
+		return
+	}
+	var at time.Time
+	if !cordon {
+		at = time.Now().Add(d)
+	}
+	f.cfg.Drain(at, cordon)
+	out := map[string]any{"draining": true, "cordon": cordon, "deadline": nil}
+	if !cordon {
+		out["deadline"] = at.UnixMilli()
+	}
+	httpx.WriteJSON(w, http.StatusOK, out)
+}
+
+func (f *FrontDoor) localUndrain(w http.ResponseWriter, _ *http.Request) {
+	if f.cfg.Drain == nil {
+		httpx.WriteError(w, http.StatusConflict, "this node hosts no instances", 0)
+		return
+	}
+	f.cfg.Drain(time.Time{}, false)
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"draining": false})
+}
+
+func (f *FrontDoor) pluginsReload(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Namespace string `json:"namespace"`
+	}
+	if r.ContentLength != 0 && !decodeBody(w, r, &req) {
+		return
+	}
+	if req.Namespace != "" && plugins.ValidateNamespace(req.Namespace) != nil {
+		httpx.WriteError(w, http.StatusBadRequest, "invalid namespace", 0)
+		return
+	}
+	if f.cfg.Reload == nil {
+		httpx.WriteError(w, http.StatusConflict, "this node hosts no instances", 0)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
+	defer cancel()
+	if err := f.cfg.Reload(ctx, req.Namespace); err != nil {
+		code := http.StatusInternalServerError
+		if errors.Is(err, ErrUnknownNamespace) {
+			code = http.StatusNotFound
+		}
+		httpx.WriteError(w, code, err.Error(), 0)
+		return
+	}
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true})
+}
+
+// ErrUnknownNamespace is what a Reload hook wraps for a namespace this node
+// does not serve.
+var ErrUnknownNamespace = errors.New("unknown namespace")
+
+// registryOverview summarises the fleet for an operator (and the console).
+func (f *FrontDoor) registryOverview(w http.ResponseWriter, _ *http.Request) {
+	m := f.cfg.Dir.Machine()
+	now := time.Now().UnixMilli()
+	type nsView struct {
+		Workers    int `json:"workers"`
+		Placements int `json:"placements"`
+	}
+	nss := map[string]*nsView{}
+	var total, live, draining, degraded, placements int
+	for _, wk := range m.Workers() {
+		if !wk.Registered() {
+			continue
+		}
+		total++
+		if wk.Live(now) {
+			live++
+		}
+		d, drained := m.DrainOf(wk.ClientID)
+		if wk.Draining || (drained && d.Active(now)) {
+			draining++
+		}
+		if wk.Degraded {
+			degraded++
+		}
+		for _, ns := range wk.Namespaces {
+			if nss[ns] == nil {
+				nss[ns] = &nsView{}
+			}
+			if wk.Live(now) {
+				nss[ns].Workers++
+			}
+		}
+		for _, p := range m.PlacementsOf(wk.ClientID) {
+			placements++
+			if v := nss[p.Key.Namespace]; v != nil {
+				v.Placements++
+			}
+		}
+	}
+	body := map[string]any{
+		"workers":      map[string]int{"registered": total, "live": live, "draining": draining, "degraded": degraded},
+		"placements":   placements,
+		"namespaces":   nss,
+		"quarantineMs": m.QuarantineMs(now, f.cfg.Quarantine.Milliseconds()),
+	}
+	if f.cfg.Health != nil {
+		body["raft"] = f.cfg.Health()
+	}
+	httpx.WriteJSON(w, http.StatusOK, body)
+}

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+)
+
+// opsCommands are the day-two commands: drain, undrain, wind-down, plugins.
+func opsCommands() []*cli.Command {
+	return []*cli.Command{
+		{
+			Name:  "drain",
+			Usage: "drain a node: no new activations, idle instances go at once, the rest by the deadline",
+			Description: "Without --node, drains the agent at --addr itself. With --node <client id> (from\n" +
+				"`pinnedd workers`), sets an operator drain in the directory; it survives\n" +
+				"re-registration and applies to a worker that is down when it comes back.",
+			Flags: append(clientFlags(),
+				&cli.DurationFlag{Name: "deadline", Value: 30 * time.Second, Usage: "evict what is left at this deadline"},
+				&cli.BoolFlag{Name: "cordon", Usage: "no deadline: take no new placements, let running work finish"},
+				&cli.StringFlag{Name: "node", Usage: "the worker's `CLIENT_ID` (operator drain via the directory)"},
+			),
+			Action: func(c *cli.Context) error {
+				var deadline any = c.Duration("deadline").Seconds()
+				if c.Bool("cordon") {
+					deadline = nil
+				}
+				if node := c.String("node"); node != "" {
+					return postJSON(c, "/registry/drain", map[string]any{"clientId": node, "deadline": deadline}, "drain set on "+node)
+				}
+				return postJSON(c, "/_pinned/drain", map[string]any{"deadline": deadline, "cordon": c.Bool("cordon")}, "draining")
+			},
+		},
+		{
+			Name:  "undrain",
+			Usage: "revoke a drain (this node's, or with --node an operator drain)",
+			Flags: append(clientFlags(), &cli.StringFlag{Name: "node", Usage: "the worker's `CLIENT_ID`"}),
+			Action: func(c *cli.Context) error {
+				if node := c.String("node"); node != "" {
+					return postJSON(c, "/registry/undrain", map[string]any{"clientId": node}, "undrained "+node)
+				}
+				return postJSON(c, "/_pinned/undrain", map[string]any{}, "undrained")
+			},
+		},
+		{
+			Name:      "wind-down",
+			Usage:     "evict one instance, or every instance of a namespace, by a deadline",
+			ArgsUsage: "<namespace> [<id>]",
+			Flags: append(clientFlags(),
+				&cli.DurationFlag{Name: "deadline", Value: 0, Usage: "0: as soon as its work allows"},
+				&cli.BoolFlag{Name: "revoke", Usage: "cancel an earlier wind-down"},
+			),
+			Action: func(c *cli.Context) error {
+				if c.NArg() < 1 || c.NArg() > 2 {
+					return errors.New("usage: pinnedd wind-down <namespace> [<id>] [--deadline 0 | --revoke]")
+				}
+				body := map[string]any{"namespace": c.Args().Get(0), "deadline": c.Duration("deadline").Seconds()}
+				if c.Bool("revoke") {
+					body["deadline"] = nil
+				}
+				if id := c.Args().Get(1); id != "" {
+					body["id"] = id
+				}
+				var out struct {
+					Instances int      `json:"instances"`
+					Failed    []string `json:"failed"`
+				}
+				b, _ := json.Marshal(body)
+				if err := apiCall(c, http.MethodPost, "/registry/wind_down", bytes.NewReader(b), &out); err != nil {
+					return err
+				}
+				fmt.Fprintf(c.App.Writer, "%d instance(s) winding down\n", out.Instances)
+				if len(out.Failed) > 0 {
+					return fmt.Errorf("some owners did not answer: %s", strings.Join(out.Failed, "; "))
+				}
+				return nil
+			},
+		},
+		{
+			Name:  "plugins",
+			Usage: "list or hot-swap this node's plugins",
+			Subcommands: []*cli.Command{
+				{
+					Name:  "list",
+					Usage: "plugins with their process ids and versions",
+					Flags: clientFlags(),
+					Action: func(c *cli.Context) error {
+						var st struct {
+							Plugins []struct {
+								Name        string   `json:"name"`
+								Path        string   `json:"path"`
+								State       string   `json:"state"`
+								PID         int      `json:"pid"`
+								Incarnation int      `json:"incarnation"`
+								Restarts    int      `json:"restarts"`
+								Version     string   `json:"version"`
+								Namespaces  []string `json:"namespaces"`
+							} `json:"plugins"`
+						}
+						if err := apiCall(c, http.MethodGet, "/_pinned/status", nil, &st); err != nil {
+							return err
+						}
+						w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+						fmt.Fprintln(w, "PLUGIN\tNAMESPACES\tSTATE\tPID\tINCARNATION\tRESTARTS\tVERSION\tPATH")
+						for _, p := range st.Plugins {
+							fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", p.Name, strings.Join(p.Namespaces, ","), p.State, p.PID, p.Incarnation, p.Restarts, p.Version, p.Path)
+						}
+						return w.Flush()
+					},
+				},
+				{
+					Name:      "reload",
+					Usage:     "hot-swap the plugin serving a namespace (all without one): new process, old one winds down",
+					ArgsUsage: "[<namespace>]",
+					Flags:     clientFlags(),
+					Action: func(c *cli.Context) error {
+						body := map[string]any{}
+						if ns := c.Args().First(); ns != "" {
+							body["namespace"] = ns
+						}
+						return postJSON(c, "/_pinned/plugins/reload", body, "reloaded")
+					},
+				},
+			},
+		},
+	}
+}
+
+func postJSON(c *cli.Context, path string, body any, done string) error {
+	b, _ := json.Marshal(body)
+	if err := apiCall(c, http.MethodPost, path, bytes.NewReader(b), nil); err != nil {
+		return err
+	}
+	fmt.Fprintln(c.App.Writer, done)
+	return nil
+}
