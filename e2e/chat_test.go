@@ -241,15 +241,6 @@ func (th chatThread) line() string {
 	return strings.Join(parts, " | ")
 }
 
-func decodeThread(t *testing.T, s *client.Session) chatThread {
-	t.Helper()
-	var th chatThread
-	if err := s.Decode(&th); err != nil {
-		t.Fatalf("decode thread: %v", err)
-	}
-	return th
-}
-
 // waitThread waits until the attached copy of the thread satisfies cond.
 func waitThread(t *testing.T, s *client.Session, timeout time.Duration, what string, cond func(chatThread) bool) chatThread {
 	t.Helper()
@@ -270,6 +261,12 @@ func waitThread(t *testing.T, s *client.Session, timeout time.Duration, what str
 }
 
 func echoOf(msg string) string { return "echo: " + strings.Join(strings.Fields(msg), " ") }
+
+// streamingReply: the second turn's reply has begun.
+func streamingReply(th chatThread) bool {
+	m := th.transcript()
+	return len(m) == 4 && m[3].Role == "assistant" && streamedWords(th.line()) >= 1
+}
 
 // streamedWords counts the words of the last assistant message so far.
 func streamedWords(line string) int {
@@ -315,14 +312,11 @@ func TestTutorial2DurableChat(t *testing.T) {
 	smoke.waitLine(t, 60*time.Second, "several streamed words", func(l string) bool {
 		return strings.Contains(l, "| user: recover") && streamedWords(l) >= 5
 	})
+	// The id the reply streams under, as a watcher sees it.
+	cut := waitThread(t, watch, 10*time.Second, "watcher sees the reply", streamingReply).transcript()
 	b.Signal(syscall.SIGKILL)
 	if _, err := b.Wait(10 * time.Second); err != nil {
 		t.Fatal(err)
-	}
-	// The id the interrupted reply streamed under.
-	cut := decodeThread(t, watch).transcript()
-	if len(cut) != 4 || cut[3].Role != "assistant" {
-		t.Fatalf("transcript at the kill: %+v", cut)
 	}
 	replyID, cutText := cut[3].ID, cut[3].text()
 	if cutText == echoOf(long) {
@@ -456,10 +450,7 @@ func TestTutorial3FleetChat(t *testing.T) {
 	if owner == nil {
 		t.Fatal("no worker runs fleet-t1")
 	}
-	cut := decodeThread(t, watch).transcript()
-	if len(cut) != 4 || cut[3].Role != "assistant" {
-		t.Fatalf("transcript at the kill: %+v", cut)
-	}
+	cut := waitThread(t, watch, 10*time.Second, "watcher sees the reply", streamingReply).transcript()
 	replyID := cut[3].ID
 	owner.a.Signal(syscall.SIGKILL)
 	if _, err := owner.a.Wait(10 * time.Second); err != nil {

@@ -256,8 +256,8 @@ type framesRequest struct {
 
 // frameHead is what admission reads of each frame.
 type frameHead struct {
-	Seq  json.Number `json:"seq"`
-	Type *string     `json:"type"`
+	Seq  json.RawMessage `json:"seq"`
+	Type *string         `json:"type"`
 }
 
 // storedCommand is the payload of a command tray item.
@@ -336,12 +336,11 @@ func (s *Server) parseFrames(body []byte) (framesRequest, []storedCommand, error
 	prev := int64(0)
 	for i, raw := range req.Frames {
 		var head frameHead
-		d := json.NewDecoder(bytes.NewReader(raw))
-		d.UseNumber()
-		if err := d.Decode(&head); err != nil {
+		if err := json.Unmarshal(raw, &head); err != nil {
 			return req, nil, fmt.Errorf("frame %d: %w", i, err)
 		}
-		seq, err := strconv.ParseInt(head.Seq.String(), 10, 64)
+		// A bare JSON integer: not "1", not 1.0, not 1e3.
+		seq, err := strconv.ParseInt(string(head.Seq), 10, 64)
 		if err != nil || seq <= 0 || seq > math.MaxInt64/2 {
 			return req, nil, fmt.Errorf("frame %d: seq must be a positive integer", i)
 		}
