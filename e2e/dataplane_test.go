@@ -19,7 +19,10 @@ import (
 func threeWorkers(t *testing.T) []*node {
 	t.Helper()
 	th := testutil.Bin(t, "testhost")
-	extra := []string{"--plugin", "/misc=" + th}
+	// Trusting loopback's forwarding headers lets a test pose as many
+	// client IPs, so ids spread over the workers (placement prefers one
+	// worker per client IP).
+	extra := []string{"--plugin", "/misc=" + th, "--plugin", "/jobs=" + th, "--trusted-proxies", "127.0.0.1/32"}
 	n1 := newNode(t, "n1", append([]string{"--bootstrap"}, extra...)...).start(t, true)
 	n2 := newNode(t, "n2", append([]string{"--join", n1.url()}, extra...)...).start(t, true)
 	n3 := newNode(t, "n3", append([]string{"--join", n1.url()}, extra...)...).start(t, true)
@@ -282,4 +285,14 @@ func TestOwnerRouteNeedsAttestation(t *testing.T) {
 	if ownerOf(t, nodes, "/counters", "mallory") != nil {
 		t.Fatal("mallory was activated")
 	}
+}
+
+// doAs sends a request as if from client IP ip (through a trusted proxy).
+func doAs(t *testing.T, n *node, method, path, ip string) testutil.Response {
+	t.Helper()
+	r, err := testutil.Do(context.Background(), method, n.url()+path, "", map[string]string{"X-Forwarded-For": ip})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -300,6 +301,7 @@ func (f *FrontDoor) forward(w http.ResponseWriter, r *http.Request, rt *route, p
 func (f *FrontDoor) newProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Transport: tr,
+		ErrorLog:  slog.NewLogLogger(f.cfg.Logger.Handler(), slog.LevelDebug),
 		// FlushInterval 0: ReverseProxy flushes streamed responses (SSE,
 		// unknown length) on every write by itself, and leaves
 		// fixed-length ones whole, one write to the client.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -220,8 +221,18 @@ func (s *Supervisor) armIdleLocked(in *instance) {
 	})
 }
 
-// remove takes in out of the table if it is still there.
-func (s *Supervisor) remove(in *instance) bool {
+// streamGrace is how long requests still open on an evicted instance get
+// to finish before they are cut: the plugin has cancelled the instance's
+// context, so well-behaved handlers are writing their last frame (a fin)
+// right now; the cut is the backstop for those that ignore it.
+const streamGrace = 2 * time.Second
+
+// remove takes in out of the table if it is still there, cutting its open
+// requests at once (the process is gone).
+func (s *Supervisor) remove(in *instance) bool { return s.removeAfter(in, 0) }
+
+// removeAfter is remove with the open requests cut after grace.
+func (s *Supervisor) removeAfter(in *instance, grace time.Duration) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.instances[in.key] != in {
@@ -235,7 +246,11 @@ func (s *Supervisor) remove(in *instance) bool {
 		in.timer.Stop()
 	}
 	close(in.stopped)
-	in.cancel()
+	if grace > 0 {
+		time.AfterFunc(grace, in.cancel)
+	} else {
+		in.cancel()
+	}
 	return true
 }
 
@@ -285,7 +300,7 @@ func (s *Supervisor) evictWith(ctx context.Context, in *instance, reason proto.R
 	if err != nil && in.inc.alive() {
 		s.cfg.Logger.Warn("deactivate failed; dropping instance", "instance", in.key.String(), "err", err)
 	}
-	if !s.remove(in) {
+	if !s.removeAfter(in, streamGrace) {
 		return
 	}
 	s.metrics.evictions.WithLabelValues(in.key.Namespace, reasonLabel(reason)).Inc()
@@ -434,6 +449,9 @@ func (s *Supervisor) newProxy(inc *incarnation) *httputil.ReverseProxy {
 	}
 	return &httputil.ReverseProxy{
 		Transport: tr,
+		// Copy errors are mostly clients going away mid-stream: debug, in
+		// the structured log, not on stderr.
+		ErrorLog: slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelDebug),
 		// FlushInterval 0: ReverseProxy flushes streamed responses (SSE,
 		// unknown length) on every write by itself, and leaves
 		// fixed-length ones whole, one write to the client.

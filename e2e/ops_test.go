@@ -1,0 +1,319 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
+)
+
+// SIGTERM on the node holding a stream: the stream ends (fin evicted), the
+// client reconnects through another node and is served there; the process
+// exits 0 within its drain deadline plus a margin.
+func TestSIGTERMDrainMovesStreams(t *testing.T) {
+	t.Parallel()
+	nodes := threeWorkers(t)
+	// Place s1 and find its owner; attach through a different node.
+	_ = nodes[0].a.MustDo("GET", "/misc/s1/ping", "")
+	owner := ownerOf(t, nodes, "/misc", "s1")
+	var via *node
+	for _, n := range nodes {
+		if n != owner {
+			via = n
+			break
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", via.url()+"/misc/s1/sse", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	if !sc.Scan() {
+		t.Fatal("no first event")
+	}
+	start := time.Now()
+	owner.a.Signal(syscall.SIGTERM)
+	sawFin := false
+	for sc.Scan() {
+		if sc.Text() == "event: fin" {
+			sawFin = true
+		}
+	}
+	if !sawFin {
+		t.Fatal("the stream ended without a fin frame")
+	}
+	code, err := owner.a.Wait(15 * time.Second)
+	if err != nil || code != 0 {
+		t.Fatalf("drained node exit %d, %v", code, err)
+	}
+	if el := time.Since(start); el > 2*time.Second+5*time.Second {
+		t.Fatalf("drain took %s with a 2s deadline", el)
+	}
+	owner.a = nil
+	// Reconnect through the same front door: served by a survivor.
+	eventually(t, 20*time.Second, "stream resumes elsewhere", func() bool {
+		r, err := via.a.Do("GET", "/misc/s1/ping", "")
+		return err == nil && r.Code == 200
+	})
+	if n := ownerOf(t, nodes, "/misc", "s1"); n == nil || n == owner {
+		t.Fatalf("s1 now on %v", n)
+	}
+}
+
+// An operator cordon keeps new placements off a node while its existing
+// instances keep serving; undrain restores it.
+func TestCordonAndUndrain(t *testing.T) {
+	t.Parallel()
+	nodes := threeWorkers(t)
+	target := nodes[2]
+	clientID := liveWorkers(t, nodes[0])[target.id].ClientID
+	// An instance on the target with work in flight (a job that runs until
+	// its instance stops) keeps serving under the cordon.
+	var onTarget string
+	for i := 0; onTarget == "" && i < 200; i++ {
+		id := fmt.Sprintf("pre%d", i)
+		_ = doAs(t, target, "POST", "/jobs/"+id+"/submit?name="+id+"&mode=hang", fmt.Sprintf("10.0.%d.%d", i/250, i%250))
+		if ownerOf(t, nodes, "/jobs", id) == target {
+			onTarget = id
+		}
+	}
+	if onTarget == "" {
+		t.Fatal("could not place an id on the target")
+	}
+	if out, err := testutil.CLI(t, "drain", "--addr", nodes[0].url(), "--node", clientID, "--cordon"); err != nil {
+		t.Fatalf("pinnedd drain --cordon: %v\n%s", err, out)
+	}
+	eventually(t, 10*time.Second, "target reports draining", func() bool {
+		r := target.a.MustDo("GET", "/_pinned/status", "")
+		return strings.Contains(r.Body, `"draining":true`)
+	})
+	for i := 0; i < 20; i++ {
+		id := fmt.Sprintf("new%d", i)
+		if r := doAs(t, target, "POST", "/counters/"+id+"/increment", fmt.Sprintf("10.1.0.%d", i)); r.Code != 200 {
+			t.Fatalf("new id through the cordoned node: %d %s", r.Code, r.Body)
+		}
+		if ownerOf(t, nodes, "/counters", id) == target {
+			t.Fatalf("new id %s placed on the cordoned node", id)
+		}
+	}
+	if r := target.a.MustDo("POST", "/jobs/"+onTarget+"/submit?name=more", ""); r.Code != 202 || ownerOf(t, nodes, "/jobs", onTarget) != target {
+		t.Fatalf("busy instance on the cordoned node: %d %s", r.Code, r.Body)
+	}
+	if out, err := testutil.CLI(t, "undrain", "--addr", nodes[1].url(), "--node", clientID); err != nil {
+		t.Fatalf("pinnedd undrain: %v\n%s", err, out)
+	}
+	eventually(t, 20*time.Second, "new placements reach the node again", func() bool {
+		for i := 0; i < 50; i++ {
+			id := fmt.Sprintf("after%d-%d", time.Now().UnixNano(), i)
+			_ = doAs(t, target, "POST", "/counters/"+id+"/increment", fmt.Sprintf("10.2.0.%d", i))
+			if ownerOf(t, nodes, "/counters", id) == target {
+				return true
+			}
+		}
+		return false
+	})
+	// Unknown client ids are refused like the seed's.
+	r, _ := nodes[0].a.Do("POST", "/registry/drain", `{"clientId":"nobody","deadline":null}`)
+	if r.Code != 403 {
+		t.Fatalf("drain of an unknown client id: %d %s", r.Code, r.Body)
+	}
+	r, _ = nodes[0].a.Do("POST", "/registry/drain", `{"clientId":"x"}`)
+	if r.Code != 400 {
+		t.Fatalf("drain without a deadline: %d %s", r.Code, r.Body)
+	}
+	r, _ = nodes[0].a.Do("POST", "/registry/wind_down", `{"namespace":"/counters","id":"x","deadline":0,"env":"pr-1"}`)
+	if r.Code != 400 || !strings.Contains(r.Body, "env requires hostname-aware mode") {
+		t.Fatalf("wind_down with env: %d %s", r.Code, r.Body)
+	}
+}
+
+// An operator drain of a registered worker that is down applies when it
+// comes back (the drain lives in the directory, keyed by client id).
+func TestDrainOfDownNodeAppliesOnReturn(t *testing.T) {
+	t.Parallel()
+	nodes := threeWorkers(t)
+	target := nodes[1]
+	clientID := liveWorkers(t, nodes[0])[target.id].ClientID
+	target.a.Signal(syscall.SIGSTOP)
+	eventually(t, 15*time.Second, "lease lapses", func() bool {
+		_, live := liveWorkers(t, nodes[0])[target.id]
+		return !live
+	})
+	if out, err := testutil.CLI(t, "drain", "--addr", nodes[0].url(), "--node", clientID, "--deadline", "60s"); err != nil {
+		t.Fatalf("drain of a down node: %v\n%s", err, out)
+	}
+	target.a.Signal(syscall.SIGCONT)
+	eventually(t, 15*time.Second, "drain applies on return", func() bool {
+		r, err := target.a.Do("GET", "/_pinned/status", "")
+		return err == nil && strings.Contains(r.Body, `"draining":true`)
+	})
+}
+
+// Hot swap under load: every acknowledged increment is in the final value;
+// clients only ever see retryable refusals.
+func TestHotSwapUnderLoad(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "counter")
+	copyFile(t, testutil.Bin(t, "counter"), bin)
+	a := testutil.StartAgent(t, nil, "--dev", "--plugin", "/counters="+bin, "--swap-deadline", "2s")
+	var acked, refused atomic.Int64
+	var bad atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r, err := a.Do("POST", "/counters/load/increment", "")
+				switch {
+				case err != nil:
+					bad.Store(err.Error())
+				case r.Code == 200:
+					acked.Add(1)
+				case r.Code == 503 && r.Header.Get("Retry-After") != "":
+					refused.Add(1)
+					time.Sleep(20 * time.Millisecond)
+				default:
+					bad.Store(fmt.Sprintf("%d %s", r.Code, r.Body))
+				}
+			}
+		}()
+	}
+	pids := []int{pluginPID(t, a, "counter")}
+	for i := 0; i < 2; i++ {
+		eventually(t, 10*time.Second, "load flowing", func() bool { return acked.Load() > int64(20*(i+1)) })
+		if out, err := testutil.CLI(t, "plugins", "reload", "--addr", a.URL, "/counters"); err != nil {
+			t.Fatalf("plugins reload: %v\n%s", err, out)
+		}
+		eventually(t, 10*time.Second, "new process serving", func() bool {
+			pid := pluginPID(t, a, "counter")
+			return pid != pids[len(pids)-1] && pid != 0
+		})
+		pids = append(pids, pluginPID(t, a, "counter"))
+	}
+	eventually(t, 10*time.Second, "load after the swaps", func() bool { return acked.Load() > 80 })
+	close(stop)
+	wg.Wait()
+	if b := bad.Load(); b != nil {
+		t.Fatalf("a client saw a non-retryable answer: %v", b)
+	}
+	for _, old := range pids[:2] {
+		eventually(t, 10*time.Second, "old plugin process stopped", func() bool { return !testutil.Alive(old) })
+	}
+	r := a.MustDo("GET", "/counters/load/value", "")
+	if want := fmt.Sprintf(`{"value":%d}`, acked.Load()); strings.TrimSpace(r.Body) != want {
+		t.Fatalf("final %s, want %s (refused %d)", r.Body, want, refused.Load())
+	}
+	out, _ := testutil.CLI(t, "plugins", "list", "--addr", a.URL)
+	if !strings.Contains(out, fmt.Sprint(pids[2])) || !strings.Contains(out, "counter") {
+		t.Fatalf("plugins list:\n%s", out)
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// kill -9 and an immediate restart on the same data dir: the new process
+// proves its predecessor dead (it holds the data dir's lock) and retires
+// its session, so its ids serve again at once, not after the 15 s TTL.
+func TestRestartAfterKill9ServesWithinASecond(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "data")
+	a := testutil.StartAgent(t, nil, "--dev", "--data-dir", dir)
+	expect(t, a, "POST", "/counters/fast/increment", 200, `{"value":1}`)
+	a.Signal(syscall.SIGKILL)
+	if _, err := a.Wait(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	b := testutil.StartAgent(t, nil, "--dev", "--data-dir", dir)
+	ready := time.Now()
+	var r testutil.Response
+	eventually(t, 14*time.Second, "served again", func() bool {
+		r = b.MustDo("POST", "/counters/fast/increment", "")
+		return r.Code == 200
+	})
+	took := time.Since(ready)
+	t.Logf("kill -9 + restart: the id served %s after the new process was ready (lease TTL 15s)", took.Round(time.Millisecond))
+	if took > 5*time.Second || strings.TrimSpace(r.Body) != `{"value":2}` {
+		t.Fatalf("after %s: %s", took, r.Body)
+	}
+}
+
+// sd_notify: READY=1 once serving, RELOADING=1 then READY=1 on SIGHUP,
+// STOPPING=1 on SIGTERM, in that order.
+func TestSystemdNotify(t *testing.T) {
+	t.Parallel()
+	sock := filepath.Join(t.TempDir(), "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	msgs := make(chan string, 16)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := conn.Read(buf)
+			if err != nil {
+				close(msgs)
+				return
+			}
+			msgs <- strings.Split(string(buf[:n]), "\n")[0]
+		}
+	}()
+	next := func() string {
+		select {
+		case m := <-msgs:
+			return m
+		case <-time.After(15 * time.Second):
+			return "(none)"
+		}
+	}
+	a := testutil.StartAgent(t, []string{"NOTIFY_SOCKET=" + sock}, "--dev")
+	if m := next(); m != "READY=1" {
+		t.Fatalf("first message %q", m)
+	}
+	a.Signal(syscall.SIGHUP)
+	if m := next(); m != "RELOADING=1" {
+		t.Fatalf("after SIGHUP %q", m)
+	}
+	if m := next(); m != "READY=1" {
+		t.Fatalf("after reload %q", m)
+	}
+	a.Signal(syscall.SIGTERM)
+	if m := next(); m != "STOPPING=1" {
+		t.Fatalf("after SIGTERM %q", m)
+	}
+	if code, err := a.Wait(15 * time.Second); err != nil || code != 0 {
+		t.Fatalf("exit %d %v", code, err)
+	}
+}
