@@ -115,7 +115,7 @@ func TestAnyNodeServesAnyID(t *testing.T) {
 	via.a.MustDo("GET", "/registry/stats", "").JSON(t, &stats)
 	holders := []string{}
 	for _, w := range stats.Workers {
-		if w.Error != "" || w.UptimeMs <= 0 || w.RSSBytes <= 0 || w.LeaseFlaps == nil || len(w.Namespaces) != 2 {
+		if w.Error != "" || w.UptimeMs <= 0 || w.RSSBytes <= 0 || w.LeaseFlaps == nil || len(w.Namespaces) != 3 {
 			t.Fatalf("worker stats %+v", w)
 		}
 		for _, in := range w.Instances {
