@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pinnedd/pinnedd/plugins/proto"
+	"github.com/pinnedd/pinnedd/statestore"
 )
 
 // Errors of durable state.
@@ -112,7 +113,7 @@ func (st *state) flush() {
 			st.mu.Unlock()
 			return
 		}
-		batch := slices.Clone(st.queue)
+		batch := slices.Clone(st.queue[:batchLen(st.queue)])
 		st.mu.Unlock()
 
 		req := &proto.StoreCommitRequest{Namespace: st.inst.ns, Id: st.inst.id, Generation: st.inst.generation}
@@ -164,6 +165,57 @@ func (st *state) flush() {
 	}
 }
 
+// maxBatchBytes keeps a Commit under gRPC's default 4 MiB message limit
+// (the store itself takes up to statestore.MaxCommitBytes).
+const maxBatchBytes = 3 << 20
+
+// batchLen is how many queued writes fit one Commit within the store's
+// limits (mutations, appended items, bytes); at least one.
+func batchLen(q []queued) int {
+	items, bytes := 0, 0
+	for i, w := range q {
+		n, b := 0, 0
+		switch op := w.m.Op.(type) {
+		case *proto.StoreMutation_SetField:
+			b = len(op.SetField.Value)
+		case *proto.StoreMutation_AppendItems:
+			n = len(op.AppendItems.Payloads)
+			for _, p := range op.AppendItems.Payloads {
+				b += len(p)
+			}
+		}
+		if i > 0 && (i+1 > statestore.MaxMutations || items+n > statestore.MaxCommitItems || bytes+b > maxBatchBytes) {
+			return i
+		}
+		items, bytes = items+n, bytes+b
+	}
+	return len(q)
+}
+
+// ErrInvalidWrite: a write the store would refuse (a name too long or
+// empty, a value over statestore.MaxValueLen). Nothing was queued.
+var ErrInvalidWrite = errors.New("invalid state write")
+
+func (t *Tray) check(name string, values ...[]byte) error {
+	if err := statestore.ValidateTray(statestore.TrayKey{NS: t.key.NS, ID: t.key.ID}); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidWrite, err)
+	}
+	if name != "" {
+		if err := statestore.ValidateName("field name", name, statestore.MaxFieldNameLen); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidWrite, err)
+		}
+	}
+	if len(values) > statestore.MaxCommitItems {
+		return fmt.Errorf("%w: %d items in one append (max %d)", ErrInvalidWrite, len(values), statestore.MaxCommitItems)
+	}
+	for _, v := range values {
+		if len(v) > statestore.MaxValueLen {
+			return fmt.Errorf("%w: %d bytes (max %d)", ErrInvalidWrite, len(v), statestore.MaxValueLen)
+		}
+	}
+	return nil
+}
+
 // durable waits until every write queued before the call is committed.
 func (st *state) durable(ctx context.Context) error {
 	st.mu.Lock()
@@ -202,6 +254,27 @@ func (i *Instance) Tray(ns, id string) *Tray {
 	return i.state.tray(TrayKey{ns, id})
 }
 
+// Trays lists the instance's trays in namespace ns ("" for all), sorted:
+// what the previous activation left, e.g. marked work about to be
+// redelivered.
+func (i *Instance) Trays(ns string) []TrayKey {
+	i.state.mu.Lock()
+	defer i.state.mu.Unlock()
+	var out []TrayKey
+	for k, t := range i.state.trays {
+		if (ns == "" || k.NS == ns) && (len(t.fields) > 0 || len(t.items) > 0) {
+			out = append(out, k)
+		}
+	}
+	slices.SortFunc(out, func(a, b TrayKey) int {
+		if a.NS != b.NS {
+			return compare(a.NS, b.NS)
+		}
+		return compare(a.ID, b.ID)
+	})
+	return out
+}
+
 // Durable waits until every write this instance made so far is committed
 // to pinnedd's store (the durability frontier). Acknowledge a client only
 // after it returns nil.
@@ -227,6 +300,9 @@ func (t *Tray) Set(name string, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("tray %s:%s field %s: %w", t.key.NS, t.key.ID, name, err)
+	}
+	if err := t.check(name, b); err != nil {
+		return err
 	}
 	t.st.mu.Lock()
 	defer t.st.mu.Unlock()
@@ -276,6 +352,9 @@ func (t *Tray) Append(ctx context.Context, payloads ...any) ([]int64, error) {
 			return nil, fmt.Errorf("tray %s:%s item: %w", t.key.NS, t.key.ID, err)
 		}
 		raw[i] = b
+	}
+	if err := t.check("", raw...); err != nil {
+		return nil, err
 	}
 	var seqs []int64
 	t.st.mu.Lock()
@@ -337,9 +416,12 @@ func (t *Tray) settle(upTo int64) {
 
 // Run is one delivery of a tray's pending items to its handler.
 type Run struct {
-	Tray   *Tray
-	Items  []Item
-	Resume bool // the batch was declared applied before a crash: redelivered
+	// Instance is the activation the run belongs to (its context, its
+	// other trays, its logger).
+	Instance *Instance
+	Tray     *Tray
+	Items    []Item
+	Resume   bool // the batch was declared applied before a crash: redelivered
 }
 
 // Applied declares the batch applied, durably: if the process dies after
@@ -381,7 +463,7 @@ func (st *state) kick(t *Tray) {
 			if len(items) == 0 {
 				return
 			}
-			run := &Run{Tray: t, Items: items, Resume: items[0].Applied}
+			run := &Run{Instance: st.inst, Tray: t, Items: items, Resume: items[0].Applied}
 			if err := h(ctx, run); err != nil {
 				if ctx.Err() == nil {
 					st.inst.logger.Error("tray run failed; left for redelivery", "tray", t.key.NS+":"+t.key.ID, "err", err)

@@ -3,10 +3,12 @@ package sdk_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -160,5 +162,44 @@ func TestTraysSurviveReactivationAndFence(t *testing.T) {
 	trays, _ := store.Load(ctx, statestore.InstanceKey{Namespace: "/things", ID: "a"}, 7)
 	if string(trays[0].Fields["title"]) != `"hello"` {
 		t.Fatalf("stale write reached the store: %s", trays[0].Fields["title"])
+	}
+}
+
+// Writes the store would refuse fail up front; a burst larger than one
+// Commit may carry is split, and every write lands.
+func TestWriteLimitsAndLargeBursts(t *testing.T) {
+	store := memstore.New()
+	rt, err := sdk.NewRuntime(map[string]sdk.Host{"/things": {New: func(*sdk.Instance) (http.Handler, error) { return http.NotFoundHandler(), nil }}},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.UseStore(storeClient(t, store))
+	ctx := context.Background()
+	if _, err := rt.Activate(ctx, &proto.ActivateRequest{Namespace: "/things", Id: "b", Generation: 3}); err != nil {
+		t.Fatal(err)
+	}
+	inst := rt.Instance("/things", "b")
+	tray := inst.Tray("log", "~")
+	if err := tray.Set("big", strings.Repeat("x", 2<<20)); !errors.Is(err, sdk.ErrInvalidWrite) {
+		t.Fatalf("2 MiB field: %v, want ErrInvalidWrite", err)
+	}
+	if err := inst.Tray("", "~").Set("a", 1); !errors.Is(err, sdk.ErrInvalidWrite) {
+		t.Fatalf("empty tray name: %v", err)
+	}
+	for i := 0; i < 3000; i++ {
+		if err := tray.Set(fmt.Sprintf("f%04d", i), strings.Repeat("y", 2000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := inst.Durable(ctx); err != nil {
+		t.Fatalf("durable after a burst of 3000 writes (6 MB): %v", err)
+	}
+	trays, err := store.Load(ctx, statestore.InstanceKey{Namespace: "/things", ID: "b"}, 3)
+	if err != nil || len(trays) != 1 || len(trays[0].Fields) != 3000 {
+		t.Fatalf("stored %d trays, %v", len(trays), err)
+	}
+	if got := inst.Trays("log"); len(got) != 1 || got[0] != (sdk.TrayKey{NS: "log", ID: "~"}) {
+		t.Fatalf("Trays(log) = %v", got)
 	}
 }
