@@ -1,0 +1,11 @@
+// Package hop holds the forwarding-hop benchmark (hop_test.go): a real
+// two-node pinnedd fleet on loopback, measured in one run against a plain
+// httputil.ReverseProxy and nginx doing the same hop, plus the memory a held
+// proxied SSE stream costs on the forwarding node.
+//
+//	scripts/bench-hop.sh
+//	go test -run XXX -bench BenchmarkHop -benchtime 1x ./bench/hop/
+//
+// It prints one markdown table and writes it, with the command and the date,
+// to bench/hop/RESULTS.md. A plain go test ./... runs none of it.
+package hop

@@ -1,0 +1,724 @@
+package hop
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
+)
+
+// Workload sizes: the whole benchmark (binaries cached) stays well under
+// two minutes on a 2-core machine.
+const (
+	seqRounds    = 3                       // interleaved rounds of sequential requests per row
+	seqPerRound  = 1000                    // sequential requests per row per round
+	seqWarm      = 100                     // warm-up requests per row per round
+	conns        = 16                      // concurrent keep-alive connections
+	loadRounds   = 2                       // interleaved rounds of the throughput run
+	loadDuration = 1500 * time.Millisecond // per row per round (3 s per row in all)
+	loadWarm     = 300 * time.Millisecond
+	sseStreams   = 200
+	sseTargetKB  = 16
+)
+
+// rproxyEnv makes the test binary, re-executed, serve as the plain
+// httputil.ReverseProxy baseline: its own process, like nginx and pinnedd.
+const rproxyEnv = "HOP_RPROXY_TARGET"
+
+func TestMain(m *testing.M) {
+	if target := os.Getenv(rproxyEnv); target != "" {
+		serveReverseProxy(target)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// serveReverseProxy is baseline 3: the standard library's reverse proxy with
+// the settings pinnedd's node-to-node proxy uses (Host kept, X-Forwarded-*,
+// a pooled transport), in front of the owner's front door.
+func serveReverseProxy(target string) {
+	u, err := url.Parse(target)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	rp := &httputil.ReverseProxy{
+		Transport: &http.Transport{MaxIdleConns: 1024, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second},
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(u)
+			pr.Out.Host = pr.In.Host
+			pr.SetXForwarded()
+		},
+	}
+	fmt.Printf("listening %s\n", ln.Addr())
+	_ = http.Serve(ln, rp)
+}
+
+// BenchmarkHop prints the forwarding-hop table. It ignores b.N: one run is
+// the whole measurement (-benchtime 1x).
+func BenchmarkHop(b *testing.B) {
+	nginxBin := findNginx(b)
+	started := time.Now()
+	loadBefore := loadavg()
+
+	f := startFleet(b)
+	sse := measureSSE(b, f)
+
+	counterID := f.place(b, "/counters", "/value")
+	path := "/counters/" + counterID + "/value"
+	rproxy := startReverseProxy(b, f.owner.URL)
+	ngx := startNginx(b, nginxBin, f.owner.URL)
+
+	rows := []*row{
+		{name: "no hop: the owner node serves its own id", url: f.owner.URL + path},
+		{name: "pinnedd hop: entry node → owner (attested)", url: f.entry.URL + path},
+		{name: "httputil.ReverseProxy → owner's front door", url: rproxy + path},
+		{name: "nginx " + nginxVersion(nginxBin) + " → owner's front door (keepalive upstream)", url: ngx + path},
+	}
+	for _, r := range rows {
+		if err := getOK(http.DefaultClient, r.url); err != nil {
+			b.Fatalf("%s: %v", r.name, err)
+		}
+	}
+	measureLatency(b, rows)
+	measureThroughput(b, rows)
+
+	table := renderTable(rows, sse)
+	fmt.Print("\n" + table + "\n")
+	b.ReportMetric(rows[1].p50-rows[0].p50, "hop-p50-µs")
+	b.ReportMetric(rows[3].p50-rows[0].p50, "nginx-p50-µs")
+	b.ReportMetric(rows[1].rps, "hop-req/s")
+	b.ReportMetric(rows[3].rps, "nginx-req/s")
+	b.ReportMetric(sse.perStreamKB, "KB/stream")
+
+	cmd := os.Getenv("HOP_BENCH_CMD")
+	if cmd == "" {
+		cmd = "go test -run XXX -bench BenchmarkHop -benchtime 1x ./bench/hop/"
+	}
+	writeResults(b, cmd, started, loadBefore, table)
+}
+
+// fleet is two pinnedd nodes: entry forwards to owner.
+type fleet struct {
+	entry, owner *testutil.Agent
+}
+
+func startFleet(b *testing.B) *fleet {
+	b.Helper()
+	th := testutil.Bin(b, "testhost")
+	counter := testutil.Bin(b, "counter")
+	env := []string{"PINBOARD_TOKEN=dev-token"}
+	node := func(id string, extra ...string) []string {
+		return append([]string{
+			"--node-id", id, "--raft-addr", testutil.FreeAddr(b), "--data-dir", filepath.Join(b.TempDir(), id),
+			"--plugin", "/counters=" + counter, "--plugin", "/misc=" + th,
+			// Loopback's X-Forwarded-For is trusted so the benchmark can
+			// pose as many client IPs and place ids on the owner.
+			"--trusted-proxies", "127.0.0.1/32",
+			// The e2e fleet's timings: a 3 s cold-start quarantine.
+			"--lease-ttl", "3s", "--heartbeat-interval", "500ms", "--raft-timeout", "300ms",
+			// testutil asks for debug logs; a benchmark wants the default.
+			"--log-level", "info",
+		}, extra...)
+	}
+	n1 := testutil.StartAgent(b, env, node("n1", "--bootstrap")...)
+	n2 := testutil.StartAgent(b, env, node("n2", "--join", n1.URL)...)
+	for _, n := range []*testutil.Agent{n1, n2} {
+		if err := testutil.Eventually(15*time.Second, func() bool { return liveWorkers(n) == 2 }); err != nil {
+			b.Fatalf("fleet: two live workers: %v", err)
+		}
+	}
+	if err := testutil.Eventually(15*time.Second, func() bool {
+		r, err := n1.Do("GET", "/counters/warmup/value", "")
+		return err == nil && r.Code == 200
+	}); err != nil {
+		b.Fatalf("fleet: cold-start quarantine did not end: %v", err)
+	}
+	return &fleet{entry: n1, owner: n2}
+}
+
+func liveWorkers(a *testutil.Agent) int {
+	r, err := a.Do("GET", "/registry/workers", "")
+	if err != nil || r.Code != 200 {
+		return 0
+	}
+	var out struct {
+		Workers []struct {
+			Live bool `json:"live"`
+		} `json:"workers"`
+	}
+	if r.JSONErr(&out) != nil {
+		return 0
+	}
+	n := 0
+	for _, w := range out.Workers {
+		if w.Live {
+			n++
+		}
+	}
+	return n
+}
+
+// place activates ids in ns through the owner node, posing as a new client
+// IP each time, until one lands on the owner; it returns that id.
+func (f *fleet) place(b *testing.B, ns, path string) string {
+	b.Helper()
+	for i := range 100 {
+		id := fmt.Sprintf("hop%d", i)
+		hdr := map[string]string{"X-Forwarded-For": fmt.Sprintf("10.77.%d.%d", i/250, i%250+1)}
+		r, err := testutil.Do(context.Background(), "GET", f.owner.URL+ns+"/"+id+path, "", hdr)
+		if err != nil || r.Code != 200 {
+			b.Fatalf("place %s/%s: %v %d %s", ns, id, err, r.Code, r.Body)
+		}
+		if runs(b, f.owner, ns, id) && !runs(b, f.entry, ns, id) {
+			return id
+		}
+	}
+	b.Fatalf("no %s id landed on the owner node in 100 tries", ns)
+	return ""
+}
+
+// runs reports whether a's /_pinned/status lists the instance.
+func runs(b *testing.B, a *testutil.Agent, ns, id string) bool {
+	b.Helper()
+	r := a.MustDo("GET", "/_pinned/status", "")
+	var st struct {
+		Instances []struct {
+			Namespace string `json:"namespace"`
+			ID        string `json:"id"`
+		} `json:"instances"`
+	}
+	r.JSON(b, &st)
+	for _, in := range st.Instances {
+		if in.Namespace == ns && in.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// row is one line of the table.
+type row struct {
+	name     string
+	url      string
+	lat      []time.Duration
+	p50, p99 float64 // µs
+	rps      float64
+}
+
+func getOK(c *http.Client, u string) error {
+	resp, err := c.Get(u)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("GET %s: status %d", u, resp.StatusCode)
+	}
+	return nil
+}
+
+// measureLatency sends sequential keep-alive requests, one client per row,
+// rows interleaved round by round so drift on a shared machine hits all.
+func measureLatency(b *testing.B, rows []*row) {
+	b.Helper()
+	clients := make([]*http.Client, len(rows))
+	for i := range rows {
+		clients[i] = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}}
+		defer clients[i].CloseIdleConnections()
+	}
+	for round := range seqRounds {
+		for k := range rows {
+			i := k
+			if round%2 == 1 {
+				i = len(rows) - 1 - k
+			}
+			r, c := rows[i], clients[i]
+			for range seqWarm {
+				if err := getOK(c, r.url); err != nil {
+					b.Fatalf("%s: %v", r.name, err)
+				}
+			}
+			for range seqPerRound {
+				t0 := time.Now()
+				if err := getOK(c, r.url); err != nil {
+					b.Fatalf("%s: %v", r.name, err)
+				}
+				r.lat = append(r.lat, time.Since(t0))
+			}
+		}
+	}
+	for _, r := range rows {
+		slices.Sort(r.lat)
+		pct := func(p float64) float64 {
+			return float64(r.lat[int(p*float64(len(r.lat)-1))].Nanoseconds()) / 1e3
+		}
+		r.p50, r.p99 = pct(0.50), pct(0.99)
+	}
+}
+
+// measureThroughput runs conns keep-alive clients (one connection each)
+// flat out against each row for loadDuration per round.
+func measureThroughput(b *testing.B, rows []*row) {
+	b.Helper()
+	done := make([]int64, len(rows))
+	var elapsed = make([]time.Duration, len(rows))
+	for round := range loadRounds {
+		for k := range rows {
+			i := k
+			if round%2 == 1 {
+				i = len(rows) - 1 - k
+			}
+			n, d, err := load(rows[i].url)
+			if err != nil {
+				b.Fatalf("%s at %d connections: %v", rows[i].name, conns, err)
+			}
+			done[i] += n
+			elapsed[i] += d
+		}
+	}
+	for i, r := range rows {
+		r.rps = float64(done[i]) / elapsed[i].Seconds()
+	}
+}
+
+func load(u string) (int64, time.Duration, error) {
+	var (
+		counting atomic.Bool
+		stop     atomic.Bool
+		count    atomic.Int64
+		wg       sync.WaitGroup
+		errOnce  sync.Once
+		firstErr error
+	)
+	for range conns {
+		c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, MaxConnsPerHost: 1, DisableCompression: true}}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer c.CloseIdleConnections()
+			for !stop.Load() {
+				if err := getOK(c, u); err != nil {
+					errOnce.Do(func() { firstErr = err })
+					stop.Store(true)
+					return
+				}
+				if counting.Load() {
+					count.Add(1)
+				}
+			}
+		}()
+	}
+	time.Sleep(loadWarm)
+	t0 := time.Now()
+	counting.Store(true)
+	time.Sleep(loadDuration)
+	counting.Store(false)
+	d := time.Since(t0)
+	n := count.Load()
+	stop.Store(true)
+	wg.Wait()
+	return n, d, firstErr
+}
+
+// sseResult is the memory held proxied streams cost the forwarding node.
+type sseResult struct {
+	streams             int
+	rssBefore, rssAfter int64 // bytes
+	perStreamKB         float64
+	goroutinesPerStream float64
+	heapKBPerStream     float64
+	stackKBPerStream    float64
+}
+
+// measureSSE opens sseStreams streams to an id on the owner through the
+// entry node, each read as it flows, and compares the entry node's RSS
+// before and after. It runs first, on a fresh entry node, so no memory freed
+// by earlier load can be reused and hide the cost.
+func measureSSE(b *testing.B, f *fleet) sseResult {
+	b.Helper()
+	id := f.place(b, "/misc", "/ping")
+	u := f.entry.URL + "/misc/" + id + "/sse"
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: sseStreams, DisableCompression: true}}
+	defer client.CloseIdleConnections()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var readers sync.WaitGroup
+	defer func() { cancel(); readers.Wait() }()
+	open := func(ctx context.Context) error {
+		req, _ := http.NewRequestWithContext(ctx, "GET", u, nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode != 200 {
+			resp.Body.Close()
+			return fmt.Errorf("GET %s: status %d", u, resp.StatusCode)
+		}
+		br := bufio.NewReader(resp.Body)
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				resp.Body.Close()
+				return fmt.Errorf("stream ended before its first event: %w", err)
+			}
+			if strings.HasPrefix(line, "data:") {
+				break
+			}
+		}
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			defer resp.Body.Close()
+			_, _ = io.Copy(io.Discard, br)
+		}()
+		return nil
+	}
+
+	// Warm the forwarding path (proxy, transport, code pages) with one
+	// stream and a few requests, so the baseline is a node that has
+	// forwarded before.
+	warmCtx, warmCancel := context.WithCancel(context.Background())
+	if err := open(warmCtx); err != nil {
+		b.Fatalf("SSE warm-up through the entry node: %v", err)
+	}
+	for range 20 {
+		if err := getOK(http.DefaultClient, f.entry.URL+"/misc/"+id+"/ping"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	warmCancel()
+	time.Sleep(500 * time.Millisecond)
+
+	pid := f.entry.PID()
+	var res sseResult
+	res.streams = sseStreams
+	g0, h0, s0 := f.entry.Metric("go_goroutines"), f.entry.Metric("go_memstats_heap_inuse_bytes"), f.entry.Metric("go_memstats_stack_inuse_bytes")
+	res.rssBefore = sampleRSS(b, pid)
+
+	sem := make(chan struct{}, 16)
+	errs := make(chan error, sseStreams)
+	var opening sync.WaitGroup
+	for range sseStreams {
+		opening.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer opening.Done()
+			defer func() { <-sem }()
+			if err := open(ctx); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	opening.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatalf("opening %d SSE streams through the entry node: %v", sseStreams, err)
+	}
+	time.Sleep(time.Second) // steady state: every stream flowing
+	res.rssAfter = sampleRSS(b, pid)
+	g1, h1, s1 := f.entry.Metric("go_goroutines"), f.entry.Metric("go_memstats_heap_inuse_bytes"), f.entry.Metric("go_memstats_stack_inuse_bytes")
+	n := float64(sseStreams)
+	res.perStreamKB = float64(res.rssAfter-res.rssBefore) / 1024 / n
+	res.goroutinesPerStream = (g1 - g0) / n
+	res.heapKBPerStream = (h1 - h0) / 1024 / n
+	res.stackKBPerStream = (s1 - s0) / 1024 / n
+
+	cancel()
+	readers.Wait()
+	client.CloseIdleConnections()
+	// The streams are gone from the entry node once its goroutines are
+	// back; the latency rows start on a quiet node.
+	if err := testutil.Eventually(5*time.Second, func() bool { return f.entry.Metric("go_goroutines") <= g0+2 }); err != nil {
+		b.Fatalf("closed SSE streams still held by the entry node: %v", err)
+	}
+	return res
+}
+
+// sampleRSS is the median of five VmRSS readings 100ms apart.
+func sampleRSS(b *testing.B, pid int) int64 {
+	b.Helper()
+	var xs []int64
+	for i := range 5 {
+		if i > 0 {
+			time.Sleep(100 * time.Millisecond)
+		}
+		v, err := vmRSS(pid)
+		if err != nil {
+			b.Fatal(err)
+		}
+		xs = append(xs, v)
+	}
+	slices.Sort(xs)
+	return xs[len(xs)/2]
+}
+
+func vmRSS(pid int) (int64, error) {
+	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(s), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb * 1024, err
+		}
+	}
+	return 0, errors.New("no VmRSS in /proc/" + strconv.Itoa(pid) + "/status")
+}
+
+// startReverseProxy runs baseline 3 in its own process (this test binary,
+// re-executed) and returns its URL; the benchmark's cleanup ends it.
+func startReverseProxy(b *testing.B, target string) string {
+	b.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), rproxyEnv+"="+target)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("start the ReverseProxy baseline: %v", err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		b.Fatalf("ReverseProxy baseline did not start: %v", err)
+	}
+	return "http://" + strings.TrimSpace(strings.TrimPrefix(line, "listening "))
+}
+
+func findNginx(b *testing.B) string {
+	b.Helper()
+	if p, err := exec.LookPath("nginx"); err == nil {
+		return p
+	}
+	if _, err := os.Stat("/usr/sbin/nginx"); err == nil {
+		return "/usr/sbin/nginx"
+	}
+	b.Fatal("nginx not found: the nginx baseline needs it; run scripts/bench-hop.sh, which installs it (apt-get install -y nginx-light || nginx)")
+	return ""
+}
+
+func nginxVersion(bin string) string {
+	out, _ := exec.Command(bin, "-v").CombinedOutput()
+	v := strings.TrimSpace(string(out))
+	if i := strings.Index(v, "nginx/"); i >= 0 {
+		return strings.Fields(v[i+len("nginx/"):])[0]
+	}
+	return "?"
+}
+
+// startNginx runs baseline 4: nginx in the foreground (daemon off) with a
+// generated config in a temp dir, proxying to the owner's front door over a
+// keepalive upstream pool. The benchmark's cleanup ends it and its workers.
+func startNginx(b *testing.B, bin, target string) string {
+	b.Helper()
+	dir := b.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	addr := testutil.FreeAddr(b)
+	upstream := strings.TrimPrefix(target, "http://")
+	v, _ := exec.Command(bin, "-V").CombinedOutput()
+	var temps strings.Builder
+	for _, m := range []string{"client_body", "proxy", "fastcgi", "uwsgi", "scgi"} {
+		if m != "client_body" && m != "proxy" && strings.Contains(string(v), "--without-http_"+m+"_module") {
+			continue
+		}
+		fmt.Fprintf(&temps, "\t%s_temp_path %s;\n", m, filepath.Join(dir, m))
+	}
+	user := ""
+	if os.Geteuid() == 0 {
+		user = "user root;\n"
+	}
+	conf := fmt.Sprintf(`daemon off;
+master_process on;
+worker_processes auto;
+%spid %[2]s/nginx.pid;
+error_log %[2]s/error.log warn;
+events { worker_connections 4096; }
+http {
+	access_log off;
+%[3]s	keepalive_requests 1000000;
+	upstream owner {
+		server %[4]s;
+		keepalive 64;
+		keepalive_requests 1000000;
+	}
+	server {
+		listen %[5]s;
+		location / {
+			proxy_pass http://owner;
+			proxy_http_version 1.1;
+			proxy_set_header Connection "";
+			proxy_set_header Host $host;
+			proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+		}
+	}
+}
+`, user, dir, temps.String(), upstream, addr)
+	confPath := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	var logs strings.Builder
+	var logsMu sync.Mutex
+	cmd := exec.Command(bin, "-p", dir, "-e", filepath.Join(dir, "error.log"), "-c", confPath)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Stdout = lockedWriter{&logsMu, &logs}
+	cmd.Stderr = lockedWriter{&logsMu, &logs}
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("start nginx: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	pgid := cmd.Process.Pid
+	b.Cleanup(func() {
+		// Fast shutdown: the master stops its workers and exits.
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			b.Errorf("nginx ignored SIGTERM for 5s; killing its process group")
+		}
+		// Anything of the group still there (a worker) goes too.
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		<-exited
+	})
+	u := "http://" + addr
+	if err := testutil.Eventually(10*time.Second, func() bool {
+		select {
+		case <-exited:
+			return true
+		default:
+		}
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return true
+		}
+		return false
+	}); err != nil {
+		b.Fatalf("nginx did not listen on %s: %v", addr, err)
+	}
+	select {
+	case <-exited:
+		logsMu.Lock()
+		defer logsMu.Unlock()
+		errLog, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+		b.Fatalf("nginx exited at start:\n%s\n%s\nconfig:\n%s", logs.String(), errLog, conf)
+	default:
+	}
+	return u
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func renderTable(rows []*row, sse sseResult) string {
+	var s strings.Builder
+	s.WriteString("| # | request | p50 µs | p99 µs | req/s @16 conns | hop +p50 µs | hop +p99 µs |\n")
+	s.WriteString("|---|---|---:|---:|---:|---:|---:|\n")
+	for i, r := range rows {
+		add50, add99 := "—", "—"
+		if i > 0 {
+			add50 = fmt.Sprintf("%+.0f", r.p50-rows[0].p50)
+			add99 = fmt.Sprintf("%+.0f", r.p99-rows[0].p99)
+		}
+		fmt.Fprintf(&s, "| %d | %s | %.0f | %.0f | %.0f | %s | %s |\n", i+1, r.name, r.p50, r.p99, r.rps, add50, add99)
+	}
+	fmt.Fprintf(&s, "\nHeld proxied SSE streams (%d, entry node → owner, /misc/<id>/sse): entry node RSS %.1f → %.1f MiB, "+
+		"**%.1f KB per stream** (target ≤ %d KB); per stream: %.1f goroutines, %.1f KB Go heap in use (garbage included), %.1f KB goroutine stacks.\n",
+		sse.streams, float64(sse.rssBefore)/(1<<20), float64(sse.rssAfter)/(1<<20),
+		sse.perStreamKB, sseTargetKB, sse.goroutinesPerStream, sse.heapKBPerStream, sse.stackKBPerStream)
+
+	hop, ngx := rows[1], rows[3]
+	verdict := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "NOT met"
+	}
+	fmt.Fprintf(&s, "\nTargets:\n")
+	fmt.Fprintf(&s, "- hop adds no more latency than nginx's: p50 %+.0f vs %+.0f µs, p99 %+.0f vs %+.0f µs — p50 %s, p99 %s\n",
+		hop.p50-rows[0].p50, ngx.p50-rows[0].p50, hop.p99-rows[0].p99, ngx.p99-rows[0].p99,
+		verdict(hop.p50 <= ngx.p50), verdict(hop.p99 <= ngx.p99))
+	fmt.Fprintf(&s, "- at least nginx's req/s at %d connections: %.0f vs %.0f (%.0f%%) — %s\n",
+		conns, hop.rps, ngx.rps, 100*hop.rps/ngx.rps, verdict(hop.rps >= ngx.rps))
+	fmt.Fprintf(&s, "- ≤ %d KB per held proxied SSE stream: %.1f KB — %s\n", sseTargetKB, sse.perStreamKB, verdict(sse.perStreamKB <= sseTargetKB))
+	return s.String()
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func writeResults(b *testing.B, cmd string, started time.Time, loadBefore, table string) {
+	b.Helper()
+	commit, _ := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	var s strings.Builder
+	fmt.Fprintf(&s, "# Forwarding-hop benchmark\n\n")
+	fmt.Fprintf(&s, "- date: %s\n", started.UTC().Format(time.RFC3339))
+	fmt.Fprintf(&s, "- command: `%s`\n", cmd)
+	fmt.Fprintf(&s, "- commit: %s\n", strings.TrimSpace(string(commit)))
+	fmt.Fprintf(&s, "- machine: %s/%s, %d CPUs, %s; load average before the run %s\n",
+		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), loadBefore)
+	fmt.Fprintf(&s, "- run took %s; load average after %s\n\n", time.Since(started).Round(time.Second), loadavg())
+	s.WriteString("Method, all in one run on loopback: a two-node pinnedd fleet (`--plugin /counters=counter --plugin /misc=testhost`, " +
+		"`--trusted-proxies 127.0.0.1/32` so the benchmark can place the id on the owner node). Every row requests " +
+		"`GET /counters/<id>/value` for the same id, owned by the second node: row 1 sent to the owner itself, row 2 to the " +
+		"other node (one attested forwarding hop), rows 3 and 4 to a proxy in front of the owner's front door: a plain " +
+		"`httputil.ReverseProxy` in its own process, and nginx (`worker_processes auto`, `proxy_http_version 1.1`, " +
+		"`proxy_set_header Connection \"\"`, upstream `keepalive 64`, `keepalive_requests` raised so no side recycles " +
+		"connections). Latency: " + strconv.Itoa(seqRounds*seqPerRound) + " sequential keep-alive requests per row, in " +
+		strconv.Itoa(seqRounds) + " interleaved rounds after warm-up. Throughput: " + strconv.Itoa(conns) +
+		" goroutines, one keep-alive connection each, " + (time.Duration(loadRounds) * loadDuration).String() +
+		" per row over " + strconv.Itoa(loadRounds) + " interleaved rounds; the load generator shares the machine. " +
+		"SSE: measured first, on the fresh entry node, after one warm-up stream; RSS is /proc/<pid>/status VmRSS " +
+		"(median of 5 readings), heap and stacks from the node's /metrics.\n\n")
+	s.WriteString(table)
+	if err := os.WriteFile("RESULTS.md", []byte(s.String()), 0o644); err != nil {
+		b.Fatal(err)
+	}
+}
