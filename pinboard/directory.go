@@ -66,6 +66,7 @@ type Directory struct {
 }
 
 type pending struct {
+	ctx  context.Context
 	cmd  directory.Command
 	done chan outcome
 }
@@ -119,7 +120,7 @@ func (d *Directory) Machine() *directory.Machine { return d.m }
 // decodes its result. If ctx ends first the command may still be applied;
 // every command is safe to retry.
 func (d *Directory) Do(ctx context.Context, cmd directory.Command) (directory.Result, error) {
-	p := &pending{cmd: cmd, done: make(chan outcome, 1)}
+	p := &pending{ctx: ctx, cmd: cmd, done: make(chan outcome, 1)}
 	select {
 	case d.queue <- p:
 	case <-ctx.Done():
@@ -154,7 +155,20 @@ func (d *Directory) flusher() {
 				break fill
 			}
 		}
-		d.flush(batch)
+		// A command whose caller gave up before it was sent is dropped:
+		// applied late it could act on a world that moved on (a heartbeat
+		// stamped before a partition, applied after it).
+		live := batch[:0]
+		for _, p := range batch {
+			if err := p.ctx.Err(); err != nil {
+				p.done <- outcome{err: err}
+				continue
+			}
+			live = append(live, p)
+		}
+		if len(live) > 0 {
+			d.flush(live)
+		}
 	}
 }
 

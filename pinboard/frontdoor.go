@@ -91,6 +91,11 @@ func (t *Tokens) Allowed(r *http.Request, scope Scope) bool {
 	return false
 }
 
+// ownerHeaderTimeout bounds the wait for a forwarded request's response
+// headers (activation included: the supervisor bounds that at 30 s, but an
+// activation restoring state normally takes milliseconds).
+const ownerHeaderTimeout = 10 * time.Second
+
 // FrontDoorConfig wires a FrontDoor.
 type FrontDoorConfig struct {
 	Dir     *Directory
@@ -170,6 +175,11 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 	if tr == nil {
 		tr = &http.Transport{
 			Proxy: nil, MaxIdleConns: 1024, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second,
+			// An owner that accepts the connection but never answers (a
+			// frozen process) must not hold the client forever: after
+			// this the client gets 503 + Retry-After and retries, by which
+			// time the owner's lease may have lapsed and the id moved.
+			ResponseHeaderTimeout: ownerHeaderTimeout,
 			DialContext: (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		}
 	}

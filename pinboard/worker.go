@@ -213,7 +213,10 @@ func (w *Worker) Run(ctx context.Context) {
 		// stall renewals: the next try comes at the next interval.
 		actx, cancel := context.WithTimeout(ctx, max(w.cfg.Interval, time.Second))
 		var err error
-		if w.SessionID() == "" {
+		// A worker past its own lease re-registers rather than heartbeats:
+		// ids may have moved meanwhile, and only a registration reports
+		// them (a heartbeat could even revive the lapsed session).
+		if w.SessionID() == "" || w.Lease(time.Now()) == LeaseExpired {
 			err = w.register(actx)
 		} else {
 			err = w.heartbeat(actx)
@@ -259,6 +262,11 @@ func (w *Worker) register(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("register: %w", err)
 	}
+	// Quit the ids we no longer own before the new lease lets anything be
+	// served: until then a lapsed lease keeps refusing.
+	if len(ack.Duplicates) > 0 && w.cfg.OnDuplicates != nil {
+		w.cfg.OnDuplicates(ack.Duplicates)
+	}
 	w.mu.Lock()
 	first := w.sessionID == ""
 	w.sessionID = ack.SessionID
@@ -273,9 +281,6 @@ func (w *Worker) register(ctx context.Context) error {
 		w.cfg.Logger.Info("worker registered", "client_id", w.clientID, "session_id", ack.SessionID, "expires_in_ms", ack.ExpiresInMs)
 	} else {
 		w.cfg.Logger.Info("worker re-registered", "client_id", w.clientID, "session_id", ack.SessionID, "duplicates", len(ack.Duplicates))
-	}
-	if len(ack.Duplicates) > 0 && w.cfg.OnDuplicates != nil {
-		w.cfg.OnDuplicates(ack.Duplicates)
 	}
 	return nil
 }

@@ -285,8 +285,14 @@ func (a *Agent) Do(method, path, body string) (Response, error) {
 	return Do(context.Background(), method, a.URL+path, body, map[string]string{"Authorization": "Bearer dev-token"})
 }
 
-// Do sends one request and reads the whole answer.
+// Do sends one request and reads the whole answer, within 30 s unless ctx
+// says otherwise: a test must fail, not hang, when a node stops answering.
 func Do(ctx context.Context, method, url, body string, headers map[string]string) (Response, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+	}
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)

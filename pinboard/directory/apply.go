@@ -86,6 +86,7 @@ func (m *Machine) applyRegister(c Register) Result {
 	w.Namespaces = append([]string(nil), c.Namespaces...)
 	w.Headroom = c.Headroom
 	w.Degraded = false // registration is gated on a passing challenge
+	w.Revoked = false  // a new session
 	w.Draining = c.Draining
 
 	var live map[Key]struct{}
@@ -129,10 +130,12 @@ func (m *Machine) applyHeartbeat(c Heartbeat) Result {
 	if w == nil || w.SessionID == "" || w.SessionID != c.SessionID {
 		return Result{Code: CodeReregister, Reason: "unknown client or stale session"}
 	}
-	if c.Now > w.LeaseExpiry {
+	if c.Now > w.LeaseExpiry || w.Revoked {
 		// A process waking past its lease (VM pause, long GC) must not be
 		// revived silently: its ids may be placed elsewhere by now. It
-		// re-registers and learns which ids it lost.
+		// re-registers and learns which ids it lost. Revoked covers the
+		// heartbeat stamped before the lapse but applied after another
+		// worker took one of its ids.
 		return Result{Code: CodeReregister, Reason: "lease lapsed"}
 	}
 	if c.TTLMs <= 0 {
@@ -166,6 +169,8 @@ func (m *Machine) eligible(w *Worker, ns string, now int64) string {
 		return ReasonNamespace
 	case w.Degraded:
 		return ReasonDegraded
+	case w.Revoked:
+		return ReasonLeaseLapsed
 	case w.Draining:
 		return ReasonDraining
 	}
@@ -208,6 +213,13 @@ func (m *Machine) applyClaim(c Claim) Result {
 		return Result{Code: CodeConflict, Reason: "key already granted in this entry"}
 	}
 	if placed {
+		// The holder lost this id because its lease lapsed: that session
+		// must never be renewed again, even by a heartbeat stamped before
+		// the lapse that arrives late (queued through a partition). It
+		// re-registers and learns the id is gone.
+		if hw := m.st.workers[p.Owner]; hw != nil && hw.SessionID == p.OwnerSession && hw.ClientID != w.ClientID {
+			hw.Revoked = true
+		}
 		m.removePlacement(p)
 	}
 	np := Placement{

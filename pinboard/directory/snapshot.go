@@ -15,7 +15,7 @@ import (
 // CRC-32C of everything before it.
 const (
 	snapshotMagic   = "PDIR"
-	snapshotVersion = 3 // 2: lastGen after coldStart; 3: Worker.Draining
+	snapshotVersion = 4 // 2: lastGen after coldStart; 3: Worker.Draining; 4: Worker.Revoked
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -143,7 +143,8 @@ func appendWorker(b []byte, w Worker) []byte {
 	b = appendBool(b, w.Degraded)
 	b = binary.AppendVarint(b, w.RegisteredAt)
 	b = binary.AppendVarint(b, w.LastHeartbeat)
-	return appendBool(b, w.Draining)
+	b = appendBool(b, w.Draining)
+	return appendBool(b, w.Revoked)
 }
 
 // Restore replaces the state with the snapshot read from r. It decodes into
@@ -190,7 +191,7 @@ func decodeSnapshot(data []byte) (state, error) {
 			ClientID: d.string(), SessionID: d.string(), NodeID: d.string(),
 			AdvertiseURL: d.string(), Namespaces: d.strings(), Headroom: d.varint(),
 			LeaseExpiry: d.varint(), Degraded: d.bool(), RegisteredAt: d.varint(),
-			LastHeartbeat: d.varint(), Draining: d.bool(),
+			LastHeartbeat: d.varint(), Draining: d.bool(), Revoked: d.bool(),
 		}
 		st.workers[w.ClientID] = w
 		if w.AdvertiseURL != "" {

@@ -65,6 +65,7 @@ type Worker struct {
 	LeaseExpiry   int64 // unix ms; the worker serves while now <= LeaseExpiry
 	Degraded      bool  // the last challenge probe failed
 	Draining      bool  // the worker reported draining by itself
+	Revoked       bool  // the session lost an id to a lapse: it must re-register
 	RegisteredAt  int64 // unix ms of the current session's registration
 	LastHeartbeat int64 // unix ms
 }
