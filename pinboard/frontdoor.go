@@ -155,6 +155,7 @@ type FrontDoor struct {
 	stopping atomic.Bool
 	proxy    *httputil.ReverseProxy
 	client   *http.Client // node-to-node calls of the front door's own (stats)
+	bufs     httpx.BufferPool
 	verifier Verifier
 
 	resolutions     *prometheus.CounterVec
@@ -171,20 +172,28 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		cfg.Tokens = NewTokens()
 	}
 	f := &FrontDoor{cfg: cfg, mux: http.NewServeMux(), verifier: Verifier{Window: cfg.AttestationWindow}}
-	tr := cfg.Transport
+	var tr http.RoundTripper = cfg.Transport
 	if tr == nil {
-		tr = &http.Transport{
+		std := &http.Transport{
 			Proxy: nil, MaxIdleConns: 1024, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second,
+			DialContext: (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 			// An owner that accepts the connection but never answers (a
 			// frozen process) must not hold the client forever: after
 			// this the client gets 503 + Retry-After and retries, by which
 			// time the owner's lease may have lapsed and the id moved.
 			ResponseHeaderTimeout: ownerHeaderTimeout,
-			DialContext: (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		}
+		dialer := &net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}
+		f.client = &http.Client{Transport: std}
+		f.proxy = f.newProxy(&httpx.SyncTransport{
+			Dial:                  func(ctx context.Context, addr string) (net.Conn, error) { return dialer.DialContext(ctx, "tcp", addr) },
+			Fallback:              std,
+			ResponseHeaderTimeout: ownerHeaderTimeout,
+		})
+	} else {
+		f.client = &http.Client{Transport: tr}
+		f.proxy = f.newProxy(tr)
 	}
-	f.proxy = f.newProxy(tr)
-	f.client = &http.Client{Transport: tr}
 	f.resolutions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pinboard_placement_resolutions_total",
 		Help: "Placement resolutions at this front door, by outcome.",

@@ -300,8 +300,9 @@ func (f *FrontDoor) forward(w http.ResponseWriter, r *http.Request, rt *route, p
 // requests pass as raw connections, a client going away cancels upstream.
 func (f *FrontDoor) newProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
-		Transport: tr,
-		ErrorLog:  slog.NewLogLogger(f.cfg.Logger.Handler(), slog.LevelDebug),
+		Transport:  tr,
+		BufferPool: &f.bufs,
+		ErrorLog:   slog.NewLogLogger(f.cfg.Logger.Handler(), slog.LevelDebug),
 		// FlushInterval 0: ReverseProxy flushes streamed responses (SSE,
 		// unknown length) on every write by itself, and leaves
 		// fixed-length ones whole, one write to the client.

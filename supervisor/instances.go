@@ -448,7 +448,8 @@ func (s *Supervisor) newProxy(inc *incarnation) *httputil.ReverseProxy {
 		tr = &plugins.GRPCTransport{Data: inc.conn.Data}
 	}
 	return &httputil.ReverseProxy{
-		Transport: tr,
+		Transport:  tr,
+		BufferPool: &s.bufs,
 		// Copy errors are mostly clients going away mid-stream: debug, in
 		// the structured log, not on stderr.
 		ErrorLog: slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelDebug),

@@ -23,6 +23,7 @@ import (
 
 	goplugin "github.com/hashicorp/go-plugin"
 
+	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/plugins/proto"
 )
@@ -62,8 +63,8 @@ type incarnation struct {
 	socket  string
 	hosts   map[string]*proto.HostInfo
 	proxy   *httputil.ReverseProxy
-	tr      *http.Transport // streamed uploads and upgrades
-	fast    *unixTransport  // everything else
+	tr      *http.Transport      // streamed uploads and upgrades
+	fast    *httpx.SyncTransport // everything else
 	started time.Time
 	cancel  context.CancelFunc // ends the Events stream
 	dead    chan struct{}      // closed once the process is gone
@@ -211,7 +212,13 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 	}
-	inc.fast = newUnixTransport(desc.DataSocket, inc.tr)
+	inc.fast = &httpx.SyncTransport{
+		Dial: func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", inc.socket)
+		},
+		Fallback: inc.tr,
+	}
 	inc.proxy = s.newProxy(inc)
 
 	ectx, ecancel := context.WithCancel(context.Background())
@@ -275,7 +282,7 @@ func (p *pluginProc) watch(inc *incarnation, events proto.Control_EventsClient) 
 		inc.client.Kill()
 	}
 	inc.tr.CloseIdleConnections()
-	inc.fast.close()
+	inc.fast.Close()
 	_ = os.Remove(inc.socket)
 	p.mu.Lock()
 	if p.cur == inc {

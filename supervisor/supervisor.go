@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/plugins/proto"
 	"github.com/pinnedd/pinnedd/statestore"
 )
@@ -109,6 +110,8 @@ type Supervisor struct {
 	drainedCh chan struct{} // replaced on every change WaitDrained cares about
 	stopping  bool
 	started   bool
+
+	bufs httpx.BufferPool // proxy copy buffers, shared by every plugin
 
 	runCtx    context.Context
 	runCancel context.CancelFunc

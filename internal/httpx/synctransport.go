@@ -1,0 +1,220 @@
+package httpx
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// syncBodyLimit: requests with a body up to this size take the synchronous
+// path; larger or unknown-length bodies (uploads, full-duplex streams) use
+// net/http's Transport, which writes and reads concurrently.
+const syncBodyLimit = 64 << 10
+
+// SyncTransport is an HTTP/1.1 RoundTripper that writes each request and
+// reads its response head on the calling goroutine, over pooled
+// connections (one pool per host). net/http's Transport hands every request
+// to a per-connection writer goroutine and every response back from a
+// reader goroutine; across a process boundary each hand-off costs a thread
+// wake-up, and dropping them takes a large share off a proxy hop (see
+// BenchmarkDataPlane in package supervisor), and two goroutines off every
+// held stream. Upgrades and streamed or large uploads go to Fallback,
+// which writes and reads concurrently.
+type SyncTransport struct {
+	// Dial opens a connection to addr (the request's URL host).
+	Dial     func(ctx context.Context, addr string) (net.Conn, error)
+	Fallback http.RoundTripper
+	// MaxIdlePerHost bounds the pool per host (default 256).
+	MaxIdlePerHost int
+	// ResponseHeaderTimeout, if set, bounds the wait for a response head.
+	ResponseHeaderTimeout time.Duration
+
+	mu     sync.Mutex
+	idle   map[string][]*pconn
+	closed bool
+}
+
+type pconn struct {
+	addr string
+	c    net.Conn
+	br   *bufio.Reader
+	bw   *bufio.Writer
+}
+
+// ioBuf sizes the per-connection buffers small: a held stream keeps its
+// connection, and a response head fits (textproto reads longer lines in
+// pieces).
+const ioBuf = 4 << 10
+
+// RoundTrip implements http.RoundTripper.
+func (t *SyncTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Header.Get("Upgrade") != "" || !(req.Body == nil || req.Body == http.NoBody ||
+		(req.ContentLength > 0 && req.ContentLength <= syncBodyLimit)) {
+		return t.Fallback.RoundTrip(req)
+	}
+	for attempt := 0; ; attempt++ {
+		pc, reused, err := t.get(req.Context(), req.URL.Host)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := t.exchange(req, pc)
+		if err == nil {
+			return resp, nil
+		}
+		pc.c.Close()
+		// A pooled connection the plugin closed while idle fails before
+		// anything was processed; a body-less request can go again.
+		if reused && attempt == 0 && (req.Body == nil || req.Body == http.NoBody) && req.Context().Err() == nil && isConnGone(err) {
+			continue
+		}
+		return nil, err
+	}
+}
+
+func isConnGone(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, errConnReset)
+}
+
+var errConnReset = errors.New("connection reset")
+
+// exchange writes req and reads the response head on pc. The response body
+// reads from pc; closing it returns pc to the pool once the body was read
+// to its end.
+func (t *SyncTransport) exchange(req *http.Request, pc *pconn) (*http.Response, error) {
+	// Cancellation interrupts whatever I/O is blocked on the connection.
+	stop := context.AfterFunc(req.Context(), func() { _ = pc.c.SetDeadline(time.Unix(1, 0)) })
+	if err := req.Write(pc.bw); err != nil {
+		stop()
+		return nil, err
+	}
+	if err := pc.bw.Flush(); err != nil {
+		stop()
+		return nil, err
+	}
+	if t.ResponseHeaderTimeout > 0 {
+		_ = pc.c.SetReadDeadline(time.Now().Add(t.ResponseHeaderTimeout))
+	}
+	resp, err := http.ReadResponse(pc.br, req)
+	if t.ResponseHeaderTimeout > 0 && err == nil {
+		_ = pc.c.SetReadDeadline(time.Time{})
+		if req.Context().Err() != nil { // cancelled while we cleared it
+			_ = pc.c.SetDeadline(time.Unix(1, 0))
+		}
+	}
+	if err != nil {
+		stop()
+		if ctxErr := req.Context().Err(); ctxErr != nil {
+			return nil, ctxErr
+		}
+		return nil, err
+	}
+	resp.Body = &pooledBody{rc: resp.Body, t: t, pc: pc, stop: stop, keep: !resp.Close}
+	return resp, nil
+}
+
+// pooledBody returns its connection to the pool when the body was read to
+// EOF and closed; anything else closes the connection.
+type pooledBody struct {
+	rc   io.ReadCloser
+	t    *SyncTransport
+	pc   *pconn
+	stop func() bool
+	keep bool
+	eof  bool
+	done bool
+}
+
+func (b *pooledBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if err == io.EOF {
+		b.eof = true
+	}
+	return n, err
+}
+
+func (b *pooledBody) Close() error {
+	if b.done {
+		return nil
+	}
+	b.done = true
+	err := b.rc.Close()
+	if !b.stop() || !b.eof || !b.keep || err != nil {
+		// The context fired (the deadline is poisoned), the body was cut
+		// short, or the plugin asked to close: the connection is done.
+		b.pc.c.Close()
+		return err
+	}
+	b.t.put(b.pc)
+	return nil
+}
+
+func (t *SyncTransport) get(ctx context.Context, addr string) (*pconn, bool, error) {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil, false, net.ErrClosed
+	}
+	if idle := t.idle[addr]; len(idle) > 0 {
+		pc := idle[len(idle)-1]
+		t.idle[addr] = idle[:len(idle)-1]
+		t.mu.Unlock()
+		return pc, true, nil
+	}
+	t.mu.Unlock()
+	c, err := t.Dial(ctx, addr)
+	if err != nil {
+		return nil, false, err
+	}
+	return &pconn{addr: addr, c: c, br: bufio.NewReaderSize(c, ioBuf), bw: bufio.NewWriterSize(c, ioBuf)}, false, nil
+}
+
+func (t *SyncTransport) put(pc *pconn) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	max := t.MaxIdlePerHost
+	if max <= 0 {
+		max = 256
+	}
+	if t.closed || len(t.idle[pc.addr]) >= max {
+		pc.c.Close()
+		return
+	}
+	if t.idle == nil {
+		t.idle = map[string][]*pconn{}
+	}
+	t.idle[pc.addr] = append(t.idle[pc.addr], pc)
+}
+
+// Close closes the pooled connections; nothing is pooled afterwards.
+func (t *SyncTransport) Close() {
+	t.mu.Lock()
+	idle := t.idle
+	t.idle, t.closed = nil, true
+	t.mu.Unlock()
+	for _, pcs := range idle {
+		for _, pc := range pcs {
+			pc.c.Close()
+		}
+	}
+}
+
+// BufferPool hands ReverseProxy small copy buffers: its default is 32 KB
+// per response, held for as long as a stream stays open.
+type BufferPool struct{ p sync.Pool }
+
+// Get implements httputil.BufferPool.
+func (b *BufferPool) Get() []byte {
+	if v := b.p.Get(); v != nil {
+		return *(v.(*[]byte))
+	}
+	return make([]byte, 8<<10)
+}
+
+// Put implements httputil.BufferPool.
+func (b *BufferPool) Put(buf []byte) { b.p.Put(&buf) }
