@@ -22,7 +22,14 @@ func threeWorkers(t *testing.T) []*node {
 	// Trusting loopback's forwarding headers lets a test pose as many
 	// client IPs, so ids spread over the workers (placement prefers one
 	// worker per client IP).
-	extra := []string{"--plugin", "/misc=" + th, "--plugin", "/jobs=" + th, "--trusted-proxies", "127.0.0.1/32"}
+	return startFleet(t, "--plugin", "/misc="+th, "--plugin", "/jobs="+th, "--trusted-proxies", "127.0.0.1/32")
+}
+
+// startFleet starts n1 (bootstrap), n2 and n3 (joining n1) with extra
+// arguments, waits until each sees the three workers, and waits out the
+// cold-start quarantine once (on an id no test uses).
+func startFleet(t *testing.T, extra ...string) []*node {
+	t.Helper()
 	n1 := newNode(t, "n1", append([]string{"--bootstrap"}, extra...)...).start(t, true)
 	n2 := newNode(t, "n2", append([]string{"--join", n1.url()}, extra...)...).start(t, true)
 	n3 := newNode(t, "n3", append([]string{"--join", n1.url()}, extra...)...).start(t, true)
@@ -30,7 +37,6 @@ func threeWorkers(t *testing.T) []*node {
 	for _, n := range nodes {
 		eventually(t, 10*time.Second, n.id+" sees 3 workers", func() bool { return len(liveWorkers(t, n)) == 3 })
 	}
-	// Wait out the cold-start quarantine once.
 	eventually(t, 10*time.Second, "quarantine over", func() bool {
 		r := n1.a.MustDo("GET", "/counters/warmup/value", "")
 		return r.Code == 200

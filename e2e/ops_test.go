@@ -326,18 +326,8 @@ func TestSystemdNotify(t *testing.T) {
 func TestRollingRestartUnderLoad(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.NewDatabase(t)
-	pg := []string{"--database-url", dsn}
-	n1 := newNode(t, "n1", append([]string{"--bootstrap"}, pg...)...).start(t, true)
-	n2 := newNode(t, "n2", append([]string{"--join", n1.url()}, pg...)...).start(t, true)
-	n3 := newNode(t, "n3", append([]string{"--join", n1.url()}, pg...)...).start(t, true)
-	nodes := []*node{n1, n2, n3}
-	for _, n := range nodes {
-		eventually(t, 10*time.Second, n.id+" sees 3 workers", func() bool { return len(liveWorkers(t, n)) == 3 })
-	}
-	eventually(t, 10*time.Second, "quarantine over", func() bool {
-		return n1.a.MustDo("GET", "/counters/roll/value", "").Code == 200
-	})
-
+	nodes := startFleet(t, "--database-url", dsn)
+	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
 	var mu sync.Mutex
 	up := map[*node]bool{n1: true, n2: true, n3: true}
 	var acked atomic.Int64
