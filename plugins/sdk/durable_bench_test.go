@@ -5,26 +5,28 @@ package sdk_test
 // loopback, as pinnedd serves it to its plugins.
 //
 // Results (2026-11-30, 2-core Intel Xeon VM, Go 1.26.8, bolt file on ext4,
-// Postgres 15 on loopback with fsync and synchronous_commit on; load
-// average 0.9 before the run, which took 23 s):
+// Postgres 15 on loopback with fsync and synchronous_commit on). Two runs,
+// 04:00 and 04:06 UTC, load average 0.9-1.0 before each, 21-23 s each (the
+// spread between them is this shared VM's):
 //
 //	go test -run XXX -bench 'Durable|ActivateRestore' -benchtime 1s ./plugins/sdk/
 //
-//	BenchmarkDurableWrites          bolt writes/s   pg writes/s
-//	instances=1/frontier-per-write        1,366           883
-//	instances=1/batched                  91,514        33,490
-//	instances=100/frontier-per-write      2,191         2,669
-//	instances=100/batched               114,403        49,382
+//	BenchmarkDurableWrites          bolt writes/s       pg writes/s
+//	instances=1/frontier-per-write    1,366 / 1,990        883 / 1,234
+//	instances=1/batched              91,514 / 120,051   33,490 / 39,841
+//	instances=100/frontier-per-write  2,191 / 2,544      2,669 / 3,189
+//	instances=100/batched           114,403 / 161,670   49,382 / 76,130
 //
 //	BenchmarkActivateRestore        bolt ms/activation   pg ms/activation
-//	fields=10x100 (10 trays)                1.65               2.99
-//	items=1x1000 (1 tray)                   0.89               2.84
+//	fields=10x100 (10 trays)             1.65 / 1.39         2.99 / 2.59
+//	items=1x1000 (1 tray)                0.89 / 0.77         2.84 / 2.38
 //
 // A write acknowledged on its own costs a whole Commit (bolt: an fsync; pg:
-// a WAL flush): about 1,000 writes/s for one counter on either store.
-// Batching 100 writes at the frontier gives 40-70x that. 100 instances
-// acknowledging every write reach 1.6x (bolt: one writer at a time) to 3x
-// (pg: 8 pooled connections) of one. Restoring 1,000 rows takes 1-3 ms.
+// a WAL flush): 900-2,000 writes/s for one counter on either store.
+// Batching 100 writes at the frontier gives 30-70x that. 100 instances
+// acknowledging every write reach 1.3-1.6x (bolt: one writer at a time) to
+// 2.6-3x (pg: 8 pooled connections) of one. Restoring 1,000 rows takes
+// 1-3 ms.
 
 import (
 	"context"
