@@ -33,7 +33,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"path/filepath"
 	"sync"
@@ -41,16 +40,12 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/pinnedd/pinnedd/plugins/proto"
 	"github.com/pinnedd/pinnedd/plugins/sdk"
 	"github.com/pinnedd/pinnedd/statestore"
 	"github.com/pinnedd/pinnedd/statestore/boltstore"
 	"github.com/pinnedd/pinnedd/statestore/pgstore"
 	"github.com/pinnedd/pinnedd/statestore/pgstore/pgtest"
-	"github.com/pinnedd/pinnedd/supervisor"
 )
 
 const benchNS = "/bench"
@@ -83,26 +78,6 @@ var benchStores = []struct {
 		}
 		return s
 	}},
-}
-
-// benchStoreClient is storeClient for benchmarks: store served over real
-// gRPC on loopback.
-func benchStoreClient(tb testing.TB, store statestore.Store) proto.StoreClient {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	g := grpc.NewServer()
-	proto.RegisterStoreServer(g, supervisor.NewStoreServer(store, func(string) bool { return true }))
-	go func() { _ = g.Serve(ln) }()
-	tb.Cleanup(g.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { conn.Close() })
-	return proto.NewStoreClient(conn)
 }
 
 // benchRuntime is a Runtime with one do-nothing host, using client.
@@ -150,7 +125,7 @@ var benchRun atomic.Int64
 func BenchmarkDurableWrites(b *testing.B) {
 	for _, sc := range benchStores {
 		b.Run(sc.name, func(b *testing.B) {
-			client := benchStoreClient(b, sc.open(b))
+			client := storeClient(b, sc.open(b))
 			for _, instances := range []int{1, 100} {
 				for _, mode := range []struct {
 					name  string
@@ -221,7 +196,7 @@ func benchWrites(b *testing.B, client proto.StoreClient, instances, batch int) {
 func BenchmarkActivateRestore(b *testing.B) {
 	for _, sc := range benchStores {
 		b.Run(sc.name, func(b *testing.B) {
-			client := benchStoreClient(b, sc.open(b))
+			client := storeClient(b, sc.open(b))
 			rt := benchRuntime(b, client)
 			ctx := context.Background()
 

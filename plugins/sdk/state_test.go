@@ -25,7 +25,7 @@ import (
 
 // storeClient serves store over real gRPC on loopback, as pinnedd does over
 // the plugin broker, and returns a client for it.
-func storeClient(t *testing.T, store statestore.Store) proto.StoreClient {
+func storeClient(t testing.TB, store statestore.Store) proto.StoreClient {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
