@@ -302,3 +302,34 @@ func doAs(t *testing.T, n *node, method, path, ip string) testutil.Response {
 	}
 	return r
 }
+
+// A cluster call (an instance calling another id through its own node's
+// front door) places a new id on the caller's own node.
+func TestClusterCallPrefersOwnNode(t *testing.T) {
+	t.Parallel()
+	nodes := threeWorkers(t)
+	// One caller instance on each node.
+	callers := map[*node]string{}
+	for i := 0; len(callers) < 3 && i < 300; i++ {
+		id := fmt.Sprintf("caller%d", i)
+		_ = doAs(t, nodes[0], "GET", "/misc/"+id+"/ping", fmt.Sprintf("10.9.%d.%d", i/250, i%250))
+		if n := ownerOf(t, nodes, "/misc", id); n != nil && callers[n] == "" {
+			callers[n] = id
+		}
+	}
+	if len(callers) < 3 {
+		t.Fatalf("callers on %d nodes only", len(callers))
+	}
+	for n, caller := range callers {
+		for j := 0; j < 3; j++ {
+			target := fmt.Sprintf("/counters/%s-made-%d/increment", caller, j)
+			r := nodes[j].a.MustDo("GET", "/misc/"+caller+"/call?target="+target, "")
+			if r.Code != 200 || strings.TrimSpace(r.Body) != `{"value":1}` {
+				t.Fatalf("cluster call from %s: %d %s", caller, r.Code, r.Body)
+			}
+			if got := ownerOf(t, nodes, "/counters", fmt.Sprintf("%s-made-%d", caller, j)); got != n {
+				t.Fatalf("id made by a cluster call from %s landed on %v, want %s", n.id, got, n.id)
+			}
+		}
+	}
+}

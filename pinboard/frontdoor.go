@@ -143,6 +143,9 @@ type FrontDoorConfig struct {
 	WindDown func(ns, id string, deadline time.Time) int
 	// Reload hot-swaps the plugin serving ns ("" all).
 	Reload func(ctx context.Context, ns string) error
+	// ClusterCallToken authenticates ClusterCallHeader; it is handed to
+	// this node's plugins only (PINNEDD_CLUSTER_CALL_TOKEN).
+	ClusterCallToken string
 	// AttestationWindow bounds an attestation's age and the replay cache
 	// (default DefaultAttestationWindow).
 	AttestationWindow time.Duration

@@ -3,6 +3,7 @@ package pinboard
 import (
 	"bytes"
 	"context"
+	"crypto/subtle"
 	"errors"
 	"io"
 	"log/slog"
@@ -33,12 +34,16 @@ type route struct {
 	attempt   int
 	exclude   string // a worker that refused in-band
 	viaLeader bool   // the replica named a wrong owner: ask the leader
+	caller    string // this node's worker, on a cluster call from one of its instances
 }
 
 // resolve finds (or makes) the placement of key and serves the request
 // there: locally, or forwarded to the owner.
 func (f *FrontDoor) resolve(w http.ResponseWriter, r *http.Request, key directory.Key, rest string) {
 	rt := &route{key: key, rest: rest}
+	if f.clusterCall(r) {
+		rt.caller = f.selfID()
+	}
 	switch {
 	case r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 && r.Header.Get("Transfer-Encoding") == "":
 		rt.retryable = true
@@ -129,12 +134,12 @@ func (e quarantineError) Unwrap() error { return errQuarantine }
 // policy picks, and returns the placement the directory holds afterwards:
 // ours, or whoever already held it.
 func (f *FrontDoor) claim(r *http.Request, rt *route) (directory.Placement, directory.Worker, error) {
-	return f.claimFor(r.Context(), rt, ClientIP(r.RemoteAddr, r.Header, f.cfg.TrustedProxies), f.affinityKey(r))
+	return f.claimFor(r.Context(), rt, ClientIP(r.RemoteAddr, r.Header, f.cfg.TrustedProxies), f.affinityKey(r), rt.caller)
 }
 
 // claimFor is claim without a request: clientIP and affinity are the
 // placement hints ("" and nil when there is no client, as for the scanner).
-func (f *FrontDoor) claimFor(ctx context.Context, rt *route, clientIP string, affinity *string) (directory.Placement, directory.Worker, error) {
+func (f *FrontDoor) claimFor(ctx context.Context, rt *route, clientIP string, affinity *string, caller string) (directory.Placement, directory.Worker, error) {
 	ctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
 	m := f.cfg.Dir.Machine()
@@ -162,6 +167,7 @@ func (f *FrontDoor) claimFor(ctx context.Context, rt *route, clientIP string, af
 		choice, _ := f.cfg.Policy.Choose(PlacementRequest{
 			Key:         rt.key.Env + "\x00" + rt.key.Namespace + "\x00" + rt.key.ID,
 			ClientIP:    clientIP,
+			CallerID:    caller,
 			AffinityKey: affinity,
 		}, cands)
 		res, err := f.cfg.Dir.Do(ctx, directory.Claim{
@@ -430,6 +436,22 @@ func attestOutcome(err error) string {
 	default:
 		return "forged"
 	}
+}
+
+// clusterCall reports whether r is a cluster call: a request an instance on
+// this node makes through its own front door (plugins/sdk's
+// Instance.ClusterClient marks it). A new placement then prefers this node's
+// worker, as the seed's attested cluster calls do. The header carries the
+// node's cluster-call token, which only its plugins are given; it never
+// leaves the front door.
+func (f *FrontDoor) clusterCall(r *http.Request) bool {
+	tok := r.Header.Get(plugins.HeaderClusterCall)
+	if tok == "" {
+		return false
+	}
+	r.Header.Del(plugins.HeaderClusterCall)
+	return f.cfg.ClusterCallToken != "" && f.cfg.Worker != nil &&
+		subtle.ConstantTimeCompare([]byte(tok), []byte(f.cfg.ClusterCallToken)) == 1
 }
 
 func (f *FrontDoor) affinityKey(r *http.Request) *string {

@@ -32,7 +32,7 @@ func (f *FrontDoor) Wake(ctx context.Context, key directory.Key) (bool, error) {
 	if _, owner, ok := f.cfg.Dir.Machine().Owner(key); ok && owner.Live(now) {
 		return false, nil // placed on a live worker: its owner resumes it
 	}
-	p, owner, err := f.claimFor(ctx, &route{key: key}, "", nil)
+	p, owner, err := f.claimFor(ctx, &route{key: key}, "", nil, "")
 	if err != nil {
 		return false, err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -349,6 +350,14 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		return err
 	}
 
+	callToken := make([]byte, 16)
+	_, _ = rand.Read(callToken)
+	clusterCallToken := hex.EncodeToString(callToken)
+	for i := range cfg.specs {
+		cfg.specs[i].Env = append(cfg.specs[i].Env,
+			plugins.EnvFrontDoor+"="+advertise, plugins.EnvClusterCallToken+"="+clusterCallToken)
+	}
+
 	var fd *pinboard.FrontDoor
 	var sup *supervisor.Supervisor
 	var states statestore.Store
@@ -405,8 +414,9 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Logger: log, Registerer: reg,
 		Quarantine: quarantine,
 		Policy:     pinboard.PlacementPolicy{BalanceFactor: cfg.balanceFactor}, TrustedProxies: cfg.trustedProxies,
-		Ready:  func() bool { id, _ := store.Leader(); return id != "" },
-		Health: func() map[string]any { return raftHealth(store) },
+		ClusterCallToken: clusterCallToken,
+		Ready:            func() bool { id, _ := store.Leader(); return id != "" },
+		Health:           func() map[string]any { return raftHealth(store) },
 		Status: func() map[string]any {
 			st := map[string]any{
 				"nodeId": cfg.nodeID, "version": version, "advertiseUrl": advertise, "pid": os.Getpid(),

@@ -18,6 +18,10 @@ const (
 	// HeaderRefusal marks a response the plugin (not the instance) produced
 	// because the instance is not active there; pinnedd re-activates.
 	HeaderRefusal = "X-Pinned-Refusal"
+	// HeaderClusterCall marks a request an instance makes through its own
+	// node's front door (a cluster call); its value is the node's
+	// EnvClusterCallToken.
+	HeaderClusterCall = "X-Pinned-Cluster-Call"
 )
 
 // maxFrame bounds one body frame on the gRPC data plane (gRPC's default

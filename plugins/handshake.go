@@ -41,6 +41,11 @@ const (
 	EnvParentPID = "PINNEDD_PARENT_PID"
 	// EnvPluginName tags the plugin's own logs.
 	EnvPluginName = "PINNEDD_PLUGIN_NAME"
+	// EnvFrontDoor is the URL of the node's own front door, and
+	// EnvClusterCallToken the token that marks a request to it as a
+	// cluster call from one of its instances.
+	EnvFrontDoor        = "PINNEDD_URL"
+	EnvClusterCallToken = "PINNEDD_CLUSTER_CALL_TOKEN"
 )
 
 // Server is what a plugin process implements (the SDK does it for host authors).

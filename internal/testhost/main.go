@@ -144,6 +144,18 @@ func misc(inst *sdk.Instance) http.Handler {
 	mux.HandleFunc("/panic", func(http.ResponseWriter, *http.Request) { panic("boom") })
 	mux.HandleFunc("/crash", func(http.ResponseWriter, *http.Request) { os.Exit(3) })
 	mux.HandleFunc("/pid", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, os.Getpid()) })
+	mux.HandleFunc("/call", func(w http.ResponseWriter, r *http.Request) {
+		// A cluster call: POST ?target=/ns/id/rest through this node's
+		// front door, answering with what came back.
+		resp, err := inst.ClusterClient().Post(r.URL.Query().Get("target"), "application/json", nil)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+	})
 	mux.HandleFunc("/sse", func(w http.ResponseWriter, r *http.Request) {
 		// Events until the client goes away; each is flushed on its own.
 		w.Header().Set("Content-Type", "text/event-stream")

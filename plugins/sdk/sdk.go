@@ -19,9 +19,14 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pinnedd/pinnedd/plugins"
 )
 
 // Version is reported to pinnedd in Describe.
@@ -224,4 +229,32 @@ func NewMemoryInstance(ns, id string) *Instance {
 func (i *Instance) Stop() {
 	i.cancel()
 	i.tasks.Wait()
+}
+
+// ClusterClient returns an HTTP client for calling other instances through
+// this node's front door: it resolves paths like "/counters/alice/value"
+// against the node's URL and marks the requests as cluster calls, so an id
+// placed by such a call prefers this node. Outside pinnedd it calls
+// nothing (requests fail).
+func (i *Instance) ClusterClient() *http.Client {
+	return &http.Client{Transport: clusterTransport{
+		base:  strings.TrimRight(os.Getenv(plugins.EnvFrontDoor), "/"),
+		token: os.Getenv(plugins.EnvClusterCallToken),
+	}}
+}
+
+type clusterTransport struct{ base, token string }
+
+func (c clusterTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if c.base == "" {
+		return nil, errors.New("not running under pinnedd: no front door to call")
+	}
+	u, err := url.Parse(c.base + r.URL.RequestURI())
+	if err != nil {
+		return nil, err
+	}
+	r2 := r.Clone(r.Context())
+	r2.URL, r2.Host = u, ""
+	r2.Header.Set(plugins.HeaderClusterCall, c.token)
+	return http.DefaultTransport.RoundTrip(r2)
 }
