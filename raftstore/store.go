@@ -106,7 +106,12 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 
 	s.client = cfg.HTTPClient
 	if s.client == nil {
-		s.client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		// Forwards to the leader run concurrently (group-commit flushers,
+		// registrations); the default 2 idle connections per host would
+		// make every extra one dial and close.
+		tr.MaxIdleConnsPerHost = 64
+		s.client = &http.Client{Transport: tr}
 		s.ownClient = true
 		cleanups = append(cleanups, s.client.CloseIdleConnections)
 	}
