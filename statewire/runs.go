@@ -14,39 +14,8 @@ import (
 // Statewire server for its instance; it stays queued for the next one.
 var ErrNoServer = errors.New("statewire: no server for this instance")
 
-// The SDK hands a tray handler the run but not the instance, so servers
-// register here by instance and the handler finds them through the
-// instance key each stored command carries (checked against the tray
-// itself, so a stopping activation never runs a successor's work).
-var (
-	registryMu sync.Mutex
-	registry   = map[[2]string]*Server{}
-)
-
-func register(s *Server) {
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	registry[[2]string{s.inst.Namespace(), s.inst.ID()}] = s
-}
-
-func unregister(s *Server) {
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	k := [2]string{s.inst.Namespace(), s.inst.ID()}
-	if registry[k] == s {
-		delete(registry, k)
-	}
-}
-
-func lookup(ns, id string, tray *sdk.Tray) *Server {
-	registryMu.Lock()
-	s := registry[[2]string{ns, id}]
-	registryMu.Unlock()
-	if s == nil || s.inst.Tray(tray.Key().NS, tray.Key().ID) != tray {
-		return nil
-	}
-	return s
-}
+// serverKey finds an instance's Server from a tray run (sdk.Instance.Attach).
+type serverKey struct{}
 
 // Trays returns the tray handlers a Statewire host must list in
 // sdk.Host.Trays.
@@ -136,7 +105,9 @@ func handleCommands(ctx context.Context, run *sdk.Run) error {
 		}
 		cmds = append(cmds, c)
 	}
-	s := lookup(cmds[0].Namespace, cmds[0].ID, run.Tray)
+	// The run belongs to one activation; its server is attached to it, so
+	// a stopping activation never runs a successor's work.
+	s, _ := run.Instance.Attached(serverKey{}).(*Server)
 	if s == nil {
 		return ErrNoServer
 	}

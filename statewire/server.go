@@ -150,8 +150,7 @@ func New(inst *sdk.Instance, cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /stream", s.serveStream)
 	s.mux.HandleFunc("POST /frames", s.serveFrames)
 	s.mux.HandleFunc("GET /state", s.serveState)
-	register(s)
-	context.AfterFunc(inst.Context(), func() { unregister(s) })
+	inst.Attach(serverKey{}, s)
 	return s, nil
 }
 

@@ -100,6 +100,7 @@ type Instance struct {
 
 	requestEviction func()
 	onFenced        func()
+	attached        sync.Map // see Attach
 	fenceOnce       sync.Once
 
 	state *state
@@ -172,6 +173,17 @@ func (i *Instance) Go(name string, fn func(ctx context.Context)) {
 		}()
 		fn(i.ctx)
 	}()
+}
+
+// Attach stores v on the instance under key, for libraries built on the SDK
+// that must find their per-instance object again from a tray run (Run.Instance):
+// statewire finds its server this way. Use an unexported key type.
+func (i *Instance) Attach(key, v any) { i.attached.Store(key, v) }
+
+// Attached returns what Attach stored under key, or nil.
+func (i *Instance) Attached(key any) any {
+	v, _ := i.attached.Load(key)
+	return v
 }
 
 // WindingDown reports the eviction deadline if the instance is being wound
