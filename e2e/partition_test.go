@@ -104,7 +104,13 @@ func TestPartitionedOwnerNeverServesAlongsideItsSuccessor(t *testing.T) {
 	isSurvivorAck := func(s serve) bool {
 		return s.via != oi && s.op == "inc" && s.code == 200 && !s.send.Before(cutAt)
 	}
-	eventually(t, 20*time.Second, "survivors serve p1 again", func() bool { return h.count(isSurvivorAck) >= 20 })
+	if err := testutil.Eventually(40*time.Second, func() bool { return h.count(isSurvivorAck) >= 20 }); err != nil {
+		// Say what the survivors answered instead, to tell a slow machine
+		// from a placement that never moved.
+		t.Fatalf("survivors do not serve p1 again within 40s; their answers since the cut: %s", h.summary(func(s serve) bool {
+			return s.via != oi && !s.send.Before(cutAt)
+		}))
+	}
 	var ni int
 	var g2 uint64
 	eventually(t, 5*time.Second, "a survivor's status lists p1", func() bool {
@@ -390,6 +396,23 @@ func (h *partitionHistory) count(pred func(serve) bool) int {
 		}
 	}
 	return n
+}
+
+// summary counts the matching serves by status and body.
+func (h *partitionHistory) summary(pred func(serve) bool) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	counts := map[string]int{}
+	for _, s := range h.serves {
+		if pred(s) {
+			b := s.body
+			if len(b) > 60 {
+				b = b[:60]
+			}
+			counts[fmt.Sprintf("%s %d %s", s.op, s.code, strings.TrimSpace(b))]++
+		}
+	}
+	return fmt.Sprint(counts)
 }
 
 // lastStatus is node i's latest status sample.
