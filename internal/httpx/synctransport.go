@@ -43,8 +43,9 @@ type pconn struct {
 	addr string
 	c    net.Conn
 	br   *bufio.Reader
-	bw   *bufio.Writer
 }
+
+var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, ioBuf) }}
 
 // ioBuf sizes the per-connection buffers small: a held stream keeps its
 // connection, and a response head fits (textproto reads longer lines in
@@ -89,11 +90,16 @@ var errConnReset = errors.New("connection reset")
 func (t *SyncTransport) exchange(req *http.Request, pc *pconn) (*http.Response, error) {
 	// Cancellation interrupts whatever I/O is blocked on the connection.
 	stop := context.AfterFunc(req.Context(), func() { _ = pc.c.SetDeadline(time.Unix(1, 0)) })
-	if err := req.Write(pc.bw); err != nil {
+	// The writer is only needed while the request goes out: pooled, so a
+	// held stream does not keep one.
+	bw := writers.Get().(*bufio.Writer)
+	bw.Reset(pc.c)
+	defer func() { bw.Reset(nil); writers.Put(bw) }()
+	if err := req.Write(bw); err != nil {
 		stop()
 		return nil, err
 	}
-	if err := pc.bw.Flush(); err != nil {
+	if err := bw.Flush(); err != nil {
 		stop()
 		return nil, err
 	}
@@ -171,7 +177,7 @@ func (t *SyncTransport) get(ctx context.Context, addr string) (*pconn, bool, err
 	if err != nil {
 		return nil, false, err
 	}
-	return &pconn{addr: addr, c: c, br: bufio.NewReaderSize(c, ioBuf), bw: bufio.NewWriterSize(c, ioBuf)}, false, nil
+	return &pconn{addr: addr, c: c, br: bufio.NewReaderSize(c, ioBuf)}, false, nil
 }
 
 func (t *SyncTransport) put(pc *pconn) {
@@ -213,7 +219,7 @@ func (b *BufferPool) Get() []byte {
 	if v := b.p.Get(); v != nil {
 		return *(v.(*[]byte))
 	}
-	return make([]byte, 8<<10)
+	return make([]byte, 4<<10)
 }
 
 // Put implements httputil.BufferPool.
