@@ -11,35 +11,10 @@ import (
 )
 
 // Applier commits an encoded directory command and returns the state
-// machine's encoded result. raftstore.Store is the fleet's applier;
-// LocalApplier serves a node that runs without Raft.
+// machine's encoded result: raftstore.Store, also for a one-node --dev
+// cluster, so every node runs the same code path.
 type Applier interface {
 	Apply(ctx context.Context, cmd []byte) ([]byte, error)
-}
-
-// LocalApplier applies commands straight to a machine, numbering them like
-// a log would. It is the single-node directory: same state machine, same
-// commands, no replication.
-type LocalApplier struct {
-	mu    sync.Mutex
-	m     *directory.Machine
-	index uint64
-}
-
-// NewLocalApplier drives m, continuing from its applied index.
-func NewLocalApplier(m *directory.Machine) *LocalApplier {
-	return &LocalApplier{m: m, index: m.AppliedIndex()}
-}
-
-// Apply implements Applier.
-func (a *LocalApplier) Apply(ctx context.Context, cmd []byte) ([]byte, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.index++
-	return a.m.Apply(a.index, cmd), nil
 }
 
 // ErrDirectory wraps a command the state machine could not apply at all
