@@ -112,7 +112,6 @@ var (
 	ErrStopping       = errors.New("supervisor is stopping")
 	ErrUnknownNS      = errors.New("unknown namespace")
 	ErrActivation     = errors.New("activation failed")
-	ErrInstanceGone   = errors.New("instance is gone")
 	errHandshakeHosts = errors.New("plugin does not serve the configured namespace")
 )
 

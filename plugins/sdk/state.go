@@ -21,8 +21,6 @@ var (
 	// ErrFenced: a newer activation of this id exists (it was placed
 	// elsewhere); this instance's writes are rejected and it stops.
 	ErrFenced = errors.New("fenced: a newer activation of this instance exists")
-	// ErrStoreUnavailable: pinnedd's store could not be reached.
-	ErrStoreUnavailable = errors.New("state store unavailable")
 )
 
 // TrayKey names a tray within its instance, e.g. {"log", "~"}.
