@@ -468,3 +468,17 @@ func TestDevRefusedInProduction(t *testing.T) {
 	a := testutil.StartAgent(t, []string{"APP_ENV=prod", "PINBOARD_ALLOW_DEV_IN_PRODUCTION=1"}, "--dev")
 	expect(t, a, "POST", "/counters/p/increment", 200, `{"value":1}`)
 }
+
+// A second pinnedd on a data dir in use fails at once with a clear error
+// (the lock is also what proves a restarted node's predecessor is dead).
+func TestDataDirInUse(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "data")
+	testutil.StartAgent(t, nil, "--dev", "--data-dir", dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, testutil.Bin(t, "pinnedd"), "agent", "--dev", "--http-addr", "127.0.0.1:0", "--data-dir", dir).CombinedOutput()
+	if err == nil || ctx.Err() != nil || !strings.Contains(string(out), "in use by another pinnedd process") {
+		t.Fatalf("second agent on a data dir in use: %v\n%s", err, out)
+	}
+}

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
+	"go.etcd.io/bbolt"
 
 	"github.com/pinnedd/pinnedd/examples"
 	"github.com/pinnedd/pinnedd/internal/httpx"
@@ -391,7 +392,7 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		LeaderLeaseTimeout: cfg.raftTimeout / 2,
 	}, machine)
 	if err != nil {
-		return fmt.Errorf("open raft: %w", err)
+		return fmt.Errorf("open raft: %w", dataDirInUse(err, dataDir))
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -707,7 +708,7 @@ func openStateStore(ctx context.Context, cfg agentConfig, dataDir string) (state
 	} else {
 		b, err := boltstore.Open(filepath.Join(dataDir, "state.db"))
 		if err != nil {
-			return nil, fmt.Errorf("state store: %w", err)
+			return nil, fmt.Errorf("state store: %w", dataDirInUse(err, dataDir))
 		}
 		st = b
 		if !cfg.dev {
@@ -791,4 +792,13 @@ func notifyReady(ctx context.Context, worker *pinboard.Worker, store *raftstore.
 		case <-t.C:
 		}
 	}
+}
+
+// dataDirInUse explains a bbolt lock timeout: another pinnedd holds the data
+// dir (the lock is how a restarted node knows its predecessor is gone).
+func dataDirInUse(err error, dataDir string) error {
+	if errors.Is(err, bbolt.ErrTimeout) {
+		return fmt.Errorf("data dir %s is in use by another pinnedd process: %w", dataDir, err)
+	}
+	return err
 }

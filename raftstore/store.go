@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
 )
 
 // Member is one server of the Raft configuration as this node sees it.
@@ -121,7 +122,12 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("raftstore: creating %s: %w", dir, err)
 	}
-	s.bolt, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(dir, "raft.db")})
+	s.bolt, err = raftboltdb.New(raftboltdb.Options{
+		Path: filepath.Join(dir, "raft.db"),
+		// The file lock is what proves a data dir has one process: a
+		// second pinnedd on it fails after a second instead of hanging.
+		BoltOptions: &bbolt.Options{Timeout: time.Second},
+	})
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: opening log store: %w", err)
 	}
