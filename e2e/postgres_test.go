@@ -86,6 +86,10 @@ func TestFrozenOwnerNeverServesStale(t *testing.T) {
 		inc(nodes[i])
 	}
 	owner := ownerOf(t, nodes, "/counters", "z")
+	staleGen := instanceGen(t, owner, "z")
+	if staleGen == 0 {
+		t.Fatalf("%s owns z but does not report its generation", owner.id)
+	}
 	owner.a.Signal(syscall.SIGSTOP)
 	var other *node
 	for _, n := range nodes {
@@ -103,18 +107,26 @@ func TestFrozenOwnerNeverServesStale(t *testing.T) {
 		inc(owner)
 		inc(other)
 	}
+	// The stale activation is gone; z may have come back to this node, but
+	// only under a newer generation.
 	eventually(t, 10*time.Second, "the woken node quits its stale instance", func() bool {
-		var st status
-		r, err := owner.a.Do("GET", "/_pinned/status", "")
-		if err != nil || r.Code != 200 {
-			return false
-		}
-		r.JSON(t, &st)
-		for _, in := range st.Instances {
-			if in.ID == "z" {
-				return ownerOf(t, nodes, "/counters", "z") == owner // fine if z came back to it legitimately
-			}
-		}
-		return true
+		return instanceGen(t, owner, "z") != staleGen
 	})
+}
+
+// instanceGen is the generation counter id runs under on n, 0 if not live.
+func instanceGen(t *testing.T, n *node, id string) uint64 {
+	t.Helper()
+	r, err := n.a.Do("GET", "/_pinned/status", "")
+	if err != nil || r.Code != 200 {
+		t.Fatalf("status of %s: %v %d", n.id, err, r.Code)
+	}
+	var st status
+	r.JSON(t, &st)
+	for _, in := range st.Instances {
+		if in.Namespace == "/counters" && in.ID == id {
+			return in.Generation
+		}
+	}
+	return 0
 }

@@ -380,12 +380,7 @@ func (f *FrontDoor) knownNamespace(ns string) bool {
 	if f.cfg.Local != nil && f.cfg.Local.Serves(ns) {
 		return true
 	}
-	for _, wk := range f.cfg.Dir.Machine().Workers() {
-		if wk.Serves(ns) {
-			return true
-		}
-	}
-	return false
+	return f.cfg.Dir.Machine().NamespaceServed(ns)
 }
 
 // Released is the supervisor's OnEvicted hook: give the placement back.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -72,7 +73,9 @@ func (f *FrontDoor) registryStats(w http.ResponseWriter, r *http.Request) {
 	}
 	wg.Wait()
 	// Stable order for people and diffs.
-	sortByClientID(out)
+	slices.SortFunc(out, func(a, b map[string]any) int {
+		return strings.Compare(a["clientId"].(string), b["clientId"].(string))
+	})
 	httpx.WriteJSON(w, http.StatusOK, map[string]any{"workers": out})
 }
 
@@ -98,12 +101,4 @@ func (f *FrontDoor) fetchStats(ctx context.Context, secret []byte, gen uint64, t
 		return fmt.Errorf("answered %s", resp.Status)
 	}
 	return json.Unmarshal(body, into)
-}
-
-func sortByClientID(ws []map[string]any) {
-	for i := 1; i < len(ws); i++ {
-		for j := i; j > 0 && fmt.Sprint(ws[j]["clientId"]) < fmt.Sprint(ws[j-1]["clientId"]); j-- {
-			ws[j], ws[j-1] = ws[j-1], ws[j]
-		}
-	}
 }

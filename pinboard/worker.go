@@ -86,7 +86,6 @@ type Worker struct {
 	mu        sync.Mutex
 	sessionID string
 	expiresAt time.Time
-	lastAck   time.Time
 	degraded  bool
 	draining  bool
 	drainDL   int64
@@ -329,7 +328,6 @@ func (w *Worker) HeartbeatNow(ctx context.Context) {
 func (w *Worker) acceptLocked(sent time.Time, ack Ack) {
 	before := w.leaseLocked(time.Now())
 	w.expiresAt = sent.Add(time.Duration(ack.ExpiresInMs) * time.Millisecond)
-	w.lastAck = time.Now()
 	w.degraded = ack.Degraded
 	w.draining = ack.Draining
 	w.drainDL = ack.DrainDeadline

@@ -322,10 +322,9 @@ func (s *Supervisor) evictWith(ctx context.Context, in *instance, reason proto.R
 	s.noteDrained()
 }
 
-// evictKey evicts the instance k if it still belongs to inc.
 // evictKey handles an instance's own request to go (EVICT_ME): idle
 // eviction normally; while winding down, eviction as soon as it is idle.
-func (s *Supervisor) evictKey(k Key, inc *incarnation, reason proto.Reason, _ bool) {
+func (s *Supervisor) evictKey(k Key, inc *incarnation, reason proto.Reason) {
 	s.mu.Lock()
 	in := s.instances[k]
 	winding := in != nil && s.windingLocked(in)
@@ -498,10 +497,8 @@ func (s *Supervisor) newProxy(inc *incarnation) *httputil.ReverseProxy {
 
 // Live reports whether (ns, id) is active on this node.
 func (s *Supervisor) Live(ns, id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	in := s.instances[Key{ns, id}]
-	return in != nil && !in.evicting
+	_, live := s.LiveGeneration(ns, id)
+	return live
 }
 
 // Wake activates (ns, id) under generation without serving a request (its

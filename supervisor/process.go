@@ -174,7 +174,7 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 		return nil, fmt.Errorf("dispense plugin %s: %w", p.spec.Name, err)
 	}
 	conn := raw.(*plugins.Conn)
-	storeID := s.serveStore(&incarnation{conn: conn})
+	storeID := s.serveStore(conn)
 	dctx, cancel := context.WithTimeout(ctx, s.cfg.HandshakeTimeout)
 	desc, err := conn.Control.Describe(dctx, &proto.DescribeRequest{StoreBrokerId: storeID})
 	cancel()
@@ -266,7 +266,7 @@ func (p *pluginProc) watch(inc *incarnation, events proto.Control_EventsClient) 
 		}
 		switch ev.Kind {
 		case proto.EventKind_EVENT_KIND_EVICT_ME:
-			go p.sup.evictKey(Key{ev.Namespace, ev.Id}, inc, proto.Reason_REASON_IDLE, true)
+			go p.sup.evictKey(Key{ev.Namespace, ev.Id}, inc, proto.Reason_REASON_IDLE)
 		case proto.EventKind_EVENT_KIND_FENCED:
 			p.sup.dropFenced(Key{ev.Namespace, ev.Id}, inc)
 		}

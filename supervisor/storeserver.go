@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/plugins/proto"
 	"github.com/pinnedd/pinnedd/statestore"
 )
@@ -28,16 +29,16 @@ func NewStoreServer(store statestore.Store, serves func(namespace string) bool) 
 	return &storeServer{store: store, serves: serves}
 }
 
-// serveStore starts the Store service on a new broker id for inc and
-// returns the id. The broker's server lives as long as the plugin's
+// serveStore starts the Store service on a new broker id of the plugin
+// connection conn and returns the id. The broker's server lives as long as the plugin's
 // connection; calls from a dead plugin end with their context.
-func (s *Supervisor) serveStore(inc *incarnation) uint32 {
-	if s.cfg.Store == nil || inc.conn.Broker == nil {
+func (s *Supervisor) serveStore(conn *plugins.Conn) uint32 {
+	if s.cfg.Store == nil || conn.Broker == nil {
 		return 0
 	}
-	id := inc.conn.Broker.NextId()
+	id := conn.Broker.NextId()
 	srv := NewStoreServer(s.cfg.Store, s.Serves)
-	go inc.conn.Broker.AcceptAndServe(id, func(opts []grpc.ServerOption) *grpc.Server {
+	go conn.Broker.AcceptAndServe(id, func(opts []grpc.ServerOption) *grpc.Server {
 		g := grpc.NewServer(opts...)
 		proto.RegisterStoreServer(g, srv)
 		return g

@@ -158,14 +158,13 @@ func (s *Supervisor) Start(ctx context.Context) error {
 		go func() { defer s.wg.Done(); p.run(s.runCtx, firsts[i]) }()
 	}
 	var errs []error
-	for i, p := range s.procs {
+	for i := range s.procs {
 		select {
 		case err := <-firsts[i]:
 			errs = append(errs, err)
 		case <-ctx.Done():
 			errs = append(errs, ctx.Err())
 		}
-		_ = p
 	}
 	if err := errors.Join(errs...); err != nil {
 		s.Stop(context.Background())

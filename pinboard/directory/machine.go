@@ -161,6 +161,20 @@ func (m *Machine) Owner(key Key) (Placement, Worker, bool) {
 	return p, w.clone(), true
 }
 
+// NamespaceServed reports whether any known worker serves ns. The
+// front door asks it for every request to a namespace this node does not
+// host, so it reads in place instead of copying the workers.
+func (m *Machine) NamespaceServed(ns string) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for _, w := range m.st.workers {
+		if w.Serves(ns) {
+			return true
+		}
+	}
+	return false
+}
+
 // Workers returns every known worker, sorted by client id.
 func (m *Machine) Workers() []Worker {
 	m.mu.RLock()
