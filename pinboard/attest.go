@@ -7,10 +7,13 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/pinnedd/pinnedd/internal/httpx"
 )
 
 // AttestationHeader carries a front door's proof that it resolved the
@@ -65,6 +68,19 @@ func Sign(key []byte, a Attestation, method, path string) string {
 		"v1", a.Target, a.Caller, strconv.FormatUint(a.Generation, 10),
 		strconv.FormatInt(a.At.UnixMilli(), 10), a.Nonce, base64.RawURLEncoding.EncodeToString(mac),
 	}, ".")
+}
+
+// attested checks r's attestation for this worker over signedPath (the
+// escaped path, with the query when the signer included it). A bad one is
+// counted and answered 403; only then does it return false.
+func (f *FrontDoor) attested(w http.ResponseWriter, r *http.Request, signedPath string) (Attestation, bool) {
+	att, err := f.verifier.Verify(f.cfg.Dir.Machine().Secret(), r.Header.Get(AttestationHeader), f.selfID(), r.Method, signedPath, time.Now())
+	if err != nil {
+		f.attestFailures.WithLabelValues(attestOutcome(err)).Inc()
+		httpx.WriteError(w, http.StatusForbidden, "invalid attestation", 0)
+		return Attestation{}, false
+	}
+	return att, true
 }
 
 // Verifier checks attestations and remembers nonces for the window, so a

@@ -244,9 +244,7 @@ func (f *FrontDoor) localWindDown(ns, id string, atMs int64) int {
 
 // ownerWindDown serves the attested owner side of a wind-down.
 func (f *FrontDoor) ownerWindDown(w http.ResponseWriter, r *http.Request) {
-	if _, err := f.verifier.Verify(f.cfg.Dir.Machine().Secret(), r.Header.Get(AttestationHeader), f.selfID(), r.Method, windDownPath, time.Now()); err != nil {
-		f.attestFailures.WithLabelValues(attestOutcome(err)).Inc()
-		httpx.WriteError(w, http.StatusForbidden, "invalid attestation", 0)
+	if _, ok := f.attested(w, r, windDownPath); !ok {
 		return
 	}
 	var req struct {

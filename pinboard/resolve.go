@@ -393,10 +393,8 @@ func (f *FrontDoor) owned(w http.ResponseWriter, r *http.Request) {
 	if r.URL.RawQuery != "" {
 		signed += "?" + r.URL.RawQuery
 	}
-	att, err := f.verifier.Verify(f.cfg.Dir.Machine().Secret(), r.Header.Get(AttestationHeader), f.selfID(), r.Method, signed, time.Now())
-	if err != nil {
-		f.attestFailures.WithLabelValues(attestOutcome(err)).Inc()
-		httpx.WriteError(w, http.StatusForbidden, "invalid attestation", 0)
+	att, ok := f.attested(w, r, signed)
+	if !ok {
 		return
 	}
 	r.Header.Del(AttestationHeader)

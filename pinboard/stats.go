@@ -24,9 +24,7 @@ func (f *FrontDoor) workerStats(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, http.StatusNotFound, "this node hosts no instances", 0)
 		return
 	}
-	if _, err := f.verifier.Verify(f.cfg.Dir.Machine().Secret(), r.Header.Get(AttestationHeader), f.selfID(), r.Method, statsPath, time.Now()); err != nil {
-		f.attestFailures.WithLabelValues(attestOutcome(err)).Inc()
-		httpx.WriteError(w, http.StatusForbidden, "invalid attestation", 0)
+	if _, ok := f.attested(w, r, statsPath); !ok {
 		return
 	}
 	st := f.cfg.WorkerStats(r.Context())

@@ -80,10 +80,8 @@ func (f *FrontDoor) wakeOwned(w http.ResponseWriter, r *http.Request) {
 		f.notOwner(w)
 		return
 	}
-	att, err := f.verifier.Verify(f.cfg.Dir.Machine().Secret(), r.Header.Get(AttestationHeader), f.selfID(), r.Method, r.URL.EscapedPath(), time.Now())
-	if err != nil {
-		f.attestFailures.WithLabelValues(attestOutcome(err)).Inc()
-		httpx.WriteError(w, http.StatusForbidden, "invalid attestation", 0)
+	att, ok := f.attested(w, r, r.URL.EscapedPath())
+	if !ok {
 		return
 	}
 	key := directory.Key{Namespace: ns, ID: id}
