@@ -400,12 +400,10 @@ func (p *pluginProc) watchCurrent(ctx context.Context, last *incarnation) (*inca
 // binaryPoll is how often a watched plugin binary is checked for change.
 const binaryPoll = 2 * time.Second
 
-// binStat identifies a binary version cheaply (for change detection) and
-// by content (for `plugins list`).
+// binStat identifies a binary version cheaply, for change detection.
 type binStat struct {
 	mod  time.Time
 	size int64
-	hash string
 }
 
 func statBinary(path string) binStat {
@@ -413,16 +411,47 @@ func statBinary(path string) binStat {
 	if err != nil {
 		return binStat{}
 	}
-	b := binStat{mod: st.ModTime(), size: st.Size()}
-	if f, err := os.Open(path); err == nil {
-		h := sha256.New()
-		if _, err := io.Copy(h, f); err == nil {
-			b.hash = hex.EncodeToString(h.Sum(nil))[:12]
-		}
-		f.Close()
-	}
-	return b
+	return binStat{mod: st.ModTime(), size: st.Size()}
 }
+
+// versionOf is a content hash prefix of the binary at path, for `plugins
+// list` ("" once the file on disk is no longer the one described by b). Hashing a 30 MB binary takes tens of milliseconds, so it is done
+// when asked, not on the spawn (restart) path, and remembered per version.
+func versionOf(path string, b binStat) string {
+	k := versionKey{path, b}
+	versionsMu.Lock()
+	defer versionsMu.Unlock()
+	if v, ok := versions[k]; ok {
+		return v
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return ""
+	}
+	v := hex.EncodeToString(h.Sum(nil))[:12]
+	if st, err := f.Stat(); err != nil || !st.ModTime().Equal(b.mod) || st.Size() != b.size {
+		// The file is not the one the process runs any more (a reload is
+		// pending): its hash would name the wrong version.
+		return ""
+	}
+	versions[k] = v
+	return v
+}
+
+type versionKey struct {
+	path string
+	bin  binStat
+}
+
+var (
+	versionsMu sync.Mutex
+	versions   = map[versionKey]string{}
+)
 
 func changed(path string, was binStat) bool {
 	st, err := os.Stat(path)

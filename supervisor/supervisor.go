@@ -377,11 +377,15 @@ func (s *Supervisor) Plugins() []PluginStatus {
 			Restarts: p.restarts, Degraded: p.degraded, LastError: p.lastErr,
 			Namespaces: append([]string(nil), p.namespaces...),
 		}
+		var bin binStat
 		if p.cur != nil {
 			st.PID = p.cur.pid
-			st.Version = p.cur.bin.hash
+			bin = p.cur.bin
 		}
 		p.mu.Unlock()
+		if !bin.mod.IsZero() {
+			st.Version = versionOf(p.spec.Path, bin)
+		}
 		sort.Strings(st.Namespaces)
 		out = append(out, st)
 	}
