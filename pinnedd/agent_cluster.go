@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/pinboard"
+	"github.com/pinnedd/pinnedd/pinboard/directory"
+	"github.com/pinnedd/pinnedd/raftstore"
+	"github.com/pinnedd/pinnedd/statestore"
+)
+
+// directoryLeader is the leader-only directory upkeep: it makes sure the
+// cluster secret exists and garbage-collects lapsed workers and expired
+// drains.
+func directoryLeader(ctx context.Context, dir *pinboard.Directory, log *slog.Logger) {
+	if len(dir.Machine().Secret()) == 0 {
+		secret := make([]byte, 32)
+		_, _ = rand.Read(secret)
+		if _, err := dir.Do(ctx, directory.Init{Secret: secret}); err != nil && ctx.Err() == nil {
+			log.Warn("init cluster secret", "err", err)
+		}
+	}
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			res, err := dir.Do(ctx, directory.GC{Now: time.Now().UnixMilli()})
+			if err != nil {
+				if ctx.Err() == nil {
+					log.Warn("directory gc", "err", err)
+				}
+				continue
+			}
+			if res.WorkersForgotten+res.DrainsExpired > 0 {
+				log.Info("directory gc", "workers_forgotten", res.WorkersForgotten, "placements_dropped", res.PlacementsDropped, "drains_expired", res.DrainsExpired)
+			}
+		}
+	}
+}
+
+func raftHealth(store *raftstore.Store) map[string]any {
+	id, api := store.Leader()
+	st := store.Stats()
+	return map[string]any{
+		"leader": id, "leaderUrl": api, "raftState": st["state"], "isLeader": store.IsLeader(),
+		"term": st["term"], "lastContact": st["last_contact"],
+	}
+}
+
+// joinUntilDone asks the member at url to add this node, retrying with
+// backoff until it succeeds: on a restart it is harmless (join is
+// idempotent), and the member may simply not be up yet.
+func joinUntilDone(ctx context.Context, url, token string, store *raftstore.Store, log *slog.Logger) {
+	client := &http.Client{Timeout: 15 * time.Second}
+	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 10*time.Second) {
+		err := raftstore.JoinVia(ctx, client, url, token, store.NodeID(), store.RaftAddr(), store.APIAddr())
+		if err == nil {
+			log.Info("joined the cluster", "via", url)
+			return
+		}
+		log.Warn("join failed; retrying", "via", url, "err", err, "retry_in", delay)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
+}
+
+// joinHandler serves POST /_pinned/join {"url": ...}: `pinnedd join` asks
+// the local agent to join the cluster through the member at url.
+func joinHandler(tokens *pinboard.Tokens, cfg agentConfig, store *raftstore.Store, log *slog.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !tokens.Allowed(r, pinboard.ScopeOperator) {
+			httpx.WriteError(w, http.StatusForbidden, "forbidden", 0)
+			return
+		}
+		var req struct {
+			URL string `json:"url"`
+		}
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&req); err != nil || req.URL == "" {
+			httpx.WriteError(w, http.StatusBadRequest, `body must be {"url": "http://member:port"}`, 0)
+			return
+		}
+		if u, err := url.Parse(req.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			httpx.WriteError(w, http.StatusBadRequest, "url must be an absolute http(s) URL", 0)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+		defer cancel()
+		err := raftstore.JoinVia(ctx, &http.Client{}, req.URL, cfg.tokens[0], store.NodeID(), store.RaftAddr(), store.APIAddr())
+		if err != nil {
+			log.Warn("join failed", "via", req.URL, "err", err)
+			httpx.WriteError(w, http.StatusBadGateway, "join via "+req.URL+": "+err.Error(), 0)
+			return
+		}
+		log.Info("joined the cluster", "via", req.URL)
+		httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "nodeId": store.NodeID()})
+	})
+}
+
+// scanMarked is the leader's background scanner: instances with marked
+// durable work whose id is unplaced or whose owner's lease lapsed are woken
+// on a live worker, so interrupted work resumes without any client.
+func scanMarked(ctx context.Context, states statestore.Store, fd *pinboard.FrontDoor, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		after := statestore.InstanceKey{}
+		for ctx.Err() == nil {
+			page, err := states.ListMarked(ctx, after, 256)
+			if err != nil {
+				if ctx.Err() == nil {
+					log.Warn("scan for marked work", "err", err)
+				}
+				break
+			}
+			for _, k := range page {
+				woke, err := fd.Wake(ctx, directory.Key{Namespace: k.Namespace, ID: k.ID})
+				switch {
+				case err != nil && ctx.Err() == nil:
+					log.Debug("wake for marked work failed", "instance", k.String(), "err", err)
+				case woke:
+					log.Info("woke an instance to resume its marked work", "instance", k.String())
+				}
+			}
+			if len(page) < 256 {
+				break
+			}
+			after = page[len(page)-1]
+		}
+	}
+}
