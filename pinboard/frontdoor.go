@@ -32,7 +32,7 @@ const claimTimeout = 5 * time.Second
 // RefusalHeader marks a 503 refused by the owner's worker in-band (lease
 // unhealthy, draining): the front door may release the placement and retry
 // elsewhere.
-const RefusalHeader = "X-Pinned-Refusal"
+const RefusalHeader = plugins.HeaderRefusal
 
 // Instances is this node's instance runtime (package supervisor).
 type Instances interface {

@@ -239,7 +239,7 @@ func (f *FrontDoor) serveLocal(w http.ResponseWriter, r *http.Request, p directo
 func (f *FrontDoor) refuse(w http.ResponseWriter, lease LeaseState) {
 	switch lease {
 	case LeaseUnhealthy:
-		w.Header().Set(RefusalHeader, refusalUnhealthy)
+		w.Header().Set(RefusalHeader, plugins.RefusalLeaseUnhealthy)
 		httpx.WriteError(w, http.StatusServiceUnavailable, "lease unhealthy", time.Second)
 	case LeaseUnregistered:
 		httpx.WriteError(w, http.StatusServiceUnavailable, "worker not registered yet", time.Second)
@@ -247,13 +247,6 @@ func (f *FrontDoor) refuse(w http.ResponseWriter, lease LeaseState) {
 		httpx.WriteError(w, http.StatusServiceUnavailable, "lease expired", time.Second)
 	}
 }
-
-// In-band refusal markers (RefusalHeader values).
-const (
-	refusalUnhealthy = "lease-unhealthy"
-	refusalNotOwner  = "not-owner"
-	refusalDraining  = "draining" // the supervisor's marker for a draining node
-)
 
 // Forwarding failures, seen by the proxy's error handler.
 type refusedError struct {
@@ -318,8 +311,8 @@ func (f *FrontDoor) newProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 		},
 		ModifyResponse: func(resp *http.Response) error {
 			switch m := resp.Header.Get(RefusalHeader); {
-			case resp.StatusCode == http.StatusServiceUnavailable && (m == refusalUnhealthy || m == refusalDraining),
-				resp.StatusCode == http.StatusMisdirectedRequest && m == refusalNotOwner:
+			case resp.StatusCode == http.StatusServiceUnavailable && (m == plugins.RefusalLeaseUnhealthy || m == plugins.RefusalDraining),
+				resp.StatusCode == http.StatusMisdirectedRequest && m == plugins.RefusalNotOwner:
 				return &refusedError{marker: m, resp: resp}
 			}
 			return nil
@@ -343,7 +336,7 @@ func (f *FrontDoor) forwardFailed(w http.ResponseWriter, r *http.Request, err er
 	if errors.As(err, &ref) {
 		_ = ref.resp.Body.Close()
 		rt := info.rt
-		if ref.marker != refusalNotOwner {
+		if ref.marker != plugins.RefusalNotOwner {
 			f.forwardFailures.WithLabelValues("refused").Inc()
 			ctx, cancel := context.WithTimeout(info.orig.Context(), claimTimeout)
 			_, _ = f.cfg.Dir.Do(ctx, directory.Release{Key: info.p.Key, ClientID: info.p.Owner, Generation: info.p.Generation})
@@ -358,7 +351,7 @@ func (f *FrontDoor) forwardFailed(w http.ResponseWriter, r *http.Request, err er
 			f.route(w, info.orig, rt)
 			return
 		}
-		if ref.marker != refusalNotOwner {
+		if ref.marker != plugins.RefusalNotOwner {
 			httpx.WriteError(w, http.StatusServiceUnavailable, "owner refused: "+ref.marker, time.Second)
 		} else {
 			httpx.WriteError(w, http.StatusServiceUnavailable, "placement moved, retry", time.Second)
@@ -385,7 +378,7 @@ func (f *FrontDoor) owned(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if f.cfg.Worker == nil {
-		w.Header().Set(RefusalHeader, refusalNotOwner)
+		w.Header().Set(RefusalHeader, plugins.RefusalNotOwner)
 		httpx.WriteError(w, http.StatusMisdirectedRequest, "this node hosts no instances", 0)
 		return
 	}
@@ -417,7 +410,7 @@ func (f *FrontDoor) owned(w http.ResponseWriter, r *http.Request) {
 }
 
 func (f *FrontDoor) notOwner(w http.ResponseWriter) {
-	w.Header().Set(RefusalHeader, refusalNotOwner)
+	w.Header().Set(RefusalHeader, plugins.RefusalNotOwner)
 	httpx.WriteError(w, http.StatusMisdirectedRequest, "not the owner of this placement", 0)
 }
 

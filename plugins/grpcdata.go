@@ -15,13 +15,29 @@ import (
 const (
 	HeaderNamespace = "X-Pinned-Namespace"
 	HeaderID        = "X-Pinned-Id"
-	// HeaderRefusal marks a response the plugin (not the instance) produced
-	// because the instance is not active there; pinnedd re-activates.
+	// HeaderRefusal marks a response refused in-band, by pinnedd or a
+	// plugin rather than by instance code; its value says why (Refusal*).
 	HeaderRefusal = "X-Pinned-Refusal"
 	// HeaderClusterCall marks a request an instance makes through its own
 	// node's front door (a cluster call); its value is the node's
 	// EnvClusterCallToken.
 	HeaderClusterCall = "X-Pinned-Cluster-Call"
+)
+
+// In-band refusal reasons (HeaderRefusal values), shared by the plugin SDK,
+// the supervisor and the front door.
+const (
+	// RefusalInactive: the plugin does not have the instance (it
+	// restarted); pinnedd re-activates it.
+	RefusalInactive = "inactive"
+	// RefusalDraining and RefusalLeaseUnhealthy: the owner takes no new
+	// activation; a forwarding front door releases the placement and
+	// retries on another worker.
+	RefusalDraining       = "draining"
+	RefusalLeaseUnhealthy = "lease-unhealthy"
+	// RefusalNotOwner: the forwarded request named a placement this node
+	// does not hold under that generation; the forwarder asks the leader.
+	RefusalNotOwner = "not-owner"
 )
 
 // maxFrame bounds one body frame on the gRPC data plane (gRPC's default

@@ -594,7 +594,7 @@ func (s *Supervisor) writeAcquireError(w http.ResponseWriter, r *http.Request, e
 	case errors.Is(err, ErrDraining):
 		// In-band refusal: a forwarding front door releases the placement
 		// and retries on another worker.
-		w.Header().Set(plugins.HeaderRefusal, "draining")
+		w.Header().Set(plugins.HeaderRefusal, plugins.RefusalDraining)
 		httpx.WriteError(w, http.StatusServiceUnavailable, "node is draining", time.Second)
 	case errors.Is(err, ErrStopping):
 		httpx.WriteError(w, http.StatusServiceUnavailable, "node is shutting down", time.Second)

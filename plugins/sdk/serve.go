@@ -160,7 +160,7 @@ func (rt *Runtime) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	l := rt.instances[k]
 	rt.mu.Unlock()
 	if l == nil {
-		w.Header().Set(plugins.HeaderRefusal, "inactive")
+		w.Header().Set(plugins.HeaderRefusal, plugins.RefusalInactive)
 		http.Error(w, `{"error":"instance not active"}`, http.StatusServiceUnavailable)
 		return
 	}
