@@ -107,6 +107,7 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	store, err := raftstore.Open(ctx, raftstore.Config{
 		NodeID: cfg.nodeID, RaftAddr: cfg.raftAddr, AdvertiseRaftAddr: cfg.raftAdvertise,
 		APIAddr: advertise, DataDir: dataDir, Bootstrap: cfg.bootstrap, MaxVoters: cfg.maxVoters,
+		LogStore: cfg.raftLogStore,
 		Logger: log, Token: cfg.tokens[0],
 		HeartbeatTimeout: cfg.raftTimeout, ElectionTimeout: cfg.raftTimeout,
 		LeaderLeaseTimeout: cfg.raftTimeout / 2,
@@ -383,10 +384,10 @@ func notifyReady(ctx context.Context, worker *pinboard.Worker, store *raftstore.
 	}
 }
 
-// dataDirInUse explains a bbolt lock timeout: another pinnedd holds the data
-// dir (the lock is how a restarted node knows its predecessor is gone).
+// dataDirInUse explains a held lock: another pinnedd has the data dir (the
+// lock is how a restarted node knows its predecessor is gone).
 func dataDirInUse(err error, dataDir string) error {
-	if errors.Is(err, bbolt.ErrTimeout) {
+	if errors.Is(err, raftstore.ErrDataDirInUse) || errors.Is(err, bbolt.ErrTimeout) {
 		return fmt.Errorf("data dir %s is in use by another pinnedd process: %w", dataDir, err)
 	}
 	return err

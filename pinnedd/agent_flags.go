@@ -36,6 +36,7 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "raft-advertise-addr", Usage: "Raft address other nodes dial (default: the bound --raft-addr)", EnvVars: []string{"PINNEDD_RAFT_ADVERTISE_ADDR"}},
 			&cli.BoolFlag{Name: "bootstrap", Usage: "start a new cluster with this node as its only voter (a no-op once the data dir holds Raft state)", EnvVars: []string{"PINNEDD_BOOTSTRAP"}},
 			&cli.StringFlag{Name: "join", Usage: "join the cluster through the member at `URL` (any member; repeated harmlessly on restart)", EnvVars: []string{"PINNEDD_JOIN"}},
+			&cli.StringFlag{Name: "raft-log-store", Usage: "Raft log format for a new data dir: wal (one fsync per batch) or bolt; an existing data dir keeps its own", EnvVars: []string{"PINNEDD_RAFT_LOG_STORE"}},
 			&cli.IntFlag{Name: "max-voters", Value: 3, Usage: "Raft voters (3 or 5); members joining beyond it are nonvoters", EnvVars: []string{"PINNEDD_MAX_VOTERS"}},
 			&cli.DurationFlag{Name: "raft-timeout", Usage: "Raft heartbeat and election timeout (default: hashicorp/raft's 1s)", EnvVars: []string{"PINNEDD_RAFT_TIMEOUT"}, Hidden: true},
 			&cli.StringSliceFlag{Name: "plugin", Usage: "serve `/NS=PATH`: namespace NS from the plugin binary at PATH (repeatable)", EnvVars: []string{"PINNEDD_PLUGINS"}},
@@ -81,6 +82,7 @@ type agentConfig struct {
 	bootstrap       bool
 	join            string
 	maxVoters       int
+	raftLogStore    string
 	raftTimeout     time.Duration
 	nodeID          string
 	httpAddr        string
@@ -109,6 +111,7 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 		bootstrap:       c.Bool("bootstrap"),
 		join:            c.String("join"),
 		maxVoters:       c.Int("max-voters"),
+		raftLogStore:    c.String("raft-log-store"),
 		raftTimeout:     c.Duration("raft-timeout"),
 		nodeID:          c.String("node-id"),
 		httpAddr:        c.String("http-addr"),

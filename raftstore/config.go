@@ -25,8 +25,16 @@ type Config struct {
 	// APIAddr is this node's HTTP base URL (e.g. "http://10.0.0.5:8080"). It is replicated as
 	// member metadata so followers can forward to the leader. Required.
 	APIAddr string
-	// DataDir holds raft/raft.db (log and stable store) and raft/snapshots. Required.
+	// DataDir holds raft/ (the log and stable store, snapshots and a LOCK file held while
+	// open). Required.
 	DataDir string
+	// LogStore is the log store's format: LogStoreWAL or LogStoreBolt. Empty means the format
+	// the data dir already holds, else LogStoreWAL.
+	LogStore string
+	// WALSegmentSize is the size of one WAL segment file (preallocated); default 64 MiB. The
+	// log is compacted a whole segment at a time, so a smaller size keeps less behind a
+	// snapshot.
+	WALSegmentSize int
 	// Bootstrap bootstraps a new single-voter cluster if, and only if, DataDir holds no Raft
 	// state. With existing state it is a no-op, so the same command line can be restarted.
 	Bootstrap bool

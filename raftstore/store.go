@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	"go.etcd.io/bbolt"
 )
 
 // Member is one server of the Raft configuration as this node sees it.
@@ -40,7 +38,8 @@ type Store struct {
 	log       *slog.Logger
 	raft      *raft.Raft
 	fsm       *fsm
-	bolt      *raftboltdb.BoltStore
+	logs      logStore
+	lock      *os.File
 	trans     *raft.NetworkTransport
 	advertise string
 	existing  bool
@@ -122,17 +121,19 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("raftstore: creating %s: %w", dir, err)
 	}
-	s.bolt, err = raftboltdb.New(raftboltdb.Options{
-		Path: filepath.Join(dir, "raft.db"),
-		// The file lock is what proves a data dir has one process: a
-		// second pinnedd on it fails after a second instead of hanging.
-		BoltOptions: &bbolt.Options{Timeout: time.Second},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("raftstore: opening log store: %w", err)
+	if s.lock, err = lockDir(dir); err != nil {
+		return nil, err
 	}
-	cleanups = append(cleanups, func() { _ = s.bolt.Close() })
-	logs, err := raft.NewLogCache(512, s.bolt)
+	cleanups = append(cleanups, func() { _ = s.lock.Close() })
+	format, err := chooseLogStore(dir, cfg.LogStore)
+	if err != nil {
+		return nil, err
+	}
+	if s.logs, err = openLogStore(dir, format, cfg.WALSegmentSize, hlog.Named("logstore")); err != nil {
+		return nil, err
+	}
+	cleanups = append(cleanups, func() { _ = s.logs.Close() })
+	logs, err := raft.NewLogCache(512, s.logs)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: log cache: %w", err)
 	}
@@ -163,7 +164,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	cleanups = append(cleanups, func() { _ = s.trans.Close() })
 	s.advertise = string(s.trans.LocalAddr())
 
-	s.existing, err = raft.HasExistingState(logs, s.bolt, snaps)
+	s.existing, err = raft.HasExistingState(logs, s.logs, snaps)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: checking existing state: %w", err)
 	}
@@ -185,7 +186,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	rc.NoLegacyTelemetry = true
 
 	s.fsm = newFSM(sm, s.metaChanged)
-	s.raft, err = raft.NewRaft(rc, s.fsm, logs, s.bolt, snaps, s.trans)
+	s.raft, err = raft.NewRaft(rc, s.fsm, logs, s.logs, snaps, s.trans)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: starting raft: %w", err)
 	}
@@ -219,7 +220,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	go s.observeLoop()
 	go s.registerLoop()
 	s.nudgeRegistrar()
-	s.log.Info("raft started", "raft_addr", s.advertise, "api_addr", cfg.APIAddr, "existing_state", s.existing)
+	s.log.Info("raft started", "raft_addr", s.advertise, "api_addr", cfg.APIAddr, "existing_state", s.existing, "log_store", format)
 	return s, nil
 }
 
@@ -469,9 +470,10 @@ func (s *Store) shutdown(ctx context.Context, graceful bool) error {
 			err = terr
 		}
 		s.wg.Wait()
-		if cerr := s.bolt.Close(); cerr != nil && err == nil {
+		if cerr := s.logs.Close(); cerr != nil && err == nil {
 			err = cerr
 		}
+		_ = s.lock.Close() // releases the data dir for the next process
 		if s.ownClient {
 			s.client.CloseIdleConnections()
 		}

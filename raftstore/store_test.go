@@ -315,28 +315,40 @@ func TestSnapshotRestoreOnRestart(t *testing.T) {
 }
 
 func TestSnapshotInstallOnJoin(t *testing.T) {
-	small := func(c *Config) { c.TrailingLogs = 5; c.SnapshotThreshold = 10 }
-	nodes := newCluster(t, 1, small)
-	n1 := nodes[0]
-	var want []string
-	for i := range 30 {
-		cmd := fmt.Sprintf("x%d", i)
-		mustApply(t, n1, cmd)
-		want = append(want, cmd)
-	}
-	if err := n1.s.raft.Snapshot().Error(); err != nil {
-		t.Fatalf("snapshot: %v", err)
-	}
-	// Log compaction keeps only TrailingLogs entries, so a new member needs the snapshot.
-	n2 := startNode(t, "n2", t.TempDir(), "", false, small)
-	join(t, n1.srv.URL, n2)
-	converged(t, []*testNode{n2}, want)
-	if n2.sm.restoreCount() == 0 {
-		t.Fatal("follower caught up without installing a snapshot")
-	}
-	waitLeader(t, n2)
-	if got := mustApply(t, n2, "y"); got != "31" {
-		t.Fatalf("apply via follower after snapshot install returned %q", got)
+	// The WAL compacts whole segments: small ones, and entries that fill a
+	// few, so the compacted prefix is really gone.
+	for _, format := range []string{LogStoreWAL, LogStoreBolt} {
+		t.Run(format, func(t *testing.T) {
+			small := func(c *Config) {
+				c.TrailingLogs = 5
+				c.SnapshotThreshold = 10
+				c.LogStore = format
+				c.WALSegmentSize = 16 << 10
+			}
+			nodes := newCluster(t, 1, small)
+			n1 := nodes[0]
+			var want []string
+			for i := range 30 {
+				cmd := fmt.Sprintf("x%d-%s", i, strings.Repeat("p", 2000))
+				mustApply(t, n1, cmd)
+				want = append(want, cmd)
+			}
+			if err := n1.s.raft.Snapshot().Error(); err != nil {
+				t.Fatalf("snapshot: %v", err)
+			}
+			// Log compaction keeps only TrailingLogs entries (the WAL: the
+			// segments holding them), so a new member needs the snapshot.
+			n2 := startNode(t, "n2", t.TempDir(), "", false, small)
+			join(t, n1.srv.URL, n2)
+			converged(t, []*testNode{n2}, want)
+			if n2.sm.restoreCount() == 0 {
+				t.Fatal("follower caught up without installing a snapshot")
+			}
+			waitLeader(t, n2)
+			if got := mustApply(t, n2, "y"); got != "31" {
+				t.Fatalf("apply via follower after snapshot install returned %q", got)
+			}
+		})
 	}
 }
 
