@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/pinnedd/pinnedd/internal/httpx"
 )
 
 // Member is one server of the Raft configuration as this node sees it.
@@ -44,7 +46,8 @@ type Store struct {
 	advertise string
 	existing  bool
 	client    *http.Client
-	ownClient bool
+	// closeClient closes the connections of a client Open made itself.
+	closeClient func()
 
 	notifyCh chan bool
 	obsCh    chan raft.Observation
@@ -111,9 +114,18 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		// registrations); the default 2 idle connections per host would
 		// make every extra one dial and close.
 		tr.MaxIdleConnsPerHost = 64
-		s.client = &http.Client{Transport: tr}
-		s.ownClient = true
-		cleanups = append(cleanups, s.client.CloseIdleConnections)
+		// Forwarded applies are small and on the claim path: written and
+		// read on the caller's goroutine, without net/http's per-connection
+		// goroutine hand-offs (large bodies and https go to tr).
+		dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+		sync := &httpx.SyncTransport{
+			Dial:           func(ctx context.Context, addr string) (net.Conn, error) { return dialer.DialContext(ctx, "tcp", addr) },
+			Fallback:       tr,
+			MaxIdlePerHost: 64,
+		}
+		s.client = &http.Client{Transport: sync}
+		s.closeClient = func() { sync.Close(); tr.CloseIdleConnections() }
+		cleanups = append(cleanups, s.closeClient)
 	}
 	hlog := newHCLogAdapter(s.log)
 
@@ -474,8 +486,8 @@ func (s *Store) shutdown(ctx context.Context, graceful bool) error {
 			err = cerr
 		}
 		_ = s.lock.Close() // releases the data dir for the next process
-		if s.ownClient {
-			s.client.CloseIdleConnections()
+		if s.closeClient != nil {
+			s.closeClient()
 		}
 		if err != nil {
 			s.closeErr = fmt.Errorf("raftstore: shutdown: %w", err)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -24,7 +25,8 @@ const syncBodyLimit = 64 << 10
 // wake-up, and dropping them takes a large share off a proxy hop (see
 // BenchmarkDataPlane in package supervisor), and two goroutines off every
 // held stream. Upgrades and streamed or large uploads go to Fallback,
-// which writes and reads concurrently.
+// which writes and reads concurrently, and so does anything but plain http
+// (TLS is Fallback's).
 type SyncTransport struct {
 	// Dial opens a connection to addr (the request's URL host).
 	Dial     func(ctx context.Context, addr string) (net.Conn, error)
@@ -54,7 +56,7 @@ const ioBuf = 4 << 10
 
 // RoundTrip implements http.RoundTripper.
 func (t *SyncTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.Header.Get("Upgrade") != "" || !(req.Body == nil || req.Body == http.NoBody ||
+	if req.URL.Scheme != "http" || req.Header.Get("Upgrade") != "" || !(req.Body == nil || req.Body == http.NoBody ||
 		(req.ContentLength > 0 && req.ContentLength <= syncBodyLimit)) {
 		return t.Fallback.RoundTrip(req)
 	}
@@ -166,11 +168,15 @@ func (t *SyncTransport) get(ctx context.Context, addr string) (*pconn, bool, err
 		t.mu.Unlock()
 		return nil, false, net.ErrClosed
 	}
-	if idle := t.idle[addr]; len(idle) > 0 {
+	for idle := t.idle[addr]; len(idle) > 0; idle = t.idle[addr] {
 		pc := idle[len(idle)-1]
 		t.idle[addr] = idle[:len(idle)-1]
 		t.mu.Unlock()
-		return pc, true, nil
+		if pc.br.Buffered() == 0 && alive(pc.c) {
+			return pc, true, nil
+		}
+		pc.c.Close()
+		t.mu.Lock()
 	}
 	t.mu.Unlock()
 	c, err := t.Dial(ctx, addr)
@@ -178,6 +184,30 @@ func (t *SyncTransport) get(ctx context.Context, addr string) (*pconn, bool, err
 		return nil, false, err
 	}
 	return &pconn{addr: addr, c: c, br: bufio.NewReaderSize(c, ioBuf)}, false, nil
+}
+
+// alive reports whether an idle connection is still open and quiet: the
+// peer closed it (a restart, an idle timeout) if a non-blocking peek sees
+// EOF, and it is out of step if it sees bytes. Checking costs one syscall
+// and spares a request with a body from being written into a dead
+// connection, where its outcome could not be told.
+func alive(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	ok = false
+	var b [1]byte
+	cerr := rc.Read(func(fd uintptr) bool {
+		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		ok = err == syscall.EAGAIN || err == syscall.EWOULDBLOCK
+		return true // never wait for readiness
+	})
+	return cerr == nil && ok
 }
 
 func (t *SyncTransport) put(pc *pconn) {

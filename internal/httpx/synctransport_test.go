@@ -1,0 +1,81 @@
+package httpx
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func newSync(t *testing.T) *SyncTransport {
+	d := &net.Dialer{Timeout: time.Second}
+	tr := &SyncTransport{
+		Dial:     func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) },
+		Fallback: http.DefaultTransport,
+	}
+	t.Cleanup(tr.Close)
+	return tr
+}
+
+func post(t *testing.T, c *http.Client, url string) string {
+	t.Helper()
+	resp, err := c.Post(url, "text/plain", strings.NewReader("body"))
+	if err != nil {
+		t.Fatalf("POST: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	return string(b)
+}
+
+// A pooled connection the server closed while idle (a restart, an idle
+// timeout) is noticed before a request with a body is written into it:
+// the POST goes out on a new connection instead of failing.
+func TestSyncTransportSkipsConnectionsClosedWhileIdle(t *testing.T) {
+	var conns atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		io.WriteString(w, "got "+string(b))
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	c := &http.Client{Transport: newSync(t)}
+
+	if got := post(t, c, srv.URL); got != "got body" {
+		t.Fatalf("first POST: %q", got)
+	}
+	if got := post(t, c, srv.URL); got != "got body" || conns.Load() != 1 {
+		t.Fatalf("second POST: %q on %d connections, want the pooled one", got, conns.Load())
+	}
+	srv.CloseClientConnections() // the server drops the idle connection
+	if got := post(t, c, srv.URL); got != "got body" {
+		t.Fatalf("POST after the server closed the idle connection: %q", got)
+	}
+	if conns.Load() != 2 {
+		t.Fatalf("%d connections, want 2", conns.Load())
+	}
+}
+
+// Anything but plain http goes to the fallback (TLS is its job).
+func TestSyncTransportHTTPSUsesFallback(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "tls") }))
+	defer srv.Close()
+	tr := newSync(t)
+	tr.Fallback = srv.Client().Transport
+	if got := post(t, &http.Client{Transport: tr}, srv.URL); got != "tls" {
+		t.Fatalf("https through SyncTransport: %q", got)
+	}
+}
