@@ -209,7 +209,7 @@ func (m *Machine) applyClaim(c Claim) Result {
 	if why := m.eligible(w, c.Key.Namespace, c.Now); why != "" {
 		return Result{Code: CodeIneligible, Reason: why}
 	}
-	if _, again := m.grantedNow[c.Key]; again {
+	if _, removed := m.removedNow[c.Key]; removed || placed && p.Generation > m.entryGen {
 		return Result{Code: CodeConflict, Reason: "key already granted in this entry"}
 	}
 	if placed {
@@ -229,10 +229,6 @@ func (m *Machine) applyClaim(c Claim) Result {
 		Generation:   m.nextGeneration(c.Now),
 		PlacedAt:     c.Now,
 	}
-	if m.grantedNow == nil {
-		m.grantedNow = make(map[Key]struct{})
-	}
-	m.grantedNow[c.Key] = struct{}{}
 	m.st.placements[c.Key] = np
 	keys := m.st.owned[w.ClientID]
 	if keys == nil {
@@ -329,6 +325,12 @@ func (m *Machine) dropPlacementsOf(clientID string) int {
 // removePlacement is the only way a placement leaves the directory, so the
 // owner index stays right.
 func (m *Machine) removePlacement(p Placement) {
+	if p.Generation > m.entryGen {
+		if m.removedNow == nil {
+			m.removedNow = make(map[Key]struct{})
+		}
+		m.removedNow[p.Key] = struct{}{}
+	}
 	delete(m.st.placements, p.Key)
 	if keys := m.st.owned[p.Owner]; keys != nil {
 		delete(keys, p.Key)

@@ -15,10 +15,13 @@ type Machine struct {
 
 	// Scratch of the entry being applied, guarded by mu's write side.
 	index uint64
-	// grantedNow holds keys granted within the current entry: a key is
-	// granted at most once per entry (a second claim answers CodeConflict),
-	// so one batch cannot flip an id between workers.
-	grantedNow map[Key]struct{}
+	// A key is granted at most once per entry (a second claim answers
+	// CodeConflict), so one batch cannot flip an id between workers.
+	// Generations only grow, so a placement newer than entryGen (the last
+	// generation before this entry) was granted in it; removedNow keeps
+	// the few such placements the entry also removed.
+	entryGen   uint64
+	removedNow map[Key]struct{}
 }
 
 type state struct {
@@ -80,9 +83,10 @@ func (m *Machine) applyLocked(index uint64, c Command, decodeErr error) Result {
 		return Result{Code: CodeError, Reason: "nil command"}
 	}
 	m.index = index
+	m.entryGen = m.st.lastGen
 	r := m.exec(c, false)
-	if len(m.grantedNow) != 0 {
-		clear(m.grantedNow)
+	if len(m.removedNow) != 0 {
+		clear(m.removedNow)
 	}
 	return r
 }

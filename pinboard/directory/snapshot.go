@@ -162,7 +162,7 @@ func (m *Machine) Restore(r io.Reader) error {
 	m.mu.Lock()
 	m.st = st
 	m.index = 0
-	clear(m.grantedNow)
+	clear(m.removedNow)
 	m.mu.Unlock()
 	return nil
 }
