@@ -337,6 +337,16 @@ func TestBatchGrantsKeyOnce(t *testing.T) {
 	if r := n.apply(claim("y", "a", t0+2)); r.Code != CodeGranted {
 		t.Fatalf("claim in the next entry: %+v", r)
 	}
+	// Stamped past a's lease, a later claim in the same entry still finds
+	// w granted in it: the id does not flip from a to b within one entry.
+	n.apply(Heartbeat{ClientID: "b", SessionID: "sb", Now: t0 + 10_000, TTLMs: ttl, ProbeOK: true})
+	lapse := Batch{Commands: []Command{
+		claim("w", "a", t0+3),
+		claim("w", "b", t0+ttl+5),
+	}}
+	if r := n.apply(lapse); r.Results[0].Code != CodeGranted || r.Results[1].Code != CodeConflict {
+		t.Fatalf("claim of an id granted earlier in the entry to a lapsed holder: %+v", r.Results)
+	}
 	// Batches do not nest: the encoded entry is refused whole, a nested
 	// batch handed to ApplyCommand fails alone.
 	nested := Batch{Commands: []Command{claim("z", "a", t0+3), Batch{}}}
