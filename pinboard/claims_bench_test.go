@@ -93,7 +93,7 @@ var benchKey atomic.Int64
 func BenchmarkClaims3Nodes(b *testing.B) {
 	nodes := startBenchCluster(b, 3)
 	for _, mode := range []string{"unbatched", "batched"} {
-		for _, writers := range []int{1, 64, 512} {
+		for _, writers := range []int{1, 64, 512, 2048} {
 			b.Run(fmt.Sprintf("%s/writers=%d", mode, writers), func(b *testing.B) {
 				runClaims(b, nodes, writers, mode == "batched")
 			})
