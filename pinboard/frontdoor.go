@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
 )
@@ -159,11 +160,13 @@ type FrontDoor struct {
 	proxy    *httputil.ReverseProxy
 	client   *http.Client // node-to-node calls of the front door's own (stats)
 	bufs     httpx.BufferPool
+	relay    *relay.Loop // held forwarded streams, out of net/http
 	verifier Verifier
 
 	resolutions     *prometheus.CounterVec
 	forwardFailures *prometheus.CounterVec
 	attestFailures  *prometheus.CounterVec
+	relayEnds       *prometheus.CounterVec
 }
 
 // NewFrontDoor builds the handler.
@@ -174,7 +177,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 	if cfg.Tokens == nil {
 		cfg.Tokens = NewTokens()
 	}
-	f := &FrontDoor{cfg: cfg, mux: http.NewServeMux(), verifier: Verifier{Window: cfg.AttestationWindow}}
+	f := &FrontDoor{cfg: cfg, mux: http.NewServeMux(), verifier: Verifier{Window: cfg.AttestationWindow}, relay: relay.New(cfg.Logger)}
 	var tr http.RoundTripper = cfg.Transport
 	if tr == nil {
 		std := &http.Transport{
@@ -209,8 +212,15 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		Name: "pinned_attestation_failures_total",
 		Help: "Owner-side requests refused for their attestation, by reason.",
 	}, []string{"reason"})
+	f.relayEnds = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pinboard_relayed_streams_ended_total",
+		Help: "Held forwarded streams the relay loop carried, by how they ended.",
+	}, []string{"reason"})
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(f.resolutions, f.forwardFailures, f.attestFailures)
+		cfg.Registerer.MustRegister(f.resolutions, f.forwardFailures, f.attestFailures, f.relayEnds)
+		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "pinboard_relayed_streams", Help: "Held forwarded streams the relay loop carries now.",
+		}, func() float64 { return float64(f.relay.Len()) }))
 		if cfg.Worker != nil {
 			cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name: "pinned_lease_healthy", Help: "1 while this worker's lease is healthy.",
@@ -249,6 +259,10 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 
 // Handle mounts h on the front door's mux (registry, raft, ...).
 func (f *FrontDoor) Handle(pattern string, h http.Handler) { f.mux.Handle(pattern, h) }
+
+// Close ends the held streams this front door relays and stops the relay
+// loop. http.Server's Shutdown does not see them: they left net/http.
+func (f *FrontDoor) Close() error { return f.relay.Close() }
 
 // SetStopping makes new instance requests answer 503 + Retry-After.
 func (f *FrontDoor) SetStopping() { f.stopping.Store(true) }

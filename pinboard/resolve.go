@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
 )
@@ -260,6 +261,7 @@ type fwdCtxKey struct{}
 
 type fwdInfo struct {
 	rt    *route
+	w     http.ResponseWriter
 	orig  *http.Request
 	p     directory.Placement
 	owner directory.Worker
@@ -284,7 +286,7 @@ func (f *FrontDoor) forward(w http.ResponseWriter, r *http.Request, rt *route, p
 	}
 	att := Sign(secret, Attestation{Target: owner.ClientID, Caller: f.selfID(), Generation: p.Generation, At: time.Now()}, r.Method, signed)
 
-	ctx := context.WithValue(r.Context(), fwdCtxKey{}, &fwdInfo{rt: rt, orig: r, p: p, owner: owner})
+	ctx := context.WithValue(r.Context(), fwdCtxKey{}, &fwdInfo{rt: rt, w: w, orig: r, p: p, owner: owner})
 	out := rt.withBody(r).Clone(ctx)
 	out.URL = &url.URL{Scheme: base.Scheme, Host: base.Host, Path: strings.TrimSuffix(base.Path, "/") + path, RawQuery: r.URL.RawQuery}
 	if unescaped, err := url.PathUnescape(out.URL.Path); err == nil && unescaped != out.URL.Path {
@@ -297,6 +299,7 @@ func (f *FrontDoor) forward(w http.ResponseWriter, r *http.Request, rt *route, p
 
 // newProxy builds the node-to-node proxy: streams flush through, Upgrade
 // requests pass as raw connections, a client going away cancels upstream.
+// Held streams leave it for the relay loop (handOff).
 func (f *FrontDoor) newProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Transport:  tr,
@@ -315,10 +318,76 @@ func (f *FrontDoor) newProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 				resp.StatusCode == http.StatusMisdirectedRequest && m == plugins.RefusalNotOwner:
 				return &refusedError{marker: m, resp: resp}
 			}
+			if info, _ := resp.Request.Context().Value(fwdCtxKey{}).(*fwdInfo); info != nil && f.handOff(info, resp) {
+				return errHandedOff
+			}
 			return nil
 		},
 		ErrorHandler: f.forwardFailed,
 	}
+}
+
+// errHandedOff: the response went to the relay loop; the proxy is done.
+var errHandedOff = errors.New("response handed to the relay loop")
+
+// heldStream reports whether resp, answering in, may stay open for as long
+// as its client likes (server-sent events, a long poll: a body of unknown
+// length) and the relay loop can carry it: HTTP/1.1 both ways, in plain
+// text. 101 responses never get here (ReverseProxy passes Upgrades through
+// as they are), nor do bodies of known length.
+func heldStream(in *http.Request, resp *http.Response) bool {
+	return relay.Supported && in.ProtoMajor == 1 && in.ProtoMinor == 1 && in.TLS == nil && in.Method != http.MethodHead &&
+		resp.ProtoAtLeast(1, 1) && resp.ContentLength < 0 &&
+		resp.StatusCode >= 200 && resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusNotModified
+}
+
+// handOff takes a held stream out of net/http and gives it to the relay
+// loop, and reports whether it did (the client connection is then gone
+// from net/http, and the proxy must not touch w). net/http would keep two
+// goroutines per held connection, about 18 KB of stacks; the loop keeps two
+// descriptors and a small record. A chunked body that already ended in
+// the bytes read with its head is no held stream: the proxy copies it and
+// both connections stay alive.
+func (f *FrontDoor) handOff(info *fwdInfo, resp *http.Response) bool {
+	if !heldStream(info.orig, resp) {
+		return false
+	}
+	chunked := relay.Chunked(resp)
+	if raw, ok := httpx.RawBody(resp); !ok || chunked && relay.Ends(raw) {
+		return false
+	}
+	conn, _, err := http.NewResponseController(info.w).Hijack()
+	if err != nil {
+		return false
+	}
+	// What ReverseProxy would send: the front door's header and the
+	// owner's, hop-by-hop fields already stripped.
+	header := info.w.Header().Clone()
+	for k, vs := range resp.Header {
+		for _, v := range vs {
+			header.Add(k, v)
+		}
+	}
+	up, body, err := httpx.Detach(resp)
+	if err != nil {
+		// The client left while the head arrived.
+		_ = conn.Close()
+		f.forwardFailures.WithLabelValues("canceled").Inc()
+		return true
+	}
+	if err := f.relay.Add(relay.Stream{
+		Client: conn, Upstream: up, Head: relay.Head(resp, header), Body: body, Chunked: chunked,
+		Done: f.relayEnded,
+	}); err != nil {
+		f.relayEnds.WithLabelValues("refused").Inc()
+		f.cfg.Logger.Debug("relay refused a held stream; closed it", "key", info.p.Key.String(), "err", err)
+	}
+	return true
+}
+
+// relayEnded counts a relayed stream's end (on the relay loop's goroutine).
+func (f *FrontDoor) relayEnded(r relay.Reason) {
+	f.relayEnds.WithLabelValues(r.String()).Inc()
 }
 
 // forwardFailed handles an owner that could not be reached or refused:
@@ -327,6 +396,9 @@ func (f *FrontDoor) newProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 // through the leader; an unreachable owner is a 503 + Retry-After until its
 // lease lapses and the id can move.
 func (f *FrontDoor) forwardFailed(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, errHandedOff) {
+		return
+	}
 	info, _ := r.Context().Value(fwdCtxKey{}).(*fwdInfo)
 	if info == nil {
 		httpx.WriteError(w, http.StatusBadGateway, "forwarding failed", 0)

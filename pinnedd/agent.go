@@ -301,6 +301,8 @@ loop:
 	if err := srv.Shutdown(sctx); err != nil {
 		_ = srv.Close()
 	}
+	// Relayed streams left net/http: Shutdown neither waited for nor ended them.
+	_ = fd.Close()
 	log.Info("stopped")
 	return runErr
 }

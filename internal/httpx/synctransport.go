@@ -2,6 +2,7 @@ package httpx
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -136,9 +137,11 @@ type pooledBody struct {
 	keep bool
 	eof  bool
 	done bool
+	read bool // the body has been read from: the wire bytes are no longer whole
 }
 
 func (b *pooledBody) Read(p []byte) (int, error) {
+	b.read = true
 	n, err := b.rc.Read(p)
 	if err == io.EOF {
 		b.eof = true
@@ -160,6 +163,44 @@ func (b *pooledBody) Close() error {
 	}
 	b.t.put(b.pc)
 	return nil
+}
+
+// ErrNotDetachable: the response's body is not an untouched SyncTransport
+// body, or its request was cancelled.
+var ErrNotDetachable = errors.New("response body cannot be detached")
+
+// RawBody returns the body bytes of resp (a SyncTransport response whose
+// body nobody has read yet) that arrived with its head: as they were on
+// the wire, chunk framing included. The slice is only valid until the body
+// is read, closed or detached.
+func RawBody(resp *http.Response) ([]byte, bool) {
+	b, ok := resp.Body.(*pooledBody)
+	if !ok || b.done || b.read {
+		return nil, false
+	}
+	raw, _ := b.pc.br.Peek(b.pc.br.Buffered())
+	return raw, true
+}
+
+// Detach takes the connection resp's body would be read from out of the
+// transport, for a caller that relays the body's bytes itself: it returns
+// the connection (now the caller's, never pooled) and a copy of the raw
+// body bytes already read from it (see RawBody). resp.Body becomes inert:
+// closing it does nothing. The request's cancellation no longer touches the
+// connection.
+func Detach(resp *http.Response) (net.Conn, []byte, error) {
+	b, ok := resp.Body.(*pooledBody)
+	if !ok || b.done || b.read {
+		return nil, nil, ErrNotDetachable
+	}
+	b.done = true
+	if !b.stop() {
+		// Cancelled already: the connection's deadline is poisoned.
+		b.pc.c.Close()
+		return nil, nil, ErrNotDetachable
+	}
+	raw, _ := b.pc.br.Peek(b.pc.br.Buffered())
+	return b.pc.c, bytes.Clone(raw), nil
 }
 
 func (t *SyncTransport) get(ctx context.Context, addr string) (*pconn, bool, error) {

@@ -79,3 +79,50 @@ func TestSyncTransportHTTPSUsesFallback(t *testing.T) {
 		t.Fatalf("https through SyncTransport: %q", got)
 	}
 }
+
+// Detach hands over the connection a streamed response arrives on, with
+// the raw body bytes already read from it; the transport forgets it.
+func TestSyncTransportDetach(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "first")
+		_ = http.NewResponseController(w).Flush()
+		<-r.Context().Done()
+	}))
+	defer srv.Close()
+	tr := newSync(t)
+	req, _ := http.NewRequest("GET", srv.URL, nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, raw, err := Detach(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// Head and first chunk may come in separate reads: read the rest raw.
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for !strings.Contains(string(raw), "5\r\nfirst\r\n") {
+		buf := make([]byte, 64)
+		n, err := conn.Read(buf)
+		if err != nil {
+			t.Fatalf("raw body %q: %v", raw, err)
+		}
+		raw = append(raw, buf[:n]...)
+	}
+	if err := resp.Body.Close(); err != nil {
+		t.Fatalf("closing a detached body: %v", err)
+	}
+	if _, _, err := Detach(resp); err == nil {
+		t.Fatal("detached twice")
+	}
+	if _, ok := RawBody(resp); ok {
+		t.Fatal("RawBody of a detached response")
+	}
+	tr.mu.Lock()
+	pooled := len(tr.idle)
+	tr.mu.Unlock()
+	if pooled != 0 {
+		t.Fatal("a detached connection went back to the pool")
+	}
+}

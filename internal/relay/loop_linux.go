@@ -1,0 +1,413 @@
+//go:build linux
+
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Supported reports whether this platform has a relay loop.
+const Supported = true
+
+// Tuning of the loop.
+const (
+	// readBuf is the loop's one read buffer, shared by every stream: a
+	// stream keeps bytes of its own only while its client is slow.
+	readBuf = 32 << 10
+	// turnReads bounds the reads one stream gets per turn of the loop, so
+	// a fast stream cannot starve the others.
+	turnReads = 8
+	maxEvents = 128
+)
+
+// Sides of a stream, in an epoll event's data (with the stream's id).
+const (
+	sideClient   = 0
+	sideUpstream = 1
+	sideWake     = 2
+)
+
+// Loop relays held streams. The zero value is not usable; call New. It
+// holds no goroutine or descriptor until the first Add, and none after
+// Close.
+type Loop struct {
+	log *slog.Logger
+
+	mu      sync.Mutex // guards everything below, and every stream's state
+	started bool
+	closed  bool
+	epfd    int
+	wakefd  int
+	nextID  uint32
+	streams map[uint32]*stream
+	done    chan struct{}
+
+	live atomic.Int64
+}
+
+type stream struct {
+	id      uint32
+	cfd     int // client
+	ufd     int // upstream
+	pending []byte
+	chunked bool
+	sc      chunkScanner
+	upReady bool // the upstream may have bytes: not yet read to EAGAIN
+	ending  bool // the body is complete: close once pending is out
+	queued  bool
+	closed  bool
+	done    func(Reason)
+}
+
+// New returns a loop; logger may be nil.
+func New(logger *slog.Logger) *Loop {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Loop{log: logger, streams: map[uint32]*stream{}, epfd: -1, wakefd: -1}
+}
+
+// Len is the number of streams being relayed.
+func (l *Loop) Len() int { return int(l.live.Load()) }
+
+// Add hands a stream to the loop. It takes both connections whatever it
+// returns: on success they belong to the loop (their net.Conns are closed,
+// the loop holds duplicates of their descriptors, out of Go's poller); on
+// error they are closed and Done is not called.
+func (l *Loop) Add(s Stream) error {
+	cfd, err := takeFD(s.Client)
+	if err != nil {
+		_ = s.Upstream.Close()
+		return fmt.Errorf("client connection: %w", err)
+	}
+	ufd, err := takeFD(s.Upstream)
+	if err != nil {
+		_ = unix.Close(cfd)
+		return fmt.Errorf("upstream connection: %w", err)
+	}
+	st := &stream{cfd: cfd, ufd: ufd, chunked: s.Chunked, done: s.Done}
+	body := s.Body
+	if st.chunked {
+		end, err := st.sc.scan(body)
+		if err != nil {
+			_, _ = unix.Close(cfd), unix.Close(ufd)
+			return fmt.Errorf("upstream body: %w", err)
+		}
+		if end >= 0 {
+			body, st.ending = body[:end], true
+		}
+	}
+	// The head and the bytes already read go out first, from the loop,
+	// when the client's socket reports writable.
+	st.pending = append(append(make([]byte, 0, len(s.Head)+len(body)), s.Head...), body...)
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.startLocked(); err != nil {
+		_, _ = unix.Close(cfd), unix.Close(ufd)
+		return err
+	}
+	l.nextID++
+	if l.nextID == 0 { // 0 names the wake-up descriptor
+		l.nextID++
+	}
+	st.id = l.nextID
+	// Edge-triggered: the loop reads and writes until EAGAIN and remembers
+	// what it could not finish, so no registration changes per stream.
+	if err := l.ctl(unix.EPOLL_CTL_ADD, cfd, unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET, st.id, sideClient); err != nil {
+		_, _ = unix.Close(cfd), unix.Close(ufd)
+		return fmt.Errorf("epoll add client: %w", err)
+	}
+	if err := l.ctl(unix.EPOLL_CTL_ADD, ufd, unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLET, st.id, sideUpstream); err != nil {
+		_ = l.ctl(unix.EPOLL_CTL_DEL, cfd, 0, 0, 0)
+		_, _ = unix.Close(cfd), unix.Close(ufd)
+		return fmt.Errorf("epoll add upstream: %w", err)
+	}
+	l.streams[st.id] = st
+	l.live.Add(1)
+	return nil
+}
+
+// takeFD duplicates c's descriptor and closes c: Go's poller lets go of
+// its descriptor (deregistering it), and the duplicate keeps the socket,
+// still non-blocking, open for the loop.
+func takeFD(c net.Conn) (int, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		_ = c.Close()
+		return -1, ErrNotSocket
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		_ = c.Close()
+		return -1, err
+	}
+	fd, derr := -1, error(nil)
+	if err := raw.Control(func(s uintptr) { fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		_ = c.Close()
+		return -1, err
+	}
+	_ = c.Close()
+	if derr != nil {
+		return -1, fmt.Errorf("dup: %w", derr)
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		_ = unix.Close(fd)
+		return -1, fmt.Errorf("nonblock: %w", err)
+	}
+	return fd, nil
+}
+
+func (l *Loop) startLocked() error {
+	if l.closed {
+		return ErrClosed
+	}
+	if l.started {
+		return nil
+	}
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("epoll: %w", err)
+	}
+	wakefd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		_ = unix.Close(epfd)
+		return fmt.Errorf("eventfd: %w", err)
+	}
+	l.epfd, l.wakefd = epfd, wakefd
+	if err := l.ctl(unix.EPOLL_CTL_ADD, wakefd, unix.EPOLLIN, 0, sideWake); err != nil {
+		_, _ = unix.Close(epfd), unix.Close(wakefd)
+		return fmt.Errorf("epoll add wake: %w", err)
+	}
+	l.started, l.done = true, make(chan struct{})
+	go l.run(epfd)
+	return nil
+}
+
+func (l *Loop) ctl(op, fd int, events uint32, id uint32, side int32) error {
+	ev := unix.EpollEvent{Events: events, Fd: int32(id), Pad: side}
+	return unix.EpollCtl(l.epfd, op, fd, &ev)
+}
+
+// Close ends every stream (Done sees Shutdown) and stops the loop; it
+// returns once the loop's goroutine and descriptors are gone.
+func (l *Loop) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		if l.done != nil {
+			<-l.done
+		}
+		return nil
+	}
+	l.closed = true
+	if !l.started {
+		l.mu.Unlock()
+		return nil
+	}
+	one := []byte{1, 0, 0, 0, 0, 0, 0, 0}
+	_, err := unix.Write(l.wakefd, one)
+	l.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("wake relay loop: %w", err)
+	}
+	<-l.done
+	return nil
+}
+
+// run is the loop: wait for readiness, move bytes, repeat.
+func (l *Loop) run(epfd int) {
+	defer close(l.done)
+	events := make([]unix.EpollEvent, maxEvents)
+	buf := make([]byte, readBuf)
+	var runq, next []*stream
+	var ended []func()
+	for {
+		timeout := -1
+		if len(runq) > 0 {
+			timeout = 0 // streams cut off by their read budget go on
+		}
+		n, err := unix.EpollWait(epfd, events, timeout)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			l.log.Error("relay loop: epoll_wait failed; ending every stream", "err", err)
+			l.mu.Lock()
+			l.closed = true
+			l.shutdownLocked(&ended)
+			l.mu.Unlock()
+			runEnded(ended)
+			return
+		}
+		l.mu.Lock()
+		for _, ev := range events[:max(n, 0)] {
+			if ev.Pad == sideWake {
+				l.shutdownLocked(&ended)
+				l.mu.Unlock()
+				runEnded(ended)
+				return
+			}
+			s := l.streams[uint32(ev.Fd)]
+			if s == nil { // ended earlier in this batch
+				continue
+			}
+			if ev.Pad == sideClient && ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+				l.end(s, ClientGone, &ended)
+				continue
+			}
+			if ev.Pad == sideUpstream {
+				// Readable, hung up or failed: a read tells which, after
+				// whatever bytes are left.
+				s.upReady = true
+			}
+			l.pump(s, buf, &next, &ended)
+		}
+		for _, s := range runq {
+			s.queued = false
+			if !s.closed {
+				l.pump(s, buf, &next, &ended)
+			}
+		}
+		runq, next = next, runq[:0]
+		l.mu.Unlock()
+		ended = runEnded(ended)
+	}
+}
+
+// pump moves what it can of s: pending bytes to the client, then upstream
+// bytes while the client takes them all. A client that cannot keep up
+// stops the reading (its remainder waits in pending), so the upstream's
+// socket fills and TCP slows the owner down.
+func (l *Loop) pump(s *stream, buf []byte, runq *[]*stream, ended *[]func()) {
+	if len(s.pending) > 0 {
+		n, err := writeAll(s.cfd, s.pending)
+		s.pending = s.pending[n:]
+		if err != nil {
+			l.end(s, ClientGone, ended)
+			return
+		}
+		if len(s.pending) > 0 {
+			return // EPOLLOUT brings us back
+		}
+		s.pending = nil
+	}
+	if s.ending {
+		l.end(s, Complete, ended)
+		return
+	}
+	for range turnReads {
+		if !s.upReady {
+			return
+		}
+		n, err := unix.Read(s.ufd, buf)
+		switch {
+		case errors.Is(err, unix.EAGAIN):
+			s.upReady = false
+			return
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			l.end(s, UpstreamFailed, ended)
+			return
+		case n == 0:
+			if s.chunked { // EOF before the last chunk: the client must not take it as whole
+				l.end(s, UpstreamFailed, ended)
+			} else {
+				l.end(s, Complete, ended)
+			}
+			return
+		}
+		data := buf[:n]
+		if s.chunked {
+			end, err := s.sc.scan(data)
+			if err != nil {
+				l.end(s, UpstreamFailed, ended)
+				return
+			}
+			if end >= 0 {
+				data, s.ending = data[:end], true
+			}
+		}
+		w, err := writeAll(s.cfd, data)
+		if err != nil {
+			l.end(s, ClientGone, ended)
+			return
+		}
+		if w < len(data) {
+			s.pending = append([]byte(nil), data[w:]...)
+			return
+		}
+		if s.ending {
+			l.end(s, Complete, ended)
+			return
+		}
+	}
+	if s.upReady && !s.queued {
+		s.queued = true
+		*runq = append(*runq, s)
+	}
+}
+
+// writeAll writes p to the non-blocking fd until done or EAGAIN (not an
+// error: the caller keeps the rest).
+func writeAll(fd int, p []byte) (int, error) {
+	w := 0
+	for w < len(p) {
+		n, err := unix.Write(fd, p[w:])
+		if n > 0 {
+			w += n
+		}
+		switch {
+		case errors.Is(err, unix.EAGAIN):
+			return w, nil
+		case errors.Is(err, unix.EINTR):
+		case err != nil:
+			return w, err
+		}
+	}
+	return w, nil
+}
+
+// end closes both sides of s: the client sees the end of the response, the
+// upstream sees its client gone. Done runs after the lock is released.
+func (l *Loop) end(s *stream, r Reason, ended *[]func()) {
+	if s.closed {
+		return
+	}
+	s.closed = true
+	delete(l.streams, s.id)
+	l.live.Add(-1)
+	for _, fd := range []int{s.cfd, s.ufd} {
+		// Explicitly, not by close: a descriptor duplicated into a child
+		// between fork and exec would keep the registration alive.
+		_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, fd, nil)
+		_ = unix.Close(fd)
+	}
+	s.pending = nil
+	if s.done != nil {
+		done := s.done
+		*ended = append(*ended, func() { done(r) })
+	}
+}
+
+func (l *Loop) shutdownLocked(ended *[]func()) {
+	for _, s := range l.streams {
+		l.end(s, Shutdown, ended)
+	}
+	_, _ = unix.Close(l.wakefd), unix.Close(l.epfd)
+	l.epfd, l.wakefd = -1, -1
+}
+
+func runEnded(ended []func()) []func() {
+	for i, f := range ended {
+		f()
+		ended[i] = nil
+	}
+	return ended[:0]
+}
