@@ -99,17 +99,16 @@ func (m *Machine) applyRegister(c Register) Result {
 	// Placements from an earlier session of this process: the ids it still
 	// runs move to the new session with their generation (the instance and its
 	// fencing token are unchanged); the rest are released.
-	for k := range m.st.owned[c.ClientID] {
-		p := m.st.placements[k]
-		if p.OwnerSession == c.SessionID {
-			continue
+	for h := m.st.owned[c.ClientID]; h != nil; {
+		next := h.next
+		if h.OwnerSession != c.SessionID {
+			if _, ok := live[h.Key]; ok {
+				h.OwnerSession = c.SessionID
+			} else {
+				m.removePlacement(h)
+			}
 		}
-		if _, ok := live[k]; ok {
-			p.OwnerSession = c.SessionID
-			m.st.placements[k] = p
-		} else {
-			m.removePlacement(p)
-		}
+		h = next
 	}
 	r := m.renew(w, c.Now, c.TTLMs)
 	for _, k := range c.LiveIDs {
@@ -192,7 +191,11 @@ func (m *Machine) applyClaim(c Claim) Result {
 		// it waits one lease TTL from the first attempt for them to lapse.
 		m.st.coldStart = c.Now
 	}
-	p, placed := m.st.placements[c.Key]
+	h, placed := m.st.placements[c.Key]
+	var p Placement
+	if placed {
+		p = h.Placement
+	}
 	if placed && m.holderLive(p, c.Now) {
 		if w := m.st.workers[c.ClientID]; p.Owner == c.ClientID && w != nil && w.SessionID == p.OwnerSession {
 			return Result{Code: CodeExisting, Placement: p}
@@ -220,7 +223,7 @@ func (m *Machine) applyClaim(c Claim) Result {
 		if hw := m.st.workers[p.Owner]; hw != nil && hw.SessionID == p.OwnerSession && hw.ClientID != w.ClientID {
 			hw.Revoked = true
 		}
-		m.removePlacement(p)
+		m.removePlacement(h)
 	}
 	np := Placement{
 		Key:          c.Key,
@@ -229,13 +232,7 @@ func (m *Machine) applyClaim(c Claim) Result {
 		Generation:   m.nextGeneration(c.Now),
 		PlacedAt:     c.Now,
 	}
-	m.st.placements[c.Key] = np
-	keys := m.st.owned[w.ClientID]
-	if keys == nil {
-		keys = make(map[Key]struct{})
-		m.st.owned[w.ClientID] = keys
-	}
-	keys[c.Key] = struct{}{}
+	m.st.addPlacement(np)
 	// The seed's placement decrement: each new placement takes one unit of
 	// headroom until the next heartbeat reports the real figure.
 	if w.Headroom > 0 {
@@ -245,14 +242,14 @@ func (m *Machine) applyClaim(c Claim) Result {
 }
 
 func (m *Machine) applyRelease(c Release) Result {
-	p, ok := m.st.placements[c.Key]
+	h, ok := m.st.placements[c.Key]
 	if !ok {
 		return Result{Code: CodeNotFound}
 	}
-	if p.Owner != c.ClientID || p.Generation != c.Generation {
-		return Result{Code: CodeNotFound, Placement: p}
+	if h.Owner != c.ClientID || h.Generation != c.Generation {
+		return Result{Code: CodeNotFound, Placement: h.Placement}
 	}
-	m.removePlacement(p)
+	m.removePlacement(h)
 	return Result{Code: CodeOK}
 }
 
@@ -314,30 +311,25 @@ func (m *Machine) forgetWorker(clientID string) int {
 }
 
 func (m *Machine) dropPlacementsOf(clientID string) int {
-	keys := m.st.owned[clientID]
-	n := len(keys)
-	for k := range keys {
-		m.removePlacement(m.st.placements[k])
+	n := 0
+	for h := m.st.owned[clientID]; h != nil; n++ {
+		next := h.next
+		m.removePlacement(h)
+		h = next
 	}
 	return n
 }
 
 // removePlacement is the only way a placement leaves the directory, so the
-// owner index stays right.
-func (m *Machine) removePlacement(p Placement) {
-	if p.Generation > m.entryGen {
+// owner lists stay right.
+func (m *Machine) removePlacement(h *held) {
+	if h.Generation > m.entryGen {
 		if m.removedNow == nil {
 			m.removedNow = make(map[Key]struct{})
 		}
-		m.removedNow[p.Key] = struct{}{}
+		m.removedNow[h.Key] = struct{}{}
 	}
-	delete(m.st.placements, p.Key)
-	if keys := m.st.owned[p.Owner]; keys != nil {
-		delete(keys, p.Key)
-		if len(keys) == 0 {
-			delete(m.st.owned, p.Owner)
-		}
-	}
+	m.st.unlink(h)
 }
 
 // nextGeneration issues a fencing token: strictly greater than every one
