@@ -1,5 +1,7 @@
 package directory
 
+import "slices"
+
 // The appliers below run under the write lock. Map iteration appears only
 // where the outcome does not depend on its order (every element gets the same
 // treatment); anything that reaches a result follows the command's own order.
@@ -225,8 +227,12 @@ func (m *Machine) applyClaim(c Claim) Result {
 		}
 		m.removePlacement(h)
 	}
+	key := c.Key
+	if i := slices.Index(w.Namespaces, key.Namespace); i >= 0 {
+		key.Namespace = w.Namespaces[i] // one copy of each namespace string, not one per placement
+	}
 	np := Placement{
-		Key:          c.Key,
+		Key:          key,
 		Owner:        w.ClientID, // share the worker's string, not the decoded copy
 		OwnerSession: w.SessionID,
 		Generation:   m.nextGeneration(c.Now),
