@@ -356,6 +356,9 @@ func (f *FrontDoor) handOff(info *fwdInfo, resp *http.Response) bool {
 	if raw, ok := httpx.RawBody(resp); !ok || chunked && relay.Ends(raw) {
 		return false
 	}
+	// Anything the client sent after its request (nothing, from a client
+	// that waits for the response) is dropped with the hijacked reader:
+	// the connection ends with this response.
 	conn, _, err := http.NewResponseController(info.w).Hijack()
 	if err != nil {
 		return false
