@@ -98,6 +98,7 @@ func TestAnyNodeServesAnyID(t *testing.T) {
 	_ = via.a.MustDo("GET", "/misc/s1/ping", "") // place s1 somewhere
 	streamEvents(t, via.url()+"/misc/s1/sse", 3)
 	upgradeEcho(t, via.url(), "/misc/s1/upgrade")
+	gatedStream(t, nodes)
 
 	// /registry/stats on any node shows which worker holds alice.
 	var stats struct {
@@ -158,6 +159,67 @@ func streamEvents(t *testing.T, url string, n int) {
 			i++
 		}
 	}
+}
+
+// gatedStream proves that a stream read through a node that does not own
+// the id arrives event by event, and that the client leaving ends the
+// stream at the owner. The owner's host writes each event only when told
+// to, after the test has read the one before: a hop that buffered would
+// leave the read waiting, whatever the timing.
+func gatedStream(t *testing.T, nodes []*node) {
+	t.Helper()
+	const id = "gated1"
+	nodes[0].a.MustDo("GET", "/misc/"+id+"/ping", "")
+	owner := ownerOf(t, nodes, "/misc", id)
+	if owner == nil {
+		t.Fatal(id + " runs nowhere")
+	}
+	var via *node
+	for _, n := range nodes {
+		if n != owner {
+			via = n
+			break
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", via.url()+"/misc/"+id+"/gated", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("stream through %s: %v", via.id, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("stream through %s: %d %q", via.id, resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	br := bufio.NewReader(resp.Body)
+	start := time.Now()
+	var stamps []string
+	for i := range 4 {
+		if i > 0 {
+			if r := owner.a.MustDo("POST", "/misc/"+id+"/gated/next", ""); r.Code != 200 {
+				t.Fatalf("next event: %d %s", r.Code, r.Body)
+			}
+		}
+		line, err := br.ReadString('\n')
+		if err != nil || line != fmt.Sprintf("data: %d\n", i) {
+			t.Fatalf("event %d through %s: %q, %v", i, via.id, line, err)
+		}
+		if blank, err := br.ReadString('\n'); err != nil || blank != "\n" {
+			t.Fatalf("event %d's end: %q, %v", i, blank, err)
+		}
+		stamps = append(stamps, time.Since(start).Round(time.Microsecond).String())
+	}
+	t.Logf("events through %s from owner %s, each read before the next was written, at %v", via.id, owner.id, stamps)
+	if r := owner.a.MustDo("GET", "/misc/"+id+"/gated/open", ""); strings.TrimSpace(r.Body) != "1" {
+		t.Fatalf("open streams at the owner: %q, want 1", r.Body)
+	}
+	cancel()
+	resp.Body.Close()
+	eventually(t, 10*time.Second, "the owner's stream ended after the client left "+via.id, func() bool {
+		r := owner.a.MustDo("GET", "/misc/"+id+"/gated/open", "")
+		return strings.TrimSpace(r.Body) == "0"
+	})
 }
 
 func upgradeEcho(t *testing.T, base, path string) {

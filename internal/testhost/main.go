@@ -176,6 +176,39 @@ func misc(inst *sdk.Instance) http.Handler {
 			}
 		}
 	})
+	// /gated: an event stream that sends its next event only when told to
+	// (POST /gated/next), so a test can prove each event arrived before the
+	// next was written; GET /gated/open counts the streams still open here.
+	gate := make(chan struct{})
+	var open atomic.Int32
+	mux.HandleFunc("GET /gated", func(w http.ResponseWriter, r *http.Request) {
+		open.Add(1)
+		defer open.Add(-1)
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		for i := 0; ; i++ {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			if rc.Flush() != nil {
+				return
+			}
+			select {
+			case <-gate:
+			case <-r.Context().Done():
+				return
+			case <-inst.Context().Done():
+				return
+			}
+		}
+	})
+	mux.HandleFunc("POST /gated/next", func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case gate <- struct{}{}:
+			fmt.Fprint(w, "sent")
+		case <-time.After(5 * time.Second):
+			http.Error(w, "no stream waiting", http.StatusConflict)
+		}
+	})
+	mux.HandleFunc("GET /gated/open", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, open.Load()) })
 	mux.HandleFunc("/echo-body", func(w http.ResponseWriter, r *http.Request) {
 		// Streams the request body back line by line as it arrives.
 		rc := http.NewResponseController(w)
