@@ -115,9 +115,9 @@ func (l *Loop) Add(s Stream) error {
 		_, _ = unix.Close(cfd), unix.Close(ufd)
 		return err
 	}
-	l.nextID++
-	if l.nextID == 0 { // 0 names the wake-up descriptor
-		l.nextID++
+	// 0 names the wake-up descriptor; past 2^32 streams the ids wrap, and
+	// one still held (a stream open for days) is skipped.
+	for l.nextID++; l.nextID == 0 || l.streams[l.nextID] != nil; l.nextID++ {
 	}
 	st.id = l.nextID
 	// Edge-triggered: the loop reads and writes until EAGAIN and remembers
