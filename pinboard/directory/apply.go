@@ -101,16 +101,17 @@ func (m *Machine) applyRegister(c Register) Result {
 	// Placements from an earlier session of this process: the ids it still
 	// runs move to the new session with their generation (the instance and its
 	// fencing token are unchanged); the rest are released.
-	for h := m.st.owned[c.ClientID]; h != nil; {
-		next := h.next
-		if h.OwnerSession != c.SessionID {
-			if _, ok := live[h.Key]; ok {
-				h.OwnerSession = c.SessionID
-			} else {
-				m.removePlacement(h)
-			}
+	for k := range m.st.owned[c.ClientID] {
+		p := m.st.placements[k]
+		if p.OwnerSession == c.SessionID {
+			continue
 		}
-		h = next
+		if _, ok := live[k]; ok {
+			p.OwnerSession = c.SessionID
+			m.st.placements[k] = p
+		} else {
+			m.removePlacement(p)
+		}
 	}
 	r := m.renew(w, c.Now, c.TTLMs)
 	for _, k := range c.LiveIDs {
@@ -193,11 +194,7 @@ func (m *Machine) applyClaim(c Claim) Result {
 		// it waits one lease TTL from the first attempt for them to lapse.
 		m.st.coldStart = c.Now
 	}
-	h, placed := m.st.placements[c.Key]
-	var p Placement
-	if placed {
-		p = h.Placement
-	}
+	p, placed := m.st.placements[c.Key]
 	if placed && m.holderLive(p, c.Now) {
 		if w := m.st.workers[c.ClientID]; p.Owner == c.ClientID && w != nil && w.SessionID == p.OwnerSession {
 			return Result{Code: CodeExisting, Placement: p}
@@ -225,7 +222,7 @@ func (m *Machine) applyClaim(c Claim) Result {
 		if hw := m.st.workers[p.Owner]; hw != nil && hw.SessionID == p.OwnerSession && hw.ClientID != w.ClientID {
 			hw.Revoked = true
 		}
-		m.removePlacement(h)
+		m.removePlacement(p)
 	}
 	key := c.Key
 	if i := slices.Index(w.Namespaces, key.Namespace); i >= 0 {
@@ -238,7 +235,13 @@ func (m *Machine) applyClaim(c Claim) Result {
 		Generation:   m.nextGeneration(c.Now),
 		PlacedAt:     c.Now,
 	}
-	m.st.addPlacement(np)
+	m.st.placements[c.Key] = np
+	keys := m.st.owned[w.ClientID]
+	if keys == nil {
+		keys = make(map[Key]struct{})
+		m.st.owned[w.ClientID] = keys
+	}
+	keys[c.Key] = struct{}{}
 	// The seed's placement decrement: each new placement takes one unit of
 	// headroom until the next heartbeat reports the real figure.
 	if w.Headroom > 0 {
@@ -248,14 +251,14 @@ func (m *Machine) applyClaim(c Claim) Result {
 }
 
 func (m *Machine) applyRelease(c Release) Result {
-	h, ok := m.st.placements[c.Key]
+	p, ok := m.st.placements[c.Key]
 	if !ok {
 		return Result{Code: CodeNotFound}
 	}
-	if h.Owner != c.ClientID || h.Generation != c.Generation {
-		return Result{Code: CodeNotFound, Placement: h.Placement}
+	if p.Owner != c.ClientID || p.Generation != c.Generation {
+		return Result{Code: CodeNotFound, Placement: p}
 	}
-	m.removePlacement(h)
+	m.removePlacement(p)
 	return Result{Code: CodeOK}
 }
 
@@ -317,25 +320,30 @@ func (m *Machine) forgetWorker(clientID string) int {
 }
 
 func (m *Machine) dropPlacementsOf(clientID string) int {
-	n := 0
-	for h := m.st.owned[clientID]; h != nil; n++ {
-		next := h.next
-		m.removePlacement(h)
-		h = next
+	keys := m.st.owned[clientID]
+	n := len(keys)
+	for k := range keys {
+		m.removePlacement(m.st.placements[k])
 	}
 	return n
 }
 
 // removePlacement is the only way a placement leaves the directory, so the
-// owner lists stay right.
-func (m *Machine) removePlacement(h *held) {
-	if h.Generation > m.entryGen {
+// owner index stays right.
+func (m *Machine) removePlacement(p Placement) {
+	if p.Generation > m.entryGen {
 		if m.removedNow == nil {
 			m.removedNow = make(map[Key]struct{})
 		}
-		m.removedNow[h.Key] = struct{}{}
+		m.removedNow[p.Key] = struct{}{}
 	}
-	m.st.unlink(h)
+	delete(m.st.placements, p.Key)
+	if keys := m.st.owned[p.Owner]; keys != nil {
+		delete(keys, p.Key)
+		if len(keys) == 0 {
+			delete(m.st.owned, p.Owner)
+		}
+	}
 }
 
 // nextGeneration issues a fencing token: strictly greater than every one

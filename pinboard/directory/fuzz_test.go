@@ -62,16 +62,11 @@ func checkIndexes(tb testing.TB, m *Machine) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	n := 0
-	for owner, head := range m.st.owned {
-		if head.prev != nil {
-			tb.Fatalf("owner list of %s: head has a predecessor", owner)
-		}
-		for h := head; h != nil; h = h.next {
-			if p, ok := m.st.placements[h.Key]; !ok || p != h || h.Owner != owner {
-				tb.Fatalf("owner list: %s -> %v, placement %+v", owner, h.Key, p)
-			}
-			if h.next != nil && h.next.prev != h {
-				tb.Fatalf("owner list of %s: broken back link at %v", owner, h.Key)
+	for owner, keys := range m.st.owned {
+		for k := range keys {
+			p, ok := m.st.placements[k]
+			if !ok || p.Owner != owner {
+				tb.Fatalf("owner index: %s -> %v, placement %+v", owner, k, p)
 			}
 			n++
 		}

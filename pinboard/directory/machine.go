@@ -31,53 +31,17 @@ type state struct {
 	secret     []byte
 	workers    map[string]*Worker
 	byURL      map[string]string // advertise URL -> client id holding it
-	placements map[Key]*held
-	owned      map[string]*held // client id -> the head of its placements' list
+	placements map[Key]Placement
+	owned      map[string]map[Key]struct{} // client id -> keys it owns
 	drains     map[string]Drain
-}
-
-// held is a placement as the directory keeps it: found by key, and linked
-// into its owner's list, so a worker's ids are found without a second map
-// keyed by every id. A claim then costs one map insert, and growing the
-// map moves a key and a pointer per slot rather than the whole placement.
-type held struct {
-	Placement
-	prev, next *held
-}
-
-// addPlacement records p, which must be new, at the head of its owner's list.
-func (st *state) addPlacement(p Placement) {
-	h := &held{Placement: p}
-	st.placements[p.Key] = h
-	if head := st.owned[p.Owner]; head != nil {
-		h.next, head.prev = head, h
-	}
-	st.owned[p.Owner] = h
-}
-
-// unlink removes h from the placements and from its owner's list.
-func (st *state) unlink(h *held) {
-	delete(st.placements, h.Key)
-	switch {
-	case h.prev != nil:
-		h.prev.next = h.next
-	case h.next != nil:
-		st.owned[h.Owner] = h.next
-	default:
-		delete(st.owned, h.Owner)
-	}
-	if h.next != nil {
-		h.next.prev = h.prev
-	}
-	h.prev, h.next = nil, nil
 }
 
 func newState() state {
 	return state{
 		workers:    make(map[string]*Worker),
 		byURL:      make(map[string]string),
-		placements: make(map[Key]*held),
-		owned:      make(map[string]*held),
+		placements: make(map[Key]Placement),
+		owned:      make(map[string]map[Key]struct{}),
 		drains:     make(map[string]Drain),
 	}
 }
@@ -169,12 +133,9 @@ func (m *Machine) exec(c Command, inBatch bool) Result {
 // owner's lease: check Worker(p.Owner).Live(now) before routing to it.
 func (m *Machine) Placement(key Key) (Placement, bool) {
 	m.mu.RLock()
-	defer m.mu.RUnlock()
-	h, ok := m.st.placements[key]
-	if !ok {
-		return Placement{}, false
-	}
-	return h.Placement, true
+	p, ok := m.st.placements[key]
+	m.mu.RUnlock()
+	return p, ok
 }
 
 // Worker returns the worker record of clientID.
@@ -193,11 +154,10 @@ func (m *Machine) Worker(clientID string) (Worker, bool) {
 func (m *Machine) Owner(key Key) (Placement, Worker, bool) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	h, ok := m.st.placements[key]
+	p, ok := m.st.placements[key]
 	if !ok {
 		return Placement{}, Worker{}, false
 	}
-	p := h.Placement
 	w, ok := m.st.workers[p.Owner]
 	if !ok || w.SessionID != p.OwnerSession {
 		return p, Worker{}, true
@@ -303,9 +263,10 @@ func (m *Machine) AppliedIndex() uint64 {
 // PlacementsOf returns the placements owned by clientID, sorted by key.
 func (m *Machine) PlacementsOf(clientID string) []Placement {
 	m.mu.RLock()
-	var ps []Placement
-	for h := m.st.owned[clientID]; h != nil; h = h.next {
-		ps = append(ps, h.Placement)
+	keys := m.st.owned[clientID]
+	ps := make([]Placement, 0, len(keys))
+	for k := range keys {
+		ps = append(ps, m.st.placements[k])
 	}
 	m.mu.RUnlock()
 	slices.SortFunc(ps, func(a, b Placement) int { return a.Key.Compare(b.Key) })

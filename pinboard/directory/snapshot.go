@@ -50,8 +50,8 @@ func (m *Machine) Snapshot() (io.WriterTo, error) {
 	for _, w := range m.st.workers {
 		s.workers = append(s.workers, *w)
 	}
-	for _, h := range m.st.placements {
-		s.placements = append(s.placements, h.Placement)
+	for _, p := range m.st.placements {
+		s.placements = append(s.placements, p)
 	}
 	for _, d := range m.st.drains {
 		s.drains = append(s.drains, d)
@@ -204,11 +204,13 @@ func decodeSnapshot(data []byte) (state, error) {
 		if w := st.workers[p.Owner]; w != nil {
 			p.Owner = w.ClientID // one copy of each client id string
 		}
-		if _, dup := st.placements[p.Key]; dup {
-			d.fail() // a corrupt snapshot: one key, two placements
-			break
+		st.placements[p.Key] = p
+		keys := st.owned[p.Owner]
+		if keys == nil {
+			keys = make(map[Key]struct{})
+			st.owned[p.Owner] = keys
 		}
-		st.addPlacement(p)
+		keys[p.Key] = struct{}{}
 	}
 	for n := d.count(4); n > 0 && d.err == nil; n-- {
 		dr := Drain{ClientID: d.string(), Deadline: d.varint(), Cordon: d.bool(), SetAt: d.varint()}
