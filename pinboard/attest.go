@@ -7,10 +7,12 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"hash"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
@@ -48,26 +50,78 @@ type Attestation struct {
 
 // attestMAC is HMAC-SHA256 over every field and the request line, so an
 // attestation is good for one method, path and target only.
-func attestMAC(key []byte, a Attestation, method, path string) []byte {
-	m := hmac.New(sha256.New, key)
-	fmt.Fprintf(m, "pinned-attestation-v1\n%s\n%s\n%d\n%d\n%s\n%s\n%s\n",
-		a.Target, a.Caller, a.Generation, a.At.UnixMilli(), a.Nonce, method, path)
-	return m.Sum(nil)
+func attestMAC(key []byte, a Attestation, method, path string) (mac [sha256.Size]byte) {
+	macs := macsFor(key)
+	st := macs.Get().(*macState)
+	msg := append(st.msg[:0], "pinned-attestation-v1\n"...)
+	msg = append(append(msg, a.Target...), '\n')
+	msg = append(append(msg, a.Caller...), '\n')
+	msg = append(strconv.AppendUint(msg, a.Generation, 10), '\n')
+	msg = append(strconv.AppendInt(msg, a.At.UnixMilli(), 10), '\n')
+	msg = append(append(msg, a.Nonce...), '\n')
+	msg = append(append(msg, method...), '\n')
+	msg = append(append(msg, path...), '\n')
+	st.h.Write(msg)
+	copy(mac[:], st.h.Sum(st.sum[:0]))
+	// Reset restores the keyed state hmac saved at its first Sum: the
+	// next request skips the key schedule and the allocations.
+	st.h.Reset()
+	if cap(msg) <= 4<<10 {
+		st.msg = msg
+	}
+	macs.Put(st)
+	return mac
+}
+
+// macState is one pooled HMAC and its scratch space (an interface call
+// would move stack buffers to the heap).
+type macState struct {
+	h   hash.Hash
+	msg []byte
+	sum [sha256.Size]byte
+}
+
+// keyedMACs pools HMAC-SHA256 states for one key.
+type keyedMACs struct {
+	key string
+	sync.Pool
+}
+
+// macCache holds the pool for the cluster secret in use: one per process,
+// replaced if the key differs (a test may use several).
+var macCache atomic.Pointer[keyedMACs]
+
+func macsFor(key []byte) *keyedMACs {
+	if p := macCache.Load(); p != nil && p.key == string(key) {
+		return p
+	}
+	p := &keyedMACs{key: string(key)}
+	p.New = func() any { return &macState{h: hmac.New(sha256.New, []byte(p.key)), msg: make([]byte, 0, 256)} }
+	macCache.Store(p)
+	return p
 }
 
 // Sign returns the header value attesting a for method and path (the
 // escaped instance path, query included).
 func Sign(key []byte, a Attestation, method, path string) string {
+	var nonce [16]byte
 	if a.Nonce == "" {
 		var b [12]byte
 		_, _ = rand.Read(b[:])
-		a.Nonce = base64.RawURLEncoding.EncodeToString(b[:])
+		base64.RawURLEncoding.Encode(nonce[:], b[:])
+		a.Nonce = string(nonce[:])
 	}
 	mac := attestMAC(key, a, method, path)
-	return strings.Join([]string{
-		"v1", a.Target, a.Caller, strconv.FormatUint(a.Generation, 10),
-		strconv.FormatInt(a.At.UnixMilli(), 10), a.Nonce, base64.RawURLEncoding.EncodeToString(mac),
-	}, ".")
+	// A constant capacity keeps the buffer on the stack; longer ids grow it.
+	out := make([]byte, 0, 256)
+	out = append(out, "v1."...)
+	out = append(append(out, a.Target...), '.')
+	out = append(append(out, a.Caller...), '.')
+	out = append(strconv.AppendUint(out, a.Generation, 10), '.')
+	out = append(strconv.AppendInt(out, a.At.UnixMilli(), 10), '.')
+	out = append(append(out, a.Nonce...), '.')
+	out = base64.RawURLEncoding.AppendEncode(out, mac[:])
+	return string(out)
 }
 
 // attested checks r's attestation for this worker over signedPath (the
@@ -88,9 +142,11 @@ func (f *FrontDoor) attested(w http.ResponseWriter, r *http.Request, signedPath 
 type Verifier struct {
 	Window time.Duration
 
-	mu     sync.Mutex
-	seen   map[string]time.Time // nonce -> expiry
-	pruned time.Time
+	mu sync.Mutex
+	// seen holds spent nonces in buckets by when they may be forgotten
+	// (expiry / window): a whole bucket goes once its time has passed, so
+	// forgetting never sweeps every nonce under the lock.
+	seen map[int64]map[string]struct{}
 }
 
 // Verify checks header for method and path against key at now, for the
@@ -102,18 +158,35 @@ func (v *Verifier) Verify(key []byte, header, self, method, path string, now tim
 	if len(key) == 0 {
 		return Attestation{}, ErrAttestationNoKey
 	}
-	parts := strings.Split(header, ".")
-	if len(parts) != 7 || parts[0] != "v1" || parts[5] == "" || len(parts[5]) > 64 {
+	// v1.target.caller.generation.ms.nonce.mac, split without allocating.
+	var parts [7]string
+	rest := header
+	for i := range 6 {
+		var ok bool
+		if parts[i], rest, ok = strings.Cut(rest, "."); !ok {
+			return Attestation{}, ErrAttestationMalformed
+		}
+	}
+	parts[6] = rest
+	if strings.IndexByte(rest, '.') >= 0 || parts[0] != "v1" || parts[5] == "" || len(parts[5]) > 64 {
 		return Attestation{}, ErrAttestationMalformed
 	}
 	gen, err1 := strconv.ParseUint(parts[3], 10, 64)
 	ms, err2 := strconv.ParseInt(parts[4], 10, 64)
-	mac, err3 := base64.RawURLEncoding.DecodeString(parts[6])
+	var macBuf [sha256.Size]byte
+	n, err3 := 0, error(nil)
+	if base64.RawURLEncoding.DecodedLen(len(parts[6])) != len(macBuf) {
+		err3 = ErrAttestationMalformed
+	} else {
+		var enc [64]byte // on the stack, unlike []byte(parts[6])
+		n, err3 = base64.RawURLEncoding.Decode(macBuf[:], enc[:copy(enc[:], parts[6])])
+	}
 	if err1 != nil || err2 != nil || err3 != nil || gen == 0 {
 		return Attestation{}, ErrAttestationMalformed
 	}
 	a := Attestation{Target: parts[1], Caller: parts[2], Generation: gen, At: time.UnixMilli(ms), Nonce: parts[5]}
-	if !hmac.Equal(mac, attestMAC(key, a, method, path)) {
+	want := attestMAC(key, a, method, path)
+	if !hmac.Equal(macBuf[:n], want[:]) {
 		return Attestation{}, ErrAttestationForged
 	}
 	if a.Target != self {
@@ -126,23 +199,30 @@ func (v *Verifier) Verify(key []byte, header, self, method, path string, now tim
 	if d := now.Sub(a.At); d > window || d < -window {
 		return Attestation{}, ErrAttestationExpired
 	}
+	// The nonce must outlive the attestation's own acceptance window.
+	bucket := a.At.Add(window).UnixNano() / int64(window)
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.seen == nil {
-		v.seen = map[string]time.Time{}
+		v.seen = map[int64]map[string]struct{}{}
 	}
-	if now.Sub(v.pruned) > window {
-		for n, exp := range v.seen {
-			if now.After(exp) {
-				delete(v.seen, n)
-			}
+	nowBucket := now.UnixNano() / int64(window)
+	for b, nonces := range v.seen {
+		if b < nowBucket {
+			// Every nonce in it expired before this bucket began.
+			delete(v.seen, b)
+			continue
 		}
-		v.pruned = now
+		if _, dup := nonces[a.Nonce]; dup {
+			return Attestation{}, ErrAttestationReplayed
+		}
 	}
-	if _, dup := v.seen[a.Nonce]; dup {
-		return Attestation{}, ErrAttestationReplayed
+	nonces := v.seen[bucket]
+	if nonces == nil {
+		nonces = map[string]struct{}{}
+		v.seen[bucket] = nonces
 	}
-	// The nonce must outlive the attestation's own acceptance window.
-	v.seen[a.Nonce] = a.At.Add(window)
+	// A copy: the nonce must not keep the whole header alive.
+	nonces[strings.Clone(a.Nonce)] = struct{}{}
 	return a, nil
 }
