@@ -158,7 +158,8 @@ type FrontDoor struct {
 	mux      *http.ServeMux
 	stopping atomic.Bool
 	proxy    *httputil.ReverseProxy
-	client   *http.Client // node-to-node calls of the front door's own (stats)
+	sync     *httpx.SyncTransport // the default node-to-node transport; nil with a custom one
+	client   *http.Client         // node-to-node calls of the front door's own (stats)
 	bufs     httpx.BufferPool
 	relay    *relay.Loop // held forwarded streams, out of net/http
 	verifier Verifier
@@ -191,11 +192,12 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		}
 		dialer := &net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}
 		f.client = &http.Client{Transport: std}
-		f.proxy = f.newProxy(&httpx.SyncTransport{
+		f.sync = &httpx.SyncTransport{
 			Dial:                  func(ctx context.Context, addr string) (net.Conn, error) { return dialer.DialContext(ctx, "tcp", addr) },
 			Fallback:              std,
 			ResponseHeaderTimeout: ownerHeaderTimeout,
-		})
+		}
+		f.proxy = f.newProxy(f.sync)
 	} else {
 		f.client = &http.Client{Transport: tr}
 		f.proxy = f.newProxy(tr)

@@ -286,9 +286,17 @@ func (f *FrontDoor) forward(w http.ResponseWriter, r *http.Request, rt *route, p
 	}
 	att := Sign(secret, Attestation{Target: owner.ClientID, Caller: f.selfID(), Generation: p.Generation, At: time.Now()}, r.Method, signed)
 
-	ctx := context.WithValue(r.Context(), fwdCtxKey{}, &fwdInfo{rt: rt, w: w, orig: r, p: p, owner: owner})
+	info := &fwdInfo{rt: rt, w: w, orig: r, p: p, owner: owner}
+	basePath := strings.TrimSuffix(base.Path, "/")
+	if f.fastForwardable(r, rt, base.Scheme) {
+		target := basePath + signed
+		if f.forwardWire(w, r, info, base.Host, target, att) {
+			return
+		}
+	}
+	ctx := context.WithValue(r.Context(), fwdCtxKey{}, info)
 	out := rt.withBody(r).Clone(ctx)
-	out.URL = &url.URL{Scheme: base.Scheme, Host: base.Host, Path: strings.TrimSuffix(base.Path, "/") + path, RawQuery: r.URL.RawQuery}
+	out.URL = &url.URL{Scheme: base.Scheme, Host: base.Host, Path: basePath + path, RawQuery: r.URL.RawQuery}
 	if unescaped, err := url.PathUnescape(out.URL.Path); err == nil && unescaped != out.URL.Path {
 		out.URL.RawPath = out.URL.Path
 		out.URL.Path = unescaped
@@ -313,18 +321,26 @@ func (f *FrontDoor) newProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 			pr.SetXForwarded()
 		},
 		ModifyResponse: func(resp *http.Response) error {
-			switch m := resp.Header.Get(RefusalHeader); {
-			case resp.StatusCode == http.StatusServiceUnavailable && (m == plugins.RefusalLeaseUnhealthy || m == plugins.RefusalDraining),
-				resp.StatusCode == http.StatusMisdirectedRequest && m == plugins.RefusalNotOwner:
-				return &refusedError{marker: m, resp: resp}
-			}
-			if info, _ := resp.Request.Context().Value(fwdCtxKey{}).(*fwdInfo); info != nil && f.handOff(info, resp) {
-				return errHandedOff
-			}
-			return nil
+			info, _ := resp.Request.Context().Value(fwdCtxKey{}).(*fwdInfo)
+			return f.checkResponse(info, resp)
 		},
 		ErrorHandler: f.forwardFailed,
 	}
+}
+
+// checkResponse sees the owner's response head first: an in-band refusal
+// becomes a refusedError, a held stream goes to the relay loop
+// (errHandedOff); nil lets the response through.
+func (f *FrontDoor) checkResponse(info *fwdInfo, resp *http.Response) error {
+	switch m := resp.Header.Get(RefusalHeader); {
+	case resp.StatusCode == http.StatusServiceUnavailable && (m == plugins.RefusalLeaseUnhealthy || m == plugins.RefusalDraining),
+		resp.StatusCode == http.StatusMisdirectedRequest && m == plugins.RefusalNotOwner:
+		return &refusedError{marker: m, resp: resp}
+	}
+	if info != nil && f.handOff(info, resp) {
+		return errHandedOff
+	}
+	return nil
 }
 
 // errHandedOff: the response went to the relay loop; the proxy is done.
@@ -399,10 +415,15 @@ func (f *FrontDoor) relayEnded(r relay.Reason) {
 // through the leader; an unreachable owner is a 503 + Retry-After until its
 // lease lapses and the id can move.
 func (f *FrontDoor) forwardFailed(w http.ResponseWriter, r *http.Request, err error) {
+	info, _ := r.Context().Value(fwdCtxKey{}).(*fwdInfo)
+	f.forwardError(w, info, err)
+}
+
+// forwardError is forwardFailed for the request info describes.
+func (f *FrontDoor) forwardError(w http.ResponseWriter, info *fwdInfo, err error) {
 	if errors.Is(err, errHandedOff) {
 		return
 	}
-	info, _ := r.Context().Value(fwdCtxKey{}).(*fwdInfo)
 	if info == nil {
 		httpx.WriteError(w, http.StatusBadGateway, "forwarding failed", 0)
 		return

@@ -8,15 +8,17 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
 	"sync"
 	"syscall"
 	"time"
 )
 
-// syncBodyLimit: requests with a body up to this size take the synchronous
+// SyncBodyLimit: requests with a body up to this size take the synchronous
 // path; larger or unknown-length bodies (uploads, full-duplex streams) use
 // net/http's Transport, which writes and reads concurrently.
-const syncBodyLimit = 64 << 10
+const SyncBodyLimit = 64 << 10
 
 // SyncTransport is an HTTP/1.1 RoundTripper that writes each request and
 // reads its response head on the calling goroutine, over pooled
@@ -62,22 +64,45 @@ const ioBuf = 4 << 10
 // RoundTrip implements http.RoundTripper.
 func (t *SyncTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Scheme != "http" || req.Header.Get("Upgrade") != "" || !(req.Body == nil || req.Body == http.NoBody ||
-		(req.ContentLength > 0 && req.ContentLength <= syncBodyLimit)) {
+		(req.ContentLength > 0 && req.ContentLength <= SyncBodyLimit)) {
 		return t.Fallback.RoundTrip(req)
 	}
+	var got1xx func(int, http.Header)
+	if trace := httptrace.ContextClientTrace(req.Context()); trace != nil && trace.Got1xxResponse != nil {
+		got1xx = func(code int, h http.Header) { _ = trace.Got1xxResponse(code, textproto.MIMEHeader(h)) }
+	}
+	bodyless := req.Body == nil || req.Body == http.NoBody
+	return t.roundTrip(req.Context(), req.URL.Host, req, bodyless, got1xx, func(bw *bufio.Writer) error { return req.Write(bw) })
+}
+
+// RoundTripHead sends a request whose head (and body, if any) the caller
+// wrote already, as HTTP/1.1 bytes, to the plain-http host addr, and reads
+// the response head. in is the request it answers (its method and context
+// count: cancelling the context interrupts the exchange). A caller that
+// builds the bytes itself skips http.Request's cloning and header sorting;
+// it must only send bodies of known length, and no Upgrade or Expect.
+// got1xx, if set, sees informational responses (never 101).
+func (t *SyncTransport) RoundTripHead(addr string, in *http.Request, wire []byte, bodyless bool, got1xx func(int, http.Header)) (*http.Response, error) {
+	return t.roundTrip(in.Context(), addr, in, bodyless, got1xx, func(bw *bufio.Writer) error {
+		_, err := bw.Write(wire)
+		return err
+	})
+}
+
+func (t *SyncTransport) roundTrip(ctx context.Context, addr string, req *http.Request, bodyless bool, got1xx func(int, http.Header), write func(*bufio.Writer) error) (*http.Response, error) {
 	for attempt := 0; ; attempt++ {
-		pc, reused, err := t.get(req.Context(), req.URL.Host)
+		pc, reused, err := t.get(ctx, addr)
 		if err != nil {
 			return nil, err
 		}
-		resp, err := t.exchange(req, pc)
+		resp, err := t.exchange(ctx, req, pc, got1xx, write)
 		if err == nil {
 			return resp, nil
 		}
 		pc.c.Close()
 		// A pooled connection the plugin closed while idle fails before
 		// anything was processed; a body-less request can go again.
-		if reused && attempt == 0 && (req.Body == nil || req.Body == http.NoBody) && req.Context().Err() == nil && isConnGone(err) {
+		if reused && attempt == 0 && bodyless && ctx.Err() == nil && isConnGone(err) {
 			continue
 		}
 		return nil, err
@@ -91,38 +116,58 @@ func isConnGone(err error) bool {
 
 var errConnReset = errors.New("connection reset")
 
-// exchange writes req and reads the response head on pc. The response body
-// reads from pc; closing it returns pc to the pool once the body was read
-// to its end.
-func (t *SyncTransport) exchange(req *http.Request, pc *pconn) (*http.Response, error) {
+// max1xx bounds the informational responses before a final one (as
+// net/http's Transport does).
+const max1xx = 5
+
+// exchange writes a request on pc (write) and reads the response head. The
+// response body reads from pc; closing it returns pc to the pool once the
+// body was read to its end.
+func (t *SyncTransport) exchange(ctx context.Context, req *http.Request, pc *pconn, got1xx func(int, http.Header), write func(*bufio.Writer) error) (*http.Response, error) {
 	// Cancellation interrupts whatever I/O is blocked on the connection.
-	stop := context.AfterFunc(req.Context(), func() { _ = pc.c.SetDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(time.Unix(1, 0)) })
 	// The writer is only needed while the request goes out: pooled, so a
 	// held stream does not keep one.
 	bw := writers.Get().(*bufio.Writer)
 	bw.Reset(pc.c)
-	defer func() { bw.Reset(nil); writers.Put(bw) }()
-	if err := req.Write(bw); err != nil {
-		stop()
-		return nil, err
+	err := write(bw)
+	if err == nil {
+		err = bw.Flush()
 	}
-	if err := bw.Flush(); err != nil {
+	bw.Reset(nil)
+	writers.Put(bw)
+	if err != nil {
 		stop()
 		return nil, err
 	}
 	if t.ResponseHeaderTimeout > 0 {
 		_ = pc.c.SetReadDeadline(time.Now().Add(t.ResponseHeaderTimeout))
 	}
-	resp, err := http.ReadResponse(pc.br, req)
+	var resp *http.Response
+	for n1xx := 0; ; n1xx++ {
+		resp, err = http.ReadResponse(pc.br, req)
+		if err != nil || resp.StatusCode < 100 || resp.StatusCode > 199 || resp.StatusCode == http.StatusSwitchingProtocols {
+			break
+		}
+		// An informational response (100 Continue to an Expect, 103
+		// Early Hints) has no body; the final response follows.
+		if n1xx == max1xx {
+			err = errors.New("too many 1xx informational responses")
+			break
+		}
+		if got1xx != nil && resp.StatusCode != http.StatusContinue {
+			got1xx(resp.StatusCode, resp.Header)
+		}
+	}
 	if t.ResponseHeaderTimeout > 0 && err == nil {
 		_ = pc.c.SetReadDeadline(time.Time{})
-		if req.Context().Err() != nil { // cancelled while we cleared it
+		if ctx.Err() != nil { // cancelled while we cleared it
 			_ = pc.c.SetDeadline(time.Unix(1, 0))
 		}
 	}
 	if err != nil {
 		stop()
-		if ctxErr := req.Context().Err(); ctxErr != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil {
 			return nil, ctxErr
 		}
 		return nil, err

@@ -1,0 +1,265 @@
+package pinboard
+
+import (
+	"errors"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/pinnedd/pinnedd/internal/httpx"
+)
+
+// The forwarding hop's common case, without httputil.ReverseProxy: a
+// request with no body or a buffered one, to a plain-http owner. The
+// request head is written straight from the inbound request (no Request or
+// Header clones, no sorting) and sent with the response head read on this
+// goroutine (httpx.SyncTransport.RoundTripHead). What reaches the owner and
+// the client is what ReverseProxy (newProxy) would send: hop-by-hop fields
+// dropped both ways, X-Forwarded-For/-Host/-Proto set, trailers passed on,
+// streams flushed per write. Anything else (Upgrades, streamed or large
+// uploads, a custom Transport) takes ReverseProxy.
+
+// hopByHop are the fields ReverseProxy drops (RFC 7230 6.1 and RFC 2616
+// 13.5.1), plus Expect: the body is already here, so there is nothing for
+// the owner to wait for.
+var hopByHop = map[string]bool{
+	"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
+	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+}
+
+// notForwarded are request fields the forward sets itself, or that a
+// client must not pass to the owner (ReverseProxy's Rewrite mode strips
+// client-provided forwarding fields).
+var notForwarded = map[string]bool{
+	"Host": true, "Content-Length": true, "Expect": true, AttestationHeader: true,
+	"Forwarded": true, "X-Forwarded-For": true, "X-Forwarded-Host": true, "X-Forwarded-Proto": true,
+}
+
+var wireBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2<<10); return &b }}
+
+// fastForwardable reports whether forwardWire can carry r to base.
+func (f *FrontDoor) fastForwardable(r *http.Request, rt *route, scheme string) bool {
+	return f.sync != nil && scheme == "http" && rt.retryable && len(rt.body) <= httpx.SyncBodyLimit &&
+		r.Header["Upgrade"] == nil &&
+		// ReverseProxy drops unparsable query parameters; leave those
+		// queries to it. Without ';' or '%' a query always parses.
+		!strings.ContainsAny(r.URL.RawQuery, ";%")
+}
+
+// appendHead writes the forwarded request's head and body to dst; ok is
+// false if a field could not be written safely (ReverseProxy then refuses
+// or cleans it as it always did).
+func appendHead(dst []byte, r *http.Request, addr, target, att string, body []byte) ([]byte, bool) {
+	host := r.Host
+	if host == "" {
+		host = addr // as http.Request.Write does
+	}
+	dst = append(dst, r.Method...)
+	dst = append(dst, ' ')
+	dst = append(dst, target...)
+	dst = append(dst, " HTTP/1.1\r\nHost: "...)
+	dst = append(dst, host...)
+	dst = append(dst, "\r\n"...)
+	conn := r.Header["Connection"]
+	for k, vs := range r.Header {
+		if hopByHop[k] || notForwarded[k] || len(conn) > 0 && listedIn(conn, k) {
+			continue
+		}
+		for _, v := range vs {
+			if !safeField(k) || !safeField(v) {
+				return dst, false
+			}
+			dst = append(dst, k...)
+			dst = append(dst, ": "...)
+			dst = append(dst, v...)
+			dst = append(dst, "\r\n"...)
+		}
+	}
+	for _, v := range r.Header["Te"] {
+		if tokenListHas(v, "trailers") {
+			dst = append(dst, "Te: trailers\r\n"...)
+			break
+		}
+	}
+	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		dst = append(dst, "X-Forwarded-For: "...)
+		dst = append(dst, ip...)
+		dst = append(dst, "\r\n"...)
+	}
+	dst = append(dst, "X-Forwarded-Host: "...)
+	dst = append(dst, r.Host...)
+	if r.TLS == nil {
+		dst = append(dst, "\r\nX-Forwarded-Proto: http\r\n"...)
+	} else {
+		dst = append(dst, "\r\nX-Forwarded-Proto: https\r\n"...)
+	}
+	dst = append(dst, AttestationHeader+": "...)
+	dst = append(dst, att...)
+	dst = append(dst, "\r\n"...)
+	// As http.Request.Write: a length for every body, and an empty one
+	// for methods other than GET and HEAD.
+	if len(body) > 0 || r.Method != http.MethodGet && r.Method != http.MethodHead {
+		dst = append(dst, "Content-Length: "...)
+		dst = strconv.AppendInt(dst, int64(len(body)), 10)
+		dst = append(dst, "\r\n"...)
+	}
+	dst = append(dst, "\r\n"...)
+	return append(dst, body...), safeField(host) && safeField(target)
+}
+
+// safeField: no byte that would end or split a header line.
+func safeField(s string) bool {
+	return strings.IndexByte(s, '\n') < 0 && strings.IndexByte(s, '\r') < 0 && strings.IndexByte(s, 0) < 0
+}
+
+// listedIn reports whether the Connection field values name k.
+func listedIn(conn []string, k string) bool {
+	for _, v := range conn {
+		if tokenListHas(v, k) {
+			return true
+		}
+	}
+	return false
+}
+
+func tokenListHas(list, token string) bool {
+	for t := range strings.SplitSeq(list, ",") {
+		if strings.EqualFold(strings.TrimSpace(t), token) {
+			return true
+		}
+	}
+	return false
+}
+
+// stripHopByHop drops the response's hop-by-hop fields, as ReverseProxy
+// does.
+func stripHopByHop(h http.Header) {
+	for _, v := range h["Connection"] {
+		for t := range strings.SplitSeq(v, ",") {
+			if t = strings.TrimSpace(t); t != "" {
+				h.Del(t)
+			}
+		}
+	}
+	for k := range hopByHop {
+		delete(h, k)
+	}
+}
+
+// forwardWire carries r to the owner at addr (host:port) on target (the
+// escaped request target) and answers w, as the proxy would.
+func (f *FrontDoor) forwardWire(w http.ResponseWriter, r *http.Request, info *fwdInfo, addr, target, att string) bool {
+	bp := wireBufs.Get().(*[]byte)
+	wire, ok := appendHead((*bp)[:0], r, addr, target, att, info.rt.body)
+	if !ok {
+		*bp = wire[:0]
+		wireBufs.Put(bp)
+		return false
+	}
+	got1xx := func(code int, h http.Header) {
+		dst := w.Header()
+		for k, vs := range h {
+			dst[k] = append(dst[k], vs...)
+		}
+		w.WriteHeader(code)
+		clear(dst)
+	}
+	resp, err := f.sync.RoundTripHead(addr, r, wire, len(info.rt.body) == 0, got1xx)
+	if cap(wire) <= 64<<10 {
+		*bp = wire[:0]
+		wireBufs.Put(bp)
+	}
+	if err != nil {
+		f.forwardError(w, info, err)
+		return true
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// Nothing asked to switch.
+		_ = resp.Body.Close()
+		f.forwardError(w, info, errors.New("owner switched protocols unasked"))
+		return true
+	}
+	stripHopByHop(resp.Header)
+	if err := f.checkResponse(info, resp); err != nil {
+		_ = resp.Body.Close()
+		f.forwardError(w, info, err)
+		return true
+	}
+	dst := w.Header()
+	for k, vs := range resp.Header {
+		dst[k] = append(dst[k], vs...)
+	}
+	announced := len(resp.Trailer)
+	if announced > 0 {
+		keys := make([]string, 0, announced)
+		for k := range resp.Trailer {
+			keys = append(keys, k)
+		}
+		dst.Add("Trailer", strings.Join(keys, ", "))
+	}
+	w.WriteHeader(resp.StatusCode)
+	if err := f.copyBody(w, resp); err != nil {
+		_ = resp.Body.Close()
+		// What ReverseProxy does: the response is cut short, so the
+		// client's connection must end too.
+		panic(http.ErrAbortHandler)
+	}
+	_ = resp.Body.Close() // now, to read the trailers
+	if len(resp.Trailer) > 0 {
+		// Chunked, so net/http does not compute a length for a short body.
+		_ = http.NewResponseController(w).Flush()
+	}
+	if len(resp.Trailer) == announced {
+		for k, vs := range resp.Trailer {
+			dst[k] = append(dst[k], vs...)
+		}
+		return true
+	}
+	for k, vs := range resp.Trailer {
+		for _, v := range vs {
+			dst.Add(http.TrailerPrefix+k, v)
+		}
+	}
+	return true
+}
+
+// copyBody copies the response body to w: a stream (unknown length, or
+// server-sent events) flushed per write, the rest left to net/http's
+// buffering, as ReverseProxy's FlushInterval 0 does.
+func (f *FrontDoor) copyBody(w http.ResponseWriter, resp *http.Response) error {
+	stream := resp.ContentLength == -1
+	if !stream {
+		const sse = "text/event-stream"
+		if ct := strings.TrimLeft(resp.Header.Get("Content-Type"), " \t"); len(ct) >= len(sse) && strings.EqualFold(ct[:len(sse)], sse) {
+			base, _, _ := mime.ParseMediaType(ct)
+			stream = base == "text/event-stream"
+		}
+	}
+	rc := http.NewResponseController(w)
+	if stream {
+		_ = rc.Flush()
+	}
+	buf := f.bufs.Get()
+	defer f.bufs.Put(buf)
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return werr
+			}
+			if stream {
+				_ = rc.Flush()
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+}
