@@ -172,8 +172,10 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 			},
 			// A re-registration found ids placed elsewhere meanwhile: quit them.
 			OnDuplicates: func(keys []pinboard.InstanceKey) {
+				qctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
 				for _, k := range keys {
-					sup.Evict(context.Background(), supervisor.Key{Namespace: k.Namespace, ID: k.ID}, 0)
+					sup.Quit(qctx, supervisor.Key{Namespace: k.Namespace, ID: k.ID})
 				}
 			},
 		}, registry)

@@ -352,6 +352,33 @@ func (s *Supervisor) Evict(ctx context.Context, k Key, grace time.Duration) bool
 	return true
 }
 
+// Quit evicts k at once and returns when it is out of the instance table,
+// an eviction already under way included, or when ctx ends. A worker quits
+// the ids a re-registration says it lost before its new lease lets it
+// serve: until they are gone it must not look like their owner.
+func (s *Supervisor) Quit(ctx context.Context, k Key) {
+	s.mu.Lock()
+	in := s.instances[k]
+	s.mu.Unlock()
+	if in == nil {
+		return
+	}
+	// An eviction under way (an idle one) may end with the instance kept:
+	// then this one goes again.
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		s.evict(ctx, in, proto.Reason_REASON_OPERATOR, 0)
+		select {
+		case <-in.stopped:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // dropFenced forgets an instance the plugin stopped because a newer
 // activation fenced its writes. The placement is not ours to release.
 func (s *Supervisor) dropFenced(k Key, inc *incarnation) {
