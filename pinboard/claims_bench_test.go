@@ -24,7 +24,7 @@ type benchNode struct {
 	dir   *Directory
 }
 
-func startBenchCluster(b *testing.B, n int) []*benchNode {
+func startBenchCluster(b testing.TB, n int) []*benchNode {
 	b.Helper()
 	ctx := context.Background()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -49,9 +49,14 @@ func startBenchCluster(b *testing.B, n int) []*benchNode {
 		if err != nil {
 			b.Fatal(err)
 		}
-		handler := store.Handler(nil)
+		dir := NewDirectory(m, store)
+		dir.SetHandOff(store.HTTPClient(), "t")
+		mux := http.NewServeMux()
+		mux.Handle(raftstore.HandlerPrefix, store.Handler(nil))
+		mux.HandleFunc("POST "+HandOffPath, dir.ServeHandOff)
+		var handler http.Handler = mux
 		h.Store(&handler)
-		nodes[i] = &benchNode{store: store, dir: NewDirectory(m, store)}
+		nodes[i] = &benchNode{store: store, dir: dir}
 		b.Cleanup(func() {
 			nodes[i].dir.Close()
 			_ = store.Close(context.Background())

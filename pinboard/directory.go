@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pinnedd/pinnedd/pinboard/directory"
@@ -28,7 +30,9 @@ var ErrDirectory = errors.New("directory command failed")
 // each take whatever has queued up (up to MaxBatch) and apply it as one
 // Batch entry, so a burst of claims costs one Raft round trip (and one
 // forward to the leader) per batch rather than per claim. An idle
-// directory sends a lone command as itself, with no added wait.
+// directory sends a lone command as itself, with no added wait. With
+// SetHandOff a follower's flushers hand their batches to the leader's
+// Directory instead, whose flushers merge every node's commands.
 type Directory struct {
 	m       *directory.Machine
 	applier Applier
@@ -38,12 +42,19 @@ type Directory struct {
 	ctx    context.Context // cancelled by Close: in-flight batches give up
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	// Hand-off to the leader's Directory (SetHandOff); nil client: off.
+	handOffClient *http.Client
+	handOffToken  string
+	handedIn      atomic.Int64 // commands followers handed here
 }
 
 type pending struct {
 	ctx  context.Context
 	cmd  directory.Command
 	done chan outcome
+	// remote: handed here by a follower; never handed off again.
+	remote bool
 }
 
 type outcome struct {
@@ -96,18 +107,25 @@ func (d *Directory) Machine() *directory.Machine { return d.m }
 // every command is safe to retry.
 func (d *Directory) Do(ctx context.Context, cmd directory.Command) (directory.Result, error) {
 	p := &pending{ctx: ctx, cmd: cmd, done: make(chan outcome, 1)}
-	select {
-	case d.queue <- p:
-	case <-ctx.Done():
-		return directory.Result{}, ctx.Err()
-	case <-d.stop:
-		return directory.Result{}, ErrClosed
+	if err := d.enqueue(ctx, p); err != nil {
+		return directory.Result{}, err
 	}
 	select {
 	case o := <-p.done:
 		return o.res, o.err
 	case <-ctx.Done():
 		return directory.Result{}, ctx.Err()
+	}
+}
+
+func (d *Directory) enqueue(ctx context.Context, p *pending) error {
+	select {
+	case d.queue <- p:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-d.stop:
+		return ErrClosed
 	}
 }
 
@@ -151,6 +169,15 @@ func (d *Directory) flusher() {
 func (d *Directory) flush(batch []*pending) {
 	ctx, cancel := context.WithTimeout(d.ctx, batchTimeout)
 	defer cancel()
+	if api := d.handOffTarget(batch); api != "" {
+		cmds := make([]directory.Command, len(batch))
+		for i, p := range batch {
+			cmds[i] = p.cmd
+		}
+		results, err := d.handOff(ctx, api, cmds)
+		d.deliver(batch, results, err)
+		return
+	}
 	if len(batch) == 1 {
 		res, err := d.DoNow(ctx, batch[0].cmd)
 		batch[0].done <- outcome{res, err}
@@ -164,12 +191,17 @@ func (d *Directory) flush(batch []*pending) {
 	if err == nil && len(res.Results) != len(batch) {
 		err = fmt.Errorf("%w: batch of %d answered with %d results", ErrDirectory, len(batch), len(res.Results))
 	}
+	d.deliver(batch, res.Results, err)
+}
+
+// deliver hands each command its result, or all of them err.
+func (d *Directory) deliver(batch []*pending, results []directory.Result, err error) {
 	for i, p := range batch {
 		if err != nil {
 			p.done <- outcome{err: err}
 			continue
 		}
-		r := res.Results[i]
+		r := results[i]
 		var rerr error
 		if r.Code == directory.CodeError {
 			rerr = fmt.Errorf("%w: %s", ErrDirectory, r.Reason)

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.etcd.io/bbolt"
 
+	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/internal/procstat"
 	"github.com/pinnedd/pinnedd/internal/sdnotify"
 	"github.com/pinnedd/pinnedd/pinboard"
@@ -123,6 +124,7 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		}
 	}()
 	dir := pinboard.NewDirectory(machine, store)
+	dir.SetHandOff(store.HTTPClient(), cfg.tokens[0])
 	defer dir.Close()
 	store.RunAsLeader("directory", func(ctx context.Context) { directoryLeader(ctx, dir, log) })
 
@@ -217,6 +219,13 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		return tokens.Allowed(r, pinboard.ScopeWorker) || tokens.Allowed(r, pinboard.ScopeOperator)
 	}
 	fd.Handle(raftstore.HandlerPrefix, store.Handler(member))
+	fd.Handle("POST "+pinboard.HandOffPath, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !member(r) {
+			httpx.WriteError(w, http.StatusUnauthorized, "a member token is required", 0)
+			return
+		}
+		dir.ServeHandOff(w, r)
+	}))
 	fd.Handle("POST /_pinned/join", joinHandler(tokens, cfg, store, log))
 
 	srv := &http.Server{Handler: fd, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}

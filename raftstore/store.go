@@ -262,6 +262,11 @@ func (s *Store) Leader() (id, apiAddr string) {
 	return string(lid), s.fsm.apiAddr(string(lid))
 }
 
+// HTTPClient is the client this node reaches other members' APIs with
+// (Config.HTTPClient, or the one Open made): callers forwarding to the
+// leader on their own share its pooled connections.
+func (s *Store) HTTPClient() *http.Client { return s.client }
+
 // AppliedIndex returns the index of the last entry applied to the state machine on this node.
 func (s *Store) AppliedIndex() uint64 { return s.raft.AppliedIndex() }
 

@@ -1,0 +1,67 @@
+package pinboard
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/pinnedd/pinnedd/pinboard/directory"
+)
+
+// A follower's claims reach the leader's group commit through the
+// hand-off; a batch handed to a node is never handed on (two nodes that
+// each think the other leads cannot pass it back and forth); bad batches
+// are refused without touching the directory.
+func TestDirectoryHandOff(t *testing.T) {
+	nodes := startBenchCluster(t, 3)
+	leader, follower := nodes[0], nodes[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	claim := func(id string) directory.Claim {
+		return directory.Claim{Key: directory.Key{Namespace: "/b", ID: id}, ClientID: "w1", Now: time.Now().UnixMilli()}
+	}
+
+	res, err := follower.dir.Do(ctx, claim("via-follower"))
+	if err != nil || res.Code != directory.CodeGranted {
+		t.Fatalf("claim through a follower: %v %v %s", err, res.Code, res.Reason)
+	}
+	if got := leader.dir.handedIn.Load(); got != 1 {
+		t.Fatalf("the leader took %d handed-off commands, want 1", got)
+	}
+
+	// A batch handed to the follower itself goes through its Raft
+	// forwarding, not to the leader's hand-off route.
+	body := directory.Encode(directory.Batch{Commands: []directory.Command{claim("handed-to-follower")}})
+	rec := httptest.NewRecorder()
+	follower.dir.ServeHandOff(rec, httptest.NewRequestWithContext(ctx, "POST", HandOffPath, bytes.NewReader(body)))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("batch handed to the follower: %d %s", rec.Code, rec.Body)
+	}
+	out, err := directory.DecodeResult(rec.Body.Bytes())
+	if err != nil || len(out.Results) != 1 || out.Results[0].Code != directory.CodeGranted {
+		t.Fatalf("batch handed to the follower answered %+v, %v", out, err)
+	}
+	if got := leader.dir.handedIn.Load(); got != 1 {
+		t.Fatalf("a handed-off batch was handed on: the leader took %d commands, want still 1", got)
+	}
+
+	_, before := leader.dir.Machine().Len()
+	for name, body := range map[string][]byte{
+		"garbage":      []byte("not a command"),
+		"not a batch":  directory.Encode(claim("single")),
+		"empty batch":  directory.Encode(directory.Batch{}),
+		"nested batch": directory.Encode(directory.Batch{Commands: []directory.Command{claim("n1"), directory.Batch{}}}),
+	} {
+		rec := httptest.NewRecorder()
+		leader.dir.ServeHandOff(rec, httptest.NewRequestWithContext(ctx, "POST", HandOffPath, bytes.NewReader(body)))
+		if rec.Code != http.StatusBadRequest {
+			t.Errorf("%s: %d %s, want 400", name, rec.Code, rec.Body)
+		}
+	}
+	if _, after := leader.dir.Machine().Len(); after != before {
+		t.Fatalf("refused batches changed the directory: %d placements, %d before", after, before)
+	}
+}
