@@ -100,13 +100,23 @@ func (t *SyncTransport) roundTrip(ctx context.Context, addr string, req *http.Re
 			return resp, nil
 		}
 		pc.c.Close()
-		// A pooled connection the plugin closed while idle fails before
-		// anything was processed; a body-less request can go again.
-		if reused && attempt == 0 && bodyless && ctx.Err() == nil && isConnGone(err) {
+		// A pooled connection the peer closed just as it was taken (the
+		// peek in get saw it open) fails before anything was processed;
+		// but a connection can also die after the request was, so only a
+		// body-less request whose method is safe to repeat goes again.
+		if reused && attempt == 0 && bodyless && idempotent(req.Method) && ctx.Err() == nil && isConnGone(err) {
 			continue
 		}
 		return nil, err
 	}
+}
+
+func idempotent(method string) bool {
+	switch method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
 }
 
 func isConnGone(err error) bool {

@@ -126,3 +126,50 @@ func TestSyncTransportDetach(t *testing.T) {
 		t.Fatal("a detached connection went back to the pool")
 	}
 }
+
+// A connection that dies after the owner took the request is retried
+// only for a method safe to repeat: a body-less POST (an increment) must
+// not run twice.
+func TestSyncTransportRetriesOnlyIdempotent(t *testing.T) {
+	for _, tc := range []struct {
+		method string
+		calls  int32
+		ok     bool
+	}{
+		{method: "POST", calls: 2, ok: false},
+		{method: "GET", calls: 3, ok: true},
+	} {
+		t.Run(tc.method, func(t *testing.T) {
+			var calls atomic.Int32
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if calls.Add(1) == 2 { // the second request: taken, then the connection dies
+					c, _, err := http.NewResponseController(w).Hijack()
+					if err == nil {
+						c.Close()
+					}
+					return
+				}
+				io.WriteString(w, "ok")
+			}))
+			defer srv.Close()
+			c := &http.Client{Transport: newSync(t)}
+			do := func() error {
+				req, _ := http.NewRequest(tc.method, srv.URL, nil)
+				resp, err := c.Do(req)
+				if err != nil {
+					return err
+				}
+				defer resp.Body.Close()
+				_, err = io.ReadAll(resp.Body)
+				return err
+			}
+			if err := do(); err != nil {
+				t.Fatalf("first %s: %v", tc.method, err)
+			}
+			err := do()
+			if (err == nil) != tc.ok || calls.Load() != tc.calls {
+				t.Fatalf("%s on a connection that died mid-request: err %v after %d calls; want ok=%v after %d", tc.method, err, calls.Load(), tc.ok, tc.calls)
+			}
+		})
+	}
+}
