@@ -22,6 +22,9 @@ import (
 type benchNode struct {
 	store *raftstore.Store
 	dir   *Directory
+	// noHandOffRoute makes the node answer its hand-off route 404, as a
+	// node running a release without it would.
+	noHandOffRoute atomic.Bool
 }
 
 func startBenchCluster(b testing.TB, n int) []*benchNode {
@@ -53,10 +56,17 @@ func startBenchCluster(b testing.TB, n int) []*benchNode {
 		dir.SetHandOff(store.HTTPClient(), "t")
 		mux := http.NewServeMux()
 		mux.Handle(raftstore.HandlerPrefix, store.Handler(nil))
-		mux.HandleFunc("POST "+HandOffPath, dir.ServeHandOff)
+		nodes[i] = &benchNode{store: store, dir: dir}
+		nd := nodes[i]
+		mux.HandleFunc("POST "+HandOffPath, func(w http.ResponseWriter, r *http.Request) {
+			if nd.noHandOffRoute.Load() {
+				http.NotFound(w, r)
+				return
+			}
+			dir.ServeHandOff(w, r)
+		})
 		var handler http.Handler = mux
 		h.Store(&handler)
-		nodes[i] = &benchNode{store: store, dir: dir}
 		b.Cleanup(func() {
 			nodes[i].dir.Close()
 			_ = store.Close(context.Background())

@@ -175,8 +175,10 @@ func (d *Directory) flush(batch []*pending) {
 			cmds[i] = p.cmd
 		}
 		results, err := d.handOff(ctx, api, cmds)
-		d.deliver(batch, results, err)
-		return
+		if !errors.Is(err, errNoHandOffRoute) {
+			d.deliver(batch, results, err)
+			return
+		}
 	}
 	if len(batch) == 1 {
 		res, err := d.DoNow(ctx, batch[0].cmd)

@@ -33,6 +33,10 @@ type leaderInfo interface {
 // outcomes are unknown (each is safe to retry).
 var ErrHandOff = errors.New("directory hand-off failed")
 
+// errNoHandOffRoute: the leader does not know the route (an older release,
+// mid rolling upgrade); nothing was applied, so the batch goes the usual way.
+var errNoHandOffRoute = errors.New("leader has no hand-off route")
+
 // maxHandOffBody bounds a handed-off batch: MaxBatch commands of a few
 // hundred bytes each.
 const maxHandOffBody = 8 << 20
@@ -85,6 +89,10 @@ func (d *Directory) handOff(ctx context.Context, api string, cmds []directory.Co
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxHandOffBody))
 	if err != nil {
 		return nil, fmt.Errorf("%w: reading the answer: %w", ErrHandOff, err)
+	}
+	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
+		// A leader from a release without the route took nothing.
+		return nil, errNoHandOffRoute
 	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("%w: leader answered %d: %s", ErrHandOff, resp.StatusCode, strings.TrimSpace(string(body)))

@@ -48,6 +48,14 @@ func TestDirectoryHandOff(t *testing.T) {
 		t.Fatalf("a handed-off batch was handed on: the leader took %d commands, want still 1", got)
 	}
 
+	// A leader running a release without the route (a rolling upgrade):
+	// the follower's batch goes through Raft forwarding instead.
+	leader.noHandOffRoute.Store(true)
+	if res, err := follower.dir.Do(ctx, claim("old-leader")); err != nil || res.Code != directory.CodeGranted {
+		t.Fatalf("claim through a follower of a leader without the hand-off route: %v %v %s", err, res.Code, res.Reason)
+	}
+	leader.noHandOffRoute.Store(false)
+
 	_, before := leader.dir.Machine().Len()
 	for name, body := range map[string][]byte{
 		"garbage":      []byte("not a command"),
