@@ -45,9 +45,30 @@ var wireBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2<<10); return &
 func (f *FrontDoor) fastForwardable(r *http.Request, rt *route, scheme string) bool {
 	return f.sync != nil && scheme == "http" && rt.retryable && len(rt.body) <= httpx.SyncBodyLimit &&
 		r.Header["Upgrade"] == nil &&
-		// ReverseProxy drops unparsable query parameters; leave those
-		// queries to it. Without ';' or '%' a query always parses.
-		!strings.ContainsAny(r.URL.RawQuery, ";%")
+		// ReverseProxy re-encodes a query holding ';' or a bad escape;
+		// leave those to it.
+		cleanQuery(r.URL.RawQuery)
+}
+
+// cleanQuery reports whether ReverseProxy would pass q unchanged: no ';'
+// and every '%' starting a valid escape.
+func cleanQuery(q string) bool {
+	for i := 0; i < len(q); i++ {
+		switch q[i] {
+		case ';':
+			return false
+		case '%':
+			if i+2 >= len(q) || !isHex(q[i+1]) || !isHex(q[i+2]) {
+				return false
+			}
+			i += 2
+		}
+	}
+	return true
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
 // appendHead writes the forwarded request's head and body to dst; ok is

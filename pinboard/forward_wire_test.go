@@ -65,3 +65,21 @@ func TestForwardWire(t *testing.T) {
 		}
 	}
 }
+
+// The fast path takes exactly the queries ReverseProxy passes unchanged.
+func TestCleanQuery(t *testing.T) {
+	for q, want := range map[string]bool{
+		"":              true,
+		"a=1&b=2":       true,
+		"q=hello%20you": true,
+		"x=%41":         true,
+		"x=%4":          false,
+		"x=%zz":         false,
+		"%":             false,
+		"a=1;b=2":       false,
+	} {
+		if got := cleanQuery(q); got != want {
+			t.Errorf("cleanQuery(%q) = %v, want %v", q, got, want)
+		}
+	}
+}
