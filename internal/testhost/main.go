@@ -157,52 +157,23 @@ func misc(inst *sdk.Instance) http.Handler {
 		_, _ = io.Copy(w, resp.Body)
 	})
 	mux.HandleFunc("/sse", func(w http.ResponseWriter, r *http.Request) {
-		// Events until the client goes away; each is flushed on its own.
-		w.Header().Set("Content-Type", "text/event-stream")
-		rc := http.NewResponseController(w)
-		for i := 0; ; i++ {
-			fmt.Fprintf(w, "data: %d\n\n", i)
-			if rc.Flush() != nil {
-				return
-			}
-			select {
-			case <-r.Context().Done():
-				return
-			case <-inst.Context().Done():
-				fmt.Fprint(w, "event: fin\ndata: evicted\n\n")
-				_ = rc.Flush()
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		eventStream(w, r, inst, t.C)
 	})
 	// /gated: an event stream that sends its next event only when told to
 	// (POST /gated/next), so a test can prove each event arrived before the
 	// next was written; GET /gated/open counts the streams still open here.
-	gate := make(chan struct{})
+	gate := make(chan time.Time)
 	var open atomic.Int32
 	mux.HandleFunc("GET /gated", func(w http.ResponseWriter, r *http.Request) {
 		open.Add(1)
 		defer open.Add(-1)
-		w.Header().Set("Content-Type", "text/event-stream")
-		rc := http.NewResponseController(w)
-		for i := 0; ; i++ {
-			fmt.Fprintf(w, "data: %d\n\n", i)
-			if rc.Flush() != nil {
-				return
-			}
-			select {
-			case <-gate:
-			case <-r.Context().Done():
-				return
-			case <-inst.Context().Done():
-				return
-			}
-		}
+		eventStream(w, r, inst, gate)
 	})
 	mux.HandleFunc("POST /gated/next", func(w http.ResponseWriter, r *http.Request) {
 		select {
-		case gate <- struct{}{}:
+		case gate <- time.Now():
 			fmt.Fprint(w, "sent")
 		case <-time.After(5 * time.Second):
 			http.Error(w, "no stream waiting", http.StatusConflict)
@@ -253,6 +224,29 @@ func misc(inst *sdk.Instance) http.Handler {
 	})
 	mux.Handle("/", echo(inst))
 	return mux
+}
+
+// eventStream writes numbered events, each flushed on its own, one more
+// every time next fires, until the client goes away or the instance is
+// evicted (a last "fin" event says so).
+func eventStream(w http.ResponseWriter, r *http.Request, inst *sdk.Instance, next <-chan time.Time) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	rc := http.NewResponseController(w)
+	for i := 0; ; i++ {
+		fmt.Fprintf(w, "data: %d\n\n", i)
+		if rc.Flush() != nil {
+			return
+		}
+		select {
+		case <-next:
+		case <-r.Context().Done():
+			return
+		case <-inst.Context().Done():
+			fmt.Fprint(w, "event: fin\ndata: evicted\n\n")
+			_ = rc.Flush()
+			return
+		}
+	}
 }
 
 // servePlainHTTP serves the counter host over plain loopback HTTP, no
