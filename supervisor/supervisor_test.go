@@ -98,6 +98,45 @@ func TestDataPlanesFlushThrough(t *testing.T) {
 }
 
 // Eviction of an instance under an open stream ends the stream.
+// Quit returns only once the instance is out of the table, also when an
+// eviction of it is already under way (Evict alone returns at once then).
+func TestQuitWaitsOutAnEvictionUnderWay(t *testing.T) {
+	s, srv := startSupervisor(t, DataPlaneUnix, testutil.Bin(t, "testhost"), "/slowstop")
+	resp, err := http.Get(srv.URL + "/slowstop/q/ping")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	k := Key{"/slowstop", "q"}
+	go s.Evict(context.Background(), k, 0) // its Stop hook takes 500ms
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s.mu.Lock()
+		in := s.instances[k]
+		evicting := in != nil && in.evicting
+		s.mu.Unlock()
+		if evicting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first eviction never started")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s.Quit(ctx, k)
+	if ctx.Err() != nil {
+		t.Fatal("Quit ran out its deadline")
+	}
+	s.mu.Lock()
+	left := s.instances[k] != nil
+	s.mu.Unlock()
+	if left { // the status lists it, lease and all
+		t.Fatal("Quit returned with the instance still in the table")
+	}
+}
+
 func TestEvictEndsOpenStreams(t *testing.T) {
 	s, srv := startSupervisor(t, DataPlaneUnix, testutil.Bin(t, "testhost"), "/misc")
 	resp, err := http.Get(srv.URL + "/misc/e/sse")

@@ -47,6 +47,7 @@ type hooked struct {
 	http.Handler
 	inst *sdk.Instance
 	keep bool
+	stop time.Duration // how long the Stop hook takes
 }
 
 func (h *hooked) Start(context.Context) error {
@@ -64,6 +65,7 @@ func (h *hooked) Idle(context.Context) bool {
 }
 
 func (h *hooked) Stop(context.Context) {
+	time.Sleep(h.stop)
 	record("stop %s %s", h.inst.Namespace(), h.inst.ID())
 }
 
@@ -89,6 +91,11 @@ func main() {
 				return &hooked{Handler: echo(inst), inst: inst, keep: true}, nil
 			},
 		},
+		// /slowstop: its Stop hook takes 500ms, so an eviction stays under
+		// way long enough to overlap another.
+		"/slowstop": {New: func(inst *sdk.Instance) (http.Handler, error) {
+			return &hooked{Handler: echo(inst), inst: inst, stop: 500 * time.Millisecond}, nil
+		}},
 		// /slow: activation takes 200ms, so concurrent first requests overlap.
 		"/slow": {New: func(inst *sdk.Instance) (http.Handler, error) {
 			n := activations.Add(1)
