@@ -267,7 +267,9 @@ func (s *Store) Leader() (id, apiAddr string) {
 // leader on their own share its pooled connections.
 func (s *Store) HTTPClient() *http.Client { return s.client }
 
-// AppliedIndex returns the index of the last entry applied to the state machine on this node.
+// AppliedIndex returns the index of the last entry raft has handed to the state machine on
+// this node; the state machine may still be applying it (read the state machine's own index
+// to know what it holds).
 func (s *Store) AppliedIndex() uint64 { return s.raft.AppliedIndex() }
 
 // Stats returns raft's own statistics (state, term, indexes, last contact ...).
