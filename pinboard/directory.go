@@ -169,11 +169,11 @@ func (d *Directory) flusher() {
 func (d *Directory) flush(batch []*pending) {
 	ctx, cancel := context.WithTimeout(d.ctx, batchTimeout)
 	defer cancel()
+	cmds := make([]directory.Command, len(batch))
+	for i, p := range batch {
+		cmds[i] = p.cmd
+	}
 	if api := d.handOffTarget(batch); api != "" {
-		cmds := make([]directory.Command, len(batch))
-		for i, p := range batch {
-			cmds[i] = p.cmd
-		}
 		results, err := d.handOff(ctx, api, cmds)
 		if !errors.Is(err, errNoHandOffRoute) {
 			d.deliver(batch, results, err)
@@ -181,23 +181,19 @@ func (d *Directory) flush(batch []*pending) {
 		}
 	}
 	if len(batch) == 1 {
-		res, err := d.DoNow(ctx, batch[0].cmd)
+		res, err := d.DoNow(ctx, cmds[0])
 		batch[0].done <- outcome{res, err}
 		return
 	}
-	cmds := make([]directory.Command, len(batch))
-	for i, p := range batch {
-		cmds[i] = p.cmd
-	}
 	res, err := d.DoNow(ctx, directory.Batch{Commands: cmds})
-	if err == nil && len(res.Results) != len(batch) {
-		err = fmt.Errorf("%w: batch of %d answered with %d results", ErrDirectory, len(batch), len(res.Results))
-	}
 	d.deliver(batch, res.Results, err)
 }
 
 // deliver hands each command its result, or all of them err.
 func (d *Directory) deliver(batch []*pending, results []directory.Result, err error) {
+	if err == nil && len(results) != len(batch) {
+		err = fmt.Errorf("%w: batch of %d answered with %d results", ErrDirectory, len(batch), len(results))
+	}
 	for i, p := range batch {
 		if err != nil {
 			p.done <- outcome{err: err}

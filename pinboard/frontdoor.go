@@ -190,13 +190,8 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 			// time the owner's lease may have lapsed and the id moved.
 			ResponseHeaderTimeout: ownerHeaderTimeout,
 		}
-		dialer := &net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}
 		f.client = &http.Client{Transport: std}
-		f.sync = &httpx.SyncTransport{
-			Dial:                  func(ctx context.Context, addr string) (net.Conn, error) { return dialer.DialContext(ctx, "tcp", addr) },
-			Fallback:              std,
-			ResponseHeaderTimeout: ownerHeaderTimeout,
-		}
+		f.sync = &httpx.SyncTransport{Fallback: std, ResponseHeaderTimeout: ownerHeaderTimeout}
 		f.proxy = f.newProxy(f.sync)
 	} else {
 		f.client = &http.Client{Transport: tr}

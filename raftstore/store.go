@@ -117,12 +117,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		// Forwarded applies are small and on the claim path: written and
 		// read on the caller's goroutine, without net/http's per-connection
 		// goroutine hand-offs (large bodies and https go to tr).
-		dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
-		sync := &httpx.SyncTransport{
-			Dial:           func(ctx context.Context, addr string) (net.Conn, error) { return dialer.DialContext(ctx, "tcp", addr) },
-			Fallback:       tr,
-			MaxIdlePerHost: 64,
-		}
+		sync := &httpx.SyncTransport{Fallback: tr, MaxIdlePerHost: 64, DialTimeout: 5 * time.Second}
 		s.client = &http.Client{Transport: sync}
 		s.closeClient = func() { sync.Close(); tr.CloseIdleConnections() }
 		cleanups = append(cleanups, s.closeClient)

@@ -31,9 +31,11 @@ const SyncBodyLimit = 64 << 10
 // which writes and reads concurrently, and so does anything but plain http
 // (TLS is Fallback's).
 type SyncTransport struct {
-	// Dial opens a connection to addr (the request's URL host).
-	Dial     func(ctx context.Context, addr string) (net.Conn, error)
-	Fallback http.RoundTripper
+	// Dial opens a connection to addr (the request's URL host). Default:
+	// TCP, with DialTimeout (default 3s) and 30s keep-alives.
+	Dial        func(ctx context.Context, addr string) (net.Conn, error)
+	DialTimeout time.Duration
+	Fallback    http.RoundTripper
 	// MaxIdlePerHost bounds the pool per host (default 256).
 	MaxIdlePerHost int
 	// ResponseHeaderTimeout, if set, bounds the wait for a response head.
@@ -286,7 +288,7 @@ func (t *SyncTransport) get(ctx context.Context, addr string) (*pconn, bool, err
 		t.mu.Lock()
 	}
 	t.mu.Unlock()
-	c, err := t.Dial(ctx, addr)
+	c, err := t.dial(ctx, addr)
 	if err != nil {
 		return nil, false, err
 	}
@@ -317,6 +319,17 @@ func alive(c net.Conn) bool {
 		return true // never wait for readiness
 	})
 	return cerr == nil && ok
+}
+
+func (t *SyncTransport) dial(ctx context.Context, addr string) (net.Conn, error) {
+	if t.Dial != nil {
+		return t.Dial(ctx, addr)
+	}
+	d := net.Dialer{Timeout: t.DialTimeout, KeepAlive: 30 * time.Second}
+	if d.Timeout <= 0 {
+		d.Timeout = 3 * time.Second
+	}
+	return d.DialContext(ctx, "tcp", addr)
 }
 
 func (t *SyncTransport) put(pc *pconn) {

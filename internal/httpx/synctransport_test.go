@@ -1,7 +1,6 @@
 package httpx
 
 import (
-	"context"
 	"io"
 	"net"
 	"net/http"
@@ -13,11 +12,7 @@ import (
 )
 
 func newSync(t *testing.T) *SyncTransport {
-	d := &net.Dialer{Timeout: time.Second}
-	tr := &SyncTransport{
-		Dial:     func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) },
-		Fallback: http.DefaultTransport,
-	}
+	tr := &SyncTransport{Fallback: http.DefaultTransport} // the default TCP dial
 	t.Cleanup(tr.Close)
 	return tr
 }
