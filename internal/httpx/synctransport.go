@@ -92,8 +92,12 @@ func (t *SyncTransport) RoundTripHead(addr string, in *http.Request, wire []byte
 }
 
 func (t *SyncTransport) roundTrip(ctx context.Context, addr string, req *http.Request, bodyless bool, got1xx func(int, http.Header), write func(*bufio.Writer) error) (*http.Response, error) {
+	// A body-less request whose method is safe to repeat goes again if its
+	// pooled connection turns out dead, so only the others pay for the
+	// liveness peek before reuse.
+	retryable := bodyless && idempotent(req.Method)
 	for attempt := 0; ; attempt++ {
-		pc, reused, err := t.get(ctx, addr)
+		pc, reused, err := t.get(ctx, addr, !retryable)
 		if err != nil {
 			return nil, err
 		}
@@ -102,11 +106,10 @@ func (t *SyncTransport) roundTrip(ctx context.Context, addr string, req *http.Re
 			return resp, nil
 		}
 		pc.c.Close()
-		// A pooled connection the peer closed just as it was taken (the
-		// peek in get saw it open) fails before anything was processed;
-		// but a connection can also die after the request was, so only a
-		// body-less request whose method is safe to repeat goes again.
-		if reused && attempt == 0 && bodyless && idempotent(req.Method) && ctx.Err() == nil && isConnGone(err) {
+		// A pooled connection can die before the request was processed
+		// (closed while idle) or after; only a request safe to repeat
+		// goes again.
+		if reused && attempt == 0 && retryable && ctx.Err() == nil && isConnGone(err) {
 			continue
 		}
 		return nil, err
@@ -271,7 +274,9 @@ func Detach(resp *http.Response) (net.Conn, []byte, error) {
 	return b.pc.c, raw, nil
 }
 
-func (t *SyncTransport) get(ctx context.Context, addr string) (*pconn, bool, error) {
+// get takes a pooled connection to addr, or dials one. With peek, a pooled
+// one must pass alive first.
+func (t *SyncTransport) get(ctx context.Context, addr string, peek bool) (*pconn, bool, error) {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -281,7 +286,7 @@ func (t *SyncTransport) get(ctx context.Context, addr string) (*pconn, bool, err
 		pc := idle[len(idle)-1]
 		t.idle[addr] = idle[:len(idle)-1]
 		t.mu.Unlock()
-		if pc.br.Buffered() == 0 && alive(pc.c) {
+		if pc.br.Buffered() == 0 && (!peek || alive(pc.c)) {
 			return pc, true, nil
 		}
 		pc.c.Close()
