@@ -290,34 +290,8 @@ func LaunchAgentIn(t testing.TB, ns string, env []string, args ...string) *Agent
 	if !hasFlag(args, "--http-addr") {
 		t.Fatal("LaunchAgentIn: args must set --http-addr (an address inside the namespace)")
 	}
-	full := append([]string{"netns", "exec", ns, Bin(t, "pinnedd"), "agent", "--log-format", "json", "--log-level", "debug"}, args...)
-	if !hasFlag(args, "--drain-deadline") {
-		full = append(full, "--drain-deadline", "2s")
-	}
-	cmd := exec.Command("ip", full...)
-	cmd.Env = append(os.Environ(), env...)
-	logs := &logBuffer{name: t.Name(), notify: make(chan struct{}, 1)}
-	cmd.Stderr = logs
-	cmd.Stdout = logs
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start pinnedd in %s: %v", ns, err)
-	}
-	a := &Agent{t: t, Cmd: cmd, logs: logs, done: make(chan struct{})}
-	go func() { a.err = cmd.Wait(); close(a.done) }()
-	t.Cleanup(func() { a.stopForCleanup() })
-
-	line, err := a.WaitLog(30*time.Second, `"msg":"front door listening"`)
-	if err != nil {
-		t.Fatalf("pinnedd in %s did not start: %v\n%s", ns, err, logs.String())
-	}
-	var rec struct {
-		Addr string `json:"addr"`
-	}
-	if err := json.Unmarshal([]byte(line), &rec); err != nil || rec.Addr == "" {
-		t.Fatalf("parse listen line %q: %v", line, err)
-	}
-	a.URL = "http://" + rec.Addr
-	return a
+	full := append([]string{"netns", "exec", ns, Bin(t, "pinnedd")}, agentArgs(args)...)
+	return launch(t, exec.Command("ip", full...), env, "pinnedd in "+ns)
 }
 
 // ForwardTCP listens on listen (host:port, port 0 for any) and pipes every

@@ -100,21 +100,35 @@ func (a *Agent) WaitReady(timeout time.Duration) error {
 // that none of its plugin processes survive.
 func LaunchAgent(t testing.TB, env []string, args ...string) *Agent {
 	t.Helper()
-	full := append([]string{"agent", "--log-format", "json", "--log-level", "debug"}, args...)
+	full := agentArgs(args)
 	if !hasFlag(args, "--http-addr") {
 		full = append(full, "--http-addr", "127.0.0.1:0")
 	}
+	return launch(t, exec.Command(Bin(t, "pinnedd"), full...), env, "pinnedd")
+}
+
+// agentArgs is `agent` with JSON debug logs, then args, then a short drain
+// deadline unless args set one.
+func agentArgs(args []string) []string {
+	full := append([]string{"agent", "--log-format", "json", "--log-level", "debug"}, args...)
 	if !hasFlag(args, "--drain-deadline") {
 		// Tests stop agents a lot; 30 s drains would dominate the suite.
 		full = append(full, "--drain-deadline", "2s")
 	}
-	cmd := exec.Command(Bin(t, "pinnedd"), full...)
+	return full
+}
+
+// launch starts cmd, a pinnedd agent (what names it in failures), with env
+// added, and waits until its front door listens. The test's cleanup stops
+// it and checks its plugin processes are gone.
+func launch(t testing.TB, cmd *exec.Cmd, env []string, what string) *Agent {
+	t.Helper()
 	cmd.Env = append(os.Environ(), env...)
 	logs := &logBuffer{name: t.Name(), notify: make(chan struct{}, 1)}
 	cmd.Stderr = logs
 	cmd.Stdout = logs
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start pinnedd: %v", err)
+		t.Fatalf("start %s: %v", what, err)
 	}
 	a := &Agent{t: t, Cmd: cmd, logs: logs, done: make(chan struct{})}
 	go func() { a.err = cmd.Wait(); close(a.done) }()
@@ -122,7 +136,7 @@ func LaunchAgent(t testing.TB, env []string, args ...string) *Agent {
 
 	line, err := a.WaitLog(30*time.Second, `"msg":"front door listening"`)
 	if err != nil {
-		t.Fatalf("pinnedd did not start: %v\n%s", err, logs.String())
+		t.Fatalf("%s did not start: %v\n%s", what, err, logs.String())
 	}
 	var rec struct {
 		Addr string `json:"addr"`
