@@ -258,8 +258,17 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 func (f *FrontDoor) Handle(pattern string, h http.Handler) { f.mux.Handle(pattern, h) }
 
 // Close ends the held streams this front door relays and stops the relay
-// loop. http.Server's Shutdown does not see them: they left net/http.
-func (f *FrontDoor) Close() error { return f.relay.Close() }
+// loop (http.Server's Shutdown does not see them: they left net/http),
+// then closes its pooled connections to owners. Call it after the server
+// stopped serving.
+func (f *FrontDoor) Close() error {
+	err := f.relay.Close()
+	if f.sync != nil { // the pools are the front door's own, not a supplied Transport's
+		f.sync.Close()
+		f.client.CloseIdleConnections()
+	}
+	return err
+}
 
 // SetStopping makes new instance requests answer 503 + Retry-After.
 func (f *FrontDoor) SetStopping() { f.stopping.Store(true) }
