@@ -37,6 +37,7 @@ type instance struct {
 	streams    int
 	lastActive time.Time
 	evicting   bool
+	evictDone  chan struct{} // closed when the latest eviction ended, kept or not
 	idle       *time.Timer
 	stopped    chan struct{} // closed once removed from the table
 
@@ -277,10 +278,13 @@ func (s *Supervisor) evictWith(ctx context.Context, in *instance, reason proto.R
 		return
 	}
 	in.evicting = true
+	done := make(chan struct{})
+	in.evictDone = done
 	if in.idle != nil {
 		in.idle.Stop()
 	}
 	s.mu.Unlock()
+	defer close(done)
 	<-in.ready
 
 	resp, err := in.inc.conn.Control.Deactivate(ctx, &proto.DeactivateRequest{
@@ -363,18 +367,19 @@ func (s *Supervisor) Quit(ctx context.Context, k Key) {
 	if in == nil {
 		return
 	}
-	// An eviction under way (an idle one) may end with the instance kept:
-	// then this one goes again.
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
+	// An eviction already under way (an idle one) may end with the
+	// instance kept: then this one goes again.
 	for {
 		s.evict(ctx, in, proto.Reason_REASON_OPERATOR, 0)
+		s.mu.Lock()
+		done := in.evictDone
+		s.mu.Unlock()
 		select {
 		case <-in.stopped:
 			return
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-done:
 		}
 	}
 }
