@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -397,18 +398,63 @@ func (l *logBuffer) find(subs []string) (string, bool) {
 	return "", false
 }
 
-// FreeAddr returns a loopback address with a port the kernel just handed
-// out and released. Only for a node that must come back on the same
-// address after a restart (a Raft member's address is part of the
-// cluster's configuration); everything else listens on :0 directly.
+// FreeAddr returns a loopback address nothing listens on, for a node that
+// must come back on the same address after a restart (a Raft member's
+// address is part of the cluster's configuration); everything else listens
+// on :0 directly. The port comes from below the kernel's ephemeral range:
+// a port the kernel hands out for :0 and is then released can be taken by
+// any outgoing connection before the node binds it (seen in CI as "address
+// already in use"), while ports below the range are only ever taken by an
+// explicit bind. Ports are not handed out twice by one test process.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	lo := ephemeralLow()
+	freeMu.Lock()
+	defer freeMu.Unlock()
+	for range 1000 {
+		port := freeFloor + rand.IntN(lo-freeFloor)
+		if freeGiven[port] {
+			continue
+		}
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue // someone else's
+		}
+		ln.Close()
+		freeGiven[port] = true
+		return addr
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatalf("no free port in [%d, %d) after 1000 tries", freeFloor, lo)
+	return ""
+}
+
+// freeFloor is the lowest port FreeAddr hands out (above the well-known
+// and most registered service ports).
+const freeFloor = 20000
+
+var (
+	freeMu    sync.Mutex
+	freeGiven = map[int]bool{}
+)
+
+// ephemeralLow is the bottom of the kernel's range for ports it picks
+// itself (outgoing connections, listens on :0); Linux's default if
+// unreadable or too low to leave room below it.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 32768
+	}
+	lo, err := strconv.Atoi(f[0])
+	if err != nil || lo < freeFloor+1000 {
+		return 32768
+	}
+	return lo
 }
 
 // CLI runs `pinnedd args...` and returns its combined output.
