@@ -25,6 +25,11 @@ type benchNode struct {
 	// noHandOffRoute makes the node answer its hand-off route 404, as a
 	// node running a release without it would.
 	noHandOffRoute atomic.Bool
+	// silent makes the hand-off route swallow batches and never answer, as
+	// a leader cut off by a partition does; each one swallowed is sent on
+	// swallowed (if there is room).
+	silent    atomic.Bool
+	swallowed chan struct{}
 }
 
 func startBenchCluster(b testing.TB, n int) []*benchNode {
@@ -56,11 +61,22 @@ func startBenchCluster(b testing.TB, n int) []*benchNode {
 		dir.SetHandOff(store.HTTPClient(), "t")
 		mux := http.NewServeMux()
 		mux.Handle(raftstore.HandlerPrefix, store.Handler(nil))
-		nodes[i] = &benchNode{store: store, dir: dir}
+		nodes[i] = &benchNode{store: store, dir: dir, swallowed: make(chan struct{}, 16)}
 		nd := nodes[i]
 		mux.HandleFunc("POST "+HandOffPath, func(w http.ResponseWriter, r *http.Request) {
 			if nd.noHandOffRoute.Load() {
 				http.NotFound(w, r)
+				return
+			}
+			if nd.silent.Load() {
+				select {
+				case nd.swallowed <- struct{}{}:
+				default:
+				}
+				// Read the batch first: the server notices a closed
+				// connection only once the body has been read.
+				_, _ = io.Copy(io.Discard, r.Body)
+				<-r.Context().Done() // the sender gave up
 				return
 			}
 			dir.ServeHandOff(w, r)

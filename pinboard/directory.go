@@ -173,8 +173,10 @@ func (d *Directory) flush(batch []*pending) {
 	for i, p := range batch {
 		cmds[i] = p.cmd
 	}
-	if api := d.handOffTarget(batch); api != "" {
-		results, err := d.handOff(ctx, api, cmds)
+	if li, id, api := d.handOffTarget(batch); li != nil {
+		hctx, stop := li.WhileLeader(ctx, id)
+		results, err := d.handOff(hctx, api, cmds)
+		stop()
 		if !errors.Is(err, errNoHandOffRoute) {
 			d.deliver(batch, results, err)
 			return

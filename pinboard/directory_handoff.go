@@ -27,6 +27,10 @@ const HandOffPath = "/_pinned/directory/batch"
 type leaderInfo interface {
 	IsLeader() bool
 	Leader() (id, apiAddr string)
+	// WhileLeader: ctx, ended once this node sees another leader (or
+	// none), so a batch handed to a leader that was cut off does not wait
+	// out its whole timeout in the silence.
+	WhileLeader(ctx context.Context, id string) (context.Context, context.CancelFunc)
 }
 
 // ErrHandOff: the leader could not take a handed-off batch; its commands'
@@ -48,25 +52,28 @@ func (d *Directory) SetHandOff(client *http.Client, token string) {
 	d.handOffClient, d.handOffToken = client, token
 }
 
-// handOffTarget is the leader's API URL if this batch should be handed off:
+// handOffTarget is the leader (its id and API URL) if this batch should be handed off:
 // hand-off is on, this node is a follower that knows the leader, and no
 // command in the batch was itself handed here (a batch goes one hop, so
 // two nodes that each think the other leads cannot pass it back and forth).
-func (d *Directory) handOffTarget(batch []*pending) string {
+func (d *Directory) handOffTarget(batch []*pending) (li leaderInfo, id, api string) {
 	if d.handOffClient == nil {
-		return ""
+		return nil, "", ""
 	}
 	li, ok := d.applier.(leaderInfo)
 	if !ok || li.IsLeader() {
-		return ""
+		return nil, "", ""
 	}
 	for _, p := range batch {
 		if p.remote {
-			return ""
+			return nil, "", ""
 		}
 	}
-	_, api := li.Leader()
-	return api
+	id, api = li.Leader()
+	if id == "" || api == "" {
+		return nil, "", ""
+	}
+	return li, id, api
 }
 
 // handOff sends cmds to the leader's Directory and returns one result per
@@ -83,6 +90,9 @@ func (d *Directory) handOff(ctx context.Context, api string, cmds []directory.Co
 	}
 	resp, err := d.handOffClient.Do(req)
 	if err != nil {
+		if cause := context.Cause(ctx); cause != nil && cause != ctx.Err() {
+			err = fmt.Errorf("%w: %w", cause, err)
+		}
 		return nil, fmt.Errorf("%w: %w", ErrHandOff, err)
 	}
 	defer resp.Body.Close()

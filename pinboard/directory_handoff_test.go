@@ -3,12 +3,14 @@ package pinboard
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/pinnedd/pinnedd/pinboard/directory"
+	"github.com/pinnedd/pinnedd/raftstore"
 )
 
 // A follower's claims reach the leader's group commit through the
@@ -71,5 +73,53 @@ func TestDirectoryHandOff(t *testing.T) {
 	}
 	if _, after := leader.dir.Machine().Len(); after != before {
 		t.Fatalf("refused batches changed the directory: %d placements, %d before", after, before)
+	}
+}
+
+// A batch handed to a leader that then goes silent (cut off: no answer, not
+// even an error) ends as soon as the follower sees another leader, not at
+// the batch timeout; the follower's next batch reaches the new leader.
+func TestHandOffToSilencedLeaderEndsOnLeaderChange(t *testing.T) {
+	nodes := startBenchCluster(t, 3)
+	leader, follower := nodes[0], nodes[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	claim := func(id string) directory.Claim {
+		return directory.Claim{Key: directory.Key{Namespace: "/b", ID: id}, ClientID: "w1", Now: time.Now().UnixMilli()}
+	}
+
+	leader.silent.Store(true)
+	done := make(chan error, 1)
+	go func() {
+		_, err := follower.dir.Do(ctx, claim("into-the-silence"))
+		done <- err
+	}()
+	select {
+	case <-leader.swallowed:
+	case err := <-done:
+		t.Fatalf("claim answered before reaching the leader: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the follower never handed its batch to the leader")
+	}
+	// The leader steps down (its HTTP side still swallows the batch).
+	if err := leader.store.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrHandOff) || !errors.Is(err, raftstore.ErrLeaderChanged) {
+			t.Fatalf("claim handed to the silenced leader: %v, want ErrHandOff caused by ErrLeaderChanged", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the handed-off claim waited out the silence")
+	}
+
+	// The claim is safe to retry; the retry reaches whichever node leads now.
+	if err := follower.store.WaitForLeader(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := follower.dir.Do(ctx, claim("into-the-silence"))
+	if err != nil || res.Code != directory.CodeGranted {
+		t.Fatalf("retried claim: %v %v %s", err, res.Code, res.Reason)
 	}
 }

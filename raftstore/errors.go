@@ -15,6 +15,9 @@ var (
 	// the store shut down, the context ended, or the connection to the leader broke after the
 	// request was sent). Only idempotent or compare-and-set commands may be retried.
 	ErrOutcomeUnknown = errors.New("raftstore: outcome unknown")
+	// ErrLeaderChanged is the cause of a WhileLeader context's end: this node saw a leader other
+	// than the one named (or none). A forward cut short by it has an unknown outcome.
+	ErrLeaderChanged = errors.New("raftstore: leader changed")
 	// ErrClosed means the store is closed or closing.
 	ErrClosed = errors.New("raftstore: closed")
 	// ErrInvalidConfig means Open was given an unusable Config.

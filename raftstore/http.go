@@ -296,6 +296,9 @@ func doRPC(ctx context.Context, client *http.Client, baseURL, token, method, op,
 			// Never reached the node: nothing was started there.
 			return nil, fmt.Errorf("raftstore: %s via %s: %w: %w", op, baseURL, ErrNoLeader, err)
 		}
+		if cause := context.Cause(ctx); errors.Is(cause, ErrLeaderChanged) {
+			err = fmt.Errorf("%w: %w", cause, err)
+		}
 		return nil, fmt.Errorf("raftstore: %s via %s: %w: %w", op, baseURL, ErrOutcomeUnknown, err)
 	}
 	defer resp.Body.Close()

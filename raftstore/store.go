@@ -257,6 +257,34 @@ func (s *Store) Leader() (id, apiAddr string) {
 	return string(lid), s.fsm.apiAddr(string(lid))
 }
 
+// WhileLeader returns ctx, cut short with the cause ErrLeaderChanged once this node sees a
+// leader other than id, or none. A request forwarded to a leader that was then cut off gets no
+// answer, not even an error (a partition drops packets silently): without this it would wait
+// out its whole timeout after the followers had already elected another leader, holding up
+// whatever queued behind it. Cancel the returned func when done.
+func (s *Store) WhileLeader(ctx context.Context, id string) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		// The change channel is the fast path; the ticker covers observations raft dropped.
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			changed := s.changes()
+			if cur, _ := s.Leader(); cur != id || s.closed.Load() {
+				cancel(ErrLeaderChanged)
+				return
+			}
+			select {
+			case <-changed:
+			case <-tick.C:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return ctx, func() { cancel(context.Canceled) }
+}
+
 // HTTPClient is the client this node reaches other members' APIs with
 // (Config.HTTPClient, or the one Open made): callers forwarding to the
 // leader on their own share its pooled connections.
@@ -515,7 +543,9 @@ func (s *Store) onLeader(ctx context.Context, op string, local func(context.Cont
 		if s.IsLeader() {
 			err = local(ctx)
 		} else if id, api := s.Leader(); id != "" && id != s.cfg.NodeID && api != "" {
-			err = remote(ctx, api)
+			rctx, stop := s.WhileLeader(ctx, id)
+			err = remote(rctx, api)
+			stop()
 		} else {
 			err = ErrNoLeader
 		}

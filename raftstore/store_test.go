@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"runtime"
@@ -564,4 +565,57 @@ func TestCloseUnderLoadLeaksNothing(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// An apply forwarded to a leader that then goes silent (cut off: the request
+// gets no answer, not even an error) ends with an unknown outcome as soon as
+// the follower sees another leader, instead of at its timeout.
+func TestForwardToSilencedLeaderEndsOnLeaderChange(t *testing.T) {
+	nodes := newCluster(t, 3, nil)
+	leader := leaderOf(t, nodes)
+	var follower *testNode
+	for _, n := range nodes {
+		if n != leader {
+			follower = n
+			break
+		}
+	}
+	swallowed := make(chan struct{}, 1)
+	var silent http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // the server notices a closed connection only after the body
+		select {
+		case swallowed <- struct{}{}:
+		default:
+		}
+		<-r.Context().Done()
+	})
+	leader.handler.Store(&silent)
+
+	ctx := ctxTimeout(t, 30*time.Second)
+	done := make(chan error, 1)
+	go func() {
+		_, err := follower.s.Apply(ctx, []byte("into-the-silence"))
+		done <- err
+	}()
+	select {
+	case <-swallowed:
+	case err := <-done:
+		t.Fatalf("apply answered before reaching the leader: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the follower never forwarded to the leader")
+	}
+	// Its raft stops, its HTTP side stays silent; the followers elect another leader.
+	if err := leader.s.shutdown(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrOutcomeUnknown) || !errors.Is(err, ErrLeaderChanged) {
+			t.Fatalf("apply forwarded to the silenced leader: %v, want ErrOutcomeUnknown caused by ErrLeaderChanged", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the forwarded apply waited out the silence")
+	}
+	// The entry never reached the log: the next apply commits on the new leader alone.
+	mustApply(t, follower, "after")
 }
