@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -47,6 +48,8 @@ func TestPartitionedOwnerNeverServesAlongsideItsSuccessor(t *testing.T) {
 			"--node-id", n.id, "--http-addr", n.http, "--raft-addr", n.raft, "--data-dir", n.dir,
 			"--plugin", "/counters=" + counter, "--database-url", nodeDSN,
 			"--lease-ttl", "3s", "--heartbeat-interval", "500ms", "--raft-timeout", "300ms",
+			// The test poses as client IPs (placeOnLeader).
+			"--trusted-proxies", nw.HostIP + "/32",
 		}
 		if i == 0 {
 			n.args = append(n.args, "--bootstrap")
@@ -63,6 +66,8 @@ func TestPartitionedOwnerNeverServesAlongsideItsSuccessor(t *testing.T) {
 		r, err := nodes[0].a.Do("GET", "/counters/warmup/value", "")
 		return err == nil && r.Code == 200
 	})
+
+	leader := placeOnLeader(t, nodes, "p1")
 
 	h := newPartitionHistory(nw.HostIP, nodes)
 	h.start()
@@ -86,7 +91,9 @@ func TestPartitionedOwnerNeverServesAlongsideItsSuccessor(t *testing.T) {
 	if session == "" {
 		t.Fatalf("no live session for %s", old.id)
 	}
-	leader, _ := health(t, nodes[0])["leader"].(string)
+	if old.id != leader {
+		t.Logf("p1 was placed on the leader %s, but %s holds it now", leader, old.id)
+	}
 	t.Logf("p1 is on %s (generation %d); raft leader %s; partitioning %s", old.id, g1, leader, old.id)
 
 	// The partition: old <-> other nodes and old -> Postgres forwarder
@@ -168,6 +175,41 @@ func TestPartitionedOwnerNeverServesAlongsideItsSuccessor(t *testing.T) {
 	}
 	h.check(t, oi, cutFrom, cutAt, healFrom, healAt, final)
 	logLeaseEvents(t, old, cutAt)
+}
+
+// placeOnLeader places /counters/<id> on the Raft leader's worker and
+// returns the leader's node id. Isolating an owner that also leads is the
+// harder partition: the survivors must elect a leader before they can
+// re-place the id, and every follower's in-flight directory write to the
+// old leader goes into the silence. Placement prefers one worker per client
+// IP, and the nodes trust the test's forwarding header, so the test poses as
+// client IPs until one's ids land on the leader, then touches id as it.
+func placeOnLeader(t *testing.T, nodes []*node, id string) string {
+	t.Helper()
+	leader, _ := health(t, nodes[0])["leader"].(string)
+	li := slices.IndexFunc(nodes, func(n *node) bool { return n.id == leader })
+	if li < 0 {
+		t.Fatalf("no leader among the nodes (health says %q)", leader)
+	}
+	touch := func(probe, ip string) bool {
+		r, err := testutil.Do(context.Background(), "GET", nodes[li].url()+"/counters/"+probe+"/value", "",
+			map[string]string{"Authorization": "Bearer dev-token", "X-Forwarded-For": ip})
+		if err != nil || r.Code != 200 {
+			t.Fatalf("touch /counters/%s as %s: %v %d %s", probe, ip, err, r.Code, r.Body)
+		}
+		return ownerOf(t, nodes, "/counters", probe) == nodes[li]
+	}
+	for i := 1; i <= 60; i++ {
+		ip := fmt.Sprintf("10.9.0.%d", i)
+		if touch(fmt.Sprintf("probe%d", i), ip) {
+			if !touch(id, ip) {
+				t.Fatalf("/counters/%s did not follow its client IP %s to the leader %s", id, ip, leader)
+			}
+			return leader
+		}
+	}
+	t.Fatalf("no client IP of 60 placed on the leader %s", leader)
+	return ""
 }
 
 // logLeaseEvents logs, relative to the partition, what the old owner said
