@@ -223,8 +223,27 @@ func (a *Agent) stopForCleanup() {
 		a.t.Errorf("plugin processes of agent %d outlived it: %v", pid, left)
 	}
 	if a.t.Failed() {
-		a.t.Logf("agent %d logs:\n%s", pid, a.Logs())
+		a.t.Log(a.saveLogs(pid))
 	}
+}
+
+// saveLogs writes a failed test's agent logs to a file and says where,
+// with their last lines. Not the whole log inline: several agents' logs
+// bury the failure message above them, and CI shows only the output's tail.
+func (a *Agent) saveLogs(pid int) string {
+	logs := a.Logs()
+	lines := strings.Split(strings.TrimRight(logs, "\n"), "\n")
+	tail := lines[max(0, len(lines)-5):]
+	dir := filepath.Join(os.TempDir(), "pinnedd-test-logs", strings.ReplaceAll(a.t.Name(), "/", "_"))
+	path := filepath.Join(dir, fmt.Sprintf("agent-%d.log", pid))
+	err := os.MkdirAll(dir, 0o755)
+	if err == nil {
+		err = os.WriteFile(path, []byte(logs), 0o644)
+	}
+	if err != nil {
+		return fmt.Sprintf("agent %d logs (not saved: %v):\n%s", pid, err, logs)
+	}
+	return fmt.Sprintf("agent %d: %d log lines in %s; the last:\n%s", pid, len(lines), path, strings.Join(tail, "\n"))
 }
 
 // ChildrenOf lists live processes started by the pinnedd with this pid: it
