@@ -333,6 +333,19 @@ func TestRegistryBadInput(t *testing.T) {
 	if after := applied(); after != before {
 		t.Fatalf("bad input changed the directory: applied index %v -> %v", before, after)
 	}
+
+	// Go's profiles are an operator's: no token 401, another token 403.
+	for token, want := range map[string]int{"": 401, "nope": 403, "dev-token": 200} {
+		h := map[string]string{}
+		if token != "" {
+			h["Authorization"] = "Bearer " + token
+		}
+		for _, path := range []string{"/_pinned/debug/pprof/", "/_pinned/debug/pprof/heap?debug=1"} {
+			if r, err := testutil.Do(t.Context(), "GET", n1.url()+path, "", h); err != nil || r.Code != want {
+				t.Errorf("GET %s with token %q: %v %d, want %d", path, token, err, r.Code, want)
+			}
+		}
+	}
 	if got := len(liveWorkers(t, n1)); got != workersBefore {
 		t.Fatalf("bad input added workers: %d -> %d", workersBefore, got)
 	}

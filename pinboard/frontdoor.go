@@ -234,19 +234,19 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 	if cfg.Metrics != nil {
 		f.mux.Handle("GET /metrics", cfg.Metrics)
 	}
-	f.mux.HandleFunc("GET /_pinned/status", f.requireScope(ScopeOperator, f.status))
+	f.mux.HandleFunc("GET /_pinned/status", f.RequireScope(ScopeOperator, f.status))
 	if cfg.Worker != nil {
 		f.mux.HandleFunc("GET /_pinned/challenge", cfg.Worker.ServeChallenge)
 	}
 	f.mux.HandleFunc("GET /registry/health", f.registryHealth)
-	f.mux.HandleFunc("GET /registry/stats", f.requireScope(ScopeOperator, f.registryStats))
+	f.mux.HandleFunc("GET /registry/stats", f.RequireScope(ScopeOperator, f.registryStats))
 	f.mux.HandleFunc("GET "+statsPath, f.workerStats)
 	f.mountOperator()
-	f.mux.HandleFunc("GET /registry/workers", f.requireScope(ScopeOperator, f.registryWorkers))
+	f.mux.HandleFunc("GET /registry/workers", f.RequireScope(ScopeOperator, f.registryWorkers))
 	if cfg.Registry != nil {
-		f.mux.HandleFunc("POST /registry/register", f.requireScope(ScopeWorker, f.registryRegister))
-		f.mux.HandleFunc("POST /registry/heartbeat", f.requireScope(ScopeWorker, f.registryHeartbeat))
-		f.mux.HandleFunc("POST /registry/deregister", f.requireScope(ScopeWorker, f.registryDeregister))
+		f.mux.HandleFunc("POST /registry/register", f.RequireScope(ScopeWorker, f.registryRegister))
+		f.mux.HandleFunc("POST /registry/heartbeat", f.RequireScope(ScopeWorker, f.registryHeartbeat))
+		f.mux.HandleFunc("POST /registry/deregister", f.RequireScope(ScopeWorker, f.registryDeregister))
 	}
 	f.mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		httpx.WriteError(w, http.StatusNotFound, "unknown namespace", 0)
@@ -309,7 +309,9 @@ func isInstancePath(p string) bool {
 	return seg != "" && seg[0] != '_' && !plugins.Reserved[seg]
 }
 
-func (f *FrontDoor) requireScope(scope Scope, h http.HandlerFunc) http.HandlerFunc {
+// RequireScope wraps h: a request without a token for scope gets 401 (no
+// token) or 403 (another token) and never reaches h.
+func (f *FrontDoor) RequireScope(scope Scope, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !f.cfg.Tokens.Allowed(r, scope) {
 			if r.Header.Get("Authorization") == "" {

@@ -26,14 +26,14 @@ import (
 const windDownPath = "/_pinned/wind_down"
 
 func (f *FrontDoor) mountOperator() {
-	f.mux.HandleFunc("POST /registry/drain", f.requireScope(ScopeOperator, f.registryDrain))
-	f.mux.HandleFunc("POST /registry/undrain", f.requireScope(ScopeOperator, f.registryUndrain))
-	f.mux.HandleFunc("POST /registry/wind_down", f.requireScope(ScopeOperator, f.registryWindDown))
-	f.mux.HandleFunc("GET /registry/overview", f.requireScope(ScopeOperator, f.registryOverview))
+	f.mux.HandleFunc("POST /registry/drain", f.RequireScope(ScopeOperator, f.registryDrain))
+	f.mux.HandleFunc("POST /registry/undrain", f.RequireScope(ScopeOperator, f.registryUndrain))
+	f.mux.HandleFunc("POST /registry/wind_down", f.RequireScope(ScopeOperator, f.registryWindDown))
+	f.mux.HandleFunc("GET /registry/overview", f.RequireScope(ScopeOperator, f.registryOverview))
 	f.mux.HandleFunc("POST "+windDownPath, f.ownerWindDown)
-	f.mux.HandleFunc("POST /_pinned/drain", f.requireScope(ScopeOperator, f.localDrain))
-	f.mux.HandleFunc("POST /_pinned/undrain", f.requireScope(ScopeOperator, f.localUndrain))
-	f.mux.HandleFunc("POST /_pinned/plugins/reload", f.requireScope(ScopeOperator, f.pluginsReload))
+	f.mux.HandleFunc("POST /_pinned/drain", f.RequireScope(ScopeOperator, f.localDrain))
+	f.mux.HandleFunc("POST /_pinned/undrain", f.RequireScope(ScopeOperator, f.localUndrain))
+	f.mux.HandleFunc("POST /_pinned/plugins/reload", f.RequireScope(ScopeOperator, f.pluginsReload))
 }
 
 // optionalSeconds reads a JSON number of seconds or null. present reports

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/url"
 	"os"
 	"os/signal"
@@ -227,6 +228,9 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		dir.ServeHandOff(w, r)
 	}))
 	fd.Handle("POST /_pinned/join", joinHandler(tokens, cfg, store, log))
+	// Go's profiles, for an operator chasing CPU or memory in a running
+	// node (Consul and Nomad expose them behind an operator ACL too).
+	fd.Handle("/_pinned/debug/pprof/", fd.RequireScope(pinboard.ScopeOperator, servePprof))
 
 	srv := &http.Server{Handler: fd, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	serveErr := make(chan error, 1)
@@ -404,4 +408,23 @@ func dataDirInUse(err error, dataDir string) error {
 		return fmt.Errorf("data dir %s is in use by another pinnedd process: %w", dataDir, err)
 	}
 	return err
+}
+
+// servePprof serves net/http/pprof under /_pinned/debug/pprof/ (its Index
+// only knows /debug/pprof/, so named profiles are routed here).
+func servePprof(w http.ResponseWriter, r *http.Request) {
+	switch name := strings.TrimPrefix(r.URL.Path, "/_pinned/debug/pprof/"); name {
+	case "":
+		pprof.Index(w, r)
+	case "profile":
+		pprof.Profile(w, r)
+	case "trace":
+		pprof.Trace(w, r)
+	case "symbol":
+		pprof.Symbol(w, r)
+	case "cmdline":
+		pprof.Cmdline(w, r)
+	default:
+		pprof.Handler(name).ServeHTTP(w, r)
+	}
 }
