@@ -2,7 +2,10 @@ package pinboard
 
 import (
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -46,6 +49,34 @@ func TestAttestation(t *testing.T) {
 		var v Verifier
 		if _, err := v.Verify(c.key, c.header, c.self, c.meth, c.pth, c.at); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
+	}
+}
+
+// One header verified from many goroutines at once is accepted exactly
+// once: every copy of a nonce meets the same replay shard.
+func TestAttestationReplayRace(t *testing.T) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	var v Verifier
+	now := time.Now()
+	for i := range 50 {
+		h := Sign(key, Attestation{Target: "w1", Caller: "w2", Generation: 7, At: now, Nonce: fmt.Sprintf("race%d", i)}, "GET", "/p")
+		var ok atomic.Int32
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := v.Verify(key, h, "w1", "GET", "/p", now); err == nil {
+					ok.Add(1)
+				} else if !errors.Is(err, ErrAttestationReplayed) {
+					t.Errorf("verify: %v", err)
+				}
+			}()
+		}
+		wg.Wait()
+		if ok.Load() != 1 {
+			t.Fatalf("nonce race%d accepted %d times, want once", i, ok.Load())
 		}
 	}
 }
