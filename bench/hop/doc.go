@@ -8,4 +8,8 @@
 //
 // It prints one markdown table and writes it, with the command and the date,
 // to bench/hop/RESULTS.md. A plain go test ./... runs none of it.
+//
+// HOP_PROFILE=<dir> also loads the hop row while taking 5 s CPU profiles of
+// both nodes (<dir>/entry.pprof, <dir>/owner.pprof); HOP_AGENT_ENV adds
+// environment to both nodes, e.g. HOP_AGENT_ENV=GOMAXPROCS=1.
 package hop

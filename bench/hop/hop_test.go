@@ -106,6 +106,9 @@ func BenchmarkHop(b *testing.B) {
 	}
 	measureLatency(b, rows)
 	measureThroughput(b, rows)
+	if dir := os.Getenv("HOP_PROFILE"); dir != "" {
+		profileHop(b, f, rows[1].url, dir)
+	}
 
 	table := renderTable(rows, sse)
 	fmt.Print("\n" + table + "\n")
@@ -127,11 +130,12 @@ type fleet struct {
 	entry, owner *testutil.Agent
 }
 
-func startFleet(b *testing.B) *fleet {
+func startFleet(b testing.TB) *fleet {
 	b.Helper()
 	th := testutil.Bin(b, "testhost")
 	counter := testutil.Bin(b, "counter")
-	env := []string{"PINBOARD_TOKEN=dev-token"}
+	// HOP_AGENT_ENV adds environment to both nodes (e.g. GOMAXPROCS=1).
+	env := append([]string{"PINBOARD_TOKEN=dev-token"}, strings.Fields(os.Getenv("HOP_AGENT_ENV"))...)
 	node := func(id string, extra ...string) []string {
 		return append([]string{
 			"--node-id", id, "--raft-addr", testutil.FreeAddr(b), "--data-dir", filepath.Join(b.TempDir(), id),
@@ -185,7 +189,7 @@ func liveWorkers(a *testutil.Agent) int {
 
 // place activates ids in ns through the owner node, posing as a new client
 // IP each time, until one lands on the owner; it returns that id.
-func (f *fleet) place(b *testing.B, ns, path string) string {
+func (f *fleet) place(b testing.TB, ns, path string) string {
 	b.Helper()
 	for i := range 100 {
 		id := fmt.Sprintf("hop%d", i)
@@ -203,7 +207,7 @@ func (f *fleet) place(b *testing.B, ns, path string) string {
 }
 
 // runs reports whether a's /_pinned/status lists the instance.
-func runs(b *testing.B, a *testutil.Agent, ns, id string) bool {
+func runs(b testing.TB, a *testutil.Agent, ns, id string) bool {
 	b.Helper()
 	r := a.MustDo("GET", "/_pinned/status", "")
 	var st struct {
@@ -720,5 +724,43 @@ func writeResults(b *testing.B, cmd string, started time.Time, loadBefore, table
 	s.WriteString(table)
 	if err := os.WriteFile("RESULTS.md", []byte(s.String()), 0o644); err != nil {
 		b.Fatal(err)
+	}
+}
+
+// profileHop, with HOP_PROFILE=<dir>, loads the pinnedd hop row again while
+// taking 5 s CPU profiles of both nodes, written to <dir>/entry.pprof and
+// <dir>/owner.pprof (go tool pprof -top <file>).
+func profileHop(b *testing.B, f *fleet, u, dir string) {
+	b.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for name, a := range map[string]*testutil.Agent{"entry": f.entry, "owner": f.owner} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := testutil.Do(context.Background(), "GET", a.URL+"/_pinned/debug/pprof/profile?seconds=5", "",
+				map[string]string{"Authorization": "Bearer dev-token"})
+			if err != nil || r.Code != 200 {
+				b.Errorf("%s profile: %v %d", name, err, r.Code)
+				return
+			}
+			if err := os.WriteFile(filepath.Join(dir, name+".pprof"), []byte(r.Body), 0o644); err != nil {
+				b.Error(err)
+			}
+		}()
+	}
+	profiled := make(chan struct{})
+	go func() { wg.Wait(); close(profiled) }()
+	for {
+		if _, _, err := load(u); err != nil {
+			b.Errorf("load while profiling: %v", err)
+		}
+		select {
+		case <-profiled:
+			return
+		default:
+		}
 	}
 }
