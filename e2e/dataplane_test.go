@@ -87,8 +87,17 @@ func TestAnyNodeServesAnyID(t *testing.T) {
 	if count != 1 {
 		t.Fatalf("alice runs on %d nodes", count)
 	}
-	// Streams flush through the forwarding hop; upgrades pass through.
+	// Each hop's durations: the forwarding nodes time their forward, the
+	// owner its plugin's answer.
 	owner := ownerOf(t, nodes, "/counters", "alice")
+	for _, n := range nodes {
+		forwarded := n.a.Metric("pinboard_forward_duration_seconds_count")
+		served := n.a.Metric(`pinned_request_duration_seconds_count{code="200",namespace="/counters"}`)
+		if n == owner && served < 3 || n != owner && forwarded < 1 {
+			t.Errorf("%s (owner %v): %v forwards and %v served requests timed", n.id, n == owner, forwarded, served)
+		}
+	}
+	// Streams flush through the forwarding hop; upgrades pass through.
 	var via *node
 	for _, n := range nodes {
 		if n != owner {

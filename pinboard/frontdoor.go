@@ -168,6 +168,7 @@ type FrontDoor struct {
 	forwardFailures *prometheus.CounterVec
 	attestFailures  *prometheus.CounterVec
 	relayEnds       *prometheus.CounterVec
+	forwardSeconds  prometheus.Histogram
 }
 
 // NewFrontDoor builds the handler.
@@ -213,8 +214,14 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		Name: "pinboard_relayed_streams_ended_total",
 		Help: "Held forwarded streams the relay loop carried, by how they ended.",
 	}, []string{"reason"})
+	f.forwardSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "pinboard_forward_duration_seconds",
+		Help: "Requests this front door forwarded to their owner's node (the node-to-node hop and the owner's work), " +
+			"from the forward's start until the response ended here or, for a held stream, went to the relay loop.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10, 60},
+	})
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(f.resolutions, f.forwardFailures, f.attestFailures, f.relayEnds)
+		cfg.Registerer.MustRegister(f.resolutions, f.forwardFailures, f.attestFailures, f.relayEnds, f.forwardSeconds)
 		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "pinboard_relayed_streams", Help: "Held forwarded streams the relay loop carries now.",
 		}, func() float64 { return float64(f.relay.Len()) }))

@@ -269,6 +269,8 @@ type fwdInfo struct {
 
 // forward proxies r to the owner's attested owner-side route.
 func (f *FrontDoor) forward(w http.ResponseWriter, r *http.Request, rt *route, p directory.Placement, owner directory.Worker) {
+	start := time.Now()
+	defer func() { f.forwardSeconds.Observe(time.Since(start).Seconds()) }()
 	secret := f.cfg.Dir.Machine().Secret()
 	if len(secret) == 0 {
 		httpx.WriteError(w, http.StatusServiceUnavailable, "cluster secret not replicated yet", time.Second)
