@@ -1,0 +1,330 @@
+package relay
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"strconv"
+	"time"
+)
+
+// Keep-alive forwarding (Conns): a client connection on which the front
+// door forwarded a request is taken out of net/http and served from an
+// event loop: each next request's head is parsed in place, a Router says
+// where it goes, the loop writes it to a pooled upstream connection and
+// relays the response back, byte for byte, with no goroutine, no
+// scheduler hand-off and no background read per request. Whatever the
+// loop does not handle itself goes back to net/http with the request still
+// unread (HandBack), so every behaviour of the ordinary path stays where
+// it is: anything but a plain HTTP/1.1 request with no body or a short
+// Content-Length one, an id not placed on a live remote owner, an owner
+// that refuses in-band (it ran nothing, so the request is replayed), an
+// idempotent request whose pooled upstream connection turned out dead.
+
+// ReqHead is a request head parsed by the loop, for Router.
+type ReqHead struct {
+	Method string
+	// Target is the request target as sent (origin form: path and query).
+	Target string
+	Host   string
+	// Fields are the other header fields, names as sent, values trimmed.
+	Fields []Field
+	// Body is the whole request body (Content-Length bytes).
+	Body []byte
+	// RemoteAddr is the client's address (ip:port).
+	RemoteAddr string
+}
+
+// Field is one header field.
+type Field struct{ Name, Value string }
+
+// Forward is where a Router sends a request.
+type Forward struct {
+	// Addr is the upstream's TCP address: an IP literal and a port.
+	Addr string
+	// Wire is the whole request to write there (head and body).
+	Wire []byte
+	// Refusal names a response field: a response carrying it was refused
+	// before anything ran, and the request goes back to net/http instead.
+	Refusal string
+	// Done, if set, runs on the loop when the exchange ends: the status
+	// the client got (0 if none) and why it failed (nil if it did not).
+	// It must be quick and must not call into the loop.
+	Done func(status int, err error)
+}
+
+// Router decides each request read on a kept-alive connection. ok false:
+// the connection goes back to net/http with the request unread.
+type Router interface {
+	Route(h *ReqHead) (f Forward, ok bool)
+}
+
+// Limits of the loop's own parsing: past them a request goes to net/http,
+// which answers or refuses it as it always does.
+const (
+	maxHead      = 16 << 10
+	maxLoopBody  = 64 << 10
+	maxRespHead  = 64 << 10
+	idleTimeout  = 90 * time.Second // a kept-alive connection with no request
+	headTimeout  = 10 * time.Second // a request head begun but not finished
+	sweepEvery   = time.Second
+	upstreamIdle = 60 * time.Second // a pooled upstream connection unused
+)
+
+// Errors an exchange ends with (Forward.Done).
+var (
+	// ErrUpstreamFailed: the upstream connection failed or closed before
+	// the whole response arrived.
+	ErrUpstreamFailed = errors.New("upstream connection failed")
+	// ErrUpstreamTimeout: no response head within the response timeout.
+	ErrUpstreamTimeout = errors.New("upstream response timed out")
+	// ErrUpstreamProtocol: the upstream's response could not be relayed.
+	ErrUpstreamProtocol = errors.New("malformed upstream response")
+	// ErrClientGone: the client went away before the response was out.
+	ErrClientGone = errors.New("client went away")
+)
+
+// parseRequest parses the request head at the start of in. n is the
+// length of head and body when the request is whole in in; need > 0 says
+// more bytes are needed first; ok false: not one for the loop (malformed,
+// or anything but the plain case), net/http takes it.
+func parseRequest(in []byte, h *ReqHead) (n int, need bool, ok bool) {
+	end := bytes.Index(in, []byte("\r\n\r\n"))
+	if end < 0 {
+		return 0, len(in) <= maxHead, len(in) <= maxHead
+	}
+	if end+4 > maxHead {
+		return 0, false, false
+	}
+	head := in[:end+2]
+	line, rest, _ := bytes.Cut(head, []byte("\r\n"))
+	sp1 := bytes.IndexByte(line, ' ')
+	if sp1 <= 0 {
+		return 0, false, false
+	}
+	method, after := line[:sp1], line[sp1+1:]
+	sp2 := bytes.IndexByte(after, ' ')
+	if sp2 <= 0 || string(after[sp2+1:]) != "HTTP/1.1" {
+		return 0, false, false
+	}
+	target := after[:sp2]
+	if !upperToken(method) || target[0] != '/' || !visible(target) {
+		return 0, false, false
+	}
+	h.Method, h.Target, h.Host = string(method), string(target), ""
+	h.Fields = h.Fields[:0]
+	clen := -1
+	hosts := 0
+	for len(rest) > 0 {
+		var fl []byte
+		fl, rest, _ = bytes.Cut(rest, []byte("\r\n"))
+		colon := bytes.IndexByte(fl, ':')
+		if colon <= 0 || !token(fl[:colon]) {
+			return 0, false, false // also obs-fold: a line starting with a space
+		}
+		name, value := fl[:colon], bytes.Trim(fl[colon+1:], " \t")
+		if !fieldValue(value) {
+			return 0, false, false
+		}
+		switch {
+		case equalFold(name, "Host"):
+			hosts++
+			h.Host = string(value)
+			continue
+		case equalFold(name, "Content-Length"):
+			if clen >= 0 || len(value) == 0 || len(value) > 9 || !digits(value) {
+				return 0, false, false
+			}
+			clen, _ = strconv.Atoi(string(value))
+		case equalFold(name, "Transfer-Encoding"), equalFold(name, "Upgrade"), equalFold(name, "Expect"):
+			return 0, false, false
+		case equalFold(name, "Connection"):
+			// keep-alive is the default; anything else (close, or
+			// fields named hop-by-hop) is net/http's to handle.
+			if !equalFold(value, "keep-alive") {
+				return 0, false, false
+			}
+			continue
+		}
+		h.Fields = append(h.Fields, Field{Name: string(name), Value: string(value)})
+	}
+	if hosts != 1 || clen > maxLoopBody {
+		return 0, false, false
+	}
+	n = end + 4 + max(clen, 0)
+	if len(in) < n {
+		return 0, true, true
+	}
+	h.Body = in[end+4 : n]
+	return n, false, true
+}
+
+// response is what the loop needs of a response head.
+type response struct {
+	status  int
+	headLen int
+	clen    int64 // -1: none
+	chunked bool
+	close   bool // Connection: close
+	refused bool // carries the Router's refusal field
+	head    []byte
+}
+
+// parseResponse parses the response head at the start of in, and renders
+// the head to send on (hop-by-hop fields dropped, as a proxy must). need:
+// not whole yet; ok false: not relayable.
+func parseResponse(in []byte, refusal string, dst []byte) (r response, need bool, ok bool) {
+	end := bytes.Index(in, []byte("\r\n\r\n"))
+	if end < 0 {
+		return r, len(in) <= maxRespHead, len(in) <= maxRespHead
+	}
+	r.headLen = end + 4
+	line, rest, _ := bytes.Cut(in[:end+2], []byte("\r\n"))
+	if len(line) < 12 || string(line[:9]) != "HTTP/1.1 " || !digits(line[9:12]) || len(line) > 12 && line[12] != ' ' {
+		return r, false, false
+	}
+	r.status, _ = strconv.Atoi(string(line[9:12]))
+	r.clen = -1
+	dst = append(append(dst, line...), "\r\n"...)
+	var connTokens []byte
+	for len(rest) > 0 {
+		var fl []byte
+		fl, rest, _ = bytes.Cut(rest, []byte("\r\n"))
+		colon := bytes.IndexByte(fl, ':')
+		if colon <= 0 || !token(fl[:colon]) {
+			return r, false, false
+		}
+		name, value := fl[:colon], bytes.Trim(fl[colon+1:], " \t")
+		switch {
+		case equalFold(name, "Content-Length"):
+			if r.clen >= 0 || len(value) == 0 || len(value) > 18 || !digits(value) {
+				return r, false, false
+			}
+			r.clen, _ = strconv.ParseInt(string(value), 10, 64)
+		case equalFold(name, "Transfer-Encoding"):
+			if !equalFold(value, "chunked") || r.chunked {
+				return r, false, false
+			}
+			r.chunked = true
+		case equalFold(name, "Connection"):
+			connTokens = append(append(connTokens, value...), ',')
+			for t := range bytes.SplitSeq(value, []byte(",")) {
+				if equalFold(bytes.TrimSpace(t), "close") {
+					r.close = true
+				}
+			}
+			continue
+		case equalFold(name, "Keep-Alive"), equalFold(name, "Proxy-Connection"), equalFold(name, "Upgrade"),
+			equalFold(name, "Proxy-Authenticate"), equalFold(name, "Te"):
+			continue
+		case refusal != "" && equalFold(name, refusal):
+			r.refused = true
+		}
+		if len(connTokens) > 0 && listed(connTokens, name) {
+			continue
+		}
+		dst = append(append(append(append(dst, name...), ": "...), value...), "\r\n"...)
+	}
+	if r.chunked && r.clen >= 0 {
+		return r, false, false // smuggling-shaped: refuse to relay it
+	}
+	r.head = append(dst, "\r\n"...)
+	return r, false, true
+}
+
+// listed: the comma-separated tokens name name (a field a Connection field
+// made hop-by-hop). Fields before the Connection field are not checked
+// again; senders put Connection first, and the owner is pinnedd.
+func listed(tokens, name []byte) bool {
+	for t := range bytes.SplitSeq(tokens, []byte(",")) {
+		if equalFold(bytes.TrimSpace(t), string(name)) {
+			return true
+		}
+	}
+	return false
+}
+
+func upperToken(b []byte) bool {
+	if len(b) == 0 || len(b) > 16 {
+		return false
+	}
+	for _, c := range b {
+		if c < 'A' || c > 'Z' {
+			return false
+		}
+	}
+	return true
+}
+
+// token: RFC 9110 tchar+.
+func token(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	for _, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || bytes.IndexByte([]byte("!#$%&'*+-.^_`|~"), c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// visible: printable ASCII, no space.
+func visible(b []byte) bool {
+	for _, c := range b {
+		if c <= ' ' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// fieldValue: no control bytes but tab.
+func fieldValue(b []byte) bool {
+	for _, c := range b {
+		if c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+func digits(b []byte) bool {
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return len(b) > 0
+}
+
+func equalFold[T []byte | string](b T, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c, d := b[i], s[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if 'A' <= d && d <= 'Z' {
+			d += 'a' - 'A'
+		}
+		if c != d {
+			return false
+		}
+	}
+	return true
+}
+
+// ipPort reports whether addr is an IP literal with a port (the loop
+// connects without resolving names).
+func ipPort(addr string) (net.IP, int, bool) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, 0, false
+	}
+	ip := net.ParseIP(host)
+	p, err := strconv.Atoi(port)
+	return ip, p, ip != nil && err == nil && p > 0 && p < 65536
+}

@@ -1,0 +1,835 @@
+//go:build linux
+
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Conns serves kept-alive client connections from one event loop (see
+// conns.go). The zero value is not usable; call NewConns.
+type Conns struct {
+	log      *slog.Logger
+	router   Router
+	handBack func(net.Conn)
+	// RespTimeout bounds the wait for a response head from upstream.
+	respTimeout time.Duration
+
+	mu       sync.Mutex // guards everything below
+	started  bool
+	closed   bool
+	draining bool
+	epfd     int
+	wakefd   int
+	nextID   uint32
+	clients  map[uint32]*client
+	ups      map[uint32]*upstream
+	idle     map[string][]*upstream // pooled upstream connections by address
+	fresh    []*client              // adopted, not yet looked at by the loop
+	done     chan struct{}
+
+	live    atomic.Int64 // client connections held
+	served  atomic.Int64 // requests the loop forwarded itself
+	handed  atomic.Int64 // connections given back to net/http
+	scratch ReqHead
+}
+
+// Client connection states.
+const (
+	stHead   = iota // waiting for (the rest of) a request
+	stSend          // writing the request upstream
+	stResp          // waiting for the response head
+	stBody          // relaying the response body
+	stClosed        //
+)
+
+type client struct {
+	id       uint32
+	fd       int
+	remote   string
+	in       []byte // bytes read from the client, the current request first
+	readable bool
+	state    int
+	since    time.Time // of the current state, for its timeout
+	reqLen   int       // the current request's bytes at the start of in
+	idem     bool      // the current request may be sent again
+	up       *upstream
+	fwd      Forward
+	out      []byte // bytes for the client not yet written
+	resp     response
+	left     int64 // fixed-length body bytes still to relay
+	sc       chunkScanner
+	toEOF    bool // body ends when the upstream closes
+	closeAft bool // close the client once out is written
+	wrote    bool // some of the response went to the client
+	isHead   bool // the current request is a HEAD: its response has no body
+	hbuf     []byte
+}
+
+type upstream struct {
+	id       uint32
+	fd       int
+	addr     string
+	c        *client // nil while pooled
+	in       []byte
+	readable bool
+	out      []byte // request bytes not yet written
+	sent     bool   // some of the request went out
+	eof      bool   // the upstream closed (after the bytes in in)
+	reused   bool
+	idleAt   time.Time
+}
+
+// Event sides.
+const (
+	sideC = 0
+	sideU = 1
+	sideW = 2
+)
+
+// NewConns returns a loop that routes with r and gives connections back
+// through handBack (which must not block for long: net/http's listener).
+// respTimeout bounds the wait for an upstream's response head.
+func NewConns(logger *slog.Logger, r Router, handBack func(net.Conn), respTimeout time.Duration) *Conns {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Conns{log: logger, router: r, handBack: handBack, respTimeout: respTimeout, epfd: -1, wakefd: -1,
+		clients: map[uint32]*client{}, ups: map[uint32]*upstream{}, idle: map[string][]*upstream{}}
+}
+
+// Len is the number of client connections the loop holds.
+func (l *Conns) Len() int { return int(l.live.Load()) }
+
+// Served is the number of requests the loop forwarded itself.
+func (l *Conns) Served() int64 { return l.served.Load() }
+
+// HandedBack is the number of connections given back to net/http.
+func (l *Conns) HandedBack() int64 { return l.handed.Load() }
+
+// Adopt takes a client connection (HTTP/1.1, kept alive, its last response
+// complete) with buffered, bytes it already sent that net/http read ahead.
+// The loop owns it from here on, whatever Adopt returns.
+func (l *Conns) Adopt(c net.Conn, buffered []byte) error {
+	remote := c.RemoteAddr().String()
+	fd, err := takeFD(c)
+	if err != nil {
+		return err
+	}
+	cl := &client{fd: fd, remote: remote, in: append([]byte(nil), buffered...), readable: true, since: time.Now()}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || l.draining {
+		_ = unix.Close(fd)
+		return ErrClosed
+	}
+	if err := l.startLocked(); err != nil {
+		_ = unix.Close(fd)
+		return err
+	}
+	cl.id = l.newIDLocked()
+	if err := l.ctl(unix.EPOLL_CTL_ADD, fd, unix.EPOLLIN|unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET, cl.id, sideC); err != nil {
+		_ = unix.Close(fd)
+		return fmt.Errorf("epoll add client: %w", err)
+	}
+	l.clients[cl.id] = cl
+	l.fresh = append(l.fresh, cl)
+	l.live.Add(1)
+	// Its first events may already have passed: a wake makes the loop
+	// look at it (readable is set).
+	l.wakeLocked()
+	return nil
+}
+
+func (l *Conns) newIDLocked() uint32 {
+	for l.nextID++; l.nextID == 0 || l.clients[l.nextID] != nil || l.ups[l.nextID] != nil; l.nextID++ {
+	}
+	return l.nextID
+}
+
+func (l *Conns) startLocked() error {
+	if l.closed {
+		return ErrClosed
+	}
+	if l.started {
+		return nil
+	}
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("epoll: %w", err)
+	}
+	wakefd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		_ = unix.Close(epfd)
+		return fmt.Errorf("eventfd: %w", err)
+	}
+	l.epfd, l.wakefd = epfd, wakefd
+	if err := l.ctl(unix.EPOLL_CTL_ADD, wakefd, unix.EPOLLIN|unix.EPOLLET, 0, sideW); err != nil {
+		_, _ = unix.Close(epfd), unix.Close(wakefd)
+		return fmt.Errorf("epoll add wake: %w", err)
+	}
+	l.started, l.done = true, make(chan struct{})
+	go l.run(epfd, wakefd)
+	return nil
+}
+
+func (l *Conns) ctl(op, fd int, events uint32, id uint32, side int32) error {
+	ev := unix.EpollEvent{Events: events, Fd: int32(id), Pad: side}
+	return unix.EpollCtl(l.epfd, op, fd, &ev)
+}
+
+func (l *Conns) wakeLocked() {
+	one := []byte{1, 0, 0, 0, 0, 0, 0, 0}
+	_, _ = unix.Write(l.wakefd, one)
+}
+
+// Drain stops taking connections: idle ones close now, busy ones after
+// their response (which says Connection: close).
+func (l *Conns) Drain() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.draining = true
+	if l.started && !l.closed {
+		l.wakeLocked()
+	}
+}
+
+// Close closes every connection the loop holds and stops it.
+func (l *Conns) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		if l.done != nil {
+			<-l.done
+		}
+		return nil
+	}
+	l.closed = true
+	if !l.started {
+		l.mu.Unlock()
+		return nil
+	}
+	l.wakeLocked()
+	l.mu.Unlock()
+	<-l.done
+	return nil
+}
+
+// run is the loop.
+func (l *Conns) run(epfd, wakefd int) {
+	defer close(l.done)
+	events := make([]unix.EpollEvent, maxEvents)
+	buf := make([]byte, readBuf)
+	var after []func()
+	lastSweep := time.Now()
+	for {
+		n, err := unix.EpollWait(epfd, events, int(sweepEvery/time.Millisecond))
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			l.log.Error("keep-alive loop: epoll_wait failed; closing every connection", "err", err)
+			n, l.closed = 0, true
+		}
+		l.mu.Lock()
+		if l.closed {
+			l.shutdownLocked(&after)
+			l.mu.Unlock()
+			runEnded(after)
+			return
+		}
+		for _, ev := range events[:max(n, 0)] {
+			switch ev.Pad {
+			case sideW:
+				var b [8]byte
+				_, _ = unix.Read(wakefd, b[:])
+				// Adopted connections may hold a request already.
+				for i, c := range l.fresh {
+					l.fresh[i] = nil
+					if c.state == stHead {
+						l.drive(c, buf, &after)
+					}
+				}
+				l.fresh = l.fresh[:0]
+				if l.draining {
+					for _, c := range l.clients {
+						if c.state == stHead && len(c.in) == 0 {
+							l.closeClient(c, &after)
+						}
+					}
+				}
+			case sideC:
+				c := l.clients[uint32(ev.Fd)]
+				if c == nil {
+					continue
+				}
+				if ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+					l.fail(c, ErrClientGone, &after)
+					continue
+				}
+				if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP) != 0 {
+					c.readable = true
+				}
+				l.drive(c, buf, &after)
+			case sideU:
+				u := l.ups[uint32(ev.Fd)]
+				if u == nil {
+					continue
+				}
+				if u.c == nil { // pooled: any event is the peer closing (or talking out of turn)
+					if ev.Events&unix.EPOLLOUT == 0 || ev.Events&^uint32(unix.EPOLLOUT) != 0 {
+						l.dropIdle(u)
+					}
+					continue
+				}
+				if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+					u.readable = true
+				}
+				l.drive(u.c, buf, &after)
+			}
+		}
+		if now := time.Now(); now.Sub(lastSweep) >= sweepEvery {
+			lastSweep = now
+			l.sweepLocked(now, &after)
+		}
+		l.mu.Unlock()
+		after = runEnded(after)
+	}
+}
+
+// sweepLocked ends what waited too long.
+func (l *Conns) sweepLocked(now time.Time, after *[]func()) {
+	for _, c := range l.clients {
+		switch {
+		case c.state == stHead && len(c.in) == 0 && now.Sub(c.since) > idleTimeout,
+			c.state == stHead && len(c.in) > 0 && now.Sub(c.since) > headTimeout:
+			l.closeClient(c, after)
+		case (c.state == stSend || c.state == stResp) && l.respTimeout > 0 && now.Sub(c.since) > l.respTimeout:
+			l.upstreamFailed(c, ErrUpstreamTimeout, after)
+		}
+	}
+	for addr, us := range l.idle {
+		kept := us[:0]
+		for _, u := range us {
+			if now.Sub(u.idleAt) > upstreamIdle {
+				l.closeUp(u)
+			} else {
+				kept = append(kept, u)
+			}
+		}
+		if len(kept) == 0 {
+			delete(l.idle, addr)
+		} else {
+			l.idle[addr] = kept
+		}
+	}
+}
+
+// drive moves c's exchange as far as it can go now.
+func (l *Conns) drive(c *client, buf []byte, after *[]func()) {
+	for c.state != stClosed {
+		progressed := false
+		switch c.state {
+		case stHead:
+			progressed = l.readRequest(c, buf, after)
+		case stSend:
+			progressed = l.send(c, after)
+		case stResp:
+			progressed = l.readResponse(c, buf, after)
+		case stBody:
+			progressed = l.relayBody(c, buf, after)
+		}
+		if !progressed {
+			return
+		}
+	}
+}
+
+// readRequest reads and routes the next request; true if the state moved.
+func (l *Conns) readRequest(c *client, buf []byte, after *[]func()) bool {
+	if len(c.out) > 0 && !l.flush(c, after) {
+		return false
+	}
+	for {
+		n, need, ok := parseRequest(c.in, &l.scratch)
+		if !ok {
+			l.giveBack(c, after)
+			return false
+		}
+		if !need {
+			if l.draining {
+				l.giveBack(c, after) // net/http answers, and closes, as it drains
+				return false
+			}
+			h := &l.scratch
+			h.RemoteAddr = c.remote
+			fwd, ok := l.router.Route(h)
+			if !ok {
+				l.giveBack(c, after)
+				return false
+			}
+			u := l.upstreamFor(fwd.Addr)
+			if u == nil { // cannot connect: net/http tries, and answers
+				l.giveBack(c, after)
+				return false
+			}
+			c.reqLen, c.fwd, c.up, u.c = n, fwd, u, c
+			c.idem = h.Method == "GET" || h.Method == "HEAD" || h.Method == "OPTIONS"
+			c.isHead = h.Method == "HEAD"
+			u.out, u.in, u.sent, u.eof = fwd.Wire, u.in[:0], false, false
+			c.state, c.since, c.wrote = stSend, time.Now(), false
+			return true
+		}
+		if !c.readable {
+			return false
+		}
+		if len(c.in) == 0 {
+			c.since = time.Now() // the head timeout runs from its first byte
+		}
+		if !l.readInto(c.fd, &c.in, buf, maxHead+maxLoopBody, &c.readable) {
+			l.closeClient(c, after) // the client closed or failed between requests
+			return false
+		}
+	}
+}
+
+// readInto reads fd until EAGAIN (readable goes false) or limit bytes are
+// buffered; false on EOF or an error.
+func (l *Conns) readInto(fd int, dst *[]byte, buf []byte, limit int, readable *bool) bool {
+	for len(*dst) < limit {
+		n, err := unix.Read(fd, buf[:min(len(buf), limit-len(*dst))])
+		switch {
+		case errors.Is(err, unix.EAGAIN):
+			*readable = false
+			return true
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil, n == 0:
+			return false
+		}
+		*dst = append(*dst, buf[:n]...)
+	}
+	return true
+}
+
+// send writes the request upstream; true once all of it is out.
+func (l *Conns) send(c *client, after *[]func()) bool {
+	u := c.up
+	n, err := writeAll(u.fd, u.out)
+	u.out = u.out[n:]
+	u.sent = u.sent || n > 0
+	if err != nil {
+		l.upstreamFailed(c, fmt.Errorf("%w: %w", ErrUpstreamFailed, err), after)
+		return false
+	}
+	if len(u.out) > 0 {
+		return false // EPOLLOUT brings us back
+	}
+	u.out = nil
+	c.state, c.since = stResp, time.Now()
+	return true
+}
+
+// readResponse reads the response head and sets up the body's relay.
+func (l *Conns) readResponse(c *client, buf []byte, after *[]func()) bool {
+	u := c.up
+	for {
+		if len(c.out) > 0 && !l.flush(c, after) {
+			return false // an informational response still going out
+		}
+		r, need, ok := parseResponse(u.in, c.fwd.Refusal, c.hbuf[:0])
+		c.hbuf = r.head[:0]
+		if !ok {
+			l.upstreamFailed(c, ErrUpstreamProtocol, after)
+			return false
+		}
+		if !need {
+			switch {
+			case r.refused && !c.wrote:
+				// The owner ran nothing: net/http replays the request,
+				// with its own handling of refusals.
+				l.closeUp(u)
+				c.up = nil
+				l.finish(c, 0, nil, after)
+				l.giveBack(c, after)
+				return false
+			case r.status == 101:
+				l.upstreamFailed(c, fmt.Errorf("%w: switched protocols unasked", ErrUpstreamProtocol), after)
+				return false
+			case r.status >= 100 && r.status < 200:
+				// Informational: pass it on, the final response follows.
+				c.out = append(c.out, r.head...)
+				u.in = u.in[:copy(u.in, u.in[r.headLen:])]
+				c.wrote = true
+				continue
+			}
+			l.startBody(c, r)
+			return true
+		}
+		if u.eof {
+			l.upstreamFailed(c, ErrUpstreamFailed, after)
+			return false
+		}
+		if !u.readable {
+			return false
+		}
+		if !l.readInto(u.fd, &u.in, buf, maxRespHead+1, &u.readable) {
+			// Closed: what it sent before may still be a whole response.
+			u.eof, u.readable = true, false
+		}
+	}
+}
+
+func (l *Conns) startBody(c *client, r response) {
+	u := c.up
+	c.resp = r
+	c.out = append(c.out, r.head...)
+	if l.draining {
+		c.out = append(c.out[:len(c.out)-2], "Connection: close\r\n\r\n"...)
+		c.closeAft = true
+	}
+	c.wrote = true
+	c.left, c.toEOF, c.sc = 0, false, chunkScanner{}
+	switch {
+	case c.isHead || r.status == 204 || r.status == 304:
+		c.resp.chunked = false
+	case r.chunked:
+	case r.clen >= 0:
+		c.left = r.clen
+	default:
+		c.toEOF, c.closeAft = true, true
+	}
+	// The request is answered: it can no longer be replayed.
+	c.in = c.in[:copy(c.in, c.in[c.reqLen:])]
+	c.reqLen = 0
+	u.in = u.in[:copy(u.in, u.in[r.headLen:])]
+	c.state = stBody
+}
+
+// relayBody moves body bytes upstream → client; true when the exchange
+// ended and the client is ready for its next request.
+func (l *Conns) relayBody(c *client, buf []byte, after *[]func()) bool {
+	u := c.up
+	fixed := !c.resp.chunked && !c.toEOF
+	for {
+		if len(u.in) > 0 && !(fixed && c.left == 0) {
+			data := u.in
+			switch {
+			case c.resp.chunked:
+				end, err := c.sc.scan(data)
+				if err != nil {
+					l.upstreamFailed(c, ErrUpstreamProtocol, after)
+					return false
+				}
+				if end >= 0 {
+					data = data[:end]
+				}
+			case fixed:
+				if int64(len(data)) > c.left {
+					data = data[:c.left]
+				}
+				c.left -= int64(len(data))
+			}
+			c.out = append(c.out, data...)
+			u.in = u.in[:copy(u.in, u.in[len(data):])]
+		}
+		if fixed && c.left == 0 || c.resp.chunked && c.sc.state == csDone {
+			return l.endExchange(c, after)
+		}
+		if len(c.out) > 0 && !l.flush(c, after) {
+			return false // the client is slow: the upstream waits (EPOLLOUT brings us back)
+		}
+		if u.eof {
+			if c.toEOF {
+				return l.endExchange(c, after) // a close-delimited body ends with the close
+			}
+			l.upstreamFailed(c, ErrUpstreamFailed, after)
+			return false
+		}
+		if !u.readable {
+			return false
+		}
+		n, err := unix.Read(u.fd, buf)
+		switch {
+		case errors.Is(err, unix.EAGAIN):
+			u.readable = false
+			return false
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err == nil && n == 0 && c.toEOF:
+			// A close-delimited body ends with the upstream's close.
+			return l.endExchange(c, after)
+		case err != nil || n == 0:
+			l.upstreamFailed(c, ErrUpstreamFailed, after)
+			return false
+		}
+		u.in = append(u.in, buf[:n]...)
+	}
+}
+
+// endExchange: the whole response is in c.out (or out already). The
+// upstream connection is pooled if it can carry another request, and the
+// client goes back to reading requests (or closes once out is written).
+func (l *Conns) endExchange(c *client, after *[]func()) bool {
+	u := c.up
+	c.up = nil
+	keep := len(u.in) == 0 && !c.resp.close && !c.toEOF && !u.eof
+	l.finish(c, c.resp.status, nil, after)
+	if keep {
+		l.pool(u)
+	} else {
+		l.closeUp(u)
+	}
+	c.state, c.since = stHead, time.Now()
+	if !l.flush(c, after) {
+		return false
+	}
+	return c.state == stHead
+}
+
+// flush writes c.out; true when all of it is out. A closed client is
+// closed here (state stClosed).
+func (l *Conns) flush(c *client, after *[]func()) bool {
+	n, err := writeAll(c.fd, c.out)
+	c.out = c.out[:copy(c.out, c.out[n:])]
+	if err != nil {
+		l.fail(c, ErrClientGone, after)
+		return false
+	}
+	if len(c.out) > 0 {
+		return false
+	}
+	if c.closeAft && c.state == stHead {
+		l.closeClient(c, after)
+		return false
+	}
+	return true
+}
+
+// upstreamFailed ends c's exchange after an upstream failure: replayed by
+// net/http if nothing was answered and sending it again is safe, else a
+// 503 if nothing was answered yet, else the client connection closes
+// (a response cut short must not look whole).
+func (l *Conns) upstreamFailed(c *client, err error, after *[]func()) {
+	u := c.up
+	c.up = nil
+	if u != nil {
+		l.closeUp(u)
+	}
+	switch {
+	case c.wrote:
+		l.finish(c, c.resp.status, err, after)
+		l.closeClient(c, after)
+	case u != nil && !u.sent,
+		c.idem && u != nil && u.reused && !errors.Is(err, ErrUpstreamTimeout):
+		// Nothing reached the owner (the connection was refused), or a
+		// pooled connection the owner had closed: net/http sends it again.
+		l.finish(c, 0, nil, after)
+		l.giveBack(c, after)
+	default:
+		l.finish(c, 503, err, after)
+		c.in = c.in[:copy(c.in, c.in[c.reqLen:])]
+		c.reqLen = 0
+		body := `{"error":"owner unreachable"}` + "\n"
+		c.out = fmt.Appendf(c.out[:0], "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		c.state, c.since, c.wrote = stHead, time.Now(), true
+		if l.flush(c, after) && l.draining {
+			l.closeClient(c, after)
+		}
+	}
+}
+
+func (l *Conns) finish(c *client, status int, err error, after *[]func()) {
+	if err == nil && status != 0 {
+		l.served.Add(1)
+	}
+	if done := c.fwd.Done; done != nil {
+		c.fwd.Done = nil
+		*after = append(*after, func() { done(status, err) })
+	}
+}
+
+// fail ends c and its exchange (the client is gone).
+func (l *Conns) fail(c *client, err error, after *[]func()) {
+	if c.up != nil {
+		l.finish(c, 0, err, after)
+		l.closeUp(c.up)
+		c.up = nil
+	}
+	l.closeClient(c, after)
+}
+
+// upstreamFor takes a pooled connection to addr, or connects one.
+func (l *Conns) upstreamFor(addr string) *upstream {
+	if us := l.idle[addr]; len(us) > 0 {
+		u := us[len(us)-1]
+		l.idle[addr] = us[:len(us)-1]
+		if len(l.idle[addr]) == 0 {
+			delete(l.idle, addr)
+		}
+		u.reused = true
+		return u
+	}
+	ip, port, ok := ipPort(addr)
+	if !ok {
+		return nil
+	}
+	fd, err := connect(ip, port)
+	if err != nil {
+		return nil
+	}
+	u := &upstream{fd: fd, addr: addr, id: l.newIDLocked()}
+	if err := l.ctl(unix.EPOLL_CTL_ADD, fd, unix.EPOLLIN|unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET, u.id, sideU); err != nil {
+		_ = unix.Close(fd)
+		return nil
+	}
+	l.ups[u.id] = u
+	return u
+}
+
+// connect starts a non-blocking TCP connection; the request is queued on
+// it at once and goes out when it is established (EPOLLOUT), and a refused
+// connection shows as a failed write or read.
+func connect(ip net.IP, port int) (int, error) {
+	var sa unix.Sockaddr
+	family := unix.AF_INET
+	if ip4 := ip.To4(); ip4 != nil {
+		s := &unix.SockaddrInet4{Port: port}
+		copy(s.Addr[:], ip4)
+		sa = s
+	} else {
+		family = unix.AF_INET6
+		s := &unix.SockaddrInet6{Port: port}
+		copy(s.Addr[:], ip.To16())
+		sa = s
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	if err := unix.Connect(fd, sa); err != nil && !errors.Is(err, unix.EINPROGRESS) {
+		_ = unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// pool keeps u for the next request to its address.
+func (l *Conns) pool(u *upstream) {
+	if l.draining {
+		l.closeUp(u)
+		return
+	}
+	u.c, u.in, u.out, u.idleAt = nil, u.in[:0], nil, time.Now()
+	if cap(u.in) > readBuf {
+		u.in = nil
+	}
+	l.idle[u.addr] = append(l.idle[u.addr], u)
+}
+
+func (l *Conns) dropIdle(u *upstream) {
+	us := l.idle[u.addr]
+	for i, x := range us {
+		if x == u {
+			l.idle[u.addr] = append(us[:i], us[i+1:]...)
+			break
+		}
+	}
+	if len(l.idle[u.addr]) == 0 {
+		delete(l.idle, u.addr)
+	}
+	l.closeUp(u)
+}
+
+func (l *Conns) closeUp(u *upstream) {
+	if u.fd < 0 {
+		return
+	}
+	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, u.fd, nil)
+	_ = unix.Close(u.fd)
+	u.fd = -1
+	delete(l.ups, u.id)
+}
+
+func (l *Conns) closeClient(c *client, after *[]func()) {
+	if c.state == stClosed {
+		return
+	}
+	if c.up != nil {
+		l.finish(c, 0, ErrClientGone, after)
+		l.closeUp(c.up)
+		c.up = nil
+	}
+	c.state = stClosed
+	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, c.fd, nil)
+	_ = unix.Close(c.fd)
+	delete(l.clients, c.id)
+	l.live.Add(-1)
+}
+
+// giveBack hands c to net/http with the bytes it has not answered.
+func (l *Conns) giveBack(c *client, after *[]func()) {
+	c.state = stClosed
+	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, c.fd, nil)
+	delete(l.clients, c.id)
+	l.live.Add(-1)
+	l.handed.Add(1)
+	fd, pending := c.fd, c.in
+	*after = append(*after, func() {
+		f := os.NewFile(uintptr(fd), "client")
+		nc, err := net.FileConn(f) // a duplicate, in Go's poller
+		_ = f.Close()
+		if err != nil {
+			l.log.Debug("keep-alive loop: giving a connection back failed; closed it", "err", err)
+			return
+		}
+		l.handBack(&prefixConn{Conn: nc, prefix: pending})
+	})
+}
+
+func (l *Conns) shutdownLocked(after *[]func()) {
+	for _, c := range l.clients {
+		l.fail(c, ErrClientGone, after)
+	}
+	for _, u := range l.ups {
+		l.closeUp(u)
+	}
+	l.idle = map[string][]*upstream{}
+	_, _ = unix.Close(l.wakefd), unix.Close(l.epfd)
+	l.epfd, l.wakefd = -1, -1
+}
+
+// prefixConn reads prefix before the connection's own bytes.
+type prefixConn struct {
+	net.Conn
+	prefix []byte
+}
+
+func (p *prefixConn) Read(b []byte) (int, error) {
+	if len(p.prefix) > 0 {
+		n := copy(b, p.prefix)
+		p.prefix = p.prefix[n:]
+		return n, nil
+	}
+	return p.Conn.Read(b)
+}
+
+// SyscallConn lets a connection given back be taken again.
+func (p *prefixConn) SyscallConn() (syscall.RawConn, error) {
+	if len(p.prefix) > 0 {
+		return nil, ErrNotSocket // its buffered bytes would be lost
+	}
+	sc, ok := p.Conn.(syscall.Conn)
+	if !ok {
+		return nil, ErrNotSocket
+	}
+	return sc.SyscallConn()
+}

@@ -1,0 +1,349 @@
+//go:build linux
+
+package relay
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// connsRig: an upstream HTTP server, a front listener whose connections go
+// straight into a Conns loop, and a net/http server taking connections the
+// loop gives back.
+type connsRig struct {
+	t        *testing.T
+	upAddr   string
+	front    net.Listener
+	loop     *Conns
+	back     *chanListener
+	upClosed chan struct{} // a stream's upstream request ended
+	deadAddr string
+}
+
+// testRouter forwards /up/... to the upstream; /local/... goes back to
+// net/http; /dead/... goes to an address nothing listens on.
+type testRouter struct{ rig *connsRig }
+
+func (r testRouter) Route(h *ReqHead) (Forward, bool) {
+	addr := r.rig.upAddr
+	switch {
+	case strings.HasPrefix(h.Target, "/up/"):
+	case strings.HasPrefix(h.Target, "/dead/"):
+		addr = r.rig.deadAddr
+	default:
+		return Forward{}, false
+	}
+	w := fmt.Appendf(nil, "%s %s HTTP/1.1\r\nHost: %s\r\n", h.Method, h.Target, h.Host)
+	for _, f := range h.Fields {
+		w = fmt.Appendf(w, "%s: %s\r\n", f.Name, f.Value)
+	}
+	if len(h.Body) > 0 || h.Method != "GET" && h.Method != "HEAD" {
+		w = fmt.Appendf(w, "Content-Length: %d\r\n", len(h.Body))
+	}
+	w = append(append(w, "\r\n"...), h.Body...)
+	return Forward{Addr: addr, Wire: w, Refusal: "X-Refused"}, true
+}
+
+type chanListener struct {
+	ch     chan net.Conn
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (l *chanListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+func (l *chanListener) Close() error   { l.once.Do(func() { close(l.closed) }); return nil }
+func (l *chanListener) Addr() net.Addr { return &net.TCPAddr{} }
+
+func newConnsRig(t *testing.T) *connsRig {
+	t.Helper()
+	rig := &connsRig{t: t, upClosed: make(chan struct{}, 16)}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/up/fixed", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "fixed "+r.URL.RawQuery)
+	})
+	mux.HandleFunc("/up/echo", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("X-Len", strconv.Itoa(len(b)))
+		_, _ = w.Write(b)
+	})
+	mux.HandleFunc("/up/chunked", func(w http.ResponseWriter, r *http.Request) {
+		for i := range 3 {
+			fmt.Fprintf(w, "part%d;", i)
+			w.(http.Flusher).Flush()
+		}
+	})
+	mux.HandleFunc("/up/stream", func(w http.ResponseWriter, r *http.Request) {
+		defer func() { rig.upClosed <- struct{}{} }()
+		w.Header().Set("Content-Type", "text/event-stream")
+		for {
+			if _, err := io.WriteString(w, "data: tick\n\n"); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	})
+	mux.HandleFunc("/up/refuse", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Refused", "draining")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	mux.HandleFunc("/up/closing", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		_, _ = io.WriteString(w, "bye")
+	})
+	mux.HandleFunc("/up/head", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "5")
+		if r.Method != "HEAD" {
+			_, _ = io.WriteString(w, "hello")
+		}
+	})
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := &http.Server{Handler: mux}
+	go func() { _ = up.Serve(upLn) }()
+	rig.upAddr = upLn.Addr().String()
+	dead, _ := net.Listen("tcp", "127.0.0.1:0")
+	rig.deadAddr = dead.Addr().String()
+	dead.Close()
+
+	// net/http's side: what it answers proves it took the connection.
+	rig.back = &chanListener{ch: make(chan net.Conn, 16), closed: make(chan struct{})}
+	back := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "net/http "+r.Method+" "+r.URL.Path)
+	})}
+	go func() { _ = back.Serve(rig.back) }()
+	rig.loop = NewConns(nil, testRouter{rig}, func(c net.Conn) {
+		select {
+		case rig.back.ch <- c:
+		case <-rig.back.closed:
+			_ = c.Close()
+		}
+	}, 5*time.Second)
+
+	rig.front, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := rig.front.Accept()
+			if err != nil {
+				return
+			}
+			if err := rig.loop.Adopt(c, nil); err != nil && !errors.Is(err, ErrClosed) {
+				t.Errorf("adopt: %v", err)
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		_ = rig.front.Close()
+		if err := rig.loop.Close(); err != nil {
+			t.Errorf("close loop: %v", err)
+		}
+		_ = back.Close()
+		_ = rig.back.Close()
+		_ = up.Close()
+	})
+	return rig
+}
+
+func (rig *connsRig) client() *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxConnsPerHost: 1, MaxIdleConnsPerHost: 1}}
+}
+
+func (rig *connsRig) get(c *http.Client, method, path, body string) (int, http.Header, string) {
+	rig.t.Helper()
+	req, _ := http.NewRequest(method, "http://"+rig.front.Addr().String()+path, strings.NewReader(body))
+	if body == "" {
+		req.Body = nil
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		rig.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		rig.t.Fatalf("%s %s: body: %v", method, path, err)
+	}
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// Requests on one kept-alive connection are forwarded by the loop: fixed
+// and chunked bodies, uploads, HEAD, an upstream that closes after its
+// answer; the connection stays with the loop throughout.
+func TestConnsKeepAliveForwarding(t *testing.T) {
+	rig := newConnsRig(t)
+	c := rig.client()
+	for i := range 50 {
+		code, _, body := rig.get(c, "GET", fmt.Sprintf("/up/fixed?i=%d", i), "")
+		if code != 200 || body != fmt.Sprintf("fixed i=%d", i) {
+			t.Fatalf("request %d: %d %q", i, code, body)
+		}
+	}
+	upload := strings.Repeat("x", 40000)
+	if code, h, body := rig.get(c, "POST", "/up/echo", upload); code != 200 || body != upload || h.Get("X-Len") != "40000" {
+		t.Fatalf("upload: %d %q (%d bytes)", code, h.Get("X-Len"), len(body))
+	}
+	if code, _, body := rig.get(c, "GET", "/up/chunked", ""); code != 200 || body != "part0;part1;part2;" {
+		t.Fatalf("chunked: %d %q", code, body)
+	}
+	if code, h, body := rig.get(c, "HEAD", "/up/head", ""); code != 200 || body != "" || h.Get("Content-Length") != "5" {
+		t.Fatalf("HEAD: %d %q %v", code, body, h)
+	}
+	if code, _, body := rig.get(c, "GET", "/up/closing", ""); code != 200 || body != "bye" {
+		t.Fatalf("upstream closing: %d %q", code, body)
+	}
+	if code, _, body := rig.get(c, "GET", "/up/fixed?after=close", ""); code != 200 || body != "fixed after=close" {
+		t.Fatalf("after the upstream closed: %d %q", code, body)
+	}
+	if got := rig.loop.Served(); got != 55 {
+		t.Fatalf("the loop forwarded %d requests, want 55", got)
+	}
+	if got := rig.loop.HandedBack(); got != 0 {
+		t.Fatalf("%d connections handed back, want 0", got)
+	}
+	if got := rig.loop.Len(); got != 1 {
+		t.Fatalf("the loop holds %d client connections, want 1", got)
+	}
+}
+
+// Two requests written at once are answered in order.
+func TestConnsPipelined(t *testing.T) {
+	rig := newConnsRig(t)
+	conn, err := net.Dial("tcp", rig.front.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, _ = io.WriteString(conn, "GET /up/fixed?a HTTP/1.1\r\nHost: x\r\n\r\nGET /up/fixed?b HTTP/1.1\r\nHost: x\r\n\r\n")
+	br := bufio.NewReader(conn)
+	for _, want := range []string{"fixed a", "fixed b"} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if string(b) != want {
+			t.Fatalf("got %q, want %q", b, want)
+		}
+	}
+}
+
+// What the loop does not forward itself goes to net/http with the request
+// unread: a route it is not given, an owner refusing in-band (replayed),
+// an upstream it cannot reach, a request it will not parse.
+func TestConnsHandBack(t *testing.T) {
+	rig := newConnsRig(t)
+	c := rig.client()
+	if code, _, body := rig.get(c, "GET", "/up/fixed?1", ""); code != 200 || body != "fixed 1" {
+		t.Fatalf("forwarded: %d %q", code, body)
+	}
+	if code, _, body := rig.get(c, "GET", "/local/x", ""); code != 200 || body != "net/http GET /local/x" {
+		t.Fatalf("local: %d %q", code, body)
+	}
+	// The same connection is net/http's now, and keeps working.
+	if code, _, body := rig.get(c, "POST", "/local/y", "z"); code != 200 || body != "net/http POST /local/y" {
+		t.Fatalf("after hand-back: %d %q", code, body)
+	}
+	for _, path := range []string{"/up/refuse", "/dead/x"} {
+		c := rig.client()
+		if code, _, body := rig.get(c, "POST", path, "payload"); code != 200 || body != "net/http POST "+path {
+			t.Fatalf("%s: %d %q, want net/http to answer", path, code, body)
+		}
+	}
+	for name, raw := range map[string]string{
+		"bad request line": "GET /up/fixed HTTP/1.0\r\nHost: x\r\n\r\n",
+		"two lengths":      "POST /up/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+		"length and chunked": "POST /up/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			"0\r\n\r\n",
+		"no host":  "GET /up/fixed HTTP/1.1\r\n\r\n",
+		"obs-fold": "GET /up/fixed HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n 2\r\n\r\n",
+	} {
+		conn, err := net.Dial("tcp", rig.front.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := rig.loop.Served()
+		_, _ = io.WriteString(conn, raw)
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		conn.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if rig.loop.Served() != before {
+			t.Fatalf("%s: the loop forwarded it itself", name)
+		}
+		if b, _ := io.ReadAll(resp.Body); strings.HasPrefix(string(b), "fixed") {
+			t.Fatalf("%s: reached the upstream: %d %q", name, resp.StatusCode, b)
+		}
+	}
+}
+
+// A client that goes away mid-stream takes the upstream request with it;
+// closing the loop leaves no descriptor behind.
+func TestConnsClientGoneAndClose(t *testing.T) {
+	rig := newConnsRig(t)
+	conn, err := net.Dial("tcp", rig.front.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(conn, "GET /up/stream HTTP/1.1\r\nHost: x\r\n\r\n")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || line != "data: tick\n" {
+		t.Fatalf("first event: %q %v", line, err)
+	}
+	conn.Close()
+	select {
+	case <-rig.upClosed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream stream outlived its client")
+	}
+	// An idle kept-alive connection, then Close.
+	c := rig.client()
+	rig.get(c, "GET", "/up/fixed", "")
+	if err := rig.loop.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Get("http://" + rig.front.Addr().String() + "/up/fixed"); err == nil {
+		// The transport retried on a fresh connection: that one the
+		// closed loop refused to adopt, so it must fail too.
+		t.Fatal("a request after Close succeeded")
+	}
+	c.CloseIdleConnections()
+	l := rig.loop
+	l.mu.Lock()
+	held, ups, epfd := len(l.clients), len(l.ups), l.epfd
+	l.mu.Unlock()
+	if held != 0 || ups != 0 || epfd != -1 || l.Len() != 0 {
+		t.Fatalf("the closed loop holds %d clients, %d upstreams, epoll fd %d", held, ups, epfd)
+	}
+}

@@ -1,0 +1,34 @@
+//go:build !linux
+
+package relay
+
+import (
+	"log/slog"
+	"net"
+	"time"
+)
+
+// Conns is a stand-in where there is no event loop: Adopt refuses, and
+// connections stay with net/http.
+type Conns struct{}
+
+// NewConns returns a loop that takes no connections.
+func NewConns(*slog.Logger, Router, func(net.Conn), time.Duration) *Conns { return &Conns{} }
+
+// Len is always 0.
+func (l *Conns) Len() int { return 0 }
+
+// Served is always 0.
+func (l *Conns) Served() int64 { return 0 }
+
+// HandedBack is always 0.
+func (l *Conns) HandedBack() int64 { return 0 }
+
+// Adopt returns ErrUnsupported; the connection is not touched.
+func (l *Conns) Adopt(net.Conn, []byte) error { return ErrUnsupported }
+
+// Drain does nothing.
+func (l *Conns) Drain() {}
+
+// Close does nothing.
+func (l *Conns) Close() error { return nil }
