@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -402,5 +403,111 @@ func TestClusterCallPrefersOwnNode(t *testing.T) {
 				t.Fatalf("id made by a cluster call from %s landed on %v, want %s", n.id, got, n.id)
 			}
 		}
+	}
+}
+
+// A client connection that carried one forwarded request is served by the
+// forwarding node's kept-alive loop from then on. On one connection:
+// forwarded requests, a request the loop gives back to net/http (a
+// registry route), forwarded requests again, then a stream through the
+// loop that arrives event by event and ends at the owner when the client
+// leaves. On another: an upgrade after a forwarded request (given back,
+// then tunnelled by net/http's proxy).
+func TestKeptAliveConnectionForwards(t *testing.T) {
+	t.Parallel()
+	nodes := threeWorkers(t)
+	const id = "ka1"
+	nodes[0].a.MustDo("GET", "/misc/"+id+"/ping", "")
+	owner := ownerOf(t, nodes, "/misc", id)
+	if owner == nil {
+		t.Fatal(id + " runs nowhere")
+	}
+	var via *node
+	for _, n := range nodes {
+		if n != owner {
+			via = n
+			break
+		}
+	}
+	dial := func() (net.Conn, *bufio.Reader) {
+		conn, err := net.DialTimeout("tcp", via.http, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+		return conn, bufio.NewReader(conn)
+	}
+	do := func(conn net.Conn, br *bufio.Reader, method, path, extra string) (*http.Response, string) {
+		t.Helper()
+		fmt.Fprintf(conn, "%s %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer dev-token\r\n%s\r\n", method, path, via.http, extra)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%s %s through %s: %v", method, path, via.id, err)
+		}
+		if resp.ContentLength < 0 {
+			return resp, "" // a stream: the caller reads it
+		}
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatalf("%s %s body: %v", method, path, err)
+		}
+		return resp, string(b)
+	}
+	kept := func() float64 { return via.a.Metric("pinboard_kept_alive_connections") }
+
+	conn, br := dial()
+	for i := range 5 {
+		if resp, body := do(conn, br, "GET", "/misc/"+id+"/ping", ""); resp.StatusCode != 200 {
+			t.Fatalf("ping %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	if kept() < 1 {
+		t.Fatalf("%s's kept-alive loop holds no connection after 5 forwarded requests", via.id)
+	}
+	if resp, body := do(conn, br, "GET", "/registry/workers", ""); resp.StatusCode != 200 || !strings.Contains(body, `"workers"`) {
+		t.Fatalf("registry on a kept-alive connection: %d %s", resp.StatusCode, body)
+	}
+	for i := range 3 {
+		if resp, body := do(conn, br, "GET", "/misc/"+id+"/ping", ""); resp.StatusCode != 200 {
+			t.Fatalf("ping %d after the hand-back: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	resp, _ := do(conn, br, "GET", "/misc/"+id+"/gated", "")
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("stream on a kept-alive connection: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	events := bufio.NewReader(resp.Body)
+	for i := range 3 {
+		if i > 0 {
+			if r := owner.a.MustDo("POST", "/misc/"+id+"/gated/next", ""); r.Code != 200 {
+				t.Fatalf("next event: %d %s", r.Code, r.Body)
+			}
+		}
+		line, err := events.ReadString('\n')
+		if err != nil || line != fmt.Sprintf("data: %d\n", i) {
+			t.Fatalf("event %d: %q, %v", i, line, err)
+		}
+		if blank, err := events.ReadString('\n'); err != nil || blank != "\n" {
+			t.Fatalf("event %d's end: %q, %v", i, blank, err)
+		}
+	}
+	conn.Close()
+	eventually(t, 10*time.Second, "the owner's stream ended after the client left", func() bool {
+		r := owner.a.MustDo("GET", "/misc/"+id+"/gated/open", "")
+		return strings.TrimSpace(r.Body) == "0"
+	})
+
+	conn, br = dial()
+	if resp, body := do(conn, br, "GET", "/misc/"+id+"/ping", ""); resp.StatusCode != 200 {
+		t.Fatalf("ping before the upgrade: %d %s", resp.StatusCode, body)
+	}
+	resp, _ = do(conn, br, "GET", "/misc/"+id+"/upgrade", "Connection: Upgrade\r\nUpgrade: echo\r\n")
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade on a kept-alive connection: %d", resp.StatusCode)
+	}
+	fmt.Fprint(conn, "hi\n")
+	if line, err := br.ReadString('\n'); err != nil || line != "echo: hi\n" {
+		t.Fatalf("echo = %q, %v", line, err)
 	}
 }

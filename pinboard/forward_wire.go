@@ -106,30 +106,38 @@ func appendHead(dst []byte, r *http.Request, addr, target, att string, body []by
 			break
 		}
 	}
-	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+	dst = appendForwarding(dst, r.Method, r.RemoteAddr, r.Host, r.TLS != nil, att, body)
+	return dst, safeField(host) && safeField(target)
+}
+
+// appendForwarding ends a forwarded request's head: X-Forwarded-For (the
+// client's address), -Host and -Proto, the attestation, the body's length,
+// then the body.
+func appendForwarding(dst []byte, method, remoteAddr, host string, tls bool, att string, body []byte) []byte {
+	if ip, _, err := net.SplitHostPort(remoteAddr); err == nil {
 		dst = append(dst, "X-Forwarded-For: "...)
 		dst = append(dst, ip...)
 		dst = append(dst, "\r\n"...)
 	}
 	dst = append(dst, "X-Forwarded-Host: "...)
-	dst = append(dst, r.Host...)
-	if r.TLS == nil {
-		dst = append(dst, "\r\nX-Forwarded-Proto: http\r\n"...)
-	} else {
+	dst = append(dst, host...)
+	if tls {
 		dst = append(dst, "\r\nX-Forwarded-Proto: https\r\n"...)
+	} else {
+		dst = append(dst, "\r\nX-Forwarded-Proto: http\r\n"...)
 	}
 	dst = append(dst, AttestationHeader+": "...)
 	dst = append(dst, att...)
 	dst = append(dst, "\r\n"...)
 	// As http.Request.Write: a length for every body, and an empty one
 	// for methods other than GET and HEAD.
-	if len(body) > 0 || r.Method != http.MethodGet && r.Method != http.MethodHead {
+	if len(body) > 0 || method != http.MethodGet && method != http.MethodHead {
 		dst = append(dst, "Content-Length: "...)
 		dst = strconv.AppendInt(dst, int64(len(body)), 10)
 		dst = append(dst, "\r\n"...)
 	}
 	dst = append(dst, "\r\n"...)
-	return append(dst, body...), safeField(host) && safeField(target)
+	return append(dst, body...)
 }
 
 // safeField: no byte that would end or split a header line.
@@ -230,6 +238,9 @@ func (f *FrontDoor) forwardWire(w http.ResponseWriter, r *http.Request, info *fw
 		panic(http.ErrAbortHandler)
 	}
 	_ = resp.Body.Close() // now, to read the trailers
+	if resp.ContentLength >= 0 && announced == 0 && len(resp.Trailer) == 0 && f.adopt(w, r, addr) {
+		return true // the connection's next requests go to the kept-alive loop
+	}
 	if len(resp.Trailer) > 0 {
 		// Chunked, so net/http does not compute a length for a short body.
 		_ = http.NewResponseController(w).Flush()

@@ -161,14 +161,20 @@ type FrontDoor struct {
 	sync     *httpx.SyncTransport // the default node-to-node transport; nil with a custom one
 	client   *http.Client         // node-to-node calls of the front door's own (stats)
 	bufs     httpx.BufferPool
-	relay    *relay.Loop // held forwarded streams, out of net/http
-	verifier Verifier
+	relay    *relay.Loop  // held forwarded streams, out of net/http
+	conns    *relay.Conns // kept-alive forwarded connections, out of net/http
+	handBack *handBack    // where conns gives connections back
+	// keepAliveOn: HandBackListener was called, so handing back works.
+	keepAliveOn atomic.Bool
+	verifier    Verifier
 
 	resolutions     *prometheus.CounterVec
 	forwardFailures *prometheus.CounterVec
 	attestFailures  *prometheus.CounterVec
 	relayEnds       *prometheus.CounterVec
 	forwardSeconds  prometheus.Histogram
+	// resolvedForwarded is resolutions{outcome="forwarded"}, looked up once.
+	resolvedForwarded prometheus.Counter
 }
 
 // NewFrontDoor builds the handler.
@@ -220,8 +226,14 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 			"from the forward's start until the response ended here or, for a held stream, went to the relay loop.",
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10, 60},
 	})
+	f.resolvedForwarded = f.resolutions.WithLabelValues("forwarded")
+	f.handBack = newHandBack()
+	f.conns = relay.NewConns(cfg.Logger, f, f.handBack.give, ownerHeaderTimeout)
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(f.resolutions, f.forwardFailures, f.attestFailures, f.relayEnds, f.forwardSeconds)
+		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "pinboard_kept_alive_connections", Help: "Client connections the kept-alive loop serves now, out of net/http.",
+		}, func() float64 { return float64(f.conns.Len()) }))
 		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "pinboard_relayed_streams", Help: "Held forwarded streams the relay loop carries now.",
 		}, func() float64 { return float64(f.relay.Len()) }))
@@ -269,6 +281,8 @@ func (f *FrontDoor) Handle(pattern string, h http.Handler) { f.mux.Handle(patter
 // then closes its pooled connections to owners. Call it after the server
 // stopped serving.
 func (f *FrontDoor) Close() error {
+	_ = f.conns.Close()
+	_ = f.handBack.Close()
 	err := f.relay.Close()
 	if f.sync != nil { // the pools are the front door's own, not a supplied Transport's
 		f.sync.Close()
@@ -278,7 +292,10 @@ func (f *FrontDoor) Close() error {
 }
 
 // SetStopping makes new instance requests answer 503 + Retry-After.
-func (f *FrontDoor) SetStopping() { f.stopping.Store(true) }
+func (f *FrontDoor) SetStopping() {
+	f.stopping.Store(true)
+	f.conns.Drain()
+}
 
 func (f *FrontDoor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() {

@@ -116,7 +116,7 @@ func (f *FrontDoor) dispatch(w http.ResponseWriter, r *http.Request, rt *route, 
 		f.serveLocal(w, rt.withBody(r), p, rt.rest)
 		return
 	}
-	f.resolutions.WithLabelValues("forwarded").Inc()
+	f.resolvedForwarded.Inc()
 	f.forward(w, r, rt, p, owner)
 }
 

@@ -235,6 +235,9 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	srv := &http.Server{Handler: fd, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
+	// Connections the kept-alive forwarding loop gives back to net/http
+	// (Shutdown closes this listener with the other).
+	go func() { _ = srv.Serve(fd.HandBackListener()) }()
 	var namespaces []string
 	if sup != nil {
 		namespaces = sup.Namespaces()

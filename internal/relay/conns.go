@@ -33,6 +33,8 @@ type ReqHead struct {
 	Body []byte
 	// RemoteAddr is the client's address (ip:port).
 	RemoteAddr string
+	// expect: the client waits for 100 Continue before sending the body.
+	expect bool
 }
 
 // Field is one header field.
@@ -89,6 +91,7 @@ var (
 // more bytes are needed first; ok false: not one for the loop (malformed,
 // or anything but the plain case), net/http takes it.
 func parseRequest(in []byte, h *ReqHead) (n int, need bool, ok bool) {
+	h.expect = false
 	end := bytes.Index(in, []byte("\r\n\r\n"))
 	if end < 0 {
 		return 0, len(in) <= maxHead, len(in) <= maxHead
@@ -128,15 +131,26 @@ func parseRequest(in []byte, h *ReqHead) (n int, need bool, ok bool) {
 		}
 		switch {
 		case equalFold(name, "Host"):
+			if !visible(value) {
+				return 0, false, false
+			}
 			hosts++
 			h.Host = string(value)
+			continue
+		case equalFold(name, "Expect"):
+			// 100-continue the loop answers itself (as net/http does when
+			// the handler reads the body); nothing else is known.
+			if !equalFold(value, "100-continue") {
+				return 0, false, false
+			}
+			h.expect = true
 			continue
 		case equalFold(name, "Content-Length"):
 			if clen >= 0 || len(value) == 0 || len(value) > 9 || !digits(value) {
 				return 0, false, false
 			}
 			clen, _ = strconv.Atoi(string(value))
-		case equalFold(name, "Transfer-Encoding"), equalFold(name, "Upgrade"), equalFold(name, "Expect"):
+		case equalFold(name, "Transfer-Encoding"), equalFold(name, "Upgrade"):
 			return 0, false, false
 		case equalFold(name, "Connection"):
 			// keep-alive is the default; anything else (close, or

@@ -73,6 +73,7 @@ type client struct {
 	closeAft bool // close the client once out is written
 	wrote    bool // some of the response went to the client
 	isHead   bool // the current request is a HEAD: its response has no body
+	sent100  bool // 100 Continue went out for the request being read
 	hbuf     []byte
 }
 
@@ -270,7 +271,10 @@ func (l *Conns) run(epfd, wakefd int) {
 				if c == nil {
 					continue
 				}
-				if ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+				if ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 ||
+					ev.Events&unix.EPOLLRDHUP != 0 && c.state != stHead {
+					// Hung up mid-exchange (a stream the client left):
+					// the upstream must see it too.
 					l.fail(c, ErrClientGone, &after)
 					continue
 				}
@@ -380,12 +384,20 @@ func (l *Conns) readRequest(c *client, buf []byte, after *[]func()) bool {
 				l.giveBack(c, after)
 				return false
 			}
-			c.reqLen, c.fwd, c.up, u.c = n, fwd, u, c
+			c.reqLen, c.fwd, c.up, u.c, c.sent100 = n, fwd, u, c, false
 			c.idem = h.Method == "GET" || h.Method == "HEAD" || h.Method == "OPTIONS"
 			c.isHead = h.Method == "HEAD"
 			u.out, u.in, u.sent, u.eof = fwd.Wire, u.in[:0], false, false
 			c.state, c.since, c.wrote = stSend, time.Now(), false
 			return true
+		}
+		if l.scratch.expect && !c.sent100 && len(c.in) > 0 {
+			// The head is whole and the client waits to send the body.
+			c.sent100 = true
+			c.out = append(c.out, "HTTP/1.1 100 Continue\r\n\r\n"...)
+			if !l.flush(c, after) {
+				return false
+			}
 		}
 		if !c.readable {
 			return false
@@ -590,6 +602,14 @@ func (l *Conns) endExchange(c *client, after *[]func()) bool {
 	c.state, c.since = stHead, time.Now()
 	if !l.flush(c, after) {
 		return false
+	}
+	// An idle connection keeps no large buffers (an upload or a long
+	// response grew them).
+	if len(c.in) == 0 && cap(c.in) > 4<<10 {
+		c.in = nil
+	}
+	if cap(c.out) > readBuf {
+		c.out = nil
 	}
 	return c.state == stHead
 }

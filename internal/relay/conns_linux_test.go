@@ -89,19 +89,13 @@ func newConnsRig(t *testing.T) *connsRig {
 		}
 	})
 	mux.HandleFunc("/up/stream", func(w http.ResponseWriter, r *http.Request) {
+		// One event, then silence until the client leaves: only the
+		// client's hang-up can end it (no write fails first).
 		defer func() { rig.upClosed <- struct{}{} }()
 		w.Header().Set("Content-Type", "text/event-stream")
-		for {
-			if _, err := io.WriteString(w, "data: tick\n\n"); err != nil {
-				return
-			}
-			w.(http.Flusher).Flush()
-			select {
-			case <-r.Context().Done():
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
+		_, _ = io.WriteString(w, "data: tick\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
 	})
 	mux.HandleFunc("/up/refuse", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Refused", "draining")
@@ -207,6 +201,25 @@ func TestConnsKeepAliveForwarding(t *testing.T) {
 	if code, h, body := rig.get(c, "POST", "/up/echo", upload); code != 200 || body != upload || h.Get("X-Len") != "40000" {
 		t.Fatalf("upload: %d %q (%d bytes)", code, h.Get("X-Len"), len(body))
 	}
+	// A client that waits for 100 Continue before its body gets it from
+	// the loop.
+	raw, err := net.Dial("tcp", rig.front.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	_ = raw.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(raw, "PUT /up/echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 14\r\n\r\n")
+	rbr := bufio.NewReader(raw)
+	if resp, err := http.ReadResponse(rbr, nil); err != nil || resp.StatusCode != http.StatusContinue {
+		t.Fatalf("want 100 Continue before the body: %v %v", resp, err)
+	}
+	_, _ = io.WriteString(raw, "after-continue")
+	if resp, err := http.ReadResponse(rbr, nil); err != nil {
+		t.Fatal(err)
+	} else if b, _ := io.ReadAll(resp.Body); resp.StatusCode != 200 || string(b) != "after-continue" {
+		t.Fatalf("after 100 Continue: %d %q", resp.StatusCode, b)
+	}
 	if code, _, body := rig.get(c, "GET", "/up/chunked", ""); code != 200 || body != "part0;part1;part2;" {
 		t.Fatalf("chunked: %d %q", code, body)
 	}
@@ -219,14 +232,14 @@ func TestConnsKeepAliveForwarding(t *testing.T) {
 	if code, _, body := rig.get(c, "GET", "/up/fixed?after=close", ""); code != 200 || body != "fixed after=close" {
 		t.Fatalf("after the upstream closed: %d %q", code, body)
 	}
-	if got := rig.loop.Served(); got != 55 {
-		t.Fatalf("the loop forwarded %d requests, want 55", got)
+	if got := rig.loop.Served(); got != 56 {
+		t.Fatalf("the loop forwarded %d requests, want 56", got)
 	}
 	if got := rig.loop.HandedBack(); got != 0 {
 		t.Fatalf("%d connections handed back, want 0", got)
 	}
-	if got := rig.loop.Len(); got != 1 {
-		t.Fatalf("the loop holds %d client connections, want 1", got)
+	if got := rig.loop.Len(); got != 2 { // the client's and the raw one
+		t.Fatalf("the loop holds %d client connections, want 2", got)
 	}
 }
 

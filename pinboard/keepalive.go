@@ -1,0 +1,213 @@
+package pinboard
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/relay"
+	"github.com/pinnedd/pinnedd/pinboard/directory"
+	"github.com/pinnedd/pinnedd/plugins"
+)
+
+// Kept-alive forwarding: once a client connection has carried a forwarded
+// request through net/http, the front door hands it to an event loop
+// (relay.Conns) that forwards its next requests itself, as long as they
+// are the plain case (Route); anything else goes back to net/http through
+// HandBackListener with the request unread. Measured on the hop benchmark
+// (bench/hop), most of what the forwarding node spent per request was
+// net/http's per-request machinery (a background read, a goroutine hand-off
+// per read) rather than the forward.
+
+// handBack is the listener net/http takes connections back from.
+type handBack struct {
+	ch     chan net.Conn
+	once   sync.Once
+	closed chan struct{}
+}
+
+func newHandBack() *handBack {
+	return &handBack{ch: make(chan net.Conn), closed: make(chan struct{})}
+}
+
+func (l *handBack) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *handBack) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *handBack) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)} }
+
+// give passes c to net/http, or closes it once net/http stopped taking
+// connections. It runs on the loop's goroutine, so it must not wait long:
+// Serve's accept loop takes connections as fast as it can.
+func (l *handBack) give(c net.Conn) {
+	select {
+	case l.ch <- c:
+	case <-l.closed:
+		_ = c.Close()
+	}
+}
+
+// HandBackListener is where net/http takes back the connections the
+// kept-alive loop cannot serve: the caller must Serve it with the front
+// door's http.Server (closing it with the server). Until this is called the
+// front door keeps every connection in net/http.
+func (f *FrontDoor) HandBackListener() net.Listener {
+	f.keepAliveOn.Store(true)
+	return f.handBack
+}
+
+// adopt hands r's connection to the kept-alive loop after its forwarded
+// response (fixed length, now complete) was written to w; addr is the
+// owner it went to. It reports whether it did; the handler must then
+// return at once.
+func (f *FrontDoor) adopt(w http.ResponseWriter, r *http.Request, addr string) bool {
+	if !f.keepAliveOn.Load() || !relay.Supported || f.stopping.Load() ||
+		r.ProtoMajor != 1 || r.ProtoMinor != 1 || r.TLS != nil || r.Close || !ipLiteral(addr) {
+		// An owner advertised by name: the loop does not resolve names,
+		// so it would give every request back.
+		return false
+	}
+	rc := http.NewResponseController(w)
+	if rc.Flush() != nil {
+		return false
+	}
+	conn, brw, err := rc.Hijack()
+	if err != nil {
+		return false
+	}
+	var pending []byte
+	if n := brw.Reader.Buffered(); n > 0 {
+		pending, _ = brw.Reader.Peek(n)
+	}
+	if err := f.conns.Adopt(conn, pending); err != nil {
+		// The response went out whole; the client reconnects.
+		f.cfg.Logger.Debug("kept-alive loop refused a connection; closed it", "err", err)
+	}
+	return true
+}
+
+// fastPathChars: the path bytes the loop passes through as they are; a
+// path with anything else (escapes included) goes to net/http, whose
+// escaping rules the forward follows.
+var fastPathChars = func() (t [256]bool) {
+	for _, c := range []byte("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~/:@=+!$&'()*,") {
+		t[c] = true
+	}
+	return t
+}()
+
+// Route is the kept-alive loop's router: a request for an id placed on a
+// live worker of another node, with a plain path and query, is forwarded
+// as forward would (same attestation, same fields); anything else goes back
+// to net/http.
+func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
+	if f.stopping.Load() || f.sync == nil {
+		return relay.Forward{}, false
+	}
+	path, query, _ := strings.Cut(h.Target, "?")
+	for i := 0; i < len(path); i++ {
+		if !fastPathChars[path[i]] {
+			return relay.Forward{}, false
+		}
+	}
+	if !isInstancePath(path) || !cleanQuery(query) {
+		return relay.Forward{}, false
+	}
+	ns, id, rest, _ := splitInstancePath(path)
+	if plugins.ValidateNamespace(ns) != nil || plugins.ValidateID(id) != nil {
+		return relay.Forward{}, false
+	}
+	for _, fl := range h.Fields {
+		if strings.EqualFold(fl.Name, plugins.HeaderClusterCall) {
+			return relay.Forward{}, false // net/http checks and strips it
+		}
+	}
+	key := directory.Key{Namespace: ns, ID: id}
+	self, now := f.selfID(), time.Now()
+	if self != "" && f.cfg.Local != nil && f.cfg.Local.Live(ns, id) {
+		return relay.Forward{}, false
+	}
+	m := f.cfg.Dir.Machine()
+	p, owner, ok := m.Owner(key)
+	if !ok || !owner.Live(now.UnixMilli()) || p.Owner == self {
+		return relay.Forward{}, false
+	}
+	secret := m.Secret()
+	base, err := url.Parse(owner.AdvertiseURL)
+	if len(secret) == 0 || err != nil || base.Scheme != "http" || !ipLiteral(base.Host) {
+		return relay.Forward{}, false
+	}
+	signed := ownerRoutePrefix + ns + "/" + id + rest
+	if query != "" {
+		signed += "?" + query
+	}
+	att := Sign(secret, Attestation{Target: owner.ClientID, Caller: self, Generation: p.Generation, At: now}, h.Method, signed)
+	f.resolvedForwarded.Inc()
+	start := now
+	return relay.Forward{
+		Addr:    base.Host,
+		Wire:    appendLoopHead(nil, h, strings.TrimSuffix(base.Path, "/")+signed, att),
+		Refusal: RefusalHeader,
+		Done: func(status int, err error) {
+			f.forwardSeconds.Observe(time.Since(start).Seconds())
+			switch {
+			case err == nil:
+			case errors.Is(err, relay.ErrClientGone):
+				f.forwardFailures.WithLabelValues("canceled").Inc()
+			default:
+				f.forwardFailures.WithLabelValues("unreachable").Inc()
+			}
+		},
+	}, true
+}
+
+// appendLoopHead writes the forwarded request as appendHead does for one
+// net/http read: hop-by-hop and forwarding fields dropped, X-Forwarded-*
+// and the attestation set, a length for every body.
+func appendLoopHead(dst []byte, h *relay.ReqHead, target, att string) []byte {
+	dst = append(dst, h.Method...)
+	dst = append(dst, ' ')
+	dst = append(dst, target...)
+	dst = append(dst, " HTTP/1.1\r\nHost: "...)
+	dst = append(dst, h.Host...)
+	dst = append(dst, "\r\n"...)
+	trailers := false
+	for _, fl := range h.Fields {
+		k := http.CanonicalHeaderKey(fl.Name)
+		if k == "Te" {
+			trailers = trailers || tokenListHas(fl.Value, "trailers")
+			continue
+		}
+		if hopByHop[k] || notForwarded[k] {
+			continue
+		}
+		dst = append(dst, fl.Name...)
+		dst = append(dst, ": "...)
+		dst = append(dst, fl.Value...)
+		dst = append(dst, "\r\n"...)
+	}
+	if trailers {
+		dst = append(dst, "Te: trailers\r\n"...)
+	}
+	return appendForwarding(dst, h.Method, h.RemoteAddr, h.Host, false, att, h.Body)
+}
+
+// ipLiteral: addr is an IP address and a port.
+func ipLiteral(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	return err == nil && net.ParseIP(host) != nil
+}

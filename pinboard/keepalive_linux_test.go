@@ -1,0 +1,63 @@
+//go:build linux
+
+package pinboard
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// After one forwarded request through net/http the connection is served
+// by the kept-alive loop, and the owner sees the same request from it as
+// from net/http: the client's fields without hop-by-hop and forwarding
+// ones, fresh X-Forwarded-*, a valid attestation, the body.
+func TestKeptAliveSendsWhatNetHTTPSends(t *testing.T) {
+	rig := newForwardRigWith(t, func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var got []string
+		for _, k := range []string{"X-Keep", "Keep-Alive", "X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host", "Te", "Content-Length"} {
+			got = append(got, k+"="+strings.Join(r.Header[k], ","))
+		}
+		fmt.Fprintf(w, "%s %s %q %s", r.Method, r.URL.RequestURI(), body, strings.Join(got, " "))
+	})
+	go func() { _ = rig.entry.Config.Serve(rig.f.HandBackListener()) }()
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(rig.entry.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(conn)
+	var first string
+	for i := range 4 {
+		fmt.Fprint(conn, "POST /counters/c1/add?n=1 HTTP/1.1\r\nHost: front.example\r\nX-Keep: yes\r\nKeep-Alive: timeout=5\r\n"+
+			"X-Forwarded-For: 10.9.9.9\r\nTe: trailers\r\nContent-Length: 5\r\n\r\nhello")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+		if i == 0 {
+			first = string(body)
+			want := `POST /_pinned/i/counters/c1/add?n=1 "hello" X-Keep=yes Keep-Alive= X-Forwarded-For=127.0.0.1 X-Forwarded-Proto=http X-Forwarded-Host=front.example Te=trailers Content-Length=5`
+			if first != want {
+				t.Fatalf("through net/http:\n got %s\nwant %s", first, want)
+			}
+		} else if string(body) != first {
+			t.Fatalf("request %d through the loop:\n got %s\nwant %s", i, body, first)
+		}
+	}
+	if got := rig.f.conns.Served(); got != 3 {
+		t.Fatalf("the loop forwarded %d requests, want 3 (all but the first)", got)
+	}
+}
