@@ -128,6 +128,13 @@ func launch(t testing.TB, cmd *exec.Cmd, env []string, what string) *Agent {
 	logs := &logBuffer{name: t.Name(), notify: make(chan struct{}, 1)}
 	cmd.Stderr = logs
 	cmd.Stdout = logs
+	// A test binary killed before its cleanup (a timeout, ^C) must not
+	// leave a fleet running: the agent dies with it, its plugins with the
+	// agent.
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", what, err)
 	}
