@@ -59,6 +59,7 @@ type client struct {
 	remote   string
 	in       []byte // bytes read from the client, the current request first
 	readable bool
+	hup      bool // the client hung up (or half-closed): read to EOF
 	state    int
 	since    time.Time // of the current state, for its timeout
 	reqLen   int       // the current request's bytes at the start of in
@@ -84,6 +85,7 @@ type upstream struct {
 	c        *client // nil while pooled
 	in       []byte
 	readable bool
+	hup      bool // the upstream hung up: read to EOF
 	out      []byte // request bytes not yet written
 	sent     bool   // some of the request went out
 	eof      bool   // the upstream closed (after the bytes in in)
@@ -281,6 +283,7 @@ func (l *Conns) run(epfd, wakefd int) {
 				if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP) != 0 {
 					c.readable = true
 				}
+				c.hup = c.hup || ev.Events&unix.EPOLLRDHUP != 0
 				l.drive(c, buf, &after)
 			case sideU:
 				u := l.ups[uint32(ev.Fd)]
@@ -296,6 +299,7 @@ func (l *Conns) run(epfd, wakefd int) {
 				if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 					u.readable = true
 				}
+				u.hup = u.hup || ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0
 				l.drive(u.c, buf, &after)
 			}
 		}
@@ -405,18 +409,23 @@ func (l *Conns) readRequest(c *client, buf []byte, after *[]func()) bool {
 		if len(c.in) == 0 {
 			c.since = time.Now() // the head timeout runs from its first byte
 		}
-		if !l.readInto(c.fd, &c.in, buf, maxHead+maxLoopBody, &c.readable) {
+		if !l.readInto(c.fd, &c.in, buf, maxHead+maxLoopBody, &c.readable, c.hup) {
 			l.closeClient(c, after) // the client closed or failed between requests
 			return false
 		}
 	}
 }
 
-// readInto reads fd until EAGAIN (readable goes false) or limit bytes are
-// buffered; false on EOF or an error.
-func (l *Conns) readInto(fd int, dst *[]byte, buf []byte, limit int, readable *bool) bool {
+// readInto reads fd until it is drained (readable goes false) or limit
+// bytes are buffered; false on EOF or an error. A read shorter than asked
+// drained the socket: more data arriving later is a new edge, so the
+// EAGAIN read that would only confirm it is skipped (a syscall a request
+// on each side). Once the peer hung up, it reads on to the EOF, which no
+// later edge would report.
+func (l *Conns) readInto(fd int, dst *[]byte, buf []byte, limit int, readable *bool, hup bool) bool {
 	for len(*dst) < limit {
-		n, err := unix.Read(fd, buf[:min(len(buf), limit-len(*dst))])
+		want := min(len(buf), limit-len(*dst))
+		n, err := unix.Read(fd, buf[:want])
 		switch {
 		case errors.Is(err, unix.EAGAIN):
 			*readable = false
@@ -427,6 +436,10 @@ func (l *Conns) readInto(fd int, dst *[]byte, buf []byte, limit int, readable *b
 			return false
 		}
 		*dst = append(*dst, buf[:n]...)
+		if n < want && !hup {
+			*readable = false
+			return true
+		}
 	}
 	return true
 }
@@ -492,7 +505,7 @@ func (l *Conns) readResponse(c *client, buf []byte, after *[]func()) bool {
 		if !u.readable {
 			return false
 		}
-		if !l.readInto(u.fd, &u.in, buf, maxRespHead+1, &u.readable) {
+		if !l.readInto(u.fd, &u.in, buf, maxRespHead+1, &u.readable, u.hup) {
 			// Closed: what it sent before may still be a whole response.
 			u.eof, u.readable = true, false
 		}
@@ -583,6 +596,9 @@ func (l *Conns) relayBody(c *client, buf []byte, after *[]func()) bool {
 			return false
 		}
 		u.in = append(u.in, buf[:n]...)
+		if n < len(buf) && !u.hup {
+			u.readable = false // drained (see readInto)
+		}
 	}
 }
 
