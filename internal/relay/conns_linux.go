@@ -85,7 +85,7 @@ type upstream struct {
 	c        *client // nil while pooled
 	in       []byte
 	readable bool
-	hup      bool // the upstream hung up: read to EOF
+	hup      bool   // the upstream hung up: read to EOF
 	out      []byte // request bytes not yet written
 	sent     bool   // some of the request went out
 	eof      bool   // the upstream closed (after the bytes in in)
@@ -290,8 +290,11 @@ func (l *Conns) run(epfd, wakefd int) {
 				if u == nil {
 					continue
 				}
-				if u.c == nil { // pooled: any event is the peer closing (or talking out of turn)
-					if ev.Events&unix.EPOLLOUT == 0 || ev.Events&^uint32(unix.EPOLLOUT) != 0 {
+				if u.c == nil {
+					// Pooled: a hang-up, or bytes out of turn, end it. A
+					// readiness edge for bytes already read with the last
+					// response (edges queue per packet) is not one.
+					if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 || !quiet(u.fd) {
 						l.dropIdle(u)
 					}
 					continue
@@ -756,6 +759,21 @@ func connect(ip net.IP, port int) (int, error) {
 		return -1, err
 	}
 	return fd, nil
+}
+
+// quiet reports whether fd has nothing to read and is still open.
+func quiet(fd int) bool {
+	var b [1]byte
+	for {
+		_, _, err := unix.Recvfrom(fd, b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EAGAIN):
+			return true
+		}
+		return false // bytes, EOF or an error
+	}
 }
 
 // pool keeps u for the next request to its address.

@@ -12,8 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // connsRig: an upstream HTTP server, a front listener whose connections go
@@ -27,6 +30,7 @@ type connsRig struct {
 	back     *chanListener
 	upClosed chan struct{} // a stream's upstream request ended
 	deadAddr string
+	upConns  atomic.Int64 // connections the upstream accepted
 }
 
 // testRouter forwards /up/... to the upstream; /local/... goes back to
@@ -115,7 +119,11 @@ func newConnsRig(t *testing.T) *connsRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	up := &http.Server{Handler: mux}
+	up := &http.Server{Handler: mux, ConnState: func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			rig.upConns.Add(1)
+		}
+	}}
 	go func() { _ = up.Serve(upLn) }()
 	rig.upAddr = upLn.Addr().String()
 	dead, _ := net.Listen("tcp", "127.0.0.1:0")
@@ -238,6 +246,11 @@ func TestConnsKeepAliveForwarding(t *testing.T) {
 	if got := rig.loop.HandedBack(); got != 0 {
 		t.Fatalf("%d connections handed back, want 0", got)
 	}
+	// Pooled upstream connections carry the sequential requests: one,
+	// another after the upstream closed its own, and at most one more.
+	if got := rig.upConns.Load(); got > 3 {
+		t.Fatalf("the upstream accepted %d connections for sequential requests, want at most 3 (pooled connections dropped?)", got)
+	}
 	if got := rig.loop.Len(); got != 2 { // the client's and the raw one
 		t.Fatalf("the loop holds %d client connections, want 2", got)
 	}
@@ -358,5 +371,31 @@ func TestConnsClientGoneAndClose(t *testing.T) {
 	l.mu.Unlock()
 	if held != 0 || ups != 0 || epfd != -1 || l.Len() != 0 {
 		t.Fatalf("the closed loop holds %d clients, %d upstreams, epoll fd %d", held, ups, epfd)
+	}
+}
+
+// quiet tells a pooled connection with nothing to read from one with bytes
+// out of turn or a closed peer.
+func TestQuiet(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	if !quiet(fds[0]) {
+		t.Fatal("an idle connection is not quiet")
+	}
+	_, _ = unix.Write(fds[1], []byte("x"))
+	if quiet(fds[0]) {
+		t.Fatal("a connection with a byte to read is quiet")
+	}
+	var b [1]byte
+	_, _ = unix.Read(fds[0], b[:])
+	if !quiet(fds[0]) {
+		t.Fatal("a drained connection is not quiet")
+	}
+	_ = unix.Close(fds[1])
+	if quiet(fds[0]) {
+		t.Fatal("a connection whose peer closed is quiet")
 	}
 }
