@@ -36,6 +36,7 @@ type Conns struct {
 	ups      map[uint32]*upstream
 	idle     map[string][]*upstream // pooled upstream connections by address
 	fresh    []*client              // adopted, not yet looked at by the loop
+	runq     []*client              // cut off by their read budget: go on next turn
 	done     chan struct{}
 
 	live    atomic.Int64 // client connections held
@@ -74,6 +75,7 @@ type client struct {
 	closeAft bool // close the client once out is written
 	wrote    bool // some of the response went to the client
 	isHead   bool // the current request is a HEAD: its response has no body
+	queued   bool // on runq
 	sent100  bool // 100 Continue went out for the request being read
 	hbuf     []byte
 }
@@ -236,7 +238,13 @@ func (l *Conns) run(epfd, wakefd int) {
 	var after []func()
 	lastSweep := time.Now()
 	for {
-		n, err := unix.EpollWait(epfd, events, int(sweepEvery/time.Millisecond))
+		timeout := int(sweepEvery / time.Millisecond)
+		l.mu.Lock()
+		if len(l.runq) > 0 {
+			timeout = 0 // bodies cut off by their read budget go on
+		}
+		l.mu.Unlock()
+		n, err := unix.EpollWait(epfd, events, timeout)
 		if err != nil && !errors.Is(err, unix.EINTR) {
 			l.log.Error("keep-alive loop: epoll_wait failed; closing every connection", "err", err)
 			n, l.closed = 0, true
@@ -304,6 +312,14 @@ func (l *Conns) run(epfd, wakefd int) {
 				}
 				u.hup = u.hup || ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0
 				l.drive(u.c, buf, &after)
+			}
+		}
+		runq := l.runq
+		l.runq = nil
+		for _, c := range runq {
+			c.queued = false
+			if c.state != stClosed {
+				l.drive(c, buf, &after)
 			}
 		}
 		if now := time.Now(); now.Sub(lastSweep) >= sweepEvery {
@@ -546,7 +562,7 @@ func (l *Conns) startBody(c *client, r response) {
 func (l *Conns) relayBody(c *client, buf []byte, after *[]func()) bool {
 	u := c.up
 	fixed := !c.resp.chunked && !c.toEOF
-	for {
+	for reads := 0; ; {
 		if len(u.in) > 0 && !(fixed && c.left == 0) {
 			data := u.in
 			switch {
@@ -582,6 +598,15 @@ func (l *Conns) relayBody(c *client, buf []byte, after *[]func()) bool {
 			return false
 		}
 		if !u.readable {
+			return false
+		}
+		if reads++; reads > turnReads {
+			// A fast body with a fast client would hold the loop for as
+			// long as it lasts: the others get their turn first.
+			if !c.queued {
+				c.queued = true
+				l.runq = append(l.runq, c)
+			}
 			return false
 		}
 		n, err := unix.Read(u.fd, buf)

@@ -105,6 +105,16 @@ func newConnsRig(t *testing.T) *connsRig {
 		w.Header().Set("X-Refused", "draining")
 		w.WriteHeader(http.StatusServiceUnavailable)
 	})
+	mux.HandleFunc("/up/large", func(w http.ResponseWriter, r *http.Request) {
+		// Far more than one turn's read budget, chunked and fixed.
+		if r.URL.RawQuery == "fixed" {
+			w.Header().Set("Content-Length", strconv.Itoa(4<<20))
+		}
+		block := []byte(strings.Repeat("0123456789abcdef", 4096))
+		for range (4 << 20) / len(block) {
+			_, _ = w.Write(block)
+		}
+	})
 	mux.HandleFunc("/up/closing", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Connection", "close")
 		_, _ = io.WriteString(w, "bye")
@@ -234,14 +244,19 @@ func TestConnsKeepAliveForwarding(t *testing.T) {
 	if code, h, body := rig.get(c, "HEAD", "/up/head", ""); code != 200 || body != "" || h.Get("Content-Length") != "5" {
 		t.Fatalf("HEAD: %d %q %v", code, body, h)
 	}
+	for _, q := range []string{"fixed", "chunked"} {
+		if code, _, body := rig.get(c, "GET", "/up/large?"+q, ""); code != 200 || len(body) != 4<<20 || body[:16] != "0123456789abcdef" || body[len(body)-16:] != "0123456789abcdef" {
+			t.Fatalf("large %s body: %d, %d bytes", q, code, len(body))
+		}
+	}
 	if code, _, body := rig.get(c, "GET", "/up/closing", ""); code != 200 || body != "bye" {
 		t.Fatalf("upstream closing: %d %q", code, body)
 	}
 	if code, _, body := rig.get(c, "GET", "/up/fixed?after=close", ""); code != 200 || body != "fixed after=close" {
 		t.Fatalf("after the upstream closed: %d %q", code, body)
 	}
-	if got := rig.loop.Served(); got != 56 {
-		t.Fatalf("the loop forwarded %d requests, want 56", got)
+	if got := rig.loop.Served(); got != 58 {
+		t.Fatalf("the loop forwarded %d requests, want 58", got)
 	}
 	if got := rig.loop.HandedBack(); got != 0 {
 		t.Fatalf("%d connections handed back, want 0", got)
