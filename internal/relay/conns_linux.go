@@ -245,11 +245,14 @@ func (l *Conns) run(epfd, wakefd int) {
 		}
 		l.mu.Unlock()
 		n, err := unix.EpollWait(epfd, events, timeout)
-		if err != nil && !errors.Is(err, unix.EINTR) {
+		failed := err != nil && !errors.Is(err, unix.EINTR)
+		if failed {
 			l.log.Error("keep-alive loop: epoll_wait failed; closing every connection", "err", err)
-			n, l.closed = 0, true
 		}
 		l.mu.Lock()
+		if failed {
+			l.closed = true
+		}
 		if l.closed {
 			l.shutdownLocked(&after)
 			l.mu.Unlock()
