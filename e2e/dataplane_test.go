@@ -171,6 +171,24 @@ func streamEvents(t *testing.T, url string, n int) {
 	}
 }
 
+// placeMisc activates /misc/<id> through the first node and returns the
+// node that runs it and another one.
+func placeMisc(t *testing.T, nodes []*node, id string) (owner, via *node) {
+	t.Helper()
+	nodes[0].a.MustDo("GET", "/misc/"+id+"/ping", "")
+	owner = ownerOf(t, nodes, "/misc", id)
+	if owner == nil {
+		t.Fatal(id + " runs nowhere")
+	}
+	for _, n := range nodes {
+		if n != owner {
+			return owner, n
+		}
+	}
+	t.Fatal("no node besides the owner")
+	return nil, nil
+}
+
 // gatedStream proves that a stream read through a node that does not own
 // the id arrives event by event, and that the client leaving ends the
 // stream at the owner. The owner's host writes each event only when told
@@ -179,18 +197,7 @@ func streamEvents(t *testing.T, url string, n int) {
 func gatedStream(t *testing.T, nodes []*node) {
 	t.Helper()
 	const id = "gated1"
-	nodes[0].a.MustDo("GET", "/misc/"+id+"/ping", "")
-	owner := ownerOf(t, nodes, "/misc", id)
-	if owner == nil {
-		t.Fatal(id + " runs nowhere")
-	}
-	var via *node
-	for _, n := range nodes {
-		if n != owner {
-			via = n
-			break
-		}
-	}
+	owner, via := placeMisc(t, nodes, id)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", via.url()+"/misc/"+id+"/gated", nil)
@@ -417,18 +424,7 @@ func TestKeptAliveConnectionForwards(t *testing.T) {
 	t.Parallel()
 	nodes := threeWorkers(t)
 	const id = "ka1"
-	nodes[0].a.MustDo("GET", "/misc/"+id+"/ping", "")
-	owner := ownerOf(t, nodes, "/misc", id)
-	if owner == nil {
-		t.Fatal(id + " runs nowhere")
-	}
-	var via *node
-	for _, n := range nodes {
-		if n != owner {
-			via = n
-			break
-		}
-	}
+	owner, via := placeMisc(t, nodes, id)
 	dial := func() (net.Conn, *bufio.Reader) {
 		conn, err := net.DialTimeout("tcp", via.http, 5*time.Second)
 		if err != nil {

@@ -1,11 +1,14 @@
 package pinboard
 
 import (
+	"bufio"
 	"io"
+	"net"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -78,6 +81,19 @@ func newForwardRigWith(tb testing.TB, serve http.HandlerFunc) *forwardRig {
 		}
 	})
 	return &forwardRig{entry: entry, owner: owner, f: f}
+}
+
+// dial opens a raw connection to the entry front door (closed at the
+// test's end) with a reader for its responses.
+func (rig *forwardRig) dial(tb testing.TB) (net.Conn, *bufio.Reader) {
+	tb.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(rig.entry.URL, "http://"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	return conn, bufio.NewReader(conn)
 }
 
 // BenchmarkForward: one GET through a real front door to the owner-side

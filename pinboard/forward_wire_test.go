@@ -1,14 +1,11 @@
 package pinboard
 
 import (
-	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 )
 
 // The forward's own request writer sends what ReverseProxy would: the
@@ -29,13 +26,7 @@ func TestForwardWire(t *testing.T) {
 		fmt.Fprintf(w, "%s %s %q %s", r.Method, r.URL.RequestURI(), body, strings.Join(got, " "))
 		w.Header().Set("X-Sum", "42")
 	})
-	conn, err := net.Dial("tcp", strings.TrimPrefix(rig.entry.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	br := bufio.NewReader(conn)
+	conn, br := rig.dial(t)
 	for i := range 2 {
 		fmt.Fprintf(conn, "POST /counters/c1/add?n=%d HTTP/1.1\r\nHost: front.example\r\nX-Keep: yes\r\nX-Drop: no\r\nConnection: X-Drop, keep-alive\r\n"+
 			"Keep-Alive: timeout=5\r\nX-Forwarded-For: 10.9.9.9\r\nTe: trailers\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n", i)

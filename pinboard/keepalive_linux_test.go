@@ -3,14 +3,11 @@
 package pinboard
 
 import (
-	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 )
 
 // After one forwarded request through net/http the connection is served
@@ -28,13 +25,7 @@ func TestKeptAliveSendsWhatNetHTTPSends(t *testing.T) {
 	})
 	go func() { _ = rig.entry.Config.Serve(rig.f.HandBackListener()) }()
 
-	conn, err := net.Dial("tcp", strings.TrimPrefix(rig.entry.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	br := bufio.NewReader(conn)
+	conn, br := rig.dial(t)
 	var first string
 	for i := range 4 {
 		fmt.Fprint(conn, "POST /counters/c1/add?n=1 HTTP/1.1\r\nHost: front.example\r\nX-Keep: yes\r\nKeep-Alive: timeout=5\r\n"+

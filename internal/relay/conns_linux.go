@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -25,19 +24,14 @@ type Conns struct {
 	// RespTimeout bounds the wait for a response head from upstream.
 	respTimeout time.Duration
 
-	mu       sync.Mutex // guards everything below
-	started  bool
-	closed   bool
+	life     // its mu guards everything below
 	draining bool
-	epfd     int
-	wakefd   int
 	nextID   uint32
 	clients  map[uint32]*client
 	ups      map[uint32]*upstream
 	idle     map[string][]*upstream // pooled upstream connections by address
 	fresh    []*client              // adopted, not yet looked at by the loop
 	runq     []*client              // cut off by their read budget: go on next turn
-	done     chan struct{}
 
 	live    atomic.Int64 // client connections held
 	served  atomic.Int64 // requests the loop forwarded itself
@@ -109,7 +103,7 @@ func NewConns(logger *slog.Logger, r Router, handBack func(net.Conn), respTimeou
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Conns{log: logger, router: r, handBack: handBack, respTimeout: respTimeout, epfd: -1, wakefd: -1,
+	return &Conns{log: logger, router: r, handBack: handBack, respTimeout: respTimeout, life: life{epfd: -1, wakefd: -1},
 		clients: map[uint32]*client{}, ups: map[uint32]*upstream{}, idle: map[string][]*upstream{}}
 }
 
@@ -152,7 +146,7 @@ func (l *Conns) Adopt(c net.Conn, buffered []byte) error {
 	l.live.Add(1)
 	// Its first events may already have passed: a wake makes the loop
 	// look at it (readable is set).
-	l.wakeLocked()
+	_ = l.wakeLocked()
 	return nil
 }
 
@@ -163,39 +157,11 @@ func (l *Conns) newIDLocked() uint32 {
 }
 
 func (l *Conns) startLocked() error {
-	if l.closed {
-		return ErrClosed
-	}
-	if l.started {
-		return nil
-	}
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-	if err != nil {
-		return fmt.Errorf("epoll: %w", err)
-	}
-	wakefd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		_ = unix.Close(epfd)
-		return fmt.Errorf("eventfd: %w", err)
-	}
-	l.epfd, l.wakefd = epfd, wakefd
-	if err := l.ctl(unix.EPOLL_CTL_ADD, wakefd, unix.EPOLLIN|unix.EPOLLET, 0, sideW); err != nil {
-		_, _ = unix.Close(epfd), unix.Close(wakefd)
-		return fmt.Errorf("epoll add wake: %w", err)
-	}
-	l.started, l.done = true, make(chan struct{})
-	go l.run(epfd, wakefd)
-	return nil
+	return l.life.startLocked(unix.EPOLLIN|unix.EPOLLET, sideW, l.run)
 }
 
 func (l *Conns) ctl(op, fd int, events uint32, id uint32, side int32) error {
-	ev := unix.EpollEvent{Events: events, Fd: int32(id), Pad: side}
-	return unix.EpollCtl(l.epfd, op, fd, &ev)
-}
-
-func (l *Conns) wakeLocked() {
-	one := []byte{1, 0, 0, 0, 0, 0, 0, 0}
-	_, _ = unix.Write(l.wakefd, one)
+	return epollCtl(l.epfd, op, fd, events, id, side)
 }
 
 // Drain stops taking connections: idle ones close now, busy ones after
@@ -205,30 +171,12 @@ func (l *Conns) Drain() {
 	defer l.mu.Unlock()
 	l.draining = true
 	if l.started && !l.closed {
-		l.wakeLocked()
+		_ = l.wakeLocked()
 	}
 }
 
 // Close closes every connection the loop holds and stops it.
-func (l *Conns) Close() error {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		if l.done != nil {
-			<-l.done
-		}
-		return nil
-	}
-	l.closed = true
-	if !l.started {
-		l.mu.Unlock()
-		return nil
-	}
-	l.wakeLocked()
-	l.mu.Unlock()
-	<-l.done
-	return nil
-}
+func (l *Conns) Close() error { return l.close() }
 
 // run is the loop.
 func (l *Conns) run(epfd, wakefd int) {

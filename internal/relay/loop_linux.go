@@ -41,16 +41,72 @@ const (
 type Loop struct {
 	log *slog.Logger
 
-	mu      sync.Mutex // guards everything below, and every stream's state
+	life    // its mu guards everything below, and every stream's state
+	nextID  uint32
+	streams map[uint32]*stream
+
+	live atomic.Int64
+}
+
+// life is what both loops share: the lock, the epoll instance and the
+// eventfd that wakes it, started on first use and closed once.
+type life struct {
+	mu      sync.Mutex
 	started bool
 	closed  bool
 	epfd    int
 	wakefd  int
-	nextID  uint32
-	streams map[uint32]*stream
-	done    chan struct{}
+	done    chan struct{} // closed when the loop's goroutine has ended
+}
 
-	live atomic.Int64
+// startLocked starts the loop (run, on its own goroutine) unless it runs
+// already; the wake-up eventfd is registered with wakeEvents as wakeSide.
+func (e *life) startLocked(wakeEvents uint32, wakeSide int32, run func(epfd, wakefd int)) error {
+	if e.closed {
+		return ErrClosed
+	}
+	if e.started {
+		return nil
+	}
+	epfd, wakefd, err := openEpoll(wakeEvents, wakeSide)
+	if err != nil {
+		return err
+	}
+	e.epfd, e.wakefd = epfd, wakefd
+	e.started, e.done = true, make(chan struct{})
+	go run(epfd, wakefd)
+	return nil
+}
+
+func (e *life) wakeLocked() error {
+	one := []byte{1, 0, 0, 0, 0, 0, 0, 0}
+	_, err := unix.Write(e.wakefd, one)
+	return err
+}
+
+// close marks the loop closed, wakes it and waits until its goroutine
+// (which ends everything it holds) is gone.
+func (e *life) close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		if e.done != nil {
+			<-e.done
+		}
+		return nil
+	}
+	e.closed = true
+	if !e.started {
+		e.mu.Unlock()
+		return nil
+	}
+	err := e.wakeLocked()
+	e.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("wake loop: %w", err)
+	}
+	<-e.done
+	return nil
 }
 
 type stream struct {
@@ -72,7 +128,7 @@ func New(logger *slog.Logger) *Loop {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Loop{log: logger, streams: map[uint32]*stream{}, epfd: -1, wakefd: -1}
+	return &Loop{log: logger, streams: map[uint32]*stream{}, life: life{epfd: -1, wakefd: -1}}
 }
 
 // Len is the number of streams being relayed.
@@ -167,61 +223,42 @@ func takeFD(c net.Conn) (int, error) {
 }
 
 func (l *Loop) startLocked() error {
-	if l.closed {
-		return ErrClosed
-	}
-	if l.started {
-		return nil
-	}
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-	if err != nil {
-		return fmt.Errorf("epoll: %w", err)
-	}
-	wakefd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		_ = unix.Close(epfd)
-		return fmt.Errorf("eventfd: %w", err)
-	}
-	l.epfd, l.wakefd = epfd, wakefd
-	if err := l.ctl(unix.EPOLL_CTL_ADD, wakefd, unix.EPOLLIN, 0, sideWake); err != nil {
-		_, _ = unix.Close(epfd), unix.Close(wakefd)
-		return fmt.Errorf("epoll add wake: %w", err)
-	}
-	l.started, l.done = true, make(chan struct{})
-	go l.run(epfd)
-	return nil
+	return l.life.startLocked(unix.EPOLLIN, sideWake, func(epfd, _ int) { l.run(epfd) })
 }
 
 func (l *Loop) ctl(op, fd int, events uint32, id uint32, side int32) error {
+	return epollCtl(l.epfd, op, fd, events, id, side)
+}
+
+// epollCtl registers fd with an event carrying id and side (both loops
+// keep a registration's owner in the event's data).
+func epollCtl(epfd, op, fd int, events uint32, id uint32, side int32) error {
 	ev := unix.EpollEvent{Events: events, Fd: int32(id), Pad: side}
-	return unix.EpollCtl(l.epfd, op, fd, &ev)
+	return unix.EpollCtl(epfd, op, fd, &ev)
+}
+
+// openEpoll makes an epoll instance and the eventfd that wakes it,
+// registered with wakeEvents as id 0 of wakeSide.
+func openEpoll(wakeEvents uint32, wakeSide int32) (epfd, wakefd int, err error) {
+	epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return -1, -1, fmt.Errorf("epoll: %w", err)
+	}
+	wakefd, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		_ = unix.Close(epfd)
+		return -1, -1, fmt.Errorf("eventfd: %w", err)
+	}
+	if err := epollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, wakeEvents, 0, wakeSide); err != nil {
+		_, _ = unix.Close(epfd), unix.Close(wakefd)
+		return -1, -1, fmt.Errorf("epoll add wake: %w", err)
+	}
+	return epfd, wakefd, nil
 }
 
 // Close ends every stream (Done sees Shutdown) and stops the loop; it
 // returns once the loop's goroutine and descriptors are gone.
-func (l *Loop) Close() error {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		if l.done != nil {
-			<-l.done
-		}
-		return nil
-	}
-	l.closed = true
-	if !l.started {
-		l.mu.Unlock()
-		return nil
-	}
-	one := []byte{1, 0, 0, 0, 0, 0, 0, 0}
-	_, err := unix.Write(l.wakefd, one)
-	l.mu.Unlock()
-	if err != nil {
-		return fmt.Errorf("wake relay loop: %w", err)
-	}
-	<-l.done
-	return nil
-}
+func (l *Loop) Close() error { return l.close() }
 
 // run is the loop: wait for readiness, move bytes, repeat.
 func (l *Loop) run(epfd int) {

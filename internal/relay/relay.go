@@ -11,6 +11,11 @@
 // framed it (chunked or close-delimited). It never reads from the client,
 // never interprets the body beyond finding where a chunked one ends, and
 // never reuses a connection: a relayed response ends with both closed.
+//
+// The package also owns kept-alive forwarded connections (Conns, see
+// conns.go): a second event loop that reads requests from client
+// connections taken out of net/http, forwards the plain ones over pooled
+// upstream connections and gives the rest back to net/http.
 package relay
 
 import (
