@@ -3,8 +3,8 @@ package pinboard
 import (
 	"bufio"
 	"io"
-	"net"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"

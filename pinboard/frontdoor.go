@@ -10,6 +10,7 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -166,6 +167,7 @@ type FrontDoor struct {
 	handBack *handBack    // where conns gives connections back
 	// keepAliveOn: HandBackListener was called, so handing back works.
 	keepAliveOn atomic.Bool
+	loopBases   sync.Map // advertise URL -> loopBase (Route)
 	verifier    Verifier
 
 	resolutions     *prometheus.CounterVec

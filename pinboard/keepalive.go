@@ -147,8 +147,8 @@ func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
 		return relay.Forward{}, false
 	}
 	secret := m.Secret()
-	base, err := url.Parse(owner.AdvertiseURL)
-	if len(secret) == 0 || err != nil || base.Scheme != "http" || !ipLiteral(base.Host) {
+	base := f.ownerBase(owner.AdvertiseURL)
+	if len(secret) == 0 || base.host == "" {
 		return relay.Forward{}, false
 	}
 	signed := ownerRoutePrefix + ns + "/" + id + rest
@@ -159,8 +159,8 @@ func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
 	f.resolvedForwarded.Inc()
 	start := now
 	return relay.Forward{
-		Addr:    base.Host,
-		Wire:    appendLoopHead(nil, h, strings.TrimSuffix(base.Path, "/")+signed, att),
+		Addr:    base.host,
+		Wire:    appendLoopHead(make([]byte, 0, 512+len(h.Body)), h, base.path+signed, att),
 		Refusal: RefusalHeader,
 		Done: func(status int, err error) {
 			f.forwardSeconds.Observe(time.Since(start).Seconds())
@@ -173,6 +173,25 @@ func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
 			}
 		},
 	}, true
+}
+
+// loopBase is an owner's advertise URL as the loop uses it: host (an IP
+// and a port) and path prefix; host "" if the loop cannot use it (not
+// plain http, or a name it would have to resolve).
+type loopBase struct{ host, path string }
+
+// ownerBase parses an advertise URL once; workers are few and their URLs
+// stable, so the cache stays small.
+func (f *FrontDoor) ownerBase(advertise string) loopBase {
+	if b, ok := f.loopBases.Load(advertise); ok {
+		return b.(loopBase)
+	}
+	var b loopBase
+	if u, err := url.Parse(advertise); err == nil && u.Scheme == "http" && ipLiteral(u.Host) {
+		b = loopBase{host: u.Host, path: strings.TrimSuffix(u.Path, "/")}
+	}
+	f.loopBases.Store(advertise, b)
+	return b
 }
 
 // appendLoopHead writes the forwarded request as appendHead does for one
