@@ -18,6 +18,9 @@ var (
 	// ErrLeaderChanged is the cause of a WhileLeader context's end: this node saw a leader other
 	// than the one named (or none). A forward cut short by it has an unknown outcome.
 	ErrLeaderChanged = errors.New("raftstore: leader changed")
+	// ErrShutdownStuck means raft had not stopped when Close's context ended (and shortly after
+	// its transport was closed); the stores were left open for the process exit.
+	ErrShutdownStuck = errors.New("raftstore: raft did not shut down in time")
 	// ErrClosed means the store is closed or closing.
 	ErrClosed = errors.New("raftstore: closed")
 	// ErrInvalidConfig means Open was given an unusable Config.

@@ -505,7 +505,14 @@ func (s *Store) shutdown(ctx context.Context, graceful bool) error {
 		s.baseCancel()
 		s.notifyChange()
 		s.raft.DeregisterObserver(s.observer)
-		err := s.raft.Shutdown().Error()
+		err := s.waitRaftShutdown(ctx)
+		if errors.Is(err, ErrShutdownStuck) {
+			// Raft's goroutines may still use the stores: leave them (and the data dir lock)
+			// to the process's exit, which a crash-safe log survives.
+			s.closeErr = fmt.Errorf("raftstore: shutdown: %w", err)
+			s.log.Error("raft did not stop; leaving it to the process exit", "err", err)
+			return
+		}
 		// Shutdown closes the transport only the first time; raft may already have shut itself
 		// down (a leader that removed itself), so close it here too (idempotent).
 		if terr := s.trans.Close(); terr != nil && err == nil {
@@ -525,6 +532,32 @@ func (s *Store) shutdown(ctx context.Context, graceful bool) error {
 		s.log.Info("raft stopped")
 	})
 	return s.closeErr
+}
+
+// waitRaftShutdown shuts raft down and waits for it until ctx ends. Raft's Shutdown waits for
+// every replication goroutine, and one blocked on a peer's connection waits for the transport's
+// I/O deadline, or longer (seen in a test: heartbeats to a stopped peer went on for 20 s after
+// Shutdown, and SIGTERM never ended the process). When ctx ends, closing the transport fails
+// that I/O; if raft still has not stopped a moment later, ErrShutdownStuck.
+func (s *Store) waitRaftShutdown(ctx context.Context) error {
+	f := s.raft.Shutdown()
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	s.log.Warn("raft shutdown is slow; closing its transport")
+	_ = s.trans.Close()
+	t := time.NewTimer(2 * time.Second)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return ErrShutdownStuck
+	}
 }
 
 // onLeader runs local on the leader, or remote against the leader's API on a follower. It waits
