@@ -619,3 +619,63 @@ func TestForwardToSilencedLeaderEndsOnLeaderChange(t *testing.T) {
 	// The entry never reached the log: the next apply commits on the new leader alone.
 	mustApply(t, follower, "after")
 }
+
+// A leader whose replication is stuck on a peer that accepts connections
+// and never answers: Close gives up on raft when its context ends (and the
+// transport's close did not help within 2 s) instead of waiting for the
+// transport's I/O deadline, here a minute.
+func TestCloseBoundedWhenRaftIsStuck(t *testing.T) {
+	nodes := newCluster(t, 3, func(c *Config) { c.TransportTimeout = time.Minute })
+	leader := leaderOf(t, nodes)
+	var silent *testNode
+	for _, n := range nodes {
+		if n != leader {
+			silent = n
+			break
+		}
+	}
+	addr := silent.s.RaftAddr()
+	silent.kill()
+	// The dead follower's raft address now takes connections and says nothing.
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		// Unblocks raft's stuck RPCs, so its goroutines end with the test.
+		ln.Close()
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	eventually(t, 10*time.Second, "the leader's replication reaches the silent peer", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(held) == 0 {
+			return errors.New("no connection yet")
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	leader.closeErr = ErrShutdownStuck
+	if err := leader.s.shutdown(ctx, false); !errors.Is(err, ErrShutdownStuck) {
+		t.Fatalf("close with raft stuck on a silent peer: %v after %v, want ErrShutdownStuck", err, time.Since(start))
+	}
+}
