@@ -248,6 +248,16 @@ func leaderOf(t testing.TB, nodes []*testNode) *testNode {
 	return leader
 }
 
+// followerOf is the first of nodes that is not leader.
+func followerOf(nodes []*testNode, leader *testNode) *testNode {
+	for _, n := range nodes {
+		if n != leader {
+			return n
+		}
+	}
+	return nil
+}
+
 // converged waits until every node has applied the same entries as want.
 func converged(t testing.TB, nodes []*testNode, want []string) {
 	t.Helper()

@@ -573,13 +573,7 @@ func TestCloseUnderLoadLeaksNothing(t *testing.T) {
 func TestForwardToSilencedLeaderEndsOnLeaderChange(t *testing.T) {
 	nodes := newCluster(t, 3, nil)
 	leader := leaderOf(t, nodes)
-	var follower *testNode
-	for _, n := range nodes {
-		if n != leader {
-			follower = n
-			break
-		}
-	}
+	follower := followerOf(nodes, leader)
 	swallowed := make(chan struct{}, 1)
 	var silent http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body) // the server notices a closed connection only after the body
@@ -627,13 +621,7 @@ func TestForwardToSilencedLeaderEndsOnLeaderChange(t *testing.T) {
 func TestCloseBoundedWhenRaftIsStuck(t *testing.T) {
 	nodes := newCluster(t, 3, func(c *Config) { c.TransportTimeout = time.Minute })
 	leader := leaderOf(t, nodes)
-	var silent *testNode
-	for _, n := range nodes {
-		if n != leader {
-			silent = n
-			break
-		}
-	}
+	silent := followerOf(nodes, leader)
 	addr := silent.s.RaftAddr()
 	silent.kill()
 	// The dead follower's raft address now takes connections and says nothing.
