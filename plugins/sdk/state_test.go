@@ -76,6 +76,7 @@ func TestTraysSurviveReactivationAndFence(t *testing.T) {
 	client := storeClient(t, store)
 	rec := &recorder{}
 	var crash sync.Once
+	firstDone := make(chan struct{}) // the first run got past Applied and "crashed"
 	hosts := map[string]sdk.Host{
 		"/things": {
 			New: func(inst *sdk.Instance) (http.Handler, error) {
@@ -90,7 +91,7 @@ func TestTraysSurviveReactivationAndFence(t *testing.T) {
 					// The first delivery "crashes" after applying: the
 					// batch stays and comes back with Resume set.
 					crashed := false
-					crash.Do(func() { crashed = true })
+					crash.Do(func() { crashed = true; close(firstDone) })
 					if crashed {
 						return errors.New("simulated crash after applied")
 					}
@@ -127,7 +128,13 @@ func TestTraysSurviveReactivationAndFence(t *testing.T) {
 	if _, err := inst.Tray("runs", "r1").Append(ctx, "job-1"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "first run", func() bool { return len(rec.all()) == 1 })
+	// Deactivating before the first run got past Applied would cancel it
+	// there, and the "crash" would happen on the redelivery instead.
+	select {
+	case <-firstDone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("first run: not within 5s")
+	}
 	deactivate()
 
 	// Reactivated under a newer generation: the field is back and the
