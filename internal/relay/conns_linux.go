@@ -185,13 +185,8 @@ func (l *Conns) run(epfd, wakefd int) {
 	buf := make([]byte, readBuf)
 	var after []func()
 	lastSweep := time.Now()
+	timeout := int(sweepEvery / time.Millisecond)
 	for {
-		timeout := int(sweepEvery / time.Millisecond)
-		l.mu.Lock()
-		if len(l.runq) > 0 {
-			timeout = 0 // bodies cut off by their read budget go on
-		}
-		l.mu.Unlock()
 		n, err := unix.EpollWait(epfd, events, timeout)
 		failed := err != nil && !errors.Is(err, unix.EINTR)
 		if failed {
@@ -236,7 +231,7 @@ func (l *Conns) run(epfd, wakefd int) {
 					ev.Events&unix.EPOLLRDHUP != 0 && c.state != stHead {
 					// Hung up mid-exchange (a stream the client left):
 					// the upstream must see it too.
-					l.fail(c, ErrClientGone, &after)
+					l.closeClient(c, &after)
 					continue
 				}
 				if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP) != 0 {
@@ -276,6 +271,10 @@ func (l *Conns) run(epfd, wakefd int) {
 		if now := time.Now(); now.Sub(lastSweep) >= sweepEvery {
 			lastSweep = now
 			l.sweepLocked(now, &after)
+		}
+		timeout = int(sweepEvery / time.Millisecond)
+		if len(l.runq) > 0 {
+			timeout = 0 // bodies cut off by their read budget go on
 		}
 		l.mu.Unlock()
 		after = runEnded(after)
@@ -615,7 +614,7 @@ func (l *Conns) flush(c *client, after *[]func()) bool {
 	n, err := writeAll(c.fd, c.out)
 	c.out = c.out[:copy(c.out, c.out[n:])]
 	if err != nil {
-		l.fail(c, ErrClientGone, after)
+		l.closeClient(c, after)
 		return false
 	}
 	if len(c.out) > 0 {
@@ -671,15 +670,6 @@ func (l *Conns) finish(c *client, status int, err error, after *[]func()) {
 	}
 }
 
-// fail ends c and its exchange (the client is gone).
-func (l *Conns) fail(c *client, err error, after *[]func()) {
-	if c.up != nil {
-		l.finish(c, 0, err, after)
-		l.closeUp(c.up)
-		c.up = nil
-	}
-	l.closeClient(c, after)
-}
 
 // upstreamFor takes a pooled connection to addr, or connects one.
 func (l *Conns) upstreamFor(addr string) *upstream {
@@ -789,6 +779,8 @@ func (l *Conns) closeUp(u *upstream) {
 	delete(l.ups, u.id)
 }
 
+// closeClient closes c and ends its exchange, if any (the client is gone:
+// the upstream request ends too).
 func (l *Conns) closeClient(c *client, after *[]func()) {
 	if c.state == stClosed {
 		return
@@ -798,19 +790,21 @@ func (l *Conns) closeClient(c *client, after *[]func()) {
 		l.closeUp(c.up)
 		c.up = nil
 	}
+	l.detach(c)
+	_ = unix.Close(c.fd)
+}
+
+// detach takes c out of the loop (its descriptor stays open).
+func (l *Conns) detach(c *client) {
 	c.state = stClosed
 	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, c.fd, nil)
-	_ = unix.Close(c.fd)
 	delete(l.clients, c.id)
 	l.live.Add(-1)
 }
 
 // giveBack hands c to net/http with the bytes it has not answered.
 func (l *Conns) giveBack(c *client, after *[]func()) {
-	c.state = stClosed
-	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, c.fd, nil)
-	delete(l.clients, c.id)
-	l.live.Add(-1)
+	l.detach(c)
 	l.handed.Add(1)
 	fd, pending := c.fd, c.in
 	*after = append(*after, func() {
@@ -827,7 +821,7 @@ func (l *Conns) giveBack(c *client, after *[]func()) {
 
 func (l *Conns) shutdownLocked(after *[]func()) {
 	for _, c := range l.clients {
-		l.fail(c, ErrClientGone, after)
+		l.closeClient(c, after)
 	}
 	for _, u := range l.ups {
 		l.closeUp(u)
