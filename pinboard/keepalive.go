@@ -151,11 +151,7 @@ func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
 	if len(secret) == 0 || base.host == "" {
 		return relay.Forward{}, false
 	}
-	signed := ownerRoutePrefix + ns + "/" + id + rest
-	if query != "" {
-		signed += "?" + query
-	}
-	att := Sign(secret, Attestation{Target: owner.ClientID, Caller: self, Generation: p.Generation, At: now}, h.Method, signed)
+	_, signed, att := f.attestFor(secret, p, owner, h.Method, rest, query, now)
 	f.resolvedForwarded.Inc()
 	start := now
 	return relay.Forward{

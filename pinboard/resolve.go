@@ -281,12 +281,7 @@ func (f *FrontDoor) forward(w http.ResponseWriter, r *http.Request, rt *route, p
 		httpx.WriteError(w, http.StatusBadGateway, "owner has an invalid advertise URL", 0)
 		return
 	}
-	path := ownerRoutePrefix + p.Key.Namespace + "/" + p.Key.ID + rt.rest
-	signed := path
-	if r.URL.RawQuery != "" {
-		signed += "?" + r.URL.RawQuery
-	}
-	att := Sign(secret, Attestation{Target: owner.ClientID, Caller: f.selfID(), Generation: p.Generation, At: time.Now()}, r.Method, signed)
+	path, signed, att := f.attestFor(secret, p, owner, r.Method, rt.rest, r.URL.RawQuery, time.Now())
 
 	info := &fwdInfo{rt: rt, w: w, orig: r, p: p, owner: owner}
 	basePath := strings.TrimSuffix(base.Path, "/")
@@ -305,6 +300,18 @@ func (f *FrontDoor) forward(w http.ResponseWriter, r *http.Request, rt *route, p
 	}
 	out.Header.Set(AttestationHeader, att)
 	f.proxy.ServeHTTP(w, out)
+}
+
+// attestFor is the owner-side route of p's instance path rest (escaped), the
+// same with query (what is signed), and the attestation that lets owner
+// serve it.
+func (f *FrontDoor) attestFor(secret []byte, p directory.Placement, owner directory.Worker, method, rest, query string, now time.Time) (path, signed, att string) {
+	path = ownerRoutePrefix + p.Key.Namespace + "/" + p.Key.ID + rest
+	signed = path
+	if query != "" {
+		signed += "?" + query
+	}
+	return path, signed, Sign(secret, Attestation{Target: owner.ClientID, Caller: f.selfID(), Generation: p.Generation, At: now}, method, signed)
 }
 
 // newProxy builds the node-to-node proxy: streams flush through, Upgrade
