@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/pinnedd/pinnedd/internal/testutil"
 	"io"
 	"log/slog"
 	"net"
@@ -20,17 +21,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
-
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // relayRig is an owner server and a front server that forwards every
 // request to it through the front door's proxy, as forward does (without
@@ -137,7 +127,7 @@ func TestForwardedStreamIsRelayed(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the owner's request outlived its client")
 	}
-	eventually(t, 5*time.Second, "the relay counts the client gone", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "the relay counts the client gone", func() bool {
 		return rig.ended("client-gone") == 1 && rig.f.relay.Len() == 0
 	})
 }
@@ -189,7 +179,7 @@ func TestForwardedFiniteBodies(t *testing.T) {
 	if body, closed := get("/big"); body != big || !closed {
 		t.Fatalf("/big: %d bytes close=%v", len(body), closed)
 	}
-	eventually(t, 5*time.Second, "the relay counts /big complete", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "the relay counts /big complete", func() bool {
 		return rig.ended("complete") == 1 && rig.f.relay.Len() == 0
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/pinnedd/pinnedd/internal/testutil"
 	"io"
 	"net"
 	"os"
@@ -31,18 +32,6 @@ func (e *ends) snapshot() []Reason {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return append([]Reason(nil), e.r...)
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // tcpPair is a connected loopback TCP pair: a (accepted) and b (dialed).
@@ -146,7 +135,7 @@ func TestRelayFlushesChunksAndEndsAtTheLastOne(t *testing.T) {
 	}
 	expectEOF(t, s.client, "0\r\n\r\n")
 	expectEOF(t, s.owner, "")
-	waitFor(t, 5*time.Second, "Done(Complete)", func() bool { r := e.snapshot(); return len(r) == 1 && r[0] == Complete })
+	testutil.WaitFor(t, 5*time.Second, "Done(Complete)", func() bool { r := e.snapshot(); return len(r) == 1 && r[0] == Complete })
 	if l.Len() != 0 {
 		t.Fatalf("Len = %d after the end", l.Len())
 	}
@@ -158,7 +147,7 @@ func TestRelayBodyCompleteAtAdd(t *testing.T) {
 	var e ends
 	s := openStream(t, l, "H\r\n\r\n", "2\r\nhi\r\n0\r\n\r\n", true, &e)
 	expectEOF(t, s.client, "H\r\n\r\n2\r\nhi\r\n0\r\n\r\n")
-	waitFor(t, 5*time.Second, "Done(Complete)", func() bool { r := e.snapshot(); return len(r) == 1 && r[0] == Complete })
+	testutil.WaitFor(t, 5*time.Second, "Done(Complete)", func() bool { r := e.snapshot(); return len(r) == 1 && r[0] == Complete })
 }
 
 // The client hanging up closes the upstream connection, so the owner
@@ -170,7 +159,7 @@ func TestRelayClientDisconnectClosesUpstream(t *testing.T) {
 	readN(t, s.client, 5)
 	s.client.Close()
 	expectEOF(t, s.owner, "")
-	waitFor(t, 5*time.Second, "Done(ClientGone)", func() bool { r := e.snapshot(); return len(r) == 1 && r[0] == ClientGone })
+	testutil.WaitFor(t, 5*time.Second, "Done(ClientGone)", func() bool { r := e.snapshot(); return len(r) == 1 && r[0] == ClientGone })
 }
 
 // A close-delimited body ends with the upstream's EOF, every byte passed
@@ -184,13 +173,13 @@ func TestRelayUpstreamEOFClosesClient(t *testing.T) {
 	}
 	plain.owner.Close()
 	expectEOF(t, plain.client, "H\r\n\r\nabcdef")
-	waitFor(t, 5*time.Second, "Done(Complete)", func() bool { r := e.snapshot(); return len(r) == 1 && r[0] == Complete })
+	testutil.WaitFor(t, 5*time.Second, "Done(Complete)", func() bool { r := e.snapshot(); return len(r) == 1 && r[0] == Complete })
 
 	var e2 ends
 	cut := openStream(t, l, "H\r\n\r\n", "10\r\nshort", true, &e2)
 	cut.owner.Close()
 	expectEOF(t, cut.client, "H\r\n\r\n10\r\nshort")
-	waitFor(t, 5*time.Second, "Done(UpstreamFailed)", func() bool { r := e2.snapshot(); return len(r) == 1 && r[0] == UpstreamFailed })
+	testutil.WaitFor(t, 5*time.Second, "Done(UpstreamFailed)", func() bool { r := e2.snapshot(); return len(r) == 1 && r[0] == UpstreamFailed })
 }
 
 // A client that does not read stops the relay reading from the upstream:
@@ -247,7 +236,7 @@ func TestRelayBackpressureSlowClient(t *testing.T) {
 	}
 	s.owner.Close()
 	expectEOF(t, s.client, "")
-	waitFor(t, 5*time.Second, "Done(Complete)", func() bool { r := e.snapshot(); return len(r) == 1 && r[0] == Complete })
+	testutil.WaitFor(t, 5*time.Second, "Done(Complete)", func() bool { r := e.snapshot(); return len(r) == 1 && r[0] == Complete })
 }
 
 // Many streams share the one loop: each gets its own events, and they end
@@ -290,7 +279,7 @@ func TestRelayManyStreams(t *testing.T) {
 			expectEOF(t, s.client, "")
 		}
 	}
-	waitFor(t, 5*time.Second, "every stream ended", func() bool { return len(e.snapshot()) == n && l.Len() == 0 })
+	testutil.WaitFor(t, 5*time.Second, "every stream ended", func() bool { return len(e.snapshot()) == n && l.Len() == 0 })
 }
 
 // Close ends every stream (both peers see EOF), and leaves no goroutine
@@ -331,7 +320,7 @@ func TestRelayShutdownLeaksNothing(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	waitFor(t, 5*time.Second, "goroutines and descriptors back to where they were", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "goroutines and descriptors back to where they were", func() bool {
 		return runtime.NumGoroutine() <= goroutines && openFDs(t) <= fds
 	})
 }

@@ -302,6 +302,14 @@ func Eventually(timeout time.Duration, cond func() bool) error {
 	}
 }
 
+// WaitFor is Eventually that fails the test, saying what did not happen.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if err := Eventually(timeout, cond); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
 // Response is a finished HTTP exchange.
 type Response struct {
 	Code   int
