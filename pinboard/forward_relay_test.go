@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"github.com/pinnedd/pinnedd/internal/testutil"
 	"io"
 	"log/slog"
 	"net"
@@ -20,6 +19,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
 // relayRig is an owner server and a front server that forwards every

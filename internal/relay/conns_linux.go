@@ -670,7 +670,6 @@ func (l *Conns) finish(c *client, status int, err error, after *[]func()) {
 	}
 }
 
-
 // upstreamFor takes a pooled connection to addr, or connects one.
 func (l *Conns) upstreamFor(addr string) *upstream {
 	if us := l.idle[addr]; len(us) > 0 {

@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/pinnedd/pinnedd/internal/testutil"
 	"io"
 	"net"
 	"os"
@@ -14,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
 // ends records how streams ended.
