@@ -13,6 +13,11 @@ import (
 	"github.com/pinnedd/pinnedd/raftstore"
 )
 
+// claim places /b/<id> on the bench cluster's worker w1, now.
+func claim(id string) directory.Claim {
+	return directory.Claim{Key: directory.Key{Namespace: "/b", ID: id}, ClientID: "w1", Now: time.Now().UnixMilli()}
+}
+
 // A follower's claims reach the leader's group commit through the
 // hand-off; a batch handed to a node is never handed on (two nodes that
 // each think the other leads cannot pass it back and forth); bad batches
@@ -22,9 +27,6 @@ func TestDirectoryHandOff(t *testing.T) {
 	leader, follower := nodes[0], nodes[1]
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	claim := func(id string) directory.Claim {
-		return directory.Claim{Key: directory.Key{Namespace: "/b", ID: id}, ClientID: "w1", Now: time.Now().UnixMilli()}
-	}
 
 	res, err := follower.dir.Do(ctx, claim("via-follower"))
 	if err != nil || res.Code != directory.CodeGranted {
@@ -84,9 +86,6 @@ func TestHandOffToSilencedLeaderEndsOnLeaderChange(t *testing.T) {
 	leader, follower := nodes[0], nodes[1]
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	claim := func(id string) directory.Claim {
-		return directory.Claim{Key: directory.Key{Namespace: "/b", ID: id}, ClientID: "w1", Now: time.Now().UnixMilli()}
-	}
 
 	leader.silent.Store(true)
 	done := make(chan error, 1)
