@@ -79,12 +79,7 @@ func appendHead(dst []byte, r *http.Request, addr, target, att string, body []by
 	if host == "" {
 		host = addr // as http.Request.Write does
 	}
-	dst = append(dst, r.Method...)
-	dst = append(dst, ' ')
-	dst = append(dst, target...)
-	dst = append(dst, " HTTP/1.1\r\nHost: "...)
-	dst = append(dst, host...)
-	dst = append(dst, "\r\n"...)
+	dst = appendRequestLine(dst, r.Method, target, host)
 	conn := r.Header["Connection"]
 	for k, vs := range r.Header {
 		if hopByHop[k] || notForwarded[k] || len(conn) > 0 && listedIn(conn, k) {
@@ -94,26 +89,41 @@ func appendHead(dst []byte, r *http.Request, addr, target, att string, body []by
 			if !safeField(k) || !safeField(v) {
 				return dst, false
 			}
-			dst = append(dst, k...)
-			dst = append(dst, ": "...)
-			dst = append(dst, v...)
-			dst = append(dst, "\r\n"...)
+			dst = appendField(dst, k, v)
 		}
 	}
+	trailers := false
 	for _, v := range r.Header["Te"] {
-		if tokenListHas(v, "trailers") {
-			dst = append(dst, "Te: trailers\r\n"...)
-			break
-		}
+		trailers = trailers || tokenListHas(v, "trailers")
 	}
-	dst = appendForwarding(dst, r.Method, r.RemoteAddr, r.Host, r.TLS != nil, att, body)
+	dst = appendForwarding(dst, r.Method, r.RemoteAddr, r.Host, r.TLS != nil, trailers, att, body)
 	return dst, safeField(host) && safeField(target)
 }
 
-// appendForwarding ends a forwarded request's head: X-Forwarded-For (the
-// client's address), -Host and -Proto, the attestation, the body's length,
-// then the body.
-func appendForwarding(dst []byte, method, remoteAddr, host string, tls bool, att string, body []byte) []byte {
+// appendRequestLine starts a forwarded request's head.
+func appendRequestLine(dst []byte, method, target, host string) []byte {
+	dst = append(dst, method...)
+	dst = append(dst, ' ')
+	dst = append(dst, target...)
+	dst = append(dst, " HTTP/1.1\r\nHost: "...)
+	dst = append(dst, host...)
+	return append(dst, "\r\n"...)
+}
+
+func appendField(dst []byte, k, v string) []byte {
+	dst = append(dst, k...)
+	dst = append(dst, ": "...)
+	dst = append(dst, v...)
+	return append(dst, "\r\n"...)
+}
+
+// appendForwarding ends a forwarded request's head: Te: trailers if the
+// client takes them, X-Forwarded-For (the client's address), -Host and
+// -Proto, the attestation, the body's length, then the body.
+func appendForwarding(dst []byte, method, remoteAddr, host string, tls, trailers bool, att string, body []byte) []byte {
+	if trailers {
+		dst = append(dst, "Te: trailers\r\n"...)
+	}
 	if ip, _, err := net.SplitHostPort(remoteAddr); err == nil {
 		dst = append(dst, "X-Forwarded-For: "...)
 		dst = append(dst, ip...)

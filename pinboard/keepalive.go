@@ -194,12 +194,7 @@ func (f *FrontDoor) ownerBase(advertise string) loopBase {
 // net/http read: hop-by-hop and forwarding fields dropped, X-Forwarded-*
 // and the attestation set, a length for every body.
 func appendLoopHead(dst []byte, h *relay.ReqHead, target, att string) []byte {
-	dst = append(dst, h.Method...)
-	dst = append(dst, ' ')
-	dst = append(dst, target...)
-	dst = append(dst, " HTTP/1.1\r\nHost: "...)
-	dst = append(dst, h.Host...)
-	dst = append(dst, "\r\n"...)
+	dst = appendRequestLine(dst, h.Method, target, h.Host)
 	trailers := false
 	for _, fl := range h.Fields {
 		k := http.CanonicalHeaderKey(fl.Name)
@@ -207,18 +202,11 @@ func appendLoopHead(dst []byte, h *relay.ReqHead, target, att string) []byte {
 			trailers = trailers || tokenListHas(fl.Value, "trailers")
 			continue
 		}
-		if hopByHop[k] || notForwarded[k] {
-			continue
+		if !hopByHop[k] && !notForwarded[k] {
+			dst = appendField(dst, fl.Name, fl.Value)
 		}
-		dst = append(dst, fl.Name...)
-		dst = append(dst, ": "...)
-		dst = append(dst, fl.Value...)
-		dst = append(dst, "\r\n"...)
 	}
-	if trailers {
-		dst = append(dst, "Te: trailers\r\n"...)
-	}
-	return appendForwarding(dst, h.Method, h.RemoteAddr, h.Host, false, att, h.Body)
+	return appendForwarding(dst, h.Method, h.RemoteAddr, h.Host, false, trailers, att, h.Body)
 }
 
 // ipLiteral: addr is an IP address and a port.
