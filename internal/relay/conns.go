@@ -33,6 +33,10 @@ type ReqHead struct {
 	Body []byte
 	// RemoteAddr is the client's address (ip:port).
 	RemoteAddr string
+	// Ticket names the exchange this request starts, should the Router
+	// route it: a Router that must be able to end it later (an instance
+	// evicted under an open stream) keeps it.
+	Ticket Ticket
 	// expect: the client waits for 100 Continue before sending the body.
 	expect bool
 }
@@ -42,16 +46,37 @@ type Field struct{ Name, Value string }
 
 // Forward is where a Router sends a request.
 type Forward struct {
-	// Addr is the upstream's TCP address: an IP literal and a port.
+	// Addr is the upstream's address: an IP literal and a port (TCP), or
+	// the absolute path of a unix socket.
 	Addr string
 	// Wire is the whole request to write there (head and body).
 	Wire []byte
 	// Refusal names a response field: a response carrying it was refused
-	// before anything ran, and the request goes back to net/http instead.
+	// before anything ran, and the request goes back to net/http instead
+	// (a Final request is answered 503 + Retry-After, ErrRefused).
 	Refusal string
-	// Done, if set, runs on the loop when the exchange ends: the status
-	// the client got (0 if none) and why it failed (nil if it did not).
-	// It must be quick and must not call into the loop.
+	// Final: the request must not go back to net/http once routed (the
+	// Router spent something on it, such as a one-time attestation).
+	// Where the loop would give it back, it answers 503 + Retry-After
+	// itself, and a pooled connection found dead is replaced by a fresh
+	// one once, for any method: nothing was answered on it.
+	Final bool
+	// FailMsg is the error of the loop's own 503 ("owner unreachable"
+	// if empty).
+	FailMsg string
+	// Timeout bounds the wait for the response head: 0 is the loop's
+	// own bound, < 0 none (an upstream whose handlers may hold a request
+	// as long as they like, as net/http's path lets them).
+	Timeout time.Duration
+	// Head, if set, runs once the final response head is in: its status,
+	// and whether its body is a stream (chunked, or ends with the
+	// connection), as Done does.
+	Head func(status int, stream bool)
+	// Done, if set, runs when the exchange ends: the status the client got
+	// (0 if none: the request went back to net/http, or nothing was
+	// answered) and why it failed (nil if it did not). It runs outside the
+	// loop's lock, on the loop goroutine (or the one that called
+	// Ticket.Abort); it must be quick and must not block.
 	Done func(status int, err error)
 }
 
@@ -84,6 +109,10 @@ var (
 	ErrUpstreamProtocol = errors.New("malformed upstream response")
 	// ErrClientGone: the client went away before the response was out.
 	ErrClientGone = errors.New("client went away")
+	// ErrRefused: a Final request's upstream refused it (Forward.Refusal).
+	ErrRefused = errors.New("upstream refused the request")
+	// ErrAborted: the Router ended the exchange (Ticket.Abort).
+	ErrAborted = errors.New("exchange aborted")
 )
 
 // parseRequest parses the request head at the start of in. n is the

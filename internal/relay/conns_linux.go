@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -71,6 +73,8 @@ type client struct {
 	isHead   bool // the current request is a HEAD: its response has no body
 	queued   bool // on runq
 	sent100  bool // 100 Continue went out for the request being read
+	seq      uint32 // of the current exchange (Ticket)
+	retried  bool   // a Final request went out again on a fresh connection
 	hbuf     []byte
 }
 
@@ -288,7 +292,7 @@ func (l *Conns) sweepLocked(now time.Time, after *[]func()) {
 		case c.state == stHead && len(c.in) == 0 && now.Sub(c.since) > idleTimeout,
 			c.state == stHead && len(c.in) > 0 && now.Sub(c.since) > headTimeout:
 			l.closeClient(c, after)
-		case (c.state == stSend || c.state == stResp) && l.respTimeout > 0 && now.Sub(c.since) > l.respTimeout:
+		case (c.state == stSend || c.state == stResp) && l.timedOut(c, now):
 			l.upstreamFailed(c, ErrUpstreamTimeout, after)
 		}
 	}
@@ -307,6 +311,15 @@ func (l *Conns) sweepLocked(now time.Time, after *[]func()) {
 			l.idle[addr] = kept
 		}
 	}
+}
+
+// timedOut: c waited for its response head past its bound.
+func (l *Conns) timedOut(c *client, now time.Time) bool {
+	bound := l.respTimeout
+	if c.fwd.Timeout != 0 {
+		bound = c.fwd.Timeout
+	}
+	return bound > 0 && now.Sub(c.since) > bound
 }
 
 // drive moves c's exchange as far as it can go now.
@@ -347,21 +360,28 @@ func (l *Conns) readRequest(c *client, buf []byte, after *[]func()) bool {
 			}
 			h := &l.scratch
 			h.RemoteAddr = c.remote
+			h.Ticket = Ticket{l: l, id: c.id, seq: c.seq + 1}
 			fwd, ok := l.router.Route(h)
 			if !ok {
 				l.giveBack(c, after)
 				return false
 			}
-			u := l.upstreamFor(fwd.Addr)
-			if u == nil { // cannot connect: net/http tries, and answers
-				l.giveBack(c, after)
-				return false
-			}
-			c.reqLen, c.fwd, c.up, u.c, c.sent100 = n, fwd, u, c, false
+			c.seq++
+			c.reqLen, c.fwd, c.sent100, c.retried = n, fwd, false, false
 			c.idem = h.Method == "GET" || h.Method == "HEAD" || h.Method == "OPTIONS"
 			c.isHead = h.Method == "HEAD"
-			u.out, u.in, u.sent, u.eof = fwd.Wire, u.in[:0], false, false
-			c.state, c.since, c.wrote = stSend, time.Now(), false
+			c.wrote = false
+			u := l.upstreamFor(fwd.Addr)
+			if u == nil {
+				if fwd.Final {
+					l.unavailable(c, ErrUpstreamFailed, after)
+					return c.state == stHead
+				}
+				l.finish(c, 0, nil, after)
+				l.giveBack(c, after) // cannot connect: net/http tries, and answers
+				return false
+			}
+			l.start(c, u)
 			return true
 		}
 		if l.scratch.expect && !c.sent100 && len(c.in) > 0 {
@@ -383,6 +403,13 @@ func (l *Conns) readRequest(c *client, buf []byte, after *[]func()) bool {
 			return false
 		}
 	}
+}
+
+// start sends c's routed request on u.
+func (l *Conns) start(c *client, u *upstream) {
+	c.up, u.c = u, c
+	u.out, u.in, u.sent, u.eof = c.fwd.Wire, u.in[:0], false, false
+	c.state, c.since = stSend, time.Now()
 }
 
 // readInto reads fd until it is drained (readable goes false) or limit
@@ -451,6 +478,10 @@ func (l *Conns) readResponse(c *client, buf []byte, after *[]func()) bool {
 				// with its own handling of refusals.
 				l.closeUp(u)
 				c.up = nil
+				if c.fwd.Final {
+					l.unavailable(c, ErrRefused, after)
+					return c.state == stHead
+				}
 				l.finish(c, 0, nil, after)
 				l.giveBack(c, after)
 				return false
@@ -464,7 +495,7 @@ func (l *Conns) readResponse(c *client, buf []byte, after *[]func()) bool {
 				c.wrote = true
 				continue
 			}
-			l.startBody(c, r)
+			l.startBody(c, r, after)
 			return true
 		}
 		if u.eof {
@@ -481,7 +512,7 @@ func (l *Conns) readResponse(c *client, buf []byte, after *[]func()) bool {
 	}
 }
 
-func (l *Conns) startBody(c *client, r response) {
+func (l *Conns) startBody(c *client, r response, after *[]func()) {
 	u := c.up
 	c.resp = r
 	c.out = append(c.out, r.head...)
@@ -499,6 +530,10 @@ func (l *Conns) startBody(c *client, r response) {
 		c.left = r.clen
 	default:
 		c.toEOF, c.closeAft = true, true
+	}
+	if head := c.fwd.Head; head != nil {
+		status, stream := r.status, c.resp.chunked || c.toEOF
+		*after = append(*after, func() { head(status, stream) })
 	}
 	// The request is answered: it can no longer be replayed.
 	c.in = c.in[:copy(c.in, c.in[c.reqLen:])]
@@ -628,9 +663,10 @@ func (l *Conns) flush(c *client, after *[]func()) bool {
 }
 
 // upstreamFailed ends c's exchange after an upstream failure: replayed by
-// net/http if nothing was answered and sending it again is safe, else a
-// 503 if nothing was answered yet, else the client connection closes
-// (a response cut short must not look whole).
+// net/http if nothing was answered and sending it again is safe (a Final
+// request: sent again on a fresh connection, once, if a pooled one was
+// dead), else a 503 if nothing was answered yet, else the client
+// connection closes (a response cut short must not look whole).
 func (l *Conns) upstreamFailed(c *client, err error, after *[]func()) {
 	u := c.up
 	c.up = nil
@@ -641,22 +677,47 @@ func (l *Conns) upstreamFailed(c *client, err error, after *[]func()) {
 	case c.wrote:
 		l.finish(c, c.resp.status, err, after)
 		l.closeClient(c, after)
-	case u != nil && !u.sent,
-		c.idem && u != nil && u.reused && !errors.Is(err, ErrUpstreamTimeout):
+	case c.fwd.Final && u != nil && u.reused && !c.retried && !errors.Is(err, ErrUpstreamTimeout):
+		// A pooled connection the upstream had closed, or that died under
+		// the request before any answer: once more, on a fresh one.
+		c.retried = true
+		nu := l.dial(u.addr)
+		if nu == nil {
+			l.unavailable(c, err, after)
+			return
+		}
+		l.start(c, nu)
+		if !c.queued {
+			c.queued = true
+			l.runq = append(l.runq, c)
+		}
+	case !c.fwd.Final && u != nil && !u.sent,
+		!c.fwd.Final && c.idem && u != nil && u.reused && !errors.Is(err, ErrUpstreamTimeout):
 		// Nothing reached the owner (the connection was refused), or a
 		// pooled connection the owner had closed: net/http sends it again.
 		l.finish(c, 0, nil, after)
 		l.giveBack(c, after)
 	default:
-		l.finish(c, 503, err, after)
-		c.in = c.in[:copy(c.in, c.in[c.reqLen:])]
-		c.reqLen = 0
-		body := `{"error":"owner unreachable"}` + "\n"
-		c.out = fmt.Appendf(c.out[:0], "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-		c.state, c.since, c.wrote = stHead, time.Now(), true
-		if l.flush(c, after) && l.draining {
-			l.closeClient(c, after)
-		}
+		l.unavailable(c, err, after)
+	}
+}
+
+// unavailable answers c's request, which got no response, with 503 +
+// Retry-After; err is why (Forward.Done).
+func (l *Conns) unavailable(c *client, err error, after *[]func()) {
+	l.finish(c, 503, err, after)
+	c.in = c.in[:copy(c.in, c.in[c.reqLen:])]
+	c.reqLen = 0
+	msg := c.fwd.FailMsg
+	if msg == "" {
+		msg = "owner unreachable"
+	}
+	body := strconv.AppendQuote([]byte(`{"error":`), msg)
+	body = append(body, "}\n"...)
+	c.out = fmt.Appendf(c.out[:0], "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	c.state, c.since, c.wrote = stHead, time.Now(), true
+	if l.flush(c, after) && l.draining {
+		l.closeClient(c, after)
 	}
 }
 
@@ -681,11 +742,22 @@ func (l *Conns) upstreamFor(addr string) *upstream {
 		u.reused = true
 		return u
 	}
-	ip, port, ok := ipPort(addr)
-	if !ok {
-		return nil
+	return l.dial(addr)
+}
+
+// dial connects a new upstream connection to addr (nil if it cannot).
+func (l *Conns) dial(addr string) *upstream {
+	var fd int
+	var err error
+	if strings.HasPrefix(addr, "/") {
+		fd, err = connectUnix(addr)
+	} else {
+		ip, port, ok := ipPort(addr)
+		if !ok {
+			return nil
+		}
+		fd, err = connect(ip, port)
 	}
-	fd, err := connect(ip, port)
 	if err != nil {
 		return nil
 	}
@@ -720,6 +792,20 @@ func connect(ip net.IP, port int) (int, error) {
 	}
 	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 	if err := unix.Connect(fd, sa); err != nil && !errors.Is(err, unix.EINPROGRESS) {
+		_ = unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// connectUnix connects to the unix socket at path without blocking; a
+// listener whose backlog is full (EAGAIN) counts as unreachable.
+func connectUnix(path string) (int, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil && !errors.Is(err, unix.EINPROGRESS) {
 		_ = unix.Close(fd)
 		return -1, err
 	}
@@ -780,12 +866,42 @@ func (l *Conns) closeUp(u *upstream) {
 
 // closeClient closes c and ends its exchange, if any (the client is gone:
 // the upstream request ends too).
-func (l *Conns) closeClient(c *client, after *[]func()) {
+func (l *Conns) closeClient(c *client, after *[]func()) { l.closeClientErr(c, ErrClientGone, after) }
+
+// Ticket names one exchange of a kept-alive loop (ReqHead.Ticket).
+type Ticket struct {
+	l       *Conns
+	id, seq uint32
+}
+
+// Abort ends the exchange if it is still under way: the client connection
+// closes (a response cut short must not look whole), the upstream request
+// ends, and Done reports ErrAborted. Safe from any goroutine, any number
+// of times; it does nothing once the exchange is over.
+func (t Ticket) Abort() {
+	l := t.l
+	if l == nil {
+		return
+	}
+	var after []func()
+	l.mu.Lock()
+	if c := l.clients[t.id]; c != nil && c.seq == t.seq && c.up != nil {
+		l.closeClientErr(c, ErrAborted, &after)
+	}
+	l.mu.Unlock()
+	runEnded(after)
+}
+
+func (l *Conns) closeClientErr(c *client, err error, after *[]func()) {
 	if c.state == stClosed {
 		return
 	}
 	if c.up != nil {
-		l.finish(c, 0, ErrClientGone, after)
+		status := 0
+		if c.wrote {
+			status = c.resp.status
+		}
+		l.finish(c, status, err, after)
 		l.closeUp(c.up)
 		c.up = nil
 	}

@@ -31,6 +31,12 @@ type connsRig struct {
 	upClosed chan struct{} // a stream's upstream request ended
 	deadAddr string
 	upConns  atomic.Int64 // connections the upstream accepted
+	// Final routes: the upstream on a unix socket, one that drops the
+	// second request on each of its connections, what their hooks saw.
+	unixPath  string
+	flakyPath string
+	hooks     chan string
+	ticket    atomic.Value // Ticket of the latest Final exchange
 }
 
 // testRouter forwards /up/... to the upstream; /local/... goes back to
@@ -38,15 +44,24 @@ type connsRig struct {
 type testRouter struct{ rig *connsRig }
 
 func (r testRouter) Route(h *ReqHead) (Forward, bool) {
-	addr := r.rig.upAddr
+	addr, target, final := r.rig.upAddr, h.Target, false
+	var timeout time.Duration
 	switch {
 	case strings.HasPrefix(h.Target, "/up/"):
 	case strings.HasPrefix(h.Target, "/dead/"):
 		addr = r.rig.deadAddr
+	case strings.HasPrefix(h.Target, "/slow/"):
+		target, timeout = "/up/hang", 300*time.Millisecond
+	case strings.HasPrefix(h.Target, "/final/"):
+		addr, target, final = r.rig.unixPath, strings.TrimPrefix(h.Target, "/final"), true
+	case strings.HasPrefix(h.Target, "/finaldead/"):
+		addr, target, final = r.rig.unixPath+".missing", "/up/fixed", true
+	case strings.HasPrefix(h.Target, "/flaky/"):
+		addr, final = r.rig.flakyPath, true
 	default:
 		return Forward{}, false
 	}
-	w := fmt.Appendf(nil, "%s %s HTTP/1.1\r\nHost: %s\r\n", h.Method, h.Target, h.Host)
+	w := fmt.Appendf(nil, "%s %s HTTP/1.1\r\nHost: %s\r\n", h.Method, target, h.Host)
 	for _, f := range h.Fields {
 		w = fmt.Appendf(w, "%s: %s\r\n", f.Name, f.Value)
 	}
@@ -54,7 +69,14 @@ func (r testRouter) Route(h *ReqHead) (Forward, bool) {
 		w = fmt.Appendf(w, "Content-Length: %d\r\n", len(h.Body))
 	}
 	w = append(append(w, "\r\n"...), h.Body...)
-	return Forward{Addr: addr, Wire: w, Refusal: "X-Refused"}, true
+	fwd := Forward{Addr: addr, Wire: w, Refusal: "X-Refused", Timeout: timeout}
+	if final {
+		fwd.Final, fwd.FailMsg = true, "plugin gone"
+		r.rig.ticket.Store(h.Ticket)
+		fwd.Head = func(status int, stream bool) { r.rig.hooks <- fmt.Sprintf("head %d %v", status, stream) }
+		fwd.Done = func(status int, err error) { r.rig.hooks <- fmt.Sprintf("done %d %v", status, err) }
+	}
+	return fwd, true
 }
 
 type chanListener struct {
@@ -76,7 +98,7 @@ func (l *chanListener) Addr() net.Addr { return &net.TCPAddr{} }
 
 func newConnsRig(t *testing.T) *connsRig {
 	t.Helper()
-	rig := &connsRig{t: t, upClosed: make(chan struct{}, 16)}
+	rig := &connsRig{t: t, upClosed: make(chan struct{}, 16), hooks: make(chan string, 64)}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/up/fixed", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "fixed "+r.URL.RawQuery)
@@ -101,6 +123,7 @@ func newConnsRig(t *testing.T) *connsRig {
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
 	})
+	mux.HandleFunc("/up/hang", func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 	mux.HandleFunc("/up/refuse", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Refused", "draining")
 		w.WriteHeader(http.StatusServiceUnavailable)
@@ -139,6 +162,19 @@ func newConnsRig(t *testing.T) *connsRig {
 	dead, _ := net.Listen("tcp", "127.0.0.1:0")
 	rig.deadAddr = dead.Addr().String()
 	dead.Close()
+	rig.unixPath = t.TempDir() + "/up.sock"
+	unixLn, err := net.Listen("unix", rig.unixPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = up.Serve(unixLn) }()
+	rig.flakyPath = rig.unixPath + ".flaky"
+	flakyLn, err := net.Listen("unix", rig.flakyPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go serveFlaky(flakyLn)
+	t.Cleanup(func() { _ = flakyLn.Close() })
 
 	// net/http's side: what it answers proves it took the connection.
 	rig.back = &chanListener{ch: make(chan net.Conn, 16), closed: make(chan struct{})}
@@ -412,5 +448,126 @@ func TestQuiet(t *testing.T) {
 	_ = unix.Close(fds[1])
 	if quiet(fds[0]) {
 		t.Fatal("a connection whose peer closed is quiet")
+	}
+}
+
+// serveFlaky answers the first request on each connection with "ok <n>"
+// (n counts connections), then closes the connection on reading the next
+// one, unanswered: a kept-alive connection that dies under a request.
+func serveFlaky(ln net.Listener) {
+	for n := 1; ; n++ {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			br := bufio.NewReader(c)
+			for i := 0; ; i++ {
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, req.Body)
+				if i == 1 {
+					return
+				}
+				body := fmt.Sprintf("ok %d", n)
+				_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			}
+		}()
+	}
+}
+
+func (rig *connsRig) hook(want string) {
+	rig.t.Helper()
+	select {
+	case got := <-rig.hooks:
+		if got != want {
+			rig.t.Fatalf("hook: got %q, want %q", got, want)
+		}
+	case <-time.After(10 * time.Second):
+		rig.t.Fatalf("hook %q never ran", want)
+	}
+}
+
+// A Final request (one the router spent something on) never goes back to
+// net/http: it reaches a unix-socket upstream; a refusal, an upstream it
+// cannot reach, answer 503 with the route's message; a pooled connection
+// that dies under it is replaced once, whatever the method; its hooks see
+// the head and the end; its Ticket ends it.
+func TestConnsFinal(t *testing.T) {
+	rig := newConnsRig(t)
+	c := rig.client()
+	if code, _, body := rig.get(c, "GET", "/final/up/fixed?u", ""); code != 200 || body != "fixed u" {
+		t.Fatalf("over the unix socket: %d %q", code, body)
+	}
+	rig.hook("head 200 false")
+	rig.hook("done 200 <nil>")
+	if code, _, body := rig.get(c, "GET", "/final/up/chunked", ""); code != 200 || body != "part0;part1;part2;" {
+		t.Fatalf("chunked over the unix socket: %d %q", code, body)
+	}
+	rig.hook("head 200 true")
+	rig.hook("done 200 <nil>")
+
+	code, h, body := rig.get(c, "POST", "/final/up/refuse", "x")
+	if code != 503 || h.Get("Retry-After") != "1" || h.Get("X-Refused") != "" || body != `{"error":"plugin gone"}`+"\n" {
+		t.Fatalf("refused: %d %v %q", code, h, body)
+	}
+	rig.hook("done 503 " + ErrRefused.Error())
+	if code, _, body := rig.get(c, "POST", "/finaldead/x", "x"); code != 503 || body != `{"error":"plugin gone"}`+"\n" {
+		t.Fatalf("unreachable: %d %q", code, body)
+	}
+	rig.hook("done 503 " + ErrUpstreamFailed.Error())
+	if got := rig.loop.HandedBack(); got != 0 {
+		t.Fatalf("%d connections handed back, want 0", got)
+	}
+
+	// The second POST goes out on the pooled connection, which dies
+	// under it: it is sent again on a fresh one.
+	for _, want := range []string{"ok 1", "ok 2"} {
+		if code, _, body := rig.get(c, "POST", "/flaky/x", "b"); code != 200 || body != want {
+			t.Fatalf("flaky upstream: %d %q, want %q", code, body, want)
+		}
+		rig.hook("head 200 false")
+		rig.hook("done 200 <nil>")
+	}
+
+	// Abort ends a stream: the client's connection closes, the upstream
+	// request ends, Done says why.
+	conn, err := net.Dial("tcp", rig.front.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, _ = io.WriteString(conn, "GET /final/up/stream HTTP/1.1\r\nHost: x\r\n\r\n")
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || line != "data: tick\n" {
+		t.Fatalf("first event: %q %v", line, err)
+	}
+	rig.hook("head 200 true")
+	tk := rig.ticket.Load().(Ticket)
+	tk.Abort()
+	tk.Abort() // once over, it does nothing
+	if _, err := io.ReadAll(br); err != nil {
+		t.Fatalf("after Abort the connection should end: %v", err)
+	}
+	select {
+	case <-rig.upClosed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream stream outlived its aborted exchange")
+	}
+	rig.hook("done 200 " + ErrAborted.Error())
+
+	// A route's own response bound: a head that does not come in time is
+	// a 503 well before the loop's own 5 s.
+	start := time.Now()
+	if code, _, _ := rig.get(rig.client(), "GET", "/slow/x", ""); code != 503 || time.Since(start) > 4*time.Second {
+		t.Fatalf("a route bounded to 300ms: %d after %s", code, time.Since(start))
 	}
 }

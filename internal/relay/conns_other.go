@@ -32,3 +32,9 @@ func (l *Conns) Drain() {}
 
 // Close does nothing.
 func (l *Conns) Close() error { return nil }
+
+// Ticket names an exchange; there are none here.
+type Ticket struct{}
+
+// Abort does nothing.
+func (Ticket) Abort() {}
