@@ -461,6 +461,11 @@ func TestKeptAliveConnectionForwards(t *testing.T) {
 	if kept() < 1 {
 		t.Fatalf("%s's kept-alive loop holds no connection after 5 forwarded requests", via.id)
 	}
+	// The owner's loop took the peer's connection too, and relays the
+	// peer's requests to the plugin itself.
+	if got := owner.a.Metric("pinboard_kept_alive_requests_total"); got < 1 {
+		t.Fatalf("%s's kept-alive loop relayed %v requests of 5 forwarded to it", owner.id, got)
+	}
 	if resp, body := do(conn, br, "GET", "/registry/workers", ""); resp.StatusCode != 200 || !strings.Contains(body, `"workers"`) {
 		t.Fatalf("registry on a kept-alive connection: %d %s", resp.StatusCode, body)
 	}

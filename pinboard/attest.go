@@ -152,6 +152,20 @@ type Verifier struct {
 // Verify checks header for method and path against key at now, for the
 // worker self. On success the nonce is spent.
 func (v *Verifier) Verify(key []byte, header, self, method, path string, now time.Time) (Attestation, error) {
+	a, err := v.Check(key, header, self, method, path, now)
+	if err != nil {
+		return Attestation{}, err
+	}
+	if err := v.Spend(a, now); err != nil {
+		return Attestation{}, err
+	}
+	return a, nil
+}
+
+// Check is Verify without spending the nonce: a caller that may still
+// leave the request to Verify (the kept-alive loop) checks first, and
+// spends only once it serves the request itself.
+func (v *Verifier) Check(key []byte, header, self, method, path string, now time.Time) (Attestation, error) {
 	if header == "" {
 		return Attestation{}, ErrAttestationMissing
 	}
@@ -199,6 +213,15 @@ func (v *Verifier) Verify(key []byte, header, self, method, path string, now tim
 	if d := now.Sub(a.At); d > window || d < -window {
 		return Attestation{}, ErrAttestationExpired
 	}
+	return a, nil
+}
+
+// Spend records a's nonce as used; ErrAttestationReplayed if it was.
+func (v *Verifier) Spend(a Attestation, now time.Time) error {
+	window := v.Window
+	if window <= 0 {
+		window = DefaultAttestationWindow
+	}
 	// The nonce must outlive the attestation's own acceptance window.
 	bucket := a.At.Add(window).UnixNano() / int64(window)
 	v.mu.Lock()
@@ -214,7 +237,7 @@ func (v *Verifier) Verify(key []byte, header, self, method, path string, now tim
 			continue
 		}
 		if _, dup := nonces[a.Nonce]; dup {
-			return Attestation{}, ErrAttestationReplayed
+			return ErrAttestationReplayed
 		}
 	}
 	nonces := v.seen[bucket]
@@ -224,5 +247,5 @@ func (v *Verifier) Verify(key []byte, header, self, method, path string, now tim
 	}
 	// A copy: the nonce must not keep the whole header alive.
 	nonces[strings.Clone(a.Nonce)] = struct{}{}
-	return a, nil
+	return nil
 }

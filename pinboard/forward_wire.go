@@ -24,12 +24,8 @@ import (
 // uploads, a custom Transport) takes ReverseProxy.
 
 // hopByHop are the fields ReverseProxy drops (RFC 7230 6.1 and RFC 2616
-// 13.5.1), plus Expect: the body is already here, so there is nothing for
-// the owner to wait for.
-var hopByHop = map[string]bool{
-	"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
-	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
-}
+// 13.5.1).
+var hopByHop = httpx.HopByHop
 
 // notForwarded are request fields the forward sets itself, or that a
 // client must not pass to the owner (ReverseProxy's Rewrite mode strips
@@ -79,7 +75,7 @@ func appendHead(dst []byte, r *http.Request, addr, target, att string, body []by
 	if host == "" {
 		host = addr // as http.Request.Write does
 	}
-	dst = appendRequestLine(dst, r.Method, target, host)
+	dst = httpx.AppendRequestLine(dst, r.Method, target, host)
 	conn := r.Header["Connection"]
 	for k, vs := range r.Header {
 		if hopByHop[k] || notForwarded[k] || len(conn) > 0 && listedIn(conn, k) {
@@ -89,32 +85,15 @@ func appendHead(dst []byte, r *http.Request, addr, target, att string, body []by
 			if !safeField(k) || !safeField(v) {
 				return dst, false
 			}
-			dst = appendField(dst, k, v)
+			dst = httpx.AppendField(dst, k, v)
 		}
 	}
 	trailers := false
 	for _, v := range r.Header["Te"] {
-		trailers = trailers || tokenListHas(v, "trailers")
+		trailers = trailers || httpx.TokenListHas(v, "trailers")
 	}
 	dst = appendForwarding(dst, r.Method, r.RemoteAddr, r.Host, r.TLS != nil, trailers, att, body)
 	return dst, safeField(host) && safeField(target)
-}
-
-// appendRequestLine starts a forwarded request's head.
-func appendRequestLine(dst []byte, method, target, host string) []byte {
-	dst = append(dst, method...)
-	dst = append(dst, ' ')
-	dst = append(dst, target...)
-	dst = append(dst, " HTTP/1.1\r\nHost: "...)
-	dst = append(dst, host...)
-	return append(dst, "\r\n"...)
-}
-
-func appendField(dst []byte, k, v string) []byte {
-	dst = append(dst, k...)
-	dst = append(dst, ": "...)
-	dst = append(dst, v...)
-	return append(dst, "\r\n"...)
 }
 
 // appendForwarding ends a forwarded request's head: Te: trailers if the
@@ -158,16 +137,7 @@ func safeField(s string) bool {
 // listedIn reports whether the Connection field values name k.
 func listedIn(conn []string, k string) bool {
 	for _, v := range conn {
-		if tokenListHas(v, k) {
-			return true
-		}
-	}
-	return false
-}
-
-func tokenListHas(list, token string) bool {
-	for t := range strings.SplitSeq(list, ",") {
-		if strings.EqualFold(strings.TrimSpace(t), token) {
+		if httpx.TokenListHas(v, k) {
 			return true
 		}
 	}
@@ -248,7 +218,9 @@ func (f *FrontDoor) forwardWire(w http.ResponseWriter, r *http.Request, info *fw
 		panic(http.ErrAbortHandler)
 	}
 	_ = resp.Body.Close() // now, to read the trailers
-	if resp.ContentLength >= 0 && announced == 0 && len(resp.Trailer) == 0 && f.adopt(w, r, addr) {
+	// An owner advertised by name stays with net/http: the loop does not
+	// resolve names, so it would give every request back.
+	if resp.ContentLength >= 0 && announced == 0 && len(resp.Trailer) == 0 && ipLiteral(addr) && f.adopt(w, r) {
 		return true // the connection's next requests go to the kept-alive loop
 	}
 	if len(resp.Trailer) > 0 {

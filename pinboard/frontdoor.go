@@ -46,6 +46,11 @@ type Instances interface {
 	// reports whether it did; it never activates.
 	ServeExisting(w http.ResponseWriter, r *http.Request, namespace, id string, rest string) bool
 	ServeInstance(w http.ResponseWriter, r *http.Request, namespace, id string, generation uint64, rest string)
+	// Relay starts a request the kept-alive loop carries to a live
+	// instance's plugin itself (the owner side of a peer's connection),
+	// if the instance is live under exactly generation; it never
+	// activates. target is the path on the instance, with the query.
+	Relay(namespace, id string, generation uint64, h *relay.ReqHead, target string) (relay.Forward, bool)
 }
 
 // Scope is a permission a bearer token carries.
@@ -236,6 +241,10 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "pinboard_kept_alive_connections", Help: "Client connections the kept-alive loop serves now, out of net/http.",
 		}, func() float64 { return float64(f.conns.Len()) }))
+		cfg.Registerer.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "pinboard_kept_alive_requests_total",
+			Help: "Requests the kept-alive loop carried itself: forwarded to their owner's node, or (on the owner) relayed to the plugin.",
+		}, func() float64 { return float64(f.conns.Served()) }))
 		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "pinboard_relayed_streams", Help: "Held forwarded streams the relay loop carries now.",
 		}, func() float64 { return float64(f.relay.Len()) }))

@@ -2,13 +2,16 @@ package pinboard
 
 import (
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
@@ -70,15 +73,12 @@ func (f *FrontDoor) HandBackListener() net.Listener {
 	return f.handBack
 }
 
-// adopt hands r's connection to the kept-alive loop after its forwarded
-// response (fixed length, now complete) was written to w; addr is the
-// owner it went to. It reports whether it did; the handler must then
-// return at once.
-func (f *FrontDoor) adopt(w http.ResponseWriter, r *http.Request, addr string) bool {
+// adopt hands r's connection to the kept-alive loop once its response
+// (fixed length, now complete) was written to w. It reports whether it
+// did; the handler must then return at once.
+func (f *FrontDoor) adopt(w http.ResponseWriter, r *http.Request) bool {
 	if !f.keepAliveOn.Load() || !relay.Supported || f.stopping.Load() ||
-		r.ProtoMajor != 1 || r.ProtoMinor != 1 || r.TLS != nil || r.Close || !ipLiteral(addr) {
-		// An owner advertised by name: the loop does not resolve names,
-		// so it would give every request back.
+		r.ProtoMajor != 1 || r.ProtoMinor != 1 || r.TLS != nil || r.Close {
 		return false
 	}
 	rc := http.NewResponseController(w)
@@ -98,6 +98,58 @@ func (f *FrontDoor) adopt(w http.ResponseWriter, r *http.Request, addr string) b
 		f.cfg.Logger.Debug("kept-alive loop refused a connection; closed it", "err", err)
 	}
 	return true
+}
+
+// lengthWriter tells whether a response went out whole with a declared
+// length, so its connection can be adopted after it.
+type lengthWriter struct {
+	http.ResponseWriter
+	code    int
+	written int64
+}
+
+func (w *lengthWriter) WriteHeader(code int) {
+	if w.code == 0 || w.code < 200 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *lengthWriter) Write(p []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(p)
+	w.written += int64(n)
+	return n, err
+}
+
+func (w *lengthWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// complete: a final response whose Content-Length was all written (none
+// for HEAD).
+func (w *lengthWriter) complete(method string) bool {
+	if w.code < 200 || w.code == http.StatusSwitchingProtocols {
+		return false
+	}
+	cl := w.Header().Get("Content-Length")
+	n, err := strconv.ParseInt(cl, 10, 64)
+	return err == nil && (n == w.written || method == http.MethodHead && w.written == 0)
+}
+
+// eofBody notes whether a request body was read to its end (what is left
+// unread would be taken for the next request).
+type eofBody struct {
+	io.ReadCloser
+	eof bool
+}
+
+func (b *eofBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.eof = true
+	}
+	return n, err
 }
 
 // fastPathChars: the path bytes the loop passes through as they are; a
@@ -124,7 +176,13 @@ func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
 			return relay.Forward{}, false
 		}
 	}
-	if !isInstancePath(path) || !cleanQuery(query) {
+	if !cleanQuery(query) {
+		return relay.Forward{}, false
+	}
+	if owned, ok := strings.CutPrefix(path, ownerRoutePrefix); ok {
+		return f.routeOwned(h, owned, query)
+	}
+	if !isInstancePath(path) {
 		return relay.Forward{}, false
 	}
 	ns, id, rest, _ := splitInstancePath(path)
@@ -159,6 +217,9 @@ func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
 		Wire:    appendLoopHead(make([]byte, 0, 512+len(h.Body)), h, base.path+signed, att),
 		Refusal: RefusalHeader,
 		Done: func(status int, err error) {
+			if status == 0 && err == nil {
+				return // given back to net/http, which forwards it again
+			}
 			f.forwardSeconds.Observe(time.Since(start).Seconds())
 			switch {
 			case err == nil:
@@ -169,6 +230,54 @@ func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
 			}
 		},
 	}, true
+}
+
+// routeOwned is Route for the owner-side route (a peer forwarding on a
+// connection the loop adopted here): a request for an instance live here
+// under the attested generation, with a valid attestation, goes straight
+// to the instance's plugin. Anything else goes back to net/http (owned)
+// with its attestation unspent, so net/http decides it as before: refuses,
+// waits for the placement, or activates.
+func (f *FrontDoor) routeOwned(h *relay.ReqHead, path, query string) (relay.Forward, bool) {
+	if f.cfg.Worker == nil || f.cfg.Local == nil {
+		return relay.Forward{}, false
+	}
+	ns, id, rest, ok := splitInstancePath(path)
+	if !ok || plugins.ValidateNamespace(ns) != nil || plugins.ValidateID(id) != nil {
+		return relay.Forward{}, false
+	}
+	header := ""
+	for _, fl := range h.Fields {
+		if strings.EqualFold(fl.Name, AttestationHeader) {
+			if header != "" {
+				return relay.Forward{}, false
+			}
+			header = fl.Value
+		}
+	}
+	now := time.Now()
+	// Only live instances come here, so an unhealthy lease serves too
+	// (serveLocal's rule); an expired one is net/http's to refuse.
+	if lease := f.cfg.Worker.Lease(now); lease != LeaseHealthy && lease != LeaseUnhealthy {
+		return relay.Forward{}, false
+	}
+	att, err := f.verifier.Check(f.cfg.Dir.Machine().Secret(), header, f.selfID(), h.Method, h.Target, now)
+	if err != nil {
+		return relay.Forward{}, false // net/http refuses it, and counts why
+	}
+	target := rest
+	if query != "" {
+		target += "?" + query
+	}
+	fwd, ok := f.cfg.Local.Relay(ns, id, att.Generation, h, target)
+	if !ok {
+		return relay.Forward{}, false
+	}
+	if err := f.verifier.Spend(att, now); err != nil {
+		fwd.Done(0, nil)
+		return relay.Forward{}, false // a replay: net/http refuses it
+	}
+	return fwd, true
 }
 
 // loopBase is an owner's advertise URL as the loop uses it: host (an IP
@@ -194,16 +303,16 @@ func (f *FrontDoor) ownerBase(advertise string) loopBase {
 // net/http read: hop-by-hop and forwarding fields dropped, X-Forwarded-*
 // and the attestation set, a length for every body.
 func appendLoopHead(dst []byte, h *relay.ReqHead, target, att string) []byte {
-	dst = appendRequestLine(dst, h.Method, target, h.Host)
+	dst = httpx.AppendRequestLine(dst, h.Method, target, h.Host)
 	trailers := false
 	for _, fl := range h.Fields {
 		k := http.CanonicalHeaderKey(fl.Name)
 		if k == "Te" {
-			trailers = trailers || tokenListHas(fl.Value, "trailers")
+			trailers = trailers || httpx.TokenListHas(fl.Value, "trailers")
 			continue
 		}
 		if !hopByHop[k] && !notForwarded[k] {
-			dst = appendField(dst, fl.Name, fl.Value)
+			dst = httpx.AppendField(dst, fl.Name, fl.Value)
 		}
 	}
 	return appendForwarding(dst, h.Method, h.RemoteAddr, h.Host, false, trailers, att, h.Body)

@@ -1,6 +1,7 @@
 package pinboard
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -72,5 +73,103 @@ func BenchmarkKeptAliveRoute(b *testing.B) {
 		if _, ok := rig.f.Route(h); !ok {
 			b.Fatal("not routed")
 		}
+	}
+}
+
+// ownedLocal is the owner's instance runtime as routeOwned sees it: it
+// records Relay calls and the Done of each Forward it hands out.
+type ownedLocal struct {
+	Instances
+	live   bool
+	relays []string
+	dones  int
+}
+
+func (l *ownedLocal) Relay(ns, id string, gen uint64, h *relay.ReqHead, target string) (relay.Forward, bool) {
+	l.relays = append(l.relays, fmt.Sprintf("%s %s %d %s", ns, id, gen, target))
+	if !l.live {
+		return relay.Forward{}, false
+	}
+	return relay.Forward{Addr: "/plugin.sock", Final: true, Done: func(int, error) { l.dones++ }}, true
+}
+
+// On the owner, the loop relays a peer's attested request to a live
+// instance only: the attestation must verify, and is spent only when the
+// loop serves the request itself, so net/http decides everything else with
+// it as it stands.
+func TestKeptAliveRouteOwned(t *testing.T) {
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	m := directory.New()
+	m.ApplyCommand(1, directory.Init{Secret: secret})
+	dir := NewDirectory(m, nil)
+	t.Cleanup(dir.Close)
+	w := NewWorker(WorkerConfig{NodeID: "n1", AdvertiseURL: "http://127.0.0.1:1"}, nil)
+	w.clientID, w.expiresAt = "owner", time.Now().Add(time.Hour)
+	local := &ownedLocal{live: true}
+	f := NewFrontDoor(FrontDoorConfig{Dir: dir, Worker: w, Local: local})
+	t.Cleanup(func() { _ = f.Close() })
+
+	const path = "/_pinned/i/misc/x1/echo"
+	head := func(att string, extra ...relay.Field) *relay.ReqHead {
+		fields := append([]relay.Field{{Name: "X-Forwarded-For", Value: "10.0.0.9"}}, extra...)
+		if att != "" {
+			fields = append(fields, relay.Field{Name: AttestationHeader, Value: att})
+		}
+		return &relay.ReqHead{Method: "POST", Target: path + "?a=1", Host: "h", Fields: fields, RemoteAddr: "10.0.0.2:4000"}
+	}
+	sign := func(target string, gen uint64) string {
+		return Sign(secret, Attestation{Target: target, Caller: "peer", Generation: gen, At: time.Now()}, "POST", path+"?a=1")
+	}
+
+	good := sign("owner", 7)
+	if fwd, ok := f.Route(head(good)); !ok || fwd.Addr != "/plugin.sock" {
+		t.Fatalf("a valid attestation for a live instance: ok %v %+v", ok, fwd)
+	}
+	if want := "/misc x1 7 /echo?a=1"; len(local.relays) != 1 || local.relays[0] != want {
+		t.Fatalf("Relay calls %q, want [%q]", local.relays, want)
+	}
+	// Spent: the same attestation again is net/http's to refuse, and the
+	// instance it held is let go.
+	if _, ok := f.Route(head(good)); ok {
+		t.Fatal("a replayed attestation was relayed")
+	}
+	if local.dones != 1 {
+		t.Fatalf("a replay's hold was released %d times, want 1", local.dones)
+	}
+	for name, h := range map[string]*relay.ReqHead{
+		"missing":        head(""),
+		"for another":    head(sign("other", 7)),
+		"forged":         head(good[:len(good)-4] + "AAAA"),
+		"two of them":    head(sign("owner", 7), relay.Field{Name: AttestationHeader, Value: sign("owner", 7)}),
+		"bad instance":   {Method: "POST", Target: "/_pinned/i/misc/.x/echo", Host: "h"},
+		"bad namespace":  {Method: "POST", Target: "/_pinned/i/Mi$c/x/echo", Host: "h"},
+		"other pinned":   {Method: "POST", Target: "/_pinned/status", Host: "h"},
+		"escaped target": {Method: "POST", Target: "/_pinned/i/misc/x%31/echo", Host: "h"},
+	} {
+		before := len(local.relays)
+		if _, ok := f.Route(h); ok {
+			t.Errorf("%s: relayed, want net/http", name)
+		}
+		if len(local.relays) != before {
+			t.Errorf("%s: Relay was asked", name)
+		}
+	}
+
+	// Not live here (or not under that generation): net/http activates it,
+	// with the attestation still good.
+	local.live = false
+	fresh := sign("owner", 8)
+	if _, ok := f.Route(head(fresh)); ok {
+		t.Fatal("relayed to an instance that is not live")
+	}
+	if _, err := f.verifier.Verify(secret, fresh, "owner", "POST", path+"?a=1", time.Now()); err != nil {
+		t.Fatalf("the loop spent an attestation it left to net/http: %v", err)
+	}
+	local.live = true
+	w.mu.Lock()
+	w.expiresAt = time.Now().Add(-time.Second)
+	w.mu.Unlock()
+	if _, ok := f.Route(head(sign("owner", 7))); ok {
+		t.Fatal("relayed with the lease expired")
 	}
 }

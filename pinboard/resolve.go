@@ -496,12 +496,14 @@ func (f *FrontDoor) owned(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Header.Del(AttestationHeader)
+	// The peer's X-Forwarded-* describe the client: the instance sees them.
+	r = r.WithContext(httpx.WithTrustedForwarding(r.Context()))
 	key := directory.Key{Namespace: ns, ID: id}
 	if gen, live := f.cfg.Local.LiveGeneration(ns, id); live && gen > att.Generation {
 		f.notOwner(w)
 		return
 	} else if live && gen == att.Generation {
-		f.serveLocal(w, r, directory.Placement{Key: key, Owner: f.selfID(), Generation: gen}, rest)
+		f.serveOwned(w, r, directory.Placement{Key: key, Owner: f.selfID(), Generation: gen}, rest)
 		return
 	}
 	// Activate only once our own replica shows the placement the
@@ -511,7 +513,23 @@ func (f *FrontDoor) owned(w http.ResponseWriter, r *http.Request) {
 		f.notOwner(w)
 		return
 	}
-	f.serveLocal(w, r, p, rest)
+	f.serveOwned(w, r, p, rest)
+}
+
+// serveOwned serves an attested request, then gives the peer's connection
+// to the kept-alive loop if its response went out whole with a length:
+// the peer's next requests on it reach the plugin from the loop.
+func (f *FrontDoor) serveOwned(w http.ResponseWriter, r *http.Request, p directory.Placement, rest string) {
+	lw := &lengthWriter{ResponseWriter: w}
+	var body *eofBody
+	if r.ContentLength != 0 {
+		body = &eofBody{ReadCloser: r.Body}
+		r.Body = body
+	}
+	f.serveLocal(lw, r, p, rest)
+	if lw.complete(r.Method) && (body == nil || body.eof) {
+		f.adopt(w, r)
+	}
 }
 
 func (f *FrontDoor) notOwner(w http.ResponseWriter) {

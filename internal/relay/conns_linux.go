@@ -67,12 +67,12 @@ type client struct {
 	resp     response
 	left     int64 // fixed-length body bytes still to relay
 	sc       chunkScanner
-	toEOF    bool // body ends when the upstream closes
-	closeAft bool // close the client once out is written
-	wrote    bool // some of the response went to the client
-	isHead   bool // the current request is a HEAD: its response has no body
-	queued   bool // on runq
-	sent100  bool // 100 Continue went out for the request being read
+	toEOF    bool   // body ends when the upstream closes
+	closeAft bool   // close the client once out is written
+	wrote    bool   // some of the response went to the client
+	isHead   bool   // the current request is a HEAD: its response has no body
+	queued   bool   // on runq
+	sent100  bool   // 100 Continue went out for the request being read
 	seq      uint32 // of the current exchange (Ticket)
 	retried  bool   // a Final request went out again on a fresh connection
 	hbuf     []byte

@@ -142,6 +142,7 @@ func echo(inst *sdk.Instance) http.Handler {
 			"namespace": inst.Namespace(), "id": inst.ID(), "generation": inst.Generation(),
 			"method": r.Method, "path": r.URL.Path, "query": r.URL.RawQuery, "body": string(body),
 			"pinnedHeader": r.Header.Get("X-Pinned-Namespace"), "forwardedFor": r.Header.Get("X-Forwarded-For"),
+			"host": r.Host, "headers": r.Header, "contentLength": r.ContentLength,
 		})
 	})
 }

@@ -1,0 +1,157 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/internal/relay"
+	"github.com/pinnedd/pinnedd/plugins"
+)
+
+// Relayed requests: a caller with its own event loop (pinboard's kept-alive
+// loop, serving a peer node's connection) carries a request to the plugin's
+// data socket itself, without net/http or ReverseProxy on this side. The
+// supervisor still owns everything about the instance: Relay holds it as a
+// served request does (idle eviction waits, drain and wind-down count it,
+// a stream is marked as one), writes the request exactly as ServeInstance
+// would send it, and the Forward's hooks release it, record the request
+// and, if the plugin refuses (it does not hold the instance), drop it.
+
+// relayFailMsg is the loop's own 503 for a relayed request that got no
+// answer: the plugin is gone or restarting.
+const relayFailMsg = "instance restarting, retry"
+
+// Relay starts a request to (ns, id) for the caller's loop: h is the
+// parsed request, target its path on the instance (escaped, with its
+// query). Only an instance that is live here under exactly generation gen,
+// activated and on a running plugin's data socket qualifies: Relay never
+// activates and never waits (ok false: serve it with ServeInstance). h's
+// X-Forwarded-* fields must come from a trusted peer (see
+// httpx.WithTrustedForwarding). The Forward's Done must run exactly once.
+func (s *Supervisor) Relay(ns, id string, gen uint64, h *relay.ReqHead, target string) (relay.Forward, bool) {
+	if s.cfg.DataPlane == DataPlaneGRPC {
+		return relay.Forward{}, false
+	}
+	k := Key{ns, id}
+	s.mu.Lock()
+	in := s.instances[k]
+	if s.stopping || in == nil || in.evicting || in.gen != gen || !closed(in.ready) || in.err != nil || !in.inc.alive() {
+		s.mu.Unlock()
+		return relay.Forward{}, false
+	}
+	in.conns++
+	if in.idle != nil {
+		in.idle.Stop()
+	}
+	s.mu.Unlock()
+
+	start := time.Now()
+	rs := &reqState{in: in}
+	// An eviction ends the exchange, as it cancels a served request.
+	stop := context.AfterFunc(in.ctx, h.Ticket.Abort)
+	return relay.Forward{
+		Addr:    in.inc.socket,
+		Wire:    appendPluginRequest(make([]byte, 0, 512+len(h.Body)), h, k, target),
+		Refusal: plugins.HeaderRefusal,
+		Final:   true,
+		FailMsg: relayFailMsg,
+		Timeout: -1, // a handler may hold a request as long as it likes, as through ServeInstance
+		Head: func(_ int, stream bool) {
+			if stream {
+				s.markStream(rs)
+			}
+		},
+		Done: func(status int, err error) {
+			stop()
+			if errors.Is(err, relay.ErrRefused) && s.remove(in) {
+				s.metrics.instances.WithLabelValues(ns).Dec()
+			}
+			if status != 0 {
+				s.metrics.requests.WithLabelValues(ns, strconv.Itoa(status)).Observe(time.Since(start).Seconds())
+			}
+			s.releaseConn(in, rs)
+		},
+	}, true
+}
+
+func closed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// appendPluginRequest writes h for the plugin as ServeInstance's proxy
+// does for a request with trusted forwarding: the instance named in
+// X-Pinned-* fields (any others the request carried dropped), hop-by-hop
+// fields dropped, X-Forwarded-For extended by the peer's address, a
+// length for every body.
+func appendPluginRequest(dst []byte, h *relay.ReqHead, k Key, target string) []byte {
+	dst = httpx.AppendRequestLine(dst, h.Method, target, h.Host)
+	var xff, xfh, xfp string
+	trailers := false
+	for _, fl := range h.Fields {
+		name := http.CanonicalHeaderKey(fl.Name)
+		switch {
+		case name == "X-Forwarded-For":
+			if xff != "" {
+				xff += ", "
+			}
+			xff += fl.Value
+			continue
+		case name == "X-Forwarded-Host":
+			if xfh == "" {
+				xfh = fl.Value
+			}
+			continue
+		case name == "X-Forwarded-Proto":
+			if xfp == "" {
+				xfp = fl.Value
+			}
+			continue
+		case name == "Te":
+			trailers = trailers || httpx.TokenListHas(fl.Value, "trailers")
+			continue
+		case httpx.HopByHop[name], name == "Content-Length", name == "Forwarded", strings.HasPrefix(name, "X-Pinned-"):
+			continue
+		}
+		dst = httpx.AppendField(dst, fl.Name, fl.Value)
+	}
+	if trailers {
+		dst = append(dst, "Te: trailers\r\n"...)
+	}
+	dst = httpx.AppendField(dst, plugins.HeaderNamespace, k.Namespace)
+	dst = httpx.AppendField(dst, plugins.HeaderID, k.ID)
+	if ip, _, err := net.SplitHostPort(h.RemoteAddr); err == nil {
+		dst = append(dst, "X-Forwarded-For: "...)
+		if xff != "" {
+			dst = append(append(dst, xff...), ", "...)
+		}
+		dst = append(append(dst, ip...), "\r\n"...)
+	} else if xff != "" {
+		dst = httpx.AppendField(dst, "X-Forwarded-For", xff)
+	}
+	if xfh == "" {
+		xfh = h.Host
+	}
+	dst = httpx.AppendField(dst, "X-Forwarded-Host", xfh)
+	if xfp == "" {
+		xfp = "http"
+	}
+	dst = httpx.AppendField(dst, "X-Forwarded-Proto", xfp)
+	if len(h.Body) > 0 || h.Method != http.MethodGet && h.Method != http.MethodHead {
+		dst = append(dst, "Content-Length: "...)
+		dst = strconv.AppendInt(dst, int64(len(h.Body)), 10)
+		dst = append(dst, "\r\n"...)
+	}
+	dst = append(dst, "\r\n"...)
+	return append(dst, h.Body...)
+}
