@@ -47,10 +47,11 @@ type Instances interface {
 	ServeExisting(w http.ResponseWriter, r *http.Request, namespace, id string, rest string) bool
 	ServeInstance(w http.ResponseWriter, r *http.Request, namespace, id string, generation uint64, rest string)
 	// Relay starts a request the kept-alive loop carries to a live
-	// instance's plugin itself (the owner side of a peer's connection),
-	// if the instance is live under exactly generation; it never
-	// activates. target is the path on the instance, with the query.
-	Relay(namespace, id string, generation uint64, h *relay.ReqHead, target string) (relay.Forward, bool)
+	// instance's plugin itself, if the instance is live under exactly
+	// generation; it never activates. target is the path on the instance,
+	// with the query; trusted: h came from a peer node, whose forwarding
+	// fields pass on.
+	Relay(namespace, id string, generation uint64, h *relay.ReqHead, target string, trusted bool) (relay.Forward, bool)
 }
 
 // Scope is a permission a bearer token carries.
@@ -180,8 +181,9 @@ type FrontDoor struct {
 	attestFailures  *prometheus.CounterVec
 	relayEnds       *prometheus.CounterVec
 	forwardSeconds  prometheus.Histogram
-	// resolvedForwarded is resolutions{outcome="forwarded"}, looked up once.
-	resolvedForwarded prometheus.Counter
+	// resolvedForwarded and resolvedLocal are resolutions{outcome=...},
+	// looked up once.
+	resolvedForwarded, resolvedLocal prometheus.Counter
 }
 
 // NewFrontDoor builds the handler.
@@ -234,6 +236,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10, 60},
 	})
 	f.resolvedForwarded = f.resolutions.WithLabelValues("forwarded")
+	f.resolvedLocal = f.resolutions.WithLabelValues("local")
 	f.handBack = newHandBack()
 	f.conns = relay.NewConns(cfg.Logger, f, f.handBack.give, ownerHeaderTimeout)
 	if cfg.Registerer != nil {

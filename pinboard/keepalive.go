@@ -100,6 +100,22 @@ func (f *FrontDoor) adopt(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
+// serveAdopting runs serve, then hands r's connection to the kept-alive
+// loop if the response went out whole with a declared length and bodyRead
+// says none of r's body is left unread: the connection's next requests
+// are the loop's.
+func (f *FrontDoor) serveAdopting(w http.ResponseWriter, r *http.Request, bodyRead func() bool, serve func(http.ResponseWriter)) {
+	if !f.keepAliveOn.Load() {
+		serve(w)
+		return
+	}
+	lw := &lengthWriter{ResponseWriter: w}
+	serve(lw)
+	if lw.complete(r.Method) && bodyRead() {
+		f.adopt(w, r)
+	}
+}
+
 // lengthWriter tells whether a response went out whole with a declared
 // length, so its connection can be adopted after it.
 type lengthWriter struct {
@@ -196,8 +212,10 @@ func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
 	}
 	key := directory.Key{Namespace: ns, ID: id}
 	self, now := f.selfID(), time.Now()
-	if self != "" && f.cfg.Local != nil && f.cfg.Local.Live(ns, id) {
-		return relay.Forward{}, false
+	if self != "" && f.cfg.Local != nil {
+		if gen, live := f.cfg.Local.LiveGeneration(ns, id); live {
+			return f.routeLocal(h, ns, id, gen, rest, query, now)
+		}
 	}
 	m := f.cfg.Dir.Machine()
 	p, owner, ok := m.Owner(key)
@@ -230,6 +248,23 @@ func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
 			}
 		},
 	}, true
+}
+
+// routeLocal is Route for an id live on this node, as route's first case
+// serves it: while the lease allows, straight to the plugin.
+func (f *FrontDoor) routeLocal(h *relay.ReqHead, ns, id string, gen uint64, rest, query string, now time.Time) (relay.Forward, bool) {
+	if lease := f.cfg.Worker.Lease(now); lease != LeaseHealthy && lease != LeaseUnhealthy {
+		return relay.Forward{}, false // net/http refuses it
+	}
+	target := rest
+	if query != "" {
+		target += "?" + query
+	}
+	fwd, ok := f.cfg.Local.Relay(ns, id, gen, h, target, false)
+	if ok {
+		f.resolvedLocal.Inc()
+	}
+	return fwd, ok
 }
 
 // routeOwned is Route for the owner-side route (a peer forwarding on a
@@ -269,7 +304,7 @@ func (f *FrontDoor) routeOwned(h *relay.ReqHead, path, query string) (relay.Forw
 	if query != "" {
 		target += "?" + query
 	}
-	fwd, ok := f.cfg.Local.Relay(ns, id, att.Generation, h, target)
+	fwd, ok := f.cfg.Local.Relay(ns, id, att.Generation, h, target, true)
 	if !ok {
 		return relay.Forward{}, false
 	}

@@ -85,8 +85,11 @@ type ownedLocal struct {
 	dones  int
 }
 
-func (l *ownedLocal) Relay(ns, id string, gen uint64, h *relay.ReqHead, target string) (relay.Forward, bool) {
-	l.relays = append(l.relays, fmt.Sprintf("%s %s %d %s", ns, id, gen, target))
+// LiveGeneration: "loc" runs here under generation 5.
+func (l *ownedLocal) LiveGeneration(ns, id string) (uint64, bool) { return 5, id == "loc" }
+
+func (l *ownedLocal) Relay(ns, id string, gen uint64, h *relay.ReqHead, target string, trusted bool) (relay.Forward, bool) {
+	l.relays = append(l.relays, fmt.Sprintf("%s %s %d %s %v", ns, id, gen, target, trusted))
 	if !l.live {
 		return relay.Forward{}, false
 	}
@@ -125,7 +128,7 @@ func TestKeptAliveRouteOwned(t *testing.T) {
 	if fwd, ok := f.Route(head(good)); !ok || fwd.Addr != "/plugin.sock" {
 		t.Fatalf("a valid attestation for a live instance: ok %v %+v", ok, fwd)
 	}
-	if want := "/misc x1 7 /echo?a=1"; len(local.relays) != 1 || local.relays[0] != want {
+	if want := "/misc x1 7 /echo?a=1 true"; len(local.relays) != 1 || local.relays[0] != want {
 		t.Fatalf("Relay calls %q, want [%q]", local.relays, want)
 	}
 	// Spent: the same attestation again is net/http's to refuse, and the
@@ -166,10 +169,21 @@ func TestKeptAliveRouteOwned(t *testing.T) {
 		t.Fatalf("the loop spent an attestation it left to net/http: %v", err)
 	}
 	local.live = true
+	// A client's request for an id live here goes to it too, under the
+	// generation it runs, its forwarding fields not trusted.
+	if _, ok := f.Route(&relay.ReqHead{Method: "GET", Target: "/misc/loc/x?y", Host: "h"}); !ok {
+		t.Fatal("a request for an id live here went to net/http")
+	}
+	if got, want := local.relays[len(local.relays)-1], "/misc loc 5 /x?y false"; got != want {
+		t.Fatalf("Relay call %q, want %q", got, want)
+	}
 	w.mu.Lock()
 	w.expiresAt = time.Now().Add(-time.Second)
 	w.mu.Unlock()
 	if _, ok := f.Route(head(sign("owner", 7))); ok {
 		t.Fatal("relayed with the lease expired")
+	}
+	if _, ok := f.Route(&relay.ReqHead{Method: "GET", Target: "/misc/loc/x", Host: "h"}); ok {
+		t.Fatal("relayed to a local instance with the lease expired")
 	}
 }

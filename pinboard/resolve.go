@@ -59,6 +59,10 @@ func (f *FrontDoor) resolve(w http.ResponseWriter, r *http.Request, key director
 	f.route(w, r, rt)
 }
 
+// bodyRead: nothing of the request body is left on the connection (none,
+// or all of it buffered).
+func (rt *route) bodyRead() bool { return rt.retryable }
+
 // withBody gives r a fresh copy of the buffered body for this attempt.
 func (rt *route) withBody(r *http.Request) *http.Request {
 	if !rt.retryable || rt.body == nil {
@@ -86,8 +90,12 @@ func (f *FrontDoor) route(w http.ResponseWriter, r *http.Request, rt *route) {
 	if self != "" && f.cfg.Local.Live(key.Namespace, key.ID) {
 		switch lease := f.cfg.Worker.Lease(now); lease {
 		case LeaseHealthy, LeaseUnhealthy:
-			if f.cfg.Local.ServeExisting(w, rt.withBody(r), key.Namespace, key.ID, rt.rest) {
-				f.resolutions.WithLabelValues("local").Inc()
+			served := false
+			f.serveAdopting(w, r, rt.bodyRead, func(w http.ResponseWriter) {
+				served = f.cfg.Local.ServeExisting(w, rt.withBody(r), key.Namespace, key.ID, rt.rest)
+			})
+			if served {
+				f.resolvedLocal.Inc()
 				return
 			}
 		default:
@@ -112,8 +120,8 @@ func (f *FrontDoor) route(w http.ResponseWriter, r *http.Request, rt *route) {
 // dispatch serves on this node or forwards to the owner.
 func (f *FrontDoor) dispatch(w http.ResponseWriter, r *http.Request, rt *route, p directory.Placement, owner directory.Worker) {
 	if p.Owner == f.selfID() {
-		f.resolutions.WithLabelValues("local").Inc()
-		f.serveLocal(w, rt.withBody(r), p, rt.rest)
+		f.resolvedLocal.Inc()
+		f.serveAdopting(w, r, rt.bodyRead, func(w http.ResponseWriter) { f.serveLocal(w, rt.withBody(r), p, rt.rest) })
 		return
 	}
 	f.resolvedForwarded.Inc()
@@ -516,20 +524,15 @@ func (f *FrontDoor) owned(w http.ResponseWriter, r *http.Request) {
 	f.serveOwned(w, r, p, rest)
 }
 
-// serveOwned serves an attested request, then gives the peer's connection
-// to the kept-alive loop if its response went out whole with a length:
-// the peer's next requests on it reach the plugin from the loop.
+// serveOwned serves an attested request; its connection may go to the
+// kept-alive loop after (serveAdopting).
 func (f *FrontDoor) serveOwned(w http.ResponseWriter, r *http.Request, p directory.Placement, rest string) {
-	lw := &lengthWriter{ResponseWriter: w}
 	var body *eofBody
 	if r.ContentLength != 0 {
 		body = &eofBody{ReadCloser: r.Body}
 		r.Body = body
 	}
-	f.serveLocal(lw, r, p, rest)
-	if lw.complete(r.Method) && (body == nil || body.eof) {
-		f.adopt(w, r)
-	}
+	f.serveAdopting(w, r, func() bool { return body == nil || body.eof }, func(w http.ResponseWriter) { f.serveLocal(w, r, p, rest) })
 }
 
 func (f *FrontDoor) notOwner(w http.ResponseWriter) {

@@ -31,10 +31,11 @@ const relayFailMsg = "instance restarting, retry"
 // parsed request, target its path on the instance (escaped, with its
 // query). Only an instance that is live here under exactly generation gen,
 // activated and on a running plugin's data socket qualifies: Relay never
-// activates and never waits (ok false: serve it with ServeInstance). h's
-// X-Forwarded-* fields must come from a trusted peer (see
-// httpx.WithTrustedForwarding). The Forward's Done must run exactly once.
-func (s *Supervisor) Relay(ns, id string, gen uint64, h *relay.ReqHead, target string) (relay.Forward, bool) {
+// activates and never waits (ok false: serve it with ServeInstance).
+// trusted says h's X-Forwarded-* fields come from a peer node and pass on
+// (see httpx.WithTrustedForwarding); otherwise they are replaced. The
+// Forward's Done must run exactly once.
+func (s *Supervisor) Relay(ns, id string, gen uint64, h *relay.ReqHead, target string, trusted bool) (relay.Forward, bool) {
 	if s.cfg.DataPlane == DataPlaneGRPC {
 		return relay.Forward{}, false
 	}
@@ -57,7 +58,7 @@ func (s *Supervisor) Relay(ns, id string, gen uint64, h *relay.ReqHead, target s
 	stop := context.AfterFunc(in.ctx, h.Ticket.Abort)
 	return relay.Forward{
 		Addr:    in.inc.socket,
-		Wire:    appendPluginRequest(make([]byte, 0, 512+len(h.Body)), h, k, target),
+		Wire:    appendPluginRequest(make([]byte, 0, 512+len(h.Body)), h, k, target, trusted),
 		Refusal: plugins.HeaderRefusal,
 		Final:   true,
 		FailMsg: relayFailMsg,
@@ -90,17 +91,18 @@ func closed(ch chan struct{}) bool {
 }
 
 // appendPluginRequest writes h for the plugin as ServeInstance's proxy
-// does for a request with trusted forwarding: the instance named in
-// X-Pinned-* fields (any others the request carried dropped), hop-by-hop
-// fields dropped, X-Forwarded-For extended by the peer's address, a
-// length for every body.
-func appendPluginRequest(dst []byte, h *relay.ReqHead, k Key, target string) []byte {
+// does: the instance named in X-Pinned-* fields (any others the request
+// carried dropped), hop-by-hop fields dropped, X-Forwarded-* set (the
+// trusted peer's extended by its address), a length for every body.
+func appendPluginRequest(dst []byte, h *relay.ReqHead, k Key, target string, trusted bool) []byte {
 	dst = httpx.AppendRequestLine(dst, h.Method, target, h.Host)
 	var xff, xfh, xfp string
 	trailers := false
 	for _, fl := range h.Fields {
 		name := http.CanonicalHeaderKey(fl.Name)
 		switch {
+		case !trusted && (name == "X-Forwarded-For" || name == "X-Forwarded-Host" || name == "X-Forwarded-Proto"):
+			continue
 		case name == "X-Forwarded-For":
 			if xff != "" {
 				xff += ", "

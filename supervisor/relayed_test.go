@@ -23,22 +23,25 @@ import (
 
 // relayRouter relays /<ns>/<id>/<rest> under generation 1 through the
 // supervisor; whatever Relay turns down goes back (and is counted).
-type relayRouter struct{ s *Supervisor }
+type relayRouter struct {
+	s       *Supervisor
+	trusted bool
+}
 
 func (r relayRouter) Route(h *relay.ReqHead) (relay.Forward, bool) {
 	parts := strings.SplitN(h.Target, "/", 4)
 	if len(parts) < 4 {
 		return relay.Forward{}, false
 	}
-	return r.s.Relay("/"+parts[1], parts[2], 1, h, "/"+parts[3])
+	return r.s.Relay("/"+parts[1], parts[2], 1, h, "/"+parts[3], r.trusted)
 }
 
 // startRelayLoop serves a listener from a kept-alive loop routed through
 // s.Relay; connections it gives back are closed, and counted.
-func startRelayLoop(t *testing.T, s *Supervisor) (addr string, handed chan struct{}) {
+func startRelayLoop(t *testing.T, s *Supervisor, trusted bool) (addr string, handed chan struct{}) {
 	t.Helper()
 	handed = make(chan struct{}, 16)
-	loop := relay.NewConns(nil, relayRouter{s}, func(c net.Conn) { _ = c.Close(); handed <- struct{}{} }, 5*time.Second)
+	loop := relay.NewConns(nil, relayRouter{s, trusted}, func(c net.Conn) { _ = c.Close(); handed <- struct{}{} }, 5*time.Second)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -85,13 +88,17 @@ func TestRelayMatchesServeInstance(t *testing.T) {
 		s.ServeInstance(w, r, "/"+parts[1], parts[2], 1, "/"+parts[3])
 	}))
 	defer trusted.Close()
-	loopAddr, handed := startRelayLoop(t, s)
+	loopAddr, handed := startRelayLoop(t, s, true)
+	direct, _ := startRelayLoop(t, s, false)
 
 	req := "POST /misc/r/echo?q=1&b=2 HTTP/1.1\r\nHost: front.example\r\nUser-Agent: ua/1\r\nX-Custom: a\r\nX-Custom: b\r\n" +
 		"X-Forwarded-For: 10.1.1.1\r\nX-Forwarded-Host: client.example\r\nX-Forwarded-Proto: https\r\nForwarded: for=1.2.3.4\r\n" +
 		"X-Pinned-Attestation: v1.x\r\nX-Pinned-Id: spoofed\r\nTe: trailers\r\nConnection: keep-alive\r\nContent-Length: 7\r\n\r\npayload"
 	seen := map[string]string{}
-	for name, addr := range map[string]string{"ServeInstance": strings.TrimPrefix(trusted.URL, "http://"), "Relay": loopAddr} {
+	for name, addr := range map[string]string{
+		"ServeInstance": strings.TrimPrefix(trusted.URL, "http://"), "Relay": loopAddr,
+		"direct ServeInstance": strings.TrimPrefix(srv.URL, "http://"), "direct Relay": direct,
+	} {
 		conn, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
@@ -113,6 +120,12 @@ func TestRelayMatchesServeInstance(t *testing.T) {
 	if seen["Relay"] != seen["ServeInstance"] {
 		t.Fatalf("the plugin saw a relayed request differently:\nRelay:         %s\nServeInstance: %s", seen["Relay"], seen["ServeInstance"])
 	}
+	if seen["direct Relay"] != seen["direct ServeInstance"] {
+		t.Fatalf("the plugin saw a client's relayed request differently:\nRelay:         %s\nServeInstance: %s", seen["direct Relay"], seen["direct ServeInstance"])
+	}
+	if !strings.Contains(seen["direct Relay"], `"X-Forwarded-For":["127.0.0.1"]`) || strings.Contains(seen["direct Relay"], "client.example") {
+		t.Errorf("a client's own forwarding fields reached the instance: %s", seen["direct Relay"])
+	}
 	for _, want := range []string{`"X-Forwarded-For":["10.1.1.1, 127.0.0.1"]`, `"X-Forwarded-Proto":["https"]`, `"body":"payload"`, `"query":"q=1\u0026b=2"`, `"Te":["trailers"]`} {
 		if !strings.Contains(seen["Relay"], want) {
 			t.Errorf("relayed request lacks %s: %s", want, seen["Relay"])
@@ -129,10 +142,10 @@ func TestRelayMatchesServeInstance(t *testing.T) {
 
 	// Not live under that generation, or not at all: Relay turns it down
 	// and holds nothing.
-	if _, ok := s.Relay("/misc", "r", 2, &relay.ReqHead{}, "/"); ok {
+	if _, ok := s.Relay("/misc", "r", 2, &relay.ReqHead{}, "/", false); ok {
 		t.Fatal("Relay under another generation")
 	}
-	if _, ok := s.Relay("/misc", "never", 1, &relay.ReqHead{}, "/"); ok {
+	if _, ok := s.Relay("/misc", "never", 1, &relay.ReqHead{}, "/", false); ok {
 		t.Fatal("Relay for an instance not live")
 	}
 	testutil.WaitFor(t, 5*time.Second, "relayed requests to let the instance go", func() bool {
@@ -153,7 +166,7 @@ func TestRelayedStreamsAndRefusal(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	loopAddr, _ := startRelayLoop(t, s)
+	loopAddr, _ := startRelayLoop(t, s, true)
 	conn, err := net.Dial("tcp", loopAddr)
 	if err != nil {
 		t.Fatal(err)
