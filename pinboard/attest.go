@@ -101,13 +101,23 @@ func macsFor(key []byte) *keyedMACs {
 	return p
 }
 
+// Nonces need to be unique, not secret (the MAC covers them): a random
+// prefix per process and a counter, rather than a random read per request.
+var (
+	noncePrefix = func() (b [12]byte) { _, _ = rand.Read(b[:6]); return b }()
+	nonceSeq    atomic.Uint64
+)
+
 // Sign returns the header value attesting a for method and path (the
 // escaped instance path, query included).
 func Sign(key []byte, a Attestation, method, path string) string {
 	var nonce [16]byte
 	if a.Nonce == "" {
-		var b [12]byte
-		_, _ = rand.Read(b[:])
+		b := noncePrefix
+		n := nonceSeq.Add(1)
+		for i := 11; i >= 6; i-- {
+			b[i], n = byte(n), n>>8
+		}
 		base64.RawURLEncoding.Encode(nonce[:], b[:])
 		a.Nonce = string(nonce[:])
 	}

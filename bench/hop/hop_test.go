@@ -33,8 +33,8 @@ const (
 	seqPerRound  = 1000                    // sequential requests per row per round
 	seqWarm      = 100                     // warm-up requests per row per round
 	conns        = 16                      // concurrent keep-alive connections
-	loadRounds   = 2                       // interleaved rounds of the throughput run
-	loadDuration = 1500 * time.Millisecond // per row per round (3 s per row in all)
+	loadRounds   = 4                       // interleaved rounds of the throughput run
+	loadDuration = 1500 * time.Millisecond // per row per round (6 s per row in all)
 	loadWarm     = 300 * time.Millisecond
 	sseStreams   = 200
 	sseTargetKB  = 16
@@ -90,14 +90,18 @@ func BenchmarkHop(b *testing.B) {
 
 	counterID := f.place(b, "/counters", "/value")
 	path := "/counters/" + counterID + "/value"
-	rproxy := startReverseProxy(b, f.owner.URL)
-	ngx := startNginx(b, nginxBin, f.owner.URL)
+	rproxy, rproxyPID := startReverseProxy(b, f.owner.URL)
+	ngx, ngxPID := startNginx(b, nginxBin, f.owner.URL)
 
+	ownerNode := func() []int { return withChildren(f.owner.PID()) } // pinnedd and its plugins
 	rows := []*row{
-		{name: "no hop: the owner node serves its own id", url: f.owner.URL + path},
-		{name: "pinnedd hop: entry node → owner (attested)", url: f.entry.URL + path},
-		{name: "httputil.ReverseProxy → owner's front door", url: rproxy + path},
-		{name: "nginx " + nginxVersion(nginxBin) + " → owner's front door (keepalive upstream)", url: ngx + path},
+		{name: "no hop: the owner node serves its own id", url: f.owner.URL + path, owner: ownerNode},
+		{name: "pinnedd hop: entry node → owner (attested)", url: f.entry.URL + path, owner: ownerNode,
+			fwd: func() []int { return []int{f.entry.PID()} }},
+		{name: "httputil.ReverseProxy → owner's front door", url: rproxy + path, owner: ownerNode,
+			fwd: func() []int { return []int{rproxyPID} }},
+		{name: "nginx " + nginxVersion(nginxBin) + " → owner's front door (keepalive upstream)", url: ngx + path, owner: ownerNode,
+			fwd: func() []int { return withChildren(ngxPID) }}, // master and workers
 	}
 	for _, r := range rows {
 		if err := getOK(http.DefaultClient, r.url); err != nil {
@@ -232,6 +236,47 @@ type row struct {
 	lat      []time.Duration
 	p50, p99 float64 // µs
 	rps      float64
+	// fwd and owner list the forwarding processes (none for row 1) and the
+	// owner node's (pinnedd and its plugins), whose CPU per request the
+	// throughput run measures.
+	fwd, owner        func() []int
+	fwdCPU, ownerCPU  time.Duration
+	fwdPerReq, ownPer float64 // µs of CPU per request
+}
+
+// cpuOf is the CPU time (user and system, all threads) the processes have
+// used, from /proc/<pid>/stat.
+func cpuOf(pids []int) time.Duration {
+	var ticks int64
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// Fields after the command (which may hold spaces): state is 3,
+		// utime 14, stime 15.
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks += u + st
+	}
+	return time.Duration(ticks) * (time.Second / 100) // USER_HZ
+}
+
+// withChildren is pid and its child processes.
+func withChildren(pid int) []int {
+	pids := []int{pid}
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	for _, f := range strings.Fields(string(b)) {
+		if c, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, c)
+		}
+	}
+	return pids
 }
 
 func getOK(c *http.Client, u string) error {
@@ -298,16 +343,30 @@ func measureThroughput(b *testing.B, rows []*row) {
 			if round%2 == 1 {
 				i = len(rows) - 1 - k
 			}
-			n, d, err := load(rows[i].url)
-			if err != nil {
-				b.Fatalf("%s at %d connections: %v", rows[i].name, conns, err)
+			r := rows[i]
+			var fwd []int
+			if r.fwd != nil {
+				fwd = r.fwd()
 			}
+			owner := r.owner()
+			f0, o0 := cpuOf(fwd), cpuOf(owner)
+			n, d, err := load(r.url)
+			if err != nil {
+				b.Fatalf("%s at %d connections: %v", r.name, conns, err)
+			}
+			// CPU counts the warm-up too: per request it is over the
+			// requests of the whole load, which load's count includes.
+			r.fwdCPU += cpuOf(fwd) - f0
+			r.ownerCPU += cpuOf(owner) - o0
 			done[i] += n
 			elapsed[i] += d
 		}
 	}
 	for i, r := range rows {
 		r.rps = float64(done[i]) / elapsed[i].Seconds()
+		total := float64(done[i]) * float64(loadDuration+loadWarm) / float64(loadDuration)
+		r.fwdPerReq = float64(r.fwdCPU.Microseconds()) / total
+		r.ownPer = float64(r.ownerCPU.Microseconds()) / total
 	}
 }
 
@@ -498,7 +557,7 @@ func vmRSS(pid int) (int64, error) {
 
 // startReverseProxy runs baseline 3 in its own process (this test binary,
 // re-executed) and returns its URL; the benchmark's cleanup ends it.
-func startReverseProxy(b *testing.B, target string) string {
+func startReverseProxy(b *testing.B, target string) (string, int) {
 	b.Helper()
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), rproxyEnv+"="+target)
@@ -516,7 +575,7 @@ func startReverseProxy(b *testing.B, target string) string {
 	if err != nil {
 		b.Fatalf("ReverseProxy baseline did not start: %v", err)
 	}
-	return "http://" + strings.TrimSpace(strings.TrimPrefix(line, "listening "))
+	return "http://" + strings.TrimSpace(strings.TrimPrefix(line, "listening ")), cmd.Process.Pid
 }
 
 func findNginx(b *testing.B) string {
@@ -543,7 +602,7 @@ func nginxVersion(bin string) string {
 // startNginx runs baseline 4: nginx in the foreground (daemon off) with a
 // generated config in a temp dir, proxying to the owner's front door over a
 // keepalive upstream pool. The benchmark's cleanup ends it and its workers.
-func startNginx(b *testing.B, bin, target string) string {
+func startNginx(b *testing.B, bin, target string) (string, int) {
 	b.Helper()
 	dir := b.TempDir()
 	if err := os.Chmod(dir, 0o755); err != nil {
@@ -641,7 +700,7 @@ http {
 		b.Fatalf("nginx exited at start:\n%s\n%s\nconfig:\n%s", logs.String(), errLog, conf)
 	default:
 	}
-	return u
+	return u, cmd.Process.Pid
 }
 
 type lockedWriter struct {
@@ -657,15 +716,16 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 
 func renderTable(rows []*row, sse sseResult) string {
 	var s strings.Builder
-	s.WriteString("| # | request | p50 µs | p99 µs | req/s @16 conns | hop +p50 µs | hop +p99 µs |\n")
-	s.WriteString("|---|---|---:|---:|---:|---:|---:|\n")
+	s.WriteString("| # | request | p50 µs | p99 µs | req/s @16 conns | hop +p50 µs | hop +p99 µs | forwarder CPU µs/req | owner node CPU µs/req |\n")
+	s.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for i, r := range rows {
-		add50, add99 := "—", "—"
+		add50, add99, fwd := "—", "—", "—"
 		if i > 0 {
 			add50 = fmt.Sprintf("%+.0f", r.p50-rows[0].p50)
 			add99 = fmt.Sprintf("%+.0f", r.p99-rows[0].p99)
+			fwd = fmt.Sprintf("%.0f", r.fwdPerReq)
 		}
-		fmt.Fprintf(&s, "| %d | %s | %.0f | %.0f | %.0f | %s | %s |\n", i+1, r.name, r.p50, r.p99, r.rps, add50, add99)
+		fmt.Fprintf(&s, "| %d | %s | %.0f | %.0f | %.0f | %s | %s | %s | %.0f |\n", i+1, r.name, r.p50, r.p99, r.rps, add50, add99, fwd, r.ownPer)
 	}
 	fmt.Fprintf(&s, "\nHeld proxied SSE streams (%d, entry node → owner, /misc/<id>/sse): entry node RSS %.1f → %.1f MiB, "+
 		"**%.1f KB per stream** (target ≤ %d KB); per stream: %.1f goroutines, %.1f KB Go heap in use (garbage included), %.1f KB goroutine stacks.\n",
@@ -719,6 +779,9 @@ func writeResults(b *testing.B, cmd string, started time.Time, loadBefore, table
 		strconv.Itoa(seqRounds) + " interleaved rounds after warm-up. Throughput: " + strconv.Itoa(conns) +
 		" goroutines, one keep-alive connection each, " + (time.Duration(loadRounds) * loadDuration).String() +
 		" per row over " + strconv.Itoa(loadRounds) + " interleaved rounds; the load generator shares the machine. " +
+		"CPU per request: /proc/<pid>/stat user+system time over each throughput run, warm-up included, of the " +
+		"forwarding process (the entry node, the ReverseProxy, nginx's master and workers) and of the owner node " +
+		"(pinnedd and its plugin processes). " +
 		"SSE: measured first, on the fresh entry node, after one warm-up stream; RSS is /proc/<pid>/status VmRSS " +
 		"(median of 5 readings), heap and stacks from the node's /metrics.\n\n")
 	s.WriteString(table)

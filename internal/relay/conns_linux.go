@@ -189,10 +189,10 @@ func (l *Conns) run(epfd, wakefd int) {
 	buf := make([]byte, readBuf)
 	var after []func()
 	lastSweep := time.Now()
-	timeout := int(sweepEvery / time.Millisecond)
+	timeout := sweepEvery
 	for {
-		n, err := unix.EpollWait(epfd, events, timeout)
-		failed := err != nil && !errors.Is(err, unix.EINTR)
+		n, err := l.wait(events, timeout)
+		failed := err != nil
 		if failed {
 			l.log.Error("keep-alive loop: epoll_wait failed; closing every connection", "err", err)
 		}
@@ -276,7 +276,7 @@ func (l *Conns) run(epfd, wakefd int) {
 			lastSweep = now
 			l.sweepLocked(now, &after)
 		}
-		timeout = int(sweepEvery / time.Millisecond)
+		timeout = sweepEvery
 		if len(l.runq) > 0 {
 			timeout = 0 // bodies cut off by their read budget go on
 		}
@@ -421,7 +421,7 @@ func (l *Conns) start(c *client, u *upstream) {
 func (l *Conns) readInto(fd int, dst *[]byte, buf []byte, limit int, readable *bool, hup bool) bool {
 	for len(*dst) < limit {
 		want := min(len(buf), limit-len(*dst))
-		n, err := unix.Read(fd, buf[:want])
+		n, err := sysRead(fd, buf[:want])
 		switch {
 		case errors.Is(err, unix.EAGAIN):
 			*readable = false
@@ -594,7 +594,7 @@ func (l *Conns) relayBody(c *client, buf []byte, after *[]func()) bool {
 			}
 			return false
 		}
-		n, err := unix.Read(u.fd, buf)
+		n, err := sysRead(u.fd, buf)
 		switch {
 		case errors.Is(err, unix.EAGAIN):
 			u.readable = false
@@ -942,8 +942,7 @@ func (l *Conns) shutdownLocked(after *[]func()) {
 		l.closeUp(u)
 	}
 	l.idle = map[string][]*upstream{}
-	_, _ = unix.Close(l.wakefd), unix.Close(l.epfd)
-	l.epfd, l.wakefd = -1, -1
+	l.closeEpollLocked()
 }
 
 // prefixConn reads prefix before the connection's own bytes.
