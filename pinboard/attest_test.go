@@ -80,3 +80,59 @@ func TestAttestationReplayRace(t *testing.T) {
 		}
 	}
 }
+
+// Sign's nonces are remembered a bit per counter, other nonces in a map;
+// both refuse a second use and are forgotten once their attestation has
+// expired, so the cache does not grow with the request rate times forever.
+func TestReplayCacheForgets(t *testing.T) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	v := Verifier{Window: 10 * time.Second}
+	t0 := time.Now()
+	at := func(nonce string) Attestation {
+		return Attestation{Target: "w1", Caller: "w2", Generation: 1, At: t0, Nonce: nonce}
+	}
+	var signed []Attestation
+	for i := range 5000 {
+		h := Sign(key, at(""), "GET", "/p")
+		a, err := v.Verify(key, h, "w1", "GET", "/p", t0)
+		if err != nil {
+			t.Fatalf("fresh nonce %d: %v", i, err)
+		}
+		if _, _, ok := counterNonce(a.Nonce); !ok {
+			t.Fatalf("Sign's nonce %q is not of the counter shape", a.Nonce)
+		}
+		signed = append(signed, a)
+	}
+	if err := v.Spend(at("explicit-nonce"), t0); err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range signed {
+		if err := v.Spend(a, t0); !errors.Is(err, ErrAttestationReplayed) {
+			t.Fatalf("nonce %d spent twice: %v", i, err)
+		}
+	}
+	if err := v.Spend(at("explicit-nonce"), t0); !errors.Is(err, ErrAttestationReplayed) {
+		t.Fatalf("a map nonce spent twice: %v", err)
+	}
+	v.mu.Lock()
+	chunks := 0
+	for _, cs := range v.signers {
+		chunks += len(cs)
+	}
+	v.mu.Unlock()
+	if chunks > 6 { // 5000 consecutive counters: 5 chunks, 6 if they straddle
+		t.Fatalf("5000 nonces of one signer take %d chunks", chunks)
+	}
+	// Past At + window every one of them would be refused as expired:
+	// the next spend sweeps them all away.
+	later := t0.Add(v.Window + time.Second)
+	if err := v.Spend(Attestation{At: later, Nonce: "after"}, later); err != nil {
+		t.Fatal(err)
+	}
+	v.mu.Lock()
+	left, others := len(v.signers), len(v.other)
+	v.mu.Unlock()
+	if left != 0 || others != 1 {
+		t.Fatalf("after the window: %d signers and %d other nonces remembered, want 0 and 1", left, others)
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/plugins/proto"
 )
@@ -43,6 +43,10 @@ type instance struct {
 
 	ctx    context.Context // cancelled at eviction: ends open streams
 	cancel context.CancelFunc
+	// relayed are the requests a caller's loop carries (Relay), guarded
+	// by Supervisor.mu: the eviction that cancels ctx aborts them, as it
+	// cancels the requests ServeInstance serves.
+	relayed map[*reqState]relay.Ticket
 
 	// Wind-down, guarded by Supervisor.mu. windDown is an operator's
 	// deadline for this instance (zero: none); deadline is the one in
@@ -126,6 +130,7 @@ func (s *Supervisor) acquire(ctx context.Context, k Key, gen uint64) (*instance,
 			key: k, gen: gen, inc: inc, activatedAt: time.Now(), ready: make(chan struct{}),
 			conns: 1, stopped: make(chan struct{}), ctx: ictx, cancel: icancel,
 		}
+		s.abortRelayedOnCancel(in)
 		s.instances[k] = in
 		s.mu.Unlock()
 
@@ -165,6 +170,9 @@ func (s *Supervisor) releaseConn(in *instance, rs *reqState) {
 	in.conns--
 	if rs != nil && rs.stream {
 		in.streams--
+	}
+	if rs != nil && in.relayed != nil {
+		delete(in.relayed, rs)
 	}
 	in.lastActive = time.Now()
 	if in.evicting || s.instances[in.key] != in || in.err != nil {
@@ -603,7 +611,7 @@ func (s *Supervisor) ServeExisting(w http.ResponseWriter, r *http.Request, ns, i
 }
 
 func (s *Supervisor) observe(ns string, start time.Time, sw *statusWriter) {
-	s.metrics.requests.WithLabelValues(ns, strconv.Itoa(sw.code)).Observe(time.Since(start).Seconds())
+	s.metrics.observe(ns, sw.code, time.Since(start))
 }
 
 // serve proxies r to the acquired instance and releases it.

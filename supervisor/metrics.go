@@ -1,6 +1,12 @@
 package supervisor
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // metrics are the worker-side pinned_* collectors this package maintains.
 type metrics struct {
@@ -10,6 +16,24 @@ type metrics struct {
 	instances   *prometheus.GaugeVec
 	pluginUp    *prometheus.GaugeVec
 	requests    *prometheus.HistogramVec
+	// observers caches requests' children by namespace and status: the
+	// label lookup (hashing, an Itoa) is per request otherwise.
+	observers sync.Map // requestLabels -> prometheus.Observer
+}
+
+type requestLabels struct {
+	ns   string
+	code int
+}
+
+// observe records one served request.
+func (m *metrics) observe(ns string, code int, d time.Duration) {
+	k := requestLabels{ns, code}
+	o, ok := m.observers.Load(k)
+	if !ok {
+		o, _ = m.observers.LoadOrStore(k, m.requests.WithLabelValues(ns, strconv.Itoa(code)))
+	}
+	o.(prometheus.Observer).Observe(d.Seconds())
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {

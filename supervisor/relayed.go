@@ -42,7 +42,7 @@ func (s *Supervisor) Relay(ns, id string, gen uint64, h *relay.ReqHead, target s
 	k := Key{ns, id}
 	s.mu.Lock()
 	in := s.instances[k]
-	if s.stopping || in == nil || in.evicting || in.gen != gen || !closed(in.ready) || in.err != nil || !in.inc.alive() {
+	if s.stopping || in == nil || in.evicting || in.gen != gen || !closed(in.ready) || in.err != nil || !in.inc.alive() || in.ctx.Err() != nil {
 		s.mu.Unlock()
 		return relay.Forward{}, false
 	}
@@ -50,12 +50,14 @@ func (s *Supervisor) Relay(ns, id string, gen uint64, h *relay.ReqHead, target s
 	if in.idle != nil {
 		in.idle.Stop()
 	}
+	rs := &reqState{in: in}
+	if in.relayed == nil {
+		in.relayed = map[*reqState]relay.Ticket{}
+	}
+	in.relayed[rs] = h.Ticket // an eviction ends the exchange (abortRelayedOnCancel)
 	s.mu.Unlock()
 
 	start := time.Now()
-	rs := &reqState{in: in}
-	// An eviction ends the exchange, as it cancels a served request.
-	stop := context.AfterFunc(in.ctx, h.Ticket.Abort)
 	return relay.Forward{
 		Addr:    in.inc.socket,
 		Wire:    appendPluginRequest(make([]byte, 0, 512+len(h.Body)), h, k, target, trusted),
@@ -69,16 +71,29 @@ func (s *Supervisor) Relay(ns, id string, gen uint64, h *relay.ReqHead, target s
 			}
 		},
 		Done: func(status int, err error) {
-			stop()
 			if errors.Is(err, relay.ErrRefused) && s.remove(in) {
 				s.metrics.instances.WithLabelValues(ns).Dec()
 			}
 			if status != 0 {
-				s.metrics.requests.WithLabelValues(ns, strconv.Itoa(status)).Observe(time.Since(start).Seconds())
+				s.metrics.observe(ns, status, time.Since(start))
 			}
 			s.releaseConn(in, rs)
 		},
 	}, true
+}
+
+// abortRelayedOnCancel makes the end of in's context (its eviction) abort
+// the requests relayed to it: one hook per instance, not one per request.
+func (s *Supervisor) abortRelayedOnCancel(in *instance) {
+	context.AfterFunc(in.ctx, func() {
+		s.mu.Lock()
+		tickets := in.relayed
+		in.relayed = nil
+		s.mu.Unlock()
+		for _, t := range tickets {
+			t.Abort()
+		}
+	})
 }
 
 func closed(ch chan struct{}) bool {

@@ -111,7 +111,7 @@ func BenchmarkHop(b *testing.B) {
 	measureLatency(b, rows)
 	measureThroughput(b, rows)
 	if dir := os.Getenv("HOP_PROFILE"); dir != "" {
-		profileHop(b, f, rows[1].url, dir)
+		profileHop(b, f, rows[1].url, rows[3].url, dir)
 	}
 
 	table := renderTable(rows, sse)
@@ -792,14 +792,22 @@ func writeResults(b *testing.B, cmd string, started time.Time, loadBefore, table
 
 // profileHop, with HOP_PROFILE=<dir>, loads the pinnedd hop row again while
 // taking 5 s CPU profiles of both nodes, written to <dir>/entry.pprof and
-// <dir>/owner.pprof (go tool pprof -top <file>).
-func profileHop(b *testing.B, f *fleet, u, dir string) {
+// <dir>/owner.pprof, then the nginx row while profiling the owner, to
+// <dir>/owner-under-nginx.pprof (go tool pprof -top <file>; -diff_base
+// compares the owner's two).
+func profileHop(b *testing.B, f *fleet, hop, ngx, dir string) {
 	b.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		b.Fatal(err)
 	}
+	profileWhile(b, hop, dir, map[string]*testutil.Agent{"entry": f.entry, "owner": f.owner})
+	profileWhile(b, ngx, dir, map[string]*testutil.Agent{"owner-under-nginx": f.owner})
+}
+
+// profileWhile loads u while taking a 5 s CPU profile of each node.
+func profileWhile(b *testing.B, u, dir string, nodes map[string]*testutil.Agent) {
 	var wg sync.WaitGroup
-	for name, a := range map[string]*testutil.Agent{"entry": f.entry, "owner": f.owner} {
+	for name, a := range nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
