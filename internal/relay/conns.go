@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -128,33 +129,35 @@ func parseRequest(in []byte, h *ReqHead) (n int, need bool, ok bool) {
 	if end+4 > maxHead {
 		return 0, false, false
 	}
-	head := in[:end+2]
-	line, rest, _ := bytes.Cut(head, []byte("\r\n"))
-	sp1 := bytes.IndexByte(line, ' ')
+	// One string for the whole head; every name and value is a piece of
+	// it (one allocation a request, not two a field).
+	head := string(in[:end+2])
+	line, rest, _ := strings.Cut(head, "\r\n")
+	sp1 := strings.IndexByte(line, ' ')
 	if sp1 <= 0 {
 		return 0, false, false
 	}
 	method, after := line[:sp1], line[sp1+1:]
-	sp2 := bytes.IndexByte(after, ' ')
-	if sp2 <= 0 || string(after[sp2+1:]) != "HTTP/1.1" {
+	sp2 := strings.IndexByte(after, ' ')
+	if sp2 <= 0 || after[sp2+1:] != "HTTP/1.1" {
 		return 0, false, false
 	}
 	target := after[:sp2]
 	if !upperToken(method) || target[0] != '/' || !visible(target) {
 		return 0, false, false
 	}
-	h.Method, h.Target, h.Host = string(method), string(target), ""
+	h.Method, h.Target, h.Host = method, target, ""
 	h.Fields = h.Fields[:0]
 	clen := -1
 	hosts := 0
 	for len(rest) > 0 {
-		var fl []byte
-		fl, rest, _ = bytes.Cut(rest, []byte("\r\n"))
-		colon := bytes.IndexByte(fl, ':')
+		var fl string
+		fl, rest, _ = strings.Cut(rest, "\r\n")
+		colon := strings.IndexByte(fl, ':')
 		if colon <= 0 || !token(fl[:colon]) {
 			return 0, false, false // also obs-fold: a line starting with a space
 		}
-		name, value := fl[:colon], bytes.Trim(fl[colon+1:], " \t")
+		name, value := fl[:colon], trimOWS(fl[colon+1:])
 		if !fieldValue(value) {
 			return 0, false, false
 		}
@@ -164,7 +167,7 @@ func parseRequest(in []byte, h *ReqHead) (n int, need bool, ok bool) {
 				return 0, false, false
 			}
 			hosts++
-			h.Host = string(value)
+			h.Host = value
 			continue
 		case equalFold(name, "Expect"):
 			// 100-continue the loop answers itself (as net/http does when
@@ -178,7 +181,7 @@ func parseRequest(in []byte, h *ReqHead) (n int, need bool, ok bool) {
 			if clen >= 0 || len(value) == 0 || len(value) > 9 || !digits(value) {
 				return 0, false, false
 			}
-			clen, _ = strconv.Atoi(string(value))
+			clen, _ = strconv.Atoi(value)
 		case equalFold(name, "Transfer-Encoding"), equalFold(name, "Upgrade"):
 			return 0, false, false
 		case equalFold(name, "Connection"):
@@ -189,7 +192,7 @@ func parseRequest(in []byte, h *ReqHead) (n int, need bool, ok bool) {
 			}
 			continue
 		}
-		h.Fields = append(h.Fields, Field{Name: string(name), Value: string(value)})
+		h.Fields = append(h.Fields, Field{Name: name, Value: value})
 	}
 	if hosts != 1 || clen > maxLoopBody {
 		return 0, false, false
@@ -287,11 +290,12 @@ func listed(tokens, name []byte) bool {
 	return false
 }
 
-func upperToken(b []byte) bool {
+func upperToken[T []byte | string](b T) bool {
 	if len(b) == 0 || len(b) > 16 {
 		return false
 	}
-	for _, c := range b {
+	for i := 0; i < len(b); i++ {
+		c := b[i]
 		if c < 'A' || c > 'Z' {
 			return false
 		}
@@ -299,13 +303,32 @@ func upperToken(b []byte) bool {
 	return true
 }
 
+// trimOWS trims spaces and tabs at both ends.
+func trimOWS(v string) string {
+	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
+		v = v[1:]
+	}
+	for len(v) > 0 && (v[len(v)-1] == ' ' || v[len(v)-1] == '\t') {
+		v = v[:len(v)-1]
+	}
+	return v
+}
+
+// tchars are RFC 9110's token characters.
+var tchars = func() (t [256]bool) {
+	for c := 0; c < 256; c++ {
+		t[c] = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", byte(c)) >= 0
+	}
+	return t
+}()
+
 // token: RFC 9110 tchar+.
-func token(b []byte) bool {
+func token[T []byte | string](b T) bool {
 	if len(b) == 0 {
 		return false
 	}
-	for _, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || bytes.IndexByte([]byte("!#$%&'*+-.^_`|~"), c) >= 0) {
+	for i := 0; i < len(b); i++ {
+		if !tchars[b[i]] {
 			return false
 		}
 	}
@@ -313,8 +336,9 @@ func token(b []byte) bool {
 }
 
 // visible: printable ASCII, no space.
-func visible(b []byte) bool {
-	for _, c := range b {
+func visible[T []byte | string](b T) bool {
+	for i := 0; i < len(b); i++ {
+		c := b[i]
 		if c <= ' ' || c >= 0x7f {
 			return false
 		}
@@ -323,8 +347,9 @@ func visible(b []byte) bool {
 }
 
 // fieldValue: no control bytes but tab.
-func fieldValue(b []byte) bool {
-	for _, c := range b {
+func fieldValue[T []byte | string](b T) bool {
+	for i := 0; i < len(b); i++ {
+		c := b[i]
 		if c < ' ' && c != '\t' || c == 0x7f {
 			return false
 		}
@@ -332,8 +357,9 @@ func fieldValue(b []byte) bool {
 	return true
 }
 
-func digits(b []byte) bool {
-	for _, c := range b {
+func digits[T []byte | string](b T) bool {
+	for i := 0; i < len(b); i++ {
+		c := b[i]
 		if c < '0' || c > '9' {
 			return false
 		}
