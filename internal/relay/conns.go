@@ -59,8 +59,8 @@ type Forward struct {
 	// Final: the request must not go back to net/http once routed (the
 	// Router spent something on it, such as a one-time attestation).
 	// Where the loop would give it back, it answers 503 + Retry-After
-	// itself, and a pooled connection found dead is replaced by a fresh
-	// one once, for any method: nothing was answered on it.
+	// itself; a pooled connection found dead is replaced by a fresh one
+	// once, for a request safe to send again (GET, HEAD, OPTIONS).
 	Final bool
 	// FailMsg is the error of the loop's own 503 ("owner unreachable"
 	// if empty).

@@ -677,9 +677,11 @@ func (l *Conns) upstreamFailed(c *client, err error, after *[]func()) {
 	case c.wrote:
 		l.finish(c, c.resp.status, err, after)
 		l.closeClient(c, after)
-	case c.fwd.Final && u != nil && u.reused && !c.retried && !errors.Is(err, ErrUpstreamTimeout):
+	case c.fwd.Final && u != nil && u.reused && !c.retried && (c.idem || !u.sent) && !errors.Is(err, ErrUpstreamTimeout):
 		// A pooled connection the upstream had closed, or that died under
-		// the request before any answer: once more, on a fresh one.
+		// the request before any answer: once more, on a fresh one, if
+		// sending it again is safe (as net/http's Transport decides: a
+		// handler may have run it before the connection died).
 		c.retried = true
 		nu := l.dial(u.addr)
 		if nu == nil {

@@ -523,15 +523,20 @@ func TestConnsFinal(t *testing.T) {
 		t.Fatalf("%d connections handed back, want 0", got)
 	}
 
-	// The second POST goes out on the pooled connection, which dies
-	// under it: it is sent again on a fresh one.
+	// The second GET goes out on the pooled connection, which dies under
+	// it: it is sent again on a fresh one. A POST is not (the upstream may
+	// have run it): 503.
 	for _, want := range []string{"ok 1", "ok 2"} {
-		if code, _, body := rig.get(c, "POST", "/flaky/x", "b"); code != 200 || body != want {
+		if code, _, body := rig.get(c, "GET", "/flaky/x", ""); code != 200 || body != want {
 			t.Fatalf("flaky upstream: %d %q, want %q", code, body, want)
 		}
 		rig.hook("head 200 false")
 		rig.hook("done 200 <nil>")
 	}
+	if code, _, body := rig.get(c, "POST", "/flaky/y", "b"); code != 503 || body != `{"error":"plugin gone"}`+"\n" {
+		t.Fatalf("POST on a connection that dies under it: %d %q, want 503", code, body)
+	}
+	rig.hook("done 503 " + ErrUpstreamFailed.Error())
 
 	// Abort ends a stream: the client's connection closes, the upstream
 	// request ends, Done says why.
