@@ -8,4 +8,12 @@
 // It decides where an id lives; it never runs instance code (package
 // supervisor does) and never touches Raft directly (package raftstore does,
 // behind the Applier interface).
+//
+// Requests take one of two paths through the front door. net/http's
+// handlers decide everything (placement, claims, activation, refusals,
+// attestation failures). A connection that carried a plain request to a
+// forwarded or local id then moves to the kept-alive loop (Route,
+// internal/relay.Conns), which repeats only the decided case without
+// net/http: forward to a live remote owner, or relay to an instance live
+// here through supervisor's Relay; anything else goes back, unread.
 package pinboard

@@ -7,9 +7,15 @@
 //	go test -run XXX -bench BenchmarkHop -benchtime 1x ./bench/hop/
 //
 // It prints one markdown table and writes it, with the command and the date,
-// to bench/hop/RESULTS.md. A plain go test ./... runs none of it.
+// to bench/hop/RESULTS.md. A plain go test ./... runs none of it. Besides
+// latency and req/s, each row reports the CPU per request of the forwarding
+// process and of the owner node (from /proc): on two shared cores the
+// req/s of a row is mostly what those add up to, and the CPU figures move
+// far less from run to run than req/s does.
 //
 // HOP_PROFILE=<dir> also loads the hop row while taking 5 s CPU profiles of
-// both nodes (<dir>/entry.pprof, <dir>/owner.pprof); HOP_AGENT_ENV adds
-// environment to both nodes, e.g. HOP_AGENT_ENV=GOMAXPROCS=1.
+// both nodes (<dir>/entry.pprof, <dir>/owner.pprof), then the nginx row
+// while profiling the owner (<dir>/owner-under-nginx.pprof: compare with
+// go tool pprof -diff_base). HOP_AGENT_ENV adds environment to both nodes,
+// e.g. HOP_AGENT_ENV=GOMAXPROCS=1.
 package hop
