@@ -16,22 +16,16 @@ import (
 // entry costs, took the forwarding node from 26-27 to 33-34 µs of CPU per
 // request (A/B in one session, bench/hop's CPU column).
 
-func sysRead(fd int, p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	n, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
-	if e != 0 {
-		return 0, e
-	}
-	return int(n), nil
-}
+func sysRead(fd int, p []byte) (int, error) { return rawIO(unix.SYS_READ, fd, p) }
 
-func sysWrite(fd int, p []byte) (int, error) {
+func sysWrite(fd int, p []byte) (int, error) { return rawIO(unix.SYS_WRITE, fd, p) }
+
+// rawIO is read(2) or write(2) (trap) of p on fd.
+func rawIO(trap uintptr, fd int, p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	n, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+	n, _, e := unix.RawSyscall(trap, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
 	if e != 0 {
 		return 0, e
 	}
