@@ -230,11 +230,14 @@ func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
 	_, signed, att := f.attestFor(secret, p, owner, h.Method, rest, query, now)
 	f.resolvedForwarded.Inc()
 	start := now
+	wire := relay.WireBuffer()
+	*wire = appendLoopHead(*wire, h, base.path+signed, att)
 	return relay.Forward{
 		Addr:    base.host,
-		Wire:    appendLoopHead(make([]byte, 0, 512+len(h.Body)), h, base.path+signed, att),
+		Wire:    *wire,
 		Refusal: RefusalHeader,
 		Done: func(status int, err error) {
+			relay.ReleaseWire(wire)
 			if status == 0 && err == nil {
 				return // given back to net/http, which forwards it again
 			}

@@ -58,9 +58,11 @@ func (s *Supervisor) Relay(ns, id string, gen uint64, h *relay.ReqHead, target s
 	s.mu.Unlock()
 
 	start := time.Now()
+	wire := relay.WireBuffer()
+	*wire = appendPluginRequest(*wire, h, k, target, trusted)
 	return relay.Forward{
 		Addr:    in.inc.socket,
-		Wire:    appendPluginRequest(make([]byte, 0, 512+len(h.Body)), h, k, target, trusted),
+		Wire:    *wire,
 		Refusal: plugins.HeaderRefusal,
 		Final:   true,
 		FailMsg: relayFailMsg,
@@ -71,6 +73,7 @@ func (s *Supervisor) Relay(ns, id string, gen uint64, h *relay.ReqHead, target s
 			}
 		},
 		Done: func(status int, err error) {
+			relay.ReleaseWire(wire)
 			if errors.Is(err, relay.ErrRefused) && s.remove(in) {
 				s.metrics.instances.WithLabelValues(ns).Dec()
 			}
@@ -111,7 +114,9 @@ func closed(ch chan struct{}) bool {
 // trusted peer's extended by its address), a length for every body.
 func appendPluginRequest(dst []byte, h *relay.ReqHead, k Key, target string, trusted bool) []byte {
 	dst = httpx.AppendRequestLine(dst, h.Method, target, h.Host)
-	var xff, xfh, xfp string
+	var xfh, xfp string
+	var xff [4]string // the peer's X-Forwarded-For fields (one, from pinnedd)
+	nxff := 0
 	trailers := false
 	for _, fl := range h.Fields {
 		name := http.CanonicalHeaderKey(fl.Name)
@@ -119,10 +124,12 @@ func appendPluginRequest(dst []byte, h *relay.ReqHead, k Key, target string, tru
 		case !trusted && (name == "X-Forwarded-For" || name == "X-Forwarded-Host" || name == "X-Forwarded-Proto"):
 			continue
 		case name == "X-Forwarded-For":
-			if xff != "" {
-				xff += ", "
+			if nxff == len(xff) {
+				xff[nxff-1] += ", " + fl.Value
+			} else {
+				xff[nxff] = fl.Value
+				nxff++
 			}
-			xff += fl.Value
 			continue
 		case name == "X-Forwarded-Host":
 			if xfh == "" {
@@ -147,14 +154,22 @@ func appendPluginRequest(dst []byte, h *relay.ReqHead, k Key, target string, tru
 	}
 	dst = httpx.AppendField(dst, plugins.HeaderNamespace, k.Namespace)
 	dst = httpx.AppendField(dst, plugins.HeaderID, k.ID)
-	if ip, _, err := net.SplitHostPort(h.RemoteAddr); err == nil {
+	ip, _, err := net.SplitHostPort(h.RemoteAddr)
+	if err == nil || nxff > 0 {
 		dst = append(dst, "X-Forwarded-For: "...)
-		if xff != "" {
-			dst = append(append(dst, xff...), ", "...)
+		for i, v := range xff[:nxff] {
+			if i > 0 {
+				dst = append(dst, ", "...)
+			}
+			dst = append(dst, v...)
 		}
-		dst = append(append(dst, ip...), "\r\n"...)
-	} else if xff != "" {
-		dst = httpx.AppendField(dst, "X-Forwarded-For", xff)
+		if err == nil {
+			if nxff > 0 {
+				dst = append(dst, ", "...)
+			}
+			dst = append(dst, ip...)
+		}
+		dst = append(dst, "\r\n"...)
 	}
 	if xfh == "" {
 		xfh = h.Host

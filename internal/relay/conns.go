@@ -6,6 +6,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -79,6 +80,26 @@ type Forward struct {
 	// loop's lock, on the loop goroutine (or the one that called
 	// Ticket.Abort); it must be quick and must not block.
 	Done func(status int, err error)
+}
+
+// Wire buffers: a Forward's Wire belongs to the loop until the exchange
+// ends, so a Router may take it from WireBuffer and give it back in Done
+// (the largest allocation a forwarded request made, on each side of a hop).
+var wires = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+// WireBuffer returns an empty buffer for a Forward's Wire.
+func WireBuffer() *[]byte {
+	b := wires.Get().(*[]byte)
+	*b = (*b)[:0]
+	return b
+}
+
+// ReleaseWire gives back a buffer from WireBuffer once its exchange is
+// over (in Forward.Done); nothing may use it after.
+func ReleaseWire(b *[]byte) {
+	if cap(*b) <= 16<<10 { // an upload grew it: let it go
+		wires.Put(b)
+	}
 }
 
 // Router decides each request read on a kept-alive connection. ok false:

@@ -59,9 +59,10 @@ type Loop struct {
 // Blocked in a raw epoll_wait, the thread would keep its P in a syscall:
 // the scheduler hands the P off after 20µs, often waking a spinning thread
 // to take it, and the loop must win a P back on every wake-up. In an A/B
-// on bench/hop (3 runs each, interleaved) the owner node served its own
-// ids at 15.3-19.4k req/s this way against 12.7-15.7k with a blocking
-// epoll_wait; the forwarding hop's figures moved less than their noise.
+// on bench/hop (2 runs each, interleaved) a blocking epoll_wait cost the
+// forwarding node 41-43 µs of CPU per request against 25-27 µs this way,
+// the owner node 43-45 against 25-28, and the owner's own ids 14.3-14.5k
+// req/s against 19.6-19.9k.
 type life struct {
 	mu      sync.Mutex
 	started bool
