@@ -36,7 +36,7 @@ if ! have_nginx; then
 	exit 1
 fi
 
-export HOP_BENCH_CMD="scripts/bench-hop.sh"
+export HOP_BENCH_CMD="${HOP_BENCH_CMD:-scripts/bench-hop.sh}"
 go test -run XXX -bench BenchmarkHop -benchtime 1x -count 1 -timeout 5m ./bench/hop/
 echo
 echo "bench-hop: numbers, command and date written to bench/hop/RESULTS.md"

@@ -18,4 +18,10 @@
 // while profiling the owner (<dir>/owner-under-nginx.pprof: compare with
 // go tool pprof -diff_base). HOP_AGENT_ENV adds environment to both nodes,
 // e.g. HOP_AGENT_ENV=GOMAXPROCS=1.
+//
+// scripts/bench-hop-ab.sh REV compares two builds in one run: it builds
+// pinnedd at REV and sets HOP_AB_BIN, which adds rows 5 and 6 (REV's no-hop
+// and hop rows, from a second fleet) to the same interleaved rounds. Run to
+// run, this VM's figures drift by more than most single changes move them;
+// within one run both builds see the same drift.
 package hop

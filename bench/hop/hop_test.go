@@ -85,7 +85,7 @@ func BenchmarkHop(b *testing.B) {
 	started := time.Now()
 	loadBefore := loadavg()
 
-	f := startFleet(b)
+	f := startFleet(b, "")
 	sse := measureSSE(b, f)
 
 	counterID := f.place(b, "/counters", "/value")
@@ -102,6 +102,19 @@ func BenchmarkHop(b *testing.B) {
 			fwd: func() []int { return []int{rproxyPID} }},
 		{name: "nginx " + nginxVersion(nginxBin) + " → owner's front door (keepalive upstream)", url: ngx + path, owner: ownerNode,
 			fwd: func() []int { return withChildren(ngxPID) }}, // master and workers
+	}
+	if abBin := os.Getenv("HOP_AB_BIN"); abBin != "" {
+		// The same two rows from a second fleet running another build,
+		// interleaved with the rest: an A/B in one run, drift and all.
+		g := startFleet(b, abBin)
+		gid := g.place(b, "/counters", "/value")
+		gOwner := func() []int { return withChildren(g.owner.PID()) }
+		n := len(rows)
+		rows = append(rows,
+			&row{name: "B build (" + filepath.Base(abBin) + "): no hop", url: g.owner.URL + "/counters/" + gid + "/value", owner: gOwner, base: n},
+			&row{name: "B build (" + filepath.Base(abBin) + "): pinnedd hop", url: g.entry.URL + "/counters/" + gid + "/value", owner: gOwner,
+				fwd: func() []int { return []int{g.entry.PID()} }, base: n},
+		)
 	}
 	for _, r := range rows {
 		if err := getOK(http.DefaultClient, r.url); err != nil {
@@ -134,8 +147,12 @@ type fleet struct {
 	entry, owner *testutil.Agent
 }
 
-func startFleet(b testing.TB) *fleet {
+// startFleet starts the two nodes from bin ("": this tree's pinnedd).
+func startFleet(b testing.TB, bin string) *fleet {
 	b.Helper()
+	if bin == "" {
+		bin = testutil.Bin(b, "pinnedd")
+	}
 	th := testutil.Bin(b, "testhost")
 	counter := testutil.Bin(b, "counter")
 	// HOP_AGENT_ENV adds environment to both nodes (e.g. GOMAXPROCS=1).
@@ -153,8 +170,8 @@ func startFleet(b testing.TB) *fleet {
 			"--log-level", "info",
 		}, extra...)
 	}
-	n1 := testutil.StartAgent(b, env, node("n1", "--bootstrap")...)
-	n2 := testutil.StartAgent(b, env, node("n2", "--join", n1.URL)...)
+	n1 := testutil.StartAgentBin(b, bin, env, node("n1", "--bootstrap")...)
+	n2 := testutil.StartAgentBin(b, bin, env, node("n2", "--join", n1.URL)...)
 	for _, n := range []*testutil.Agent{n1, n2} {
 		if err := testutil.Eventually(15*time.Second, func() bool { return liveWorkers(n) == 2 }); err != nil {
 			b.Fatalf("fleet: two live workers: %v", err)
@@ -240,6 +257,7 @@ type row struct {
 	// owner node's (pinnedd and its plugins), whose CPU per request the
 	// throughput run measures.
 	fwd, owner        func() []int
+	base              int // the row its hop columns are measured against (row 1 unless it says)
 	fwdCPU, ownerCPU  time.Duration
 	fwdPerReq, ownPer float64 // µs of CPU per request
 }
@@ -720,12 +738,18 @@ func renderTable(rows []*row, sse sseResult) string {
 	s.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for i, r := range rows {
 		add50, add99, fwd := "—", "—", "—"
-		if i > 0 {
-			add50 = fmt.Sprintf("%+.0f", r.p50-rows[0].p50)
-			add99 = fmt.Sprintf("%+.0f", r.p99-rows[0].p99)
+		if i != r.base {
+			add50 = fmt.Sprintf("%+.0f", r.p50-rows[r.base].p50)
+			add99 = fmt.Sprintf("%+.0f", r.p99-rows[r.base].p99)
+		}
+		if r.fwd != nil {
 			fwd = fmt.Sprintf("%.0f", r.fwdPerReq)
 		}
 		fmt.Fprintf(&s, "| %d | %s | %.0f | %.0f | %.0f | %s | %s | %s | %.0f |\n", i+1, r.name, r.p50, r.p99, r.rps, add50, add99, fwd, r.ownPer)
+	}
+	if len(rows) > 4 {
+		fmt.Fprintf(&s, "\nRows 5 and 6 are rows 1 and 2 from a second fleet running another pinnedd build (HOP_AB_BIN), "+
+			"measured in the same interleaved rounds; their hop columns are against row 5.\n")
 	}
 	fmt.Fprintf(&s, "\nHeld proxied SSE streams (%d, entry node → owner, /misc/<id>/sse): entry node RSS %.1f → %.1f MiB, "+
 		"**%.1f KB per stream** (target ≤ %d KB); per stream: %.1f goroutines, %.1f KB Go heap in use (garbage included), %.1f KB goroutine stacks.\n",

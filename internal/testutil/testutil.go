@@ -80,7 +80,14 @@ type Agent struct {
 // StartAgent is LaunchAgent followed by WaitReady: the node serves.
 func StartAgent(t testing.TB, env []string, args ...string) *Agent {
 	t.Helper()
-	a := LaunchAgent(t, env, args...)
+	return StartAgentBin(t, Bin(t, "pinnedd"), env, args...)
+}
+
+// StartAgentBin is StartAgent with another pinnedd binary (a benchmark
+// comparing two builds).
+func StartAgentBin(t testing.TB, bin string, env []string, args ...string) *Agent {
+	t.Helper()
+	a := LaunchAgentBin(t, bin, env, args...)
 	if err := a.WaitReady(30 * time.Second); err != nil {
 		t.Fatalf("pinnedd not ready: %v\n%s", err, a.Logs())
 	}
@@ -101,11 +108,17 @@ func (a *Agent) WaitReady(timeout time.Duration) error {
 // that none of its plugin processes survive.
 func LaunchAgent(t testing.TB, env []string, args ...string) *Agent {
 	t.Helper()
+	return LaunchAgentBin(t, Bin(t, "pinnedd"), env, args...)
+}
+
+// LaunchAgentBin is LaunchAgent with another pinnedd binary.
+func LaunchAgentBin(t testing.TB, bin string, env []string, args ...string) *Agent {
+	t.Helper()
 	full := agentArgs(args)
 	if !hasFlag(args, "--http-addr") {
 		full = append(full, "--http-addr", "127.0.0.1:0")
 	}
-	return launch(t, exec.Command(Bin(t, "pinnedd"), full...), env, "pinnedd")
+	return launch(t, exec.Command(bin, full...), env, "pinnedd")
 }
 
 // agentArgs is `agent` with JSON debug logs, then args, then a short drain

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# bench-hop-ab.sh REV: the forwarding-hop benchmark with an A/B in one run.
+#
+# Builds pinnedd at REV (a commit, tag or branch) in a temporary git
+# worktree and runs bench/hop with HOP_AB_BIN pointing at it: the table
+# gains rows 5 and 6, REV's "no hop" and "pinnedd hop", measured in the same
+# interleaved rounds as this tree's rows 1 and 2, so the machine's drift
+# hits both builds alike. (Plugins are this tree's in both fleets.)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rev="${1:?usage: scripts/bench-hop-ab.sh REV}"
+tmp="$(mktemp -d)"
+cleanup() { git worktree remove --force "$tmp/src" >/dev/null 2>&1 || true; rm -rf "$tmp"; }
+trap cleanup EXIT
+git worktree add --detach "$tmp/src" "$rev" >/dev/null
+short="$(git rev-parse --short "$rev")"
+(cd "$tmp/src" && go build -o "$tmp/pinnedd-$short" ./pinnedd)
+export HOP_AB_BIN="$tmp/pinnedd-$short"
+export HOP_BENCH_CMD="scripts/bench-hop-ab.sh $rev"
+scripts/bench-hop.sh
