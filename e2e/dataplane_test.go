@@ -454,8 +454,20 @@ func TestKeptAliveConnectionForwards(t *testing.T) {
 
 	conn, br := dial()
 	for i := range 5 {
-		if resp, body := do(conn, br, "GET", "/misc/"+id+"/ping", ""); resp.StatusCode != 200 {
+		// The first goes through net/http on both nodes, the later ones
+		// through the loops: the instance sees the same forwarding chain,
+		// the client's address and then the forwarding node's.
+		resp, body := do(conn, br, "GET", "/misc/"+id+"/ping", "X-Forwarded-For: 203.0.113.9\r\n")
+		if resp.StatusCode != 200 || !strings.Contains(body, `"forwardedFor":"127.0.0.1, 127.0.0.1"`) {
 			t.Fatalf("ping %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	// Straight to the owner, on a kept-alive connection: the client's own
+	// forwarding fields do not reach the instance.
+	for i := range 3 {
+		r, err := testutil.Do(context.Background(), "GET", owner.a.URL+"/misc/"+id+"/ping", "", map[string]string{"X-Forwarded-For": "203.0.113.9"})
+		if err != nil || r.Code != 200 || !strings.Contains(r.Body, `"forwardedFor":"127.0.0.1"`) {
+			t.Fatalf("direct ping %d: %v %d %s", i, err, r.Code, r.Body)
 		}
 	}
 	if kept() < 1 {
