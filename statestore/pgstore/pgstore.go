@@ -32,6 +32,15 @@ import (
 // without eating into the server's max_connections (100 by default) when many nodes share it.
 const DefaultMaxConns = 8
 
+// DefaultIdleInTransaction is the server's idle_in_transaction_session_timeout for the pool's
+// sessions when the DSN sets none. A node cut off between its fence upsert and COMMIT (a
+// partition, a frozen process) leaves its transaction open on the server, holding the fence row
+// lock: without a bound, the next owner's Load waits on that lock until the server notices the
+// dead connection (TCP keepalive: two hours by default), and the instance cannot activate
+// anywhere. This package's transactions are a few pipelined round trips, never idle for long;
+// the server ends one that idles this long and the lock goes with it.
+const DefaultIdleInTransaction = "5s"
+
 // Store is a statestore.Store on a pgxpool.
 type Store struct {
 	pool   *pgxpool.Pool
@@ -52,6 +61,9 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "pinnedd"
+	}
+	if _, ok := cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !ok {
+		cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = DefaultIdleInTransaction
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
