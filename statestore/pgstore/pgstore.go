@@ -32,14 +32,18 @@ import (
 // without eating into the server's max_connections (100 by default) when many nodes share it.
 const DefaultMaxConns = 8
 
-// DefaultIdleInTransaction is the server's idle_in_transaction_session_timeout for the pool's
-// sessions when the DSN sets none. A node cut off between its fence upsert and COMMIT (a
-// partition, a frozen process) leaves its transaction open on the server, holding the fence row
-// lock: without a bound, the next owner's Load waits on that lock until the server notices the
-// dead connection (TCP keepalive: two hours by default), and the instance cannot activate
-// anywhere. This package's transactions are a few pipelined round trips, never idle for long;
-// the server ends one that idles this long and the lock goes with it.
-const DefaultIdleInTransaction = "5s"
+// IdleInTransactionTimeout bounds how long the server lets one of the store's transactions sit
+// idle (idle_in_transaction_session_timeout, set for each transaction). A node cut off between
+// its fence upsert and COMMIT (a partition, a frozen process) leaves its transaction open on the
+// server, holding the fence row lock: without a bound, the next owner's Load waits on that lock
+// until the server notices the dead connection (TCP keepalive: two hours by default), and the
+// instance cannot activate anywhere. The store's transactions are a few pipelined round trips,
+// never idle for long; the server ends one that idles this long, and the lock goes with it.
+const IdleInTransactionTimeout = "5s"
+
+// beginTx begins every transaction of the store. SET LOCAL rides in BEGIN's round trip, and
+// works through connection poolers (PgBouncer refuses unknown startup parameters).
+var beginTx = pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '" + IdleInTransactionTimeout + "'"}
 
 // Store is a statestore.Store on a pgxpool.
 type Store struct {
@@ -62,9 +66,6 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "pinnedd"
 	}
-	if _, ok := cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !ok {
-		cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = DefaultIdleInTransaction
-	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: open: %w", err)
@@ -78,6 +79,10 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 
 // Pool exposes the pool, for tests and operational queries of the same database.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Begin starts a transaction as the store's own start (with IdleInTransactionTimeout), for
+// tests and operational scripts that must not hold the fence row lock past it either.
+func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.pool.BeginTx(ctx, beginTx) }
 
 func (s *Store) usable(ctx context.Context) error {
 	if s.closed.Load() {
@@ -104,7 +109,7 @@ func (s *Store) Setup(ctx context.Context) error {
 	if err := s.usable(ctx); err != nil {
 		return s.wrap("setup", err)
 	}
-	return s.wrap("setup", pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	return s.wrap("setup", pgx.BeginTxFunc(ctx, s.pool, beginTx, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", setupLockKey); err != nil {
 			return err
 		}
@@ -180,7 +185,7 @@ func (s *Store) Load(ctx context.Context, inst statestore.InstanceKey, gen uint6
 		return nil, s.wrap("load", err)
 	}
 	var trays []statestore.Tray
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, s.pool, beginTx, func(tx pgx.Tx) error {
 		if _, err := fence(ctx, tx, inst, gen, 0); err != nil {
 			return err
 		}
@@ -277,7 +282,7 @@ func (s *Store) Commit(ctx context.Context, inst statestore.InstanceKey, gen uin
 		return statestore.CommitResult{}, s.wrap("commit", err)
 	}
 	var res statestore.CommitResult
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, s.pool, beginTx, func(tx pgx.Tx) error {
 		next, err := fence(ctx, tx, inst, gen, appended)
 		if err != nil {
 			return err

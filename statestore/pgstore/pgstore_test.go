@@ -185,42 +185,39 @@ func TestKeysCollateByBytes(t *testing.T) {
 	}
 }
 
-// A writer cut off between its fence upsert and COMMIT (here: a transaction left open) holds the
-// fence row lock; the server ends its session after idle_in_transaction_session_timeout, so the
-// next owner's Load goes through instead of waiting for a dead connection to be noticed.
+// A writer cut off between its fence upsert and COMMIT (here: a transaction begun as the store
+// begins its own, then left open) holds the fence row lock; the server ends it after
+// IdleInTransactionTimeout, so the next owner's Load goes through instead of waiting for a dead
+// connection to be noticed.
 func TestAbandonedTransactionFreesTheFence(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
-	setup := open(t, dsn)
-	defer setup.Close()
-	if err := setup.Setup(t.Context()); err != nil {
+	next := open(t, dsn)
+	defer next.Close()
+	if err := next.Setup(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	var timeout string
-	if err := setup.Pool().QueryRow(t.Context(), "SHOW idle_in_transaction_session_timeout").Scan(&timeout); err != nil || timeout != pgstore.DefaultIdleInTransaction {
-		t.Fatalf("the pool's sessions have idle_in_transaction_session_timeout %q (%v), want %s", timeout, err, pgstore.DefaultIdleInTransaction)
-	}
-	sep := "?"
-	if strings.Contains(dsn, "?") {
-		sep = "&"
-	}
-	old := open(t, dsn+sep+"idle_in_transaction_session_timeout=300ms")
+	old := open(t, dsn)
 	defer old.Close()
 	inst := statestore.InstanceKey{Namespace: "/counters", ID: "cut"}
 	if _, err := old.Commit(t.Context(), inst, 1, nil); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := old.Pool().Begin(t.Context())
+	tx, err := old.Begin(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(context.Background()) // before old.Close, which waits for the connection
+	var timeout string
+	if err := tx.QueryRow(t.Context(), "SHOW idle_in_transaction_session_timeout").Scan(&timeout); err != nil || timeout != pgstore.IdleInTransactionTimeout {
+		t.Fatalf("the store's transactions run with idle_in_transaction_session_timeout %q (%v), want %s", timeout, err, pgstore.IdleInTransactionTimeout)
+	}
 	if _, err := tx.Exec(t.Context(), `UPDATE pinned_instance_fence SET last_seq = last_seq WHERE ns = $1 AND id = $2`, inst.Namespace, inst.ID); err != nil {
 		t.Fatal(err)
 	}
 	// The old owner says nothing more: its transaction idles with the row lock.
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if _, err := setup.Load(ctx, inst, 2); err != nil {
+	if _, err := next.Load(ctx, inst, 2); err != nil {
 		t.Fatalf("the next owner's Load waited on an abandoned transaction's lock: %v", err)
 	}
 	if err := tx.Commit(t.Context()); err == nil {
