@@ -716,7 +716,7 @@ func (l *Conns) unavailable(c *client, err error, after *[]func()) {
 	}
 	body := strconv.AppendQuote([]byte(`{"error":`), msg)
 	body = append(body, "}\n"...)
-	c.out = fmt.Appendf(c.out[:0], "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	c.out = fmt.Appendf(c.out[:0], "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nCache-Control: no-store\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 	c.state, c.since, c.wrote = stHead, time.Now(), true
 	if l.flush(c, after) && l.draining {
 		l.closeClient(c, after)

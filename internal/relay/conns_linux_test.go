@@ -511,7 +511,7 @@ func TestConnsFinal(t *testing.T) {
 	rig.hook("done 200 <nil>")
 
 	code, h, body := rig.get(c, "POST", "/final/up/refuse", "x")
-	if code != 503 || h.Get("Retry-After") != "1" || h.Get("X-Refused") != "" || body != `{"error":"plugin gone"}`+"\n" {
+	if code != 503 || h.Get("Retry-After") != "1" || h.Get("Cache-Control") != "no-store" || h.Get("X-Refused") != "" || body != `{"error":"plugin gone"}`+"\n" {
 		t.Fatalf("refused: %d %v %q", code, h, body)
 	}
 	rig.hook("done 503 " + ErrRefused.Error())
