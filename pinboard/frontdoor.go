@@ -168,9 +168,9 @@ type FrontDoor struct {
 	sync     *httpx.SyncTransport // the default node-to-node transport; nil with a custom one
 	client   *http.Client         // node-to-node calls of the front door's own (stats)
 	bufs     httpx.BufferPool
-	relay    *relay.Loop  // held forwarded streams, out of net/http
-	conns    *relay.Conns // kept-alive forwarded connections, out of net/http
-	handBack *handBack    // where conns gives connections back
+	relay    *relay.Loop     // held forwarded streams, out of net/http
+	conns    *relay.Conns    // kept-alive forwarded connections, out of net/http
+	handBack *relay.HandBack // where conns gives connections back
 	// keepAliveOn: HandBackListener was called, so handing back works.
 	keepAliveOn atomic.Bool
 	loopBases   sync.Map // advertise URL -> loopBase (Route)
@@ -237,8 +237,8 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 	})
 	f.resolvedForwarded = f.resolutions.WithLabelValues("forwarded")
 	f.resolvedLocal = f.resolutions.WithLabelValues("local")
-	f.handBack = newHandBack()
-	f.conns = relay.NewConns(cfg.Logger, f, f.handBack.give, ownerHeaderTimeout)
+	f.handBack = relay.NewHandBack()
+	f.conns = relay.NewConns(cfg.Logger, f, f.handBack.Give, ownerHeaderTimeout)
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(f.resolutions, f.forwardFailures, f.attestFailures, f.relayEnds, f.forwardSeconds)
 		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
@@ -25,44 +24,6 @@ import (
 // (bench/hop), most of what the forwarding node spent per request was
 // net/http's per-request machinery (a background read, a goroutine hand-off
 // per read) rather than the forward.
-
-// handBack is the listener net/http takes connections back from.
-type handBack struct {
-	ch     chan net.Conn
-	once   sync.Once
-	closed chan struct{}
-}
-
-func newHandBack() *handBack {
-	return &handBack{ch: make(chan net.Conn), closed: make(chan struct{})}
-}
-
-func (l *handBack) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.ch:
-		return c, nil
-	case <-l.closed:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *handBack) Close() error {
-	l.once.Do(func() { close(l.closed) })
-	return nil
-}
-
-func (l *handBack) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)} }
-
-// give passes c to net/http, or closes it once net/http stopped taking
-// connections. It runs on the loop's goroutine, so it must not wait long:
-// Serve's accept loop takes connections as fast as it can.
-func (l *handBack) give(c net.Conn) {
-	select {
-	case l.ch <- c:
-	case <-l.closed:
-		_ = c.Close()
-	}
-}
 
 // HandBackListener is where net/http takes back the connections the
 // kept-alive loop cannot serve: the caller must Serve it with the front

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -27,7 +26,7 @@ type connsRig struct {
 	upAddr   string
 	front    net.Listener
 	loop     *Conns
-	back     *chanListener
+	back     *HandBack
 	upClosed chan struct{} // a stream's upstream request ended
 	deadAddr string
 	upConns  atomic.Int64 // connections the upstream accepted
@@ -78,23 +77,6 @@ func (r testRouter) Route(h *ReqHead) (Forward, bool) {
 	}
 	return fwd, true
 }
-
-type chanListener struct {
-	ch     chan net.Conn
-	once   sync.Once
-	closed chan struct{}
-}
-
-func (l *chanListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.ch:
-		return c, nil
-	case <-l.closed:
-		return nil, net.ErrClosed
-	}
-}
-func (l *chanListener) Close() error   { l.once.Do(func() { close(l.closed) }); return nil }
-func (l *chanListener) Addr() net.Addr { return &net.TCPAddr{} }
 
 func newConnsRig(t *testing.T) *connsRig {
 	t.Helper()
@@ -177,18 +159,12 @@ func newConnsRig(t *testing.T) *connsRig {
 	t.Cleanup(func() { _ = flakyLn.Close() })
 
 	// net/http's side: what it answers proves it took the connection.
-	rig.back = &chanListener{ch: make(chan net.Conn, 16), closed: make(chan struct{})}
+	rig.back = NewHandBack()
 	back := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "net/http "+r.Method+" "+r.URL.Path)
 	})}
 	go func() { _ = back.Serve(rig.back) }()
-	rig.loop = NewConns(nil, testRouter{rig}, func(c net.Conn) {
-		select {
-		case rig.back.ch <- c:
-		case <-rig.back.closed:
-			_ = c.Close()
-		}
-	}, 5*time.Second)
+	rig.loop = NewConns(nil, testRouter{rig}, rig.back.Give, 5*time.Second)
 
 	rig.front, err = net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
