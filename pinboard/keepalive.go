@@ -86,7 +86,7 @@ type lengthWriter struct {
 }
 
 func (w *lengthWriter) WriteHeader(code int) {
-	if w.code == 0 || w.code < 200 {
+	if w.code < 200 { // the final status, not a 1xx before it
 		w.code = code
 	}
 	w.ResponseWriter.WriteHeader(code)
@@ -144,7 +144,7 @@ var fastPathChars = func() (t [256]bool) {
 // as forward would (same attestation, same fields); anything else goes back
 // to net/http.
 func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
-	if f.stopping.Load() || f.sync == nil {
+	if f.stopping.Load() {
 		return relay.Forward{}, false
 	}
 	path, query, _ := strings.Cut(h.Target, "?")
@@ -177,6 +177,9 @@ func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
 		if gen, live := f.cfg.Local.LiveGeneration(ns, id); live {
 			return f.routeLocal(h, ns, id, gen, rest, query, now)
 		}
+	}
+	if f.sync == nil {
+		return relay.Forward{}, false // forwards go through the Transport the front door was given
 	}
 	m := f.cfg.Dir.Machine()
 	p, owner, ok := m.Owner(key)
@@ -220,11 +223,7 @@ func (f *FrontDoor) routeLocal(h *relay.ReqHead, ns, id string, gen uint64, rest
 	if lease := f.cfg.Worker.Lease(now); lease != LeaseHealthy && lease != LeaseUnhealthy {
 		return relay.Forward{}, false // net/http refuses it
 	}
-	target := rest
-	if query != "" {
-		target += "?" + query
-	}
-	fwd, ok := f.cfg.Local.Relay(ns, id, gen, h, target, false)
+	fwd, ok := f.cfg.Local.Relay(ns, id, gen, h, withQuery(rest, query), false)
 	if ok {
 		f.resolvedLocal.Inc()
 	}
@@ -264,11 +263,7 @@ func (f *FrontDoor) routeOwned(h *relay.ReqHead, path, query string) (relay.Forw
 	if err != nil {
 		return relay.Forward{}, false // net/http refuses it, and counts why
 	}
-	target := rest
-	if query != "" {
-		target += "?" + query
-	}
-	fwd, ok := f.cfg.Local.Relay(ns, id, att.Generation, h, target, true)
+	fwd, ok := f.cfg.Local.Relay(ns, id, att.Generation, h, withQuery(rest, query), true)
 	if !ok {
 		return relay.Forward{}, false
 	}

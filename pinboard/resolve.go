@@ -74,6 +74,14 @@ func (rt *route) withBody(r *http.Request) *http.Request {
 	return r2
 }
 
+// withQuery is path with query, if there is one.
+func withQuery(path, query string) string {
+	if query == "" {
+		return path
+	}
+	return path + "?" + query
+}
+
 func (f *FrontDoor) selfID() string {
 	if f.cfg.Worker == nil {
 		return ""
@@ -315,10 +323,7 @@ func (f *FrontDoor) forward(w http.ResponseWriter, r *http.Request, rt *route, p
 // serve it.
 func (f *FrontDoor) attestFor(secret []byte, p directory.Placement, owner directory.Worker, method, rest, query string, now time.Time) (path, signed, att string) {
 	path = ownerRoutePrefix + p.Key.Namespace + "/" + p.Key.ID + rest
-	signed = path
-	if query != "" {
-		signed += "?" + query
-	}
+	signed = withQuery(path, query)
 	return path, signed, Sign(secret, Attestation{Target: owner.ClientID, Caller: f.selfID(), Generation: p.Generation, At: now}, method, signed)
 }
 
@@ -495,11 +500,7 @@ func (f *FrontDoor) owned(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, http.StatusMisdirectedRequest, "this node hosts no instances", 0)
 		return
 	}
-	signed := r.URL.EscapedPath()
-	if r.URL.RawQuery != "" {
-		signed += "?" + r.URL.RawQuery
-	}
-	att, ok := f.attested(w, r, signed)
+	att, ok := f.attested(w, r, withQuery(r.URL.EscapedPath(), r.URL.RawQuery))
 	if !ok {
 		return
 	}
