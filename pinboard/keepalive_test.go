@@ -1,14 +1,18 @@
 package pinboard
 
 import (
-	"fmt"
+	"context"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/relay"
+	"github.com/pinnedd/pinnedd/internal/testutil"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
+	"github.com/pinnedd/pinnedd/supervisor"
 )
 
 // The loop's router forwards only a plain request for an id placed on a
@@ -76,30 +80,52 @@ func BenchmarkKeptAliveRoute(b *testing.B) {
 	}
 }
 
-// ownedLocal is the owner's instance runtime as routeOwned sees it: it
-// records Relay calls and the Done of each Forward it hands out.
-type ownedLocal struct {
-	Instances
-	live   bool
-	relays []string
-	dones  int
+// startInstances runs the testhost plugin under a real supervisor for
+// /misc; its cleanup stops it and checks the plugin process is gone.
+func startInstances(t *testing.T) *supervisor.Supervisor {
+	t.Helper()
+	s, err := supervisor.New(supervisor.Config{
+		Specs:  []supervisor.Spec{{Name: "testhost", Path: testutil.Bin(t, "testhost"), Namespaces: []string{"/misc"}}},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		var pids []int
+		for _, p := range s.Plugins() {
+			pids = append(pids, p.PID)
+		}
+		s.Stop(context.Background())
+		for _, pid := range pids {
+			if testutil.Alive(pid) {
+				t.Errorf("plugin %d alive after Stop", pid)
+			}
+		}
+	})
+	return s
 }
 
-// LiveGeneration: "loc" runs here under generation 5.
-func (l *ownedLocal) LiveGeneration(ns, id string) (uint64, bool) { return 5, id == "loc" }
-
-func (l *ownedLocal) Relay(ns, id string, gen uint64, h *relay.ReqHead, target string, trusted bool) (relay.Forward, bool) {
-	l.relays = append(l.relays, fmt.Sprintf("%s %s %d %s %v", ns, id, gen, target, trusted))
-	if !l.live {
-		return relay.Forward{}, false
+// held is the connections instance (ns, id) counts now.
+func held(t *testing.T, s *supervisor.Supervisor, ns, id string) int {
+	t.Helper()
+	_, insts := s.Stats(t.Context())
+	for _, in := range insts {
+		if in.Namespace == ns && in.ID == id {
+			return in.Connections
+		}
 	}
-	return relay.Forward{Addr: "/plugin.sock", Final: true, Done: func(int, error) { l.dones++ }}, true
+	t.Fatalf("%s/%s not live", ns, id)
+	return 0
 }
 
 // On the owner, the loop relays a peer's attested request to a live
 // instance only: the attestation must verify, and is spent only when the
 // loop serves the request itself, so net/http decides everything else with
-// it as it stands.
+// it as it stands. The instances are a real supervisor's.
 func TestKeptAliveRouteOwned(t *testing.T) {
 	secret := []byte("0123456789abcdef0123456789abcdef")
 	m := directory.New()
@@ -108,7 +134,12 @@ func TestKeptAliveRouteOwned(t *testing.T) {
 	t.Cleanup(dir.Close)
 	w := NewWorker(WorkerConfig{NodeID: "n1", AdvertiseURL: "http://127.0.0.1:1"}, nil)
 	w.clientID, w.expiresAt = "owner", time.Now().Add(time.Hour)
-	local := &ownedLocal{live: true}
+	local := startInstances(t)
+	for id, gen := range map[string]uint64{"x1": 7, "loc": 5} {
+		if err := local.Wake(t.Context(), "/misc", id, gen); err != nil {
+			t.Fatal(err)
+		}
+	}
 	f := NewFrontDoor(FrontDoorConfig{Dir: dir, Worker: w, Local: local})
 	t.Cleanup(func() { _ = f.Close() })
 
@@ -123,21 +154,33 @@ func TestKeptAliveRouteOwned(t *testing.T) {
 	sign := func(target string, gen uint64) string {
 		return Sign(secret, Attestation{Target: target, Caller: "peer", Generation: gen, At: time.Now()}, "POST", path+"?a=1")
 	}
+	wireHas := func(fwd relay.Forward, want ...string) {
+		t.Helper()
+		for _, s := range want {
+			if !strings.Contains(string(fwd.Wire), s) {
+				t.Errorf("the request for the plugin lacks %q:\n%s", s, fwd.Wire)
+			}
+		}
+	}
 
 	good := sign("owner", 7)
-	if fwd, ok := f.Route(head(good)); !ok || fwd.Addr != "/plugin.sock" {
-		t.Fatalf("a valid attestation for a live instance: ok %v %+v", ok, fwd)
+	fwd, ok := f.Route(head(good))
+	if !ok || !strings.HasPrefix(fwd.Addr, "/") {
+		t.Fatalf("a valid attestation for a live instance: ok %v, to %q", ok, fwd.Addr)
 	}
-	if want := "/misc x1 7 /echo?a=1 true"; len(local.relays) != 1 || local.relays[0] != want {
-		t.Fatalf("Relay calls %q, want [%q]", local.relays, want)
+	// For x1 under generation 7, trusted: the peer's chain goes on.
+	wireHas(fwd, "POST /echo?a=1 HTTP/1.1\r\n", "\r\nX-Pinned-Id: x1\r\n", "\r\nX-Forwarded-For: 10.0.0.9, 10.0.0.2\r\n")
+	if n := held(t, local, "/misc", "x1"); n != 1 {
+		t.Fatalf("a relayed request holds the instance %d times, want 1", n)
 	}
+	fwd.Done(200, nil)
 	// Spent: the same attestation again is net/http's to refuse, and the
 	// instance it held is let go.
 	if _, ok := f.Route(head(good)); ok {
 		t.Fatal("a replayed attestation was relayed")
 	}
-	if local.dones != 1 {
-		t.Fatalf("a replay's hold was released %d times, want 1", local.dones)
+	if n := held(t, local, "/misc", "x1"); n != 0 {
+		t.Fatalf("after a replay the instance is still held %d times", n)
 	}
 	for name, h := range map[string]*relay.ReqHead{
 		"missing":        head(""),
@@ -149,34 +192,35 @@ func TestKeptAliveRouteOwned(t *testing.T) {
 		"other pinned":   {Method: "POST", Target: "/_pinned/status", Host: "h"},
 		"escaped target": {Method: "POST", Target: "/_pinned/i/misc/x%31/echo", Host: "h"},
 	} {
-		before := len(local.relays)
 		if _, ok := f.Route(h); ok {
 			t.Errorf("%s: relayed, want net/http", name)
 		}
-		if len(local.relays) != before {
-			t.Errorf("%s: Relay was asked", name)
+		if n := held(t, local, "/misc", "x1"); n != 0 {
+			t.Errorf("%s: left the instance held %d times", name, n)
 		}
 	}
 
-	// Not live here (or not under that generation): net/http activates it,
-	// with the attestation still good.
-	local.live = false
+	// Not live under the attested generation: net/http re-places it, with
+	// the attestation still good.
 	fresh := sign("owner", 8)
 	if _, ok := f.Route(head(fresh)); ok {
-		t.Fatal("relayed to an instance that is not live")
+		t.Fatal("relayed to an instance not live under that generation")
 	}
 	if _, err := f.verifier.Verify(secret, fresh, "owner", "POST", path+"?a=1", time.Now()); err != nil {
 		t.Fatalf("the loop spent an attestation it left to net/http: %v", err)
 	}
-	local.live = true
 	// A client's request for an id live here goes to it too, under the
 	// generation it runs, its forwarding fields not trusted.
-	if _, ok := f.Route(&relay.ReqHead{Method: "GET", Target: "/misc/loc/x?y", Host: "h"}); !ok {
+	fwd, ok = f.Route(&relay.ReqHead{Method: "GET", Target: "/misc/loc/x?y", Host: "h", RemoteAddr: "10.0.0.3:5000",
+		Fields: []relay.Field{{Name: "X-Forwarded-For", Value: "9.9.9.9"}}})
+	if !ok {
 		t.Fatal("a request for an id live here went to net/http")
 	}
-	if got, want := local.relays[len(local.relays)-1], "/misc loc 5 /x?y false"; got != want {
-		t.Fatalf("Relay call %q, want %q", got, want)
+	wireHas(fwd, "GET /x?y HTTP/1.1\r\n", "\r\nX-Pinned-Id: loc\r\n", "\r\nX-Forwarded-For: 10.0.0.3\r\n")
+	if strings.Contains(string(fwd.Wire), "9.9.9.9") {
+		t.Errorf("a client's own X-Forwarded-For reached the plugin:\n%s", fwd.Wire)
 	}
+	fwd.Done(200, nil)
 	w.mu.Lock()
 	w.expiresAt = time.Now().Add(-time.Second)
 	w.mu.Unlock()
