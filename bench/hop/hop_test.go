@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pinnedd/pinnedd/internal/procstat"
 	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
@@ -265,24 +266,11 @@ type row struct {
 // cpuOf is the CPU time (user and system, all threads) the processes have
 // used, from /proc/<pid>/stat.
 func cpuOf(pids []int) time.Duration {
-	var ticks int64
+	var d time.Duration
 	for _, pid := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		// Fields after the command (which may hold spaces): state is 3,
-		// utime 14, stime 15.
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) < 13 {
-			continue
-		}
-		u, _ := strconv.ParseInt(f[11], 10, 64)
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		ticks += u + st
+		d += procstat.CPUOf(pid)
 	}
-	return time.Duration(ticks) * (time.Second / 100) // USER_HZ
+	return d
 }
 
 // withChildren is pid and its child processes.

@@ -1,5 +1,6 @@
 // Package procstat reads this process's resource use from /proc: uptime,
-// resident memory and CPU, for the stats pinnedd reports per worker.
+// resident memory and CPU, for the stats pinnedd reports per worker (and
+// other processes' CPU, for benchmarks).
 package procstat
 
 import (
@@ -61,8 +62,14 @@ func rss() int64 {
 	return pages * int64(os.Getpagesize())
 }
 
-func cpuTime() time.Duration {
-	b, err := os.ReadFile("/proc/self/stat")
+func cpuTime() time.Duration { return cpuFrom("/proc/self/stat") }
+
+// CPUOf is the user and system CPU time process pid has used, all its
+// threads; 0 if it cannot be read (gone, or not Linux).
+func CPUOf(pid int) time.Duration { return cpuFrom("/proc/" + strconv.Itoa(pid) + "/stat") }
+
+func cpuFrom(path string) time.Duration {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0
 	}

@@ -1,6 +1,7 @@
 package procstat
 
 import (
+	"os"
 	"testing"
 	"time"
 )
@@ -15,5 +16,8 @@ func TestRead(t *testing.T) {
 	s := Read()
 	if s.RSSBytes < 1<<20 || s.UptimeMs < 0 || s.CPUPercent <= 0 || s.CPUPercent > 400 {
 		t.Fatalf("implausible sample %+v (spun %d)", s, x)
+	}
+	if self, byPID := cpuTime(), CPUOf(os.Getpid()); byPID < 100*time.Millisecond || byPID < self {
+		t.Fatalf("CPUOf(own pid) = %s, own CPU read before it %s", byPID, self)
 	}
 }
