@@ -115,8 +115,7 @@ func closed(ch chan struct{}) bool {
 func appendPluginRequest(dst []byte, h *relay.ReqHead, k Key, target string, trusted bool) []byte {
 	dst = httpx.AppendRequestLine(dst, h.Method, target, h.Host)
 	var xfh, xfp string
-	var xff [4]string // the peer's X-Forwarded-For fields (one, from pinnedd)
-	nxff := 0
+	xff := make([]string, 0, 4) // the peer's X-Forwarded-For fields (one, from pinnedd)
 	trailers := false
 	for _, fl := range h.Fields {
 		name := http.CanonicalHeaderKey(fl.Name)
@@ -124,12 +123,7 @@ func appendPluginRequest(dst []byte, h *relay.ReqHead, k Key, target string, tru
 		case !trusted && (name == "X-Forwarded-For" || name == "X-Forwarded-Host" || name == "X-Forwarded-Proto"):
 			continue
 		case name == "X-Forwarded-For":
-			if nxff == len(xff) {
-				xff[nxff-1] += ", " + fl.Value
-			} else {
-				xff[nxff] = fl.Value
-				nxff++
-			}
+			xff = append(xff, fl.Value)
 			continue
 		case name == "X-Forwarded-Host":
 			if xfh == "" {
@@ -154,20 +148,16 @@ func appendPluginRequest(dst []byte, h *relay.ReqHead, k Key, target string, tru
 	}
 	dst = httpx.AppendField(dst, plugins.HeaderNamespace, k.Namespace)
 	dst = httpx.AppendField(dst, plugins.HeaderID, k.ID)
-	ip, _, err := net.SplitHostPort(h.RemoteAddr)
-	if err == nil || nxff > 0 {
+	if ip, _, err := net.SplitHostPort(h.RemoteAddr); err == nil {
+		xff = append(xff, ip)
+	}
+	if len(xff) > 0 {
 		dst = append(dst, "X-Forwarded-For: "...)
-		for i, v := range xff[:nxff] {
+		for i, v := range xff {
 			if i > 0 {
 				dst = append(dst, ", "...)
 			}
 			dst = append(dst, v...)
-		}
-		if err == nil {
-			if nxff > 0 {
-				dst = append(dst, ", "...)
-			}
-			dst = append(dst, ip...)
 		}
 		dst = append(dst, "\r\n"...)
 	}
