@@ -358,7 +358,7 @@ func TestTutorial2DurableChat(t *testing.T) {
 	}
 
 	// The chat log is one unmarked tray row; the runs settled.
-	eventually(t, 10*time.Second, "log tray row, nothing marked", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "log tray row, nothing marked", func() bool {
 		rows := trayRows(t, dsn, "/threads", "t1")
 		return rows["log/~"] == "false" && !strings.Contains(fmt.Sprint(rows), "true")
 	})
@@ -430,7 +430,7 @@ func TestTutorial3FleetChat(t *testing.T) {
 		w.a = testutil.StartAgent(t, chatEnv, w.args...)
 		workers = append(workers, w)
 	}
-	eventually(t, 10*time.Second, "two workers", func() bool { return len(liveWorkers(t, pb)) == 2 })
+	testutil.WaitFor(t, 10*time.Second, "two workers", func() bool { return len(liveWorkers(t, pb)) == 2 })
 	url := pb.url() + "/threads/fleet-t1"
 
 	// smoke.mjs waits out the cold-start quarantine (503 + Retry-After).

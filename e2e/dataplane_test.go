@@ -36,9 +36,9 @@ func startFleet(t *testing.T, extra ...string) []*node {
 	n3 := newNode(t, "n3", append([]string{"--join", n1.url()}, extra...)...).start(t, true)
 	nodes := []*node{n1, n2, n3}
 	for _, n := range nodes {
-		eventually(t, 10*time.Second, n.id+" sees 3 workers", func() bool { return len(liveWorkers(t, n)) == 3 })
+		testutil.WaitFor(t, 10*time.Second, n.id+" sees 3 workers", func() bool { return len(liveWorkers(t, n)) == 3 })
 	}
-	eventually(t, 10*time.Second, "quarantine over", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "quarantine over", func() bool {
 		r := n1.a.MustDo("GET", "/counters/warmup/value", "")
 		return r.Code == 200
 	})
@@ -233,7 +233,7 @@ func gatedStream(t *testing.T, nodes []*node) {
 	}
 	cancel()
 	resp.Body.Close()
-	eventually(t, 10*time.Second, "the owner's stream ended after the client left "+via.id, func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the owner's stream ended after the client left "+via.id, func() bool {
 		r := owner.a.MustDo("GET", "/misc/"+id+"/gated/open", "")
 		return strings.TrimSpace(r.Body) == "0"
 	})
@@ -286,7 +286,7 @@ func TestOwnerKilledIDMoves(t *testing.T) {
 	if r.Code == 503 && r.Header.Get("Retry-After") == "" {
 		t.Fatalf("503 without Retry-After: %s", r.Body)
 	}
-	eventually(t, 20*time.Second, "bob served after the lease lapsed", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "bob served after the lease lapsed", func() bool {
 		r := survivor.a.MustDo("POST", "/counters/bob/increment", "")
 		return r.Code == 200
 	})
@@ -311,8 +311,8 @@ func TestPinboardFrontsTwoWorkers(t *testing.T) {
 	pb.start(t, true)
 	w1 := newNode(t, "w1", "--join", pb.url()).start(t, true)
 	w2 := newNode(t, "w2", "--join", pb.url()).start(t, true)
-	eventually(t, 10*time.Second, "two workers", func() bool { return len(liveWorkers(t, pb)) == 2 })
-	eventually(t, 10*time.Second, "quarantine over", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "two workers", func() bool { return len(liveWorkers(t, pb)) == 2 })
+	testutil.WaitFor(t, 10*time.Second, "quarantine over", func() bool {
 		return pb.a.MustDo("POST", "/counters/c1/increment", "").Code == 200
 	})
 	if r := pb.a.MustDo("POST", "/counters/c1/increment", ""); strings.TrimSpace(r.Body) != `{"value":2}` {
@@ -326,7 +326,7 @@ func TestPinboardFrontsTwoWorkers(t *testing.T) {
 	if _, err := owner.a.Wait(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, "c1 served by the other worker", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "c1 served by the other worker", func() bool {
 		return pb.a.MustDo("POST", "/counters/c1/increment", "").Code == 200
 	})
 }
@@ -506,7 +506,7 @@ func TestKeptAliveConnectionForwards(t *testing.T) {
 		}
 	}
 	conn.Close()
-	eventually(t, 10*time.Second, "the owner's stream ended after the client left", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the owner's stream ended after the client left", func() bool {
 		r := owner.a.MustDo("GET", "/misc/"+id+"/gated/open", "")
 		return strings.TrimSpace(r.Body) == "0"
 	})

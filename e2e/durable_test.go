@@ -24,11 +24,11 @@ func TestCounterSurvivesKill9(t *testing.T) {
 	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "plugin restarted", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "plugin restarted", func() bool {
 		pid := pluginPID(t, a, "builtin")
 		return pid != 0 && pid != old
 	})
-	eventually(t, 10*time.Second, "value after plugin kill", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "value after plugin kill", func() bool {
 		r := a.MustDo("GET", "/counters/alice/value", "")
 		return r.Code == 200 && strings.TrimSpace(r.Body) == `{"value":3}`
 	})
@@ -53,7 +53,7 @@ func TestAppliedWorkRedeliveredAfterPluginCrash(t *testing.T) {
 	if r := a.MustDo("POST", "/jobs/j1/submit?name=first&mode=crash", ""); r.Code != 202 {
 		t.Fatalf("submit: %d %s", r.Code, r.Body)
 	}
-	eventually(t, 15*time.Second, "redelivered and done", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "redelivered and done", func() bool {
 		return countEvents(t, events, "done first") == 1
 	})
 	got := strings.Join(eventLines(t, events), "|")
@@ -76,7 +76,7 @@ func TestAppliedWorkResumesAfterAgentKill9(t *testing.T) {
 		t.Fatalf("submit: %d %s", r.Code, r.Body)
 	}
 	// Kill only once the batch is durably marked applied.
-	eventually(t, 10*time.Second, "first delivery applied", func() bool { return countEvents(t, events, "applied second") == 1 })
+	testutil.WaitFor(t, 10*time.Second, "first delivery applied", func() bool { return countEvents(t, events, "applied second") == 1 })
 	a.Signal(syscall.SIGKILL)
 	if _, err := a.Wait(10 * time.Second); err != nil {
 		t.Fatal(err)

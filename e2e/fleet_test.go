@@ -119,13 +119,6 @@ func health(t *testing.T, n *node) map[string]any {
 	return h
 }
 
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	if err := testutil.Eventually(timeout, cond); err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-}
-
 // The issue's walkthrough: bootstrap, join at start, join at runtime
 // through a follower, kill -9 the leader, restart it, leave, and a fourth
 // node beyond the voter count.
@@ -144,8 +137,8 @@ func TestFleetMembership(t *testing.T) {
 	if err := n3.a.WaitReady(20 * time.Second); err != nil {
 		t.Fatalf("n3 not ready after join: %v", err)
 	}
-	eventually(t, 10*time.Second, "3 voters", func() bool { return memberSummary(members(t, n3)) == "n1* n2 n3" })
-	eventually(t, 10*time.Second, "3 workers", func() bool { return len(liveWorkers(t, n1)) == 3 })
+	testutil.WaitFor(t, 10*time.Second, "3 voters", func() bool { return memberSummary(members(t, n3)) == "n1* n2 n3" })
+	testutil.WaitFor(t, 10*time.Second, "3 workers", func() bool { return len(liveWorkers(t, n1)) == 3 })
 	for id, w := range liveWorkers(t, n2) {
 		if w.ClientID == "" || w.SessionID == "" || !strings.HasPrefix(w.AdvertiseURL, "http://127.0.0.1:") || strings.Join(w.Namespaces, ",") != "/counters" {
 			t.Fatalf("worker %s: %+v", id, w)
@@ -158,26 +151,26 @@ func TestFleetMembership(t *testing.T) {
 	if _, err := n1.a.Wait(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 15*time.Second, "new leader", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "new leader", func() bool {
 		h := health(t, n2)
 		return h != nil && (h["leader"] == "n2" || h["leader"] == "n3")
 	})
-	eventually(t, 5*time.Second, "survivors keep the directory", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "survivors keep the directory", func() bool {
 		w := liveWorkers(t, n3)
 		return w["n2"].ClientID != "" && w["n3"].ClientID != ""
 	})
 
 	// Restart n1 with its same command line (--bootstrap included).
 	n1.start(t, true)
-	eventually(t, 20*time.Second, "n1 back as a member", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "n1 back as a member", func() bool {
 		return strings.Contains(memberSummary(members(t, n2)), "n1")
 	})
-	eventually(t, 20*time.Second, "n1 catches up", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "n1 catches up", func() bool {
 		h1, h2 := health(t, n1), health(t, n2)
 		return h1 != nil && h2 != nil && h1["leader"] == h2["leader"] && h1["leader"] != "" &&
 			h1["appliedIndex"].(float64) >= h2["appliedIndex"].(float64)-3
 	})
-	eventually(t, 10*time.Second, "n1's new worker registered", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "n1's new worker registered", func() bool {
 		w := liveWorkers(t, n2)["n1"]
 		return w.ClientID != "" && w.ClientID != oldClient
 	})
@@ -186,7 +179,7 @@ func TestFleetMembership(t *testing.T) {
 	if out, err := testutil.CLI(t, "leave", "--addr", n3.url()); err != nil {
 		t.Fatalf("pinnedd leave: %v\n%s", err, out)
 	}
-	eventually(t, 10*time.Second, "2 members after leave", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "2 members after leave", func() bool {
 		s := memberSummary(members(t, n2))
 		return len(strings.Fields(s)) == 2 && !strings.Contains(s, "n3")
 	})
@@ -195,7 +188,7 @@ func TestFleetMembership(t *testing.T) {
 	// voters left), n5 does not.
 	n4 := newNode(t, "n4", "--join", n2.url()).start(t, true)
 	n5 := newNode(t, "n5", "--join", n4.url()).start(t, true)
-	eventually(t, 10*time.Second, "n5 as nonvoter", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "n5 as nonvoter", func() bool {
 		s := memberSummary(members(t, n5))
 		return strings.Contains(s, "n4") && !strings.Contains(s, "n4(") && strings.Contains(s, "n5(nonvoter)")
 	})
@@ -209,7 +202,7 @@ func TestLeaseLossRefusesByItself(t *testing.T) {
 	n1 := newNode(t, "n1", "--bootstrap").start(t, true)
 	n2 := newNode(t, "n2", "--join", n1.url()).start(t, true)
 	n3 := newNode(t, "n3", "--join", n1.url()).start(t, true)
-	eventually(t, 10*time.Second, "3 workers", func() bool { return len(liveWorkers(t, n1)) == 3 })
+	testutil.WaitFor(t, 10*time.Second, "3 workers", func() bool { return len(liveWorkers(t, n1)) == 3 })
 
 	// Cold-start quarantine: the fresh directory refuses placements for one
 	// TTL from the first attempt.
@@ -218,11 +211,11 @@ func TestLeaseLossRefusesByItself(t *testing.T) {
 		t.Fatalf("first placement: %d %s", r.Code, r.Body)
 	}
 	// n3's replica applies the stamping entry a moment after the leader.
-	eventually(t, 5*time.Second, "quarantineMs on /registry/health", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "quarantineMs on /registry/health", func() bool {
 		q, _ := health(t, n3)["quarantineMs"].(float64)
 		return q > 0 && q <= 3000
 	})
-	eventually(t, 10*time.Second, "placement after quarantine", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "placement after quarantine", func() bool {
 		r := n3.a.MustDo("POST", "/counters/q/increment", "")
 		return r.Code == 200 && strings.TrimSpace(r.Body) == `{"value":1}`
 	})
@@ -244,7 +237,7 @@ func TestLeaseLossRefusesByItself(t *testing.T) {
 	}
 	n3 = owner
 	// Unhealthy: the live instance still serves, a new one is refused in-band.
-	eventually(t, 20*time.Second, "lease unhealthy", func() bool { return getStatus(t, n3.a).Worker.Lease == "unhealthy" })
+	testutil.WaitFor(t, 20*time.Second, "lease unhealthy", func() bool { return getStatus(t, n3.a).Worker.Lease == "unhealthy" })
 	if r := n3.a.MustDo("GET", "/readyz", ""); r.Code != 200 {
 		t.Fatalf("unhealthy but unexpired must stay ready: %d", r.Code)
 	}
@@ -260,7 +253,7 @@ func TestLeaseLossRefusesByItself(t *testing.T) {
 		t.Fatalf("instances while unhealthy = %+v, want only q", got)
 	}
 	// Expired: everything refused, not ready.
-	eventually(t, 20*time.Second, "lease expired", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "lease expired", func() bool {
 		r := n3.a.MustDo("POST", "/counters/q/increment", "")
 		return r.Code == 503 && strings.Contains(r.Body, "lease expired")
 	})

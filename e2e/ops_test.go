@@ -67,7 +67,7 @@ func TestSIGTERMDrainMovesStreams(t *testing.T) {
 	}
 	owner.a = nil
 	// Reconnect through the same front door: served by a survivor.
-	eventually(t, 20*time.Second, "stream resumes elsewhere", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "stream resumes elsewhere", func() bool {
 		r, err := via.a.Do("GET", "/misc/s1/ping", "")
 		return err == nil && r.Code == 200
 	})
@@ -99,7 +99,7 @@ func TestCordonAndUndrain(t *testing.T) {
 	if out, err := testutil.CLI(t, "drain", "--addr", nodes[0].url(), "--node", clientID, "--cordon"); err != nil {
 		t.Fatalf("pinnedd drain --cordon: %v\n%s", err, out)
 	}
-	eventually(t, 10*time.Second, "target reports draining", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "target reports draining", func() bool {
 		r := target.a.MustDo("GET", "/_pinned/status", "")
 		return strings.Contains(r.Body, `"draining":true`)
 	})
@@ -118,7 +118,7 @@ func TestCordonAndUndrain(t *testing.T) {
 	if out, err := testutil.CLI(t, "undrain", "--addr", nodes[1].url(), "--node", clientID); err != nil {
 		t.Fatalf("pinnedd undrain: %v\n%s", err, out)
 	}
-	eventually(t, 20*time.Second, "new placements reach the node again", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "new placements reach the node again", func() bool {
 		for i := 0; i < 50; i++ {
 			id := fmt.Sprintf("after%d-%d", time.Now().UnixNano(), i)
 			_ = doAs(t, target, "POST", "/counters/"+id+"/increment", fmt.Sprintf("10.2.0.%d", i))
@@ -151,7 +151,7 @@ func TestDrainOfDownNodeAppliesOnReturn(t *testing.T) {
 	target := nodes[1]
 	clientID := liveWorkers(t, nodes[0])[target.id].ClientID
 	target.a.Signal(syscall.SIGSTOP)
-	eventually(t, 15*time.Second, "lease lapses", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "lease lapses", func() bool {
 		_, live := liveWorkers(t, nodes[0])[target.id]
 		return !live
 	})
@@ -159,7 +159,7 @@ func TestDrainOfDownNodeAppliesOnReturn(t *testing.T) {
 		t.Fatalf("drain of a down node: %v\n%s", err, out)
 	}
 	target.a.Signal(syscall.SIGCONT)
-	eventually(t, 15*time.Second, "drain applies on return", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "drain applies on return", func() bool {
 		r, err := target.a.Do("GET", "/_pinned/status", "")
 		return err == nil && strings.Contains(r.Body, `"draining":true`)
 	})
@@ -203,24 +203,24 @@ func TestHotSwapUnderLoad(t *testing.T) {
 	}
 	pids := []int{pluginPID(t, a, "counter")}
 	for i := 0; i < 2; i++ {
-		eventually(t, 10*time.Second, "load flowing", func() bool { return acked.Load() > int64(20*(i+1)) })
+		testutil.WaitFor(t, 10*time.Second, "load flowing", func() bool { return acked.Load() > int64(20*(i+1)) })
 		if out, err := testutil.CLI(t, "plugins", "reload", "--addr", a.URL, "/counters"); err != nil {
 			t.Fatalf("plugins reload: %v\n%s", err, out)
 		}
-		eventually(t, 10*time.Second, "new process serving", func() bool {
+		testutil.WaitFor(t, 10*time.Second, "new process serving", func() bool {
 			pid := pluginPID(t, a, "counter")
 			return pid != pids[len(pids)-1] && pid != 0
 		})
 		pids = append(pids, pluginPID(t, a, "counter"))
 	}
-	eventually(t, 10*time.Second, "load after the swaps", func() bool { return acked.Load() > 80 })
+	testutil.WaitFor(t, 10*time.Second, "load after the swaps", func() bool { return acked.Load() > 80 })
 	close(stop)
 	wg.Wait()
 	if b := bad.Load(); b != nil {
 		t.Fatalf("a client saw a non-retryable answer: %v", b)
 	}
 	for _, old := range pids[:2] {
-		eventually(t, 10*time.Second, "old plugin process stopped", func() bool { return !testutil.Alive(old) })
+		testutil.WaitFor(t, 10*time.Second, "old plugin process stopped", func() bool { return !testutil.Alive(old) })
 	}
 	r := a.MustDo("GET", "/counters/load/value", "")
 	if want := fmt.Sprintf(`{"value":%d}`, acked.Load()); strings.TrimSpace(r.Body) != want {
@@ -258,7 +258,7 @@ func TestRestartAfterKill9ServesWithinASecond(t *testing.T) {
 	b := testutil.StartAgent(t, nil, "--dev", "--data-dir", dir)
 	ready := time.Now()
 	var r testutil.Response
-	eventually(t, 14*time.Second, "served again", func() bool {
+	testutil.WaitFor(t, 14*time.Second, "served again", func() bool {
 		r = b.MustDo("POST", "/counters/fast/increment", "")
 		return r.Code == 200
 	})
@@ -368,7 +368,7 @@ func TestRollingRestartUnderLoad(t *testing.T) {
 	}
 	for _, n := range nodes {
 		before := acked.Load()
-		eventually(t, 20*time.Second, "load flowing", func() bool { return acked.Load() > before+10 })
+		testutil.WaitFor(t, 20*time.Second, "load flowing", func() bool { return acked.Load() > before+10 })
 		mu.Lock()
 		up[n] = false
 		mu.Unlock()
@@ -378,7 +378,7 @@ func TestRollingRestartUnderLoad(t *testing.T) {
 		}
 		for _, o := range nodes {
 			if o != n {
-				eventually(t, 10*time.Second, "a leader while "+n.id+" is down", func() bool {
+				testutil.WaitFor(t, 10*time.Second, "a leader while "+n.id+" is down", func() bool {
 					h := health(t, o)
 					return h != nil && h["leader"] != ""
 				})
@@ -391,19 +391,19 @@ func TestRollingRestartUnderLoad(t *testing.T) {
 		mu.Unlock()
 	}
 	before := acked.Load()
-	eventually(t, 20*time.Second, "load after the roll", func() bool { return acked.Load() > before+10 })
+	testutil.WaitFor(t, 20*time.Second, "load after the roll", func() bool { return acked.Load() > before+10 })
 	close(stop)
 	wg.Wait()
 	if b := bad.Load(); b != nil {
 		t.Fatalf("non-retryable answer: %v", b)
 	}
 	for _, n := range nodes {
-		eventually(t, 10*time.Second, n.id+" back with 3 members", func() bool {
+		testutil.WaitFor(t, 10*time.Second, n.id+" back with 3 members", func() bool {
 			return len(strings.Fields(memberSummary(members(t, n)))) == 3
 		})
 	}
 	var r testutil.Response
-	eventually(t, 20*time.Second, "final read", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "final read", func() bool {
 		r = n2.a.MustDo("GET", "/counters/roll/value", "")
 		return r.Code == 200
 	})

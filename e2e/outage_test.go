@@ -336,7 +336,7 @@ func TestPostgresOutageNoHalfWrites(t *testing.T) {
 		return v
 	}
 	var stored []byte
-	eventually(t, 10*time.Second, "the store catches up with the served value", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the store catches up with the served value", func() bool {
 		stored = field("o")
 		return string(stored) == fmt.Sprint(final)
 	})

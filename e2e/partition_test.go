@@ -60,9 +60,9 @@ func TestPartitionedOwnerNeverServesAlongsideItsSuccessor(t *testing.T) {
 		nodes[i] = n
 	}
 	for _, n := range nodes {
-		eventually(t, 15*time.Second, n.id+" sees 3 workers", func() bool { return len(liveWorkers(t, n)) == 3 })
+		testutil.WaitFor(t, 15*time.Second, n.id+" sees 3 workers", func() bool { return len(liveWorkers(t, n)) == 3 })
 	}
-	eventually(t, 15*time.Second, "quarantine over", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "quarantine over", func() bool {
 		r, err := nodes[0].a.Do("GET", "/counters/warmup/value", "")
 		return err == nil && r.Code == 200
 	})
@@ -72,7 +72,7 @@ func TestPartitionedOwnerNeverServesAlongsideItsSuccessor(t *testing.T) {
 	h := newPartitionHistory(nw.HostIP, nodes)
 	h.start()
 	defer h.stop() // on a failure below; idempotent
-	eventually(t, 15*time.Second, "p1 served through every node", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "p1 served through every node", func() bool {
 		for i := range nodes {
 			if h.count(func(s serve) bool { return s.via == i && s.op == "inc" && s.code == 200 }) < 2 {
 				return false
@@ -82,7 +82,7 @@ func TestPartitionedOwnerNeverServesAlongsideItsSuccessor(t *testing.T) {
 	})
 	var oi int
 	var g1 uint64
-	eventually(t, 5*time.Second, "a node's status lists p1", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "a node's status lists p1", func() bool {
 		oi, g1 = h.holder(-1)
 		return oi >= 0
 	})
@@ -103,7 +103,7 @@ func TestPartitionedOwnerNeverServesAlongsideItsSuccessor(t *testing.T) {
 	cutAt := time.Now()
 	h.mark("cut", cutAt)
 
-	eventually(t, 15*time.Second, old.id+" refuses p1: lease expired", func() bool {
+	testutil.WaitFor(t, 15*time.Second, old.id+" refuses p1: lease expired", func() bool {
 		return h.count(func(s serve) bool {
 			return s.via == oi && !s.send.Before(cutAt) && s.code == 503 && strings.Contains(s.body, "lease expired")
 		}) > 0
@@ -120,7 +120,7 @@ func TestPartitionedOwnerNeverServesAlongsideItsSuccessor(t *testing.T) {
 	}
 	var ni int
 	var g2 uint64
-	eventually(t, 5*time.Second, "a survivor's status lists p1", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "a survivor's status lists p1", func() bool {
 		ni, g2 = h.holder(oi)
 		return ni >= 0
 	})
@@ -137,7 +137,7 @@ func TestPartitionedOwnerNeverServesAlongsideItsSuccessor(t *testing.T) {
 	healAt := time.Now()
 	h.mark("heal", healAt)
 	var rejoined workerView
-	eventually(t, 20*time.Second, old.id+" live again in the directory", func() bool {
+	testutil.WaitFor(t, 20*time.Second, old.id+" live again in the directory", func() bool {
 		var ok bool
 		rejoined, ok = liveWorkers(t, nodes[ni])[old.id]
 		return ok
@@ -147,11 +147,11 @@ func TestPartitionedOwnerNeverServesAlongsideItsSuccessor(t *testing.T) {
 	if rejoined.SessionID == session {
 		t.Errorf("%s is live again under its pre-partition session %s: the directory renewed a lapsed lease instead of making it re-register", old.id, session)
 	}
-	eventually(t, 20*time.Second, old.id+" healthy without p1", func() bool {
+	testutil.WaitFor(t, 20*time.Second, old.id+" healthy without p1", func() bool {
 		st, ok := h.lastStatus(oi)
 		return ok && st.Worker.Lease == "healthy" && st.gen("p1") == 0
 	})
-	eventually(t, 20*time.Second, "p1 served through the healed node", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "p1 served through the healed node", func() bool {
 		return h.count(func(s serve) bool {
 			return s.via == oi && s.code == 200 && s.send.After(healAt)
 		}) >= 6

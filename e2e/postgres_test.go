@@ -52,7 +52,7 @@ func TestFleetFailoverRestoresFromPostgres(t *testing.T) {
 		}
 	}
 	var r testutil.Response
-	eventually(t, 20*time.Second, "f restored on a survivor", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "f restored on a survivor", func() bool {
 		r = survivor.a.MustDo("GET", "/counters/f/value", "")
 		return r.Code == 200
 	})
@@ -97,7 +97,7 @@ func TestFrozenOwnerNeverServesStale(t *testing.T) {
 			other = n
 		}
 	}
-	eventually(t, 20*time.Second, "z moves on", func() bool { _, ok := inc(other); return ok })
+	testutil.WaitFor(t, 20*time.Second, "z moves on", func() bool { _, ok := inc(other); return ok })
 	owner.a.Signal(syscall.SIGCONT)
 	// Right after waking, and for a while, the old owner must not serve z
 	// from its stale instance: it refuses (lease expired) or forwards to
@@ -109,7 +109,7 @@ func TestFrozenOwnerNeverServesStale(t *testing.T) {
 	}
 	// The stale activation is gone; z may have come back to this node, but
 	// only under a newer generation.
-	eventually(t, 10*time.Second, "the woken node quits its stale instance", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the woken node quits its stale instance", func() bool {
 		return instanceGen(t, owner, "z") != staleGen
 	})
 }

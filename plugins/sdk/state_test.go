@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/pinnedd/pinnedd/internal/testutil"
 	"github.com/pinnedd/pinnedd/plugins/proto"
 	"github.com/pinnedd/pinnedd/plugins/sdk"
 	"github.com/pinnedd/pinnedd/statestore"
@@ -58,17 +59,6 @@ func (r *recorder) all() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]string(nil), r.runs...)
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 5s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func TestTraysSurviveReactivationAndFence(t *testing.T) {
@@ -145,11 +135,11 @@ func TestTraysSurviveReactivationAndFence(t *testing.T) {
 	if ok, err := inst.Tray("log", "~").Get("title", &title); !ok || err != nil || title != "hello" {
 		t.Fatalf("title after reactivation: %q %v %v", title, ok, err)
 	}
-	eventually(t, "redelivery", func() bool { return len(rec.all()) == 2 })
+	testutil.WaitFor(t, 5*time.Second, "redelivery", func() bool { return len(rec.all()) == 2 })
 	if got := rec.all(); got[0] != `"job-1"` || got[1] != `"job-1" resume` {
 		t.Fatalf("runs = %q", got)
 	}
-	eventually(t, "settled run deletes its tray", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "settled run deletes its tray", func() bool {
 		trays, err := store.Load(ctx, statestore.InstanceKey{Namespace: "/things", ID: "a"}, 6)
 		return err == nil && len(trays) == 1 && trays[0].Key.NS == "log"
 	})
@@ -165,7 +155,7 @@ func TestTraysSurviveReactivationAndFence(t *testing.T) {
 	if err := inst.Durable(ctx); !errors.Is(err, sdk.ErrFenced) {
 		t.Fatalf("write after fence: %v, want ErrFenced", err)
 	}
-	eventually(t, "fenced instance stops", func() bool { return inst.Context().Err() != nil && rt.Instance("/things", "a") == nil })
+	testutil.WaitFor(t, 5*time.Second, "fenced instance stops", func() bool { return inst.Context().Err() != nil && rt.Instance("/things", "a") == nil })
 	trays, _ := store.Load(ctx, statestore.InstanceKey{Namespace: "/things", ID: "a"}, 7)
 	if string(trays[0].Fields["title"]) != `"hello"` {
 		t.Fatalf("stale write reached the store: %s", trays[0].Fields["title"])
