@@ -43,3 +43,24 @@ func epollNow(epfd int, events []unix.EpollEvent) (int, error) {
 	}
 	return int(n), nil
 }
+
+// epollHold waits up to msec milliseconds for events in epoll_wait with
+// the thread's P kept (see holdFor): the one blocking call here.
+func epollHold(epfd int, events []unix.EpollEvent, msec int) (int, error) {
+	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(msec), 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+// epollWatch adds (op EPOLL_CTL_ADD) or removes (EPOLL_CTL_DEL) epfd's
+// watch of fd's readability.
+func epollWatch(epfd, op, fd int) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN}
+	_, _, e := unix.RawSyscall6(unix.SYS_EPOLL_CTL, uintptr(epfd), uintptr(op), uintptr(fd), uintptr(unsafe.Pointer(&ev)), 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}

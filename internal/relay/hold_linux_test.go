@@ -1,0 +1,81 @@
+package relay
+
+import (
+	"bytes"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
+)
+
+// While requests flow the loop waits in epoll_wait itself (held waits);
+// once they stop it parks in Go's poller and holds no P. With one P it
+// never holds: every other goroutine would wait on it.
+func TestLoopHoldsOnlyWhileBusy(t *testing.T) {
+	if runtime.GOMAXPROCS(0) < 2 {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	}
+	rig := newConnsRig(t)
+	c := rig.client()
+	before := heldWaits.Load()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if code, _, body := rig.get(c, "GET", fmt.Sprintf("/up/fixed?i=%d", i), ""); code != 200 || body != fmt.Sprintf("fixed i=%d", i) {
+				t.Errorf("request %d: %d %q", i, code, body)
+				return
+			}
+		}
+	}()
+	err := testutil.Eventually(10*time.Second, func() bool { return heldWaits.Load() > before+10 })
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("the busy loop made %d held waits: %v", heldWaits.Load()-before, err)
+	}
+	if err := testutil.Eventually(10*time.Second, loopParked); err != nil {
+		t.Fatalf("the idle loop did not park in Go's poller: %v\n%s", err, goroutines())
+	}
+	if holder.Load() {
+		t.Fatal("a parked loop still holds its wait")
+	}
+
+	runtime.GOMAXPROCS(1)
+	before = heldWaits.Load()
+	for i := range 200 {
+		if code, _, _ := rig.get(c, "GET", fmt.Sprintf("/up/fixed?one=%d", i), ""); code != 200 {
+			t.Fatalf("request %d with one P: %d", i, code)
+		}
+	}
+	runtime.GOMAXPROCS(2)
+	if n := heldWaits.Load() - before; n != 0 {
+		t.Fatalf("with GOMAXPROCS=1 the loop held %d waits, want none", n)
+	}
+}
+
+// loopParked: a relay loop's goroutine is parked in Go's poller.
+func loopParked() bool {
+	for _, g := range strings.Split(goroutines(), "\n\n") {
+		if strings.Contains(g, "relay.(*life).park") && strings.Contains(g, "[IO wait") {
+			return true
+		}
+	}
+	return false
+}
+
+func goroutines() string {
+	buf := make([]byte, 1<<20)
+	return string(bytes.TrimSpace(buf[:runtime.Stack(buf, true)]))
+}
