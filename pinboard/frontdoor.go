@@ -403,17 +403,23 @@ func (f *FrontDoor) status(w http.ResponseWriter, _ *http.Request) {
 
 // splitInstancePath parses /<ns>/<id>[/<rest>] from the escaped path.
 func splitInstancePath(escaped string) (ns, id, rest string, ok bool) {
-	p, found := strings.CutPrefix(escaped, "/")
-	if !found {
+	if !strings.HasPrefix(escaped, "/") {
 		return "", "", "", false
 	}
-	seg, after, _ := strings.Cut(p, "/")
-	ns = "/" + seg
-	id, rest, hasRest := strings.Cut(after, "/")
-	if hasRest {
-		rest = "/" + rest
+	// Slices of escaped, not new strings: this runs for every request.
+	end := len(escaped)
+	if i := strings.IndexByte(escaped[1:], '/'); i >= 0 {
+		end = 1 + i
+	}
+	ns, after := escaped[:end], ""
+	if end < len(escaped) {
+		after = escaped[end+1:]
+	}
+	rest = "/"
+	if i := strings.IndexByte(after, '/'); i >= 0 {
+		id, rest = after[:i], after[i:]
 	} else {
-		rest = "/"
+		id = after
 	}
 	return ns, id, rest, true
 }

@@ -12,10 +12,18 @@ func TestSplitInstancePath(t *testing.T) {
 		"/counters/alice/":          {"/counters", "alice", "/"},
 		"/counters/alice/a/b%2Fc":   {"/counters", "alice", "/a/b%2Fc"},
 		"/counters//x":              {"/counters", "", "/x"},
+		"/counters":                 {"/counters", "", "/"},
+		"/counters/":                {"/counters", "", "/"},
+		"/":                         {"/", "", "/"},
 	} {
 		ns, id, rest, ok := splitInstancePath(path)
 		if !ok || [3]string{ns, id, rest} != want {
 			t.Errorf("split(%q) = %q %q %q %v, want %q", path, ns, id, rest, ok, want)
+		}
+	}
+	for _, path := range []string{"", "counters/alice"} {
+		if _, _, _, ok := splitInstancePath(path); ok {
+			t.Errorf("split(%q) ok, want not", path)
 		}
 	}
 }

@@ -146,7 +146,7 @@ func (m *Machine) Worker(clientID string) (Worker, bool) {
 	if !ok {
 		return Worker{}, false
 	}
-	return w.clone(), true
+	return *w, true
 }
 
 // Owner returns the placement of key together with its owner's record, in
@@ -162,7 +162,7 @@ func (m *Machine) Owner(key Key) (Placement, Worker, bool) {
 	if !ok || w.SessionID != p.OwnerSession {
 		return p, Worker{}, true
 	}
-	return p, w.clone(), true
+	return p, *w, true
 }
 
 // NamespaceServed reports whether any known worker serves ns. The
@@ -184,7 +184,7 @@ func (m *Machine) Workers() []Worker {
 	m.mu.RLock()
 	ws := make([]Worker, 0, len(m.st.workers))
 	for _, w := range m.st.workers {
-		ws = append(ws, w.clone())
+		ws = append(ws, *w)
 	}
 	m.mu.RUnlock()
 	slices.SortFunc(ws, func(a, b Worker) int { return cmp.Compare(a.ClientID, b.ClientID) })
@@ -198,7 +198,7 @@ func (m *Machine) Candidates(ns string, now int64) []Worker {
 	var ws []Worker
 	for _, w := range m.st.workers {
 		if m.eligible(w, ns, now) == "" {
-			ws = append(ws, w.clone())
+			ws = append(ws, *w)
 		}
 	}
 	m.mu.RUnlock()
@@ -246,11 +246,13 @@ func (m *Machine) QuarantineMs(now, quarantineMs int64) int64 {
 	return max(0, cs+quarantineMs-now)
 }
 
-// Secret returns a copy of the cluster secret, nil before Init.
+// Secret returns the cluster secret, nil before Init. It is set once and
+// never modified, so this is the Machine's own slice, not a copy (every
+// forwarded request reads it): callers must not modify it.
 func (m *Machine) Secret() []byte {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return slices.Clone(m.st.secret)
+	return m.st.secret
 }
 
 // AppliedIndex returns the index of the last entry applied (or restored).

@@ -367,19 +367,28 @@ func TestInitSetsSecretOnce(t *testing.T) {
 	if r := n.apply(Init{Secret: []byte("s2")}); r.Code != CodeExisting {
 		t.Fatalf("second init: %+v", r)
 	}
-	s := n.m.Secret()
-	s[0] = 'X' // a copy: the directory's secret is untouched
 	if got := string(n.m.Secret()); got != "s1" {
 		t.Fatalf("secret %q", got)
 	}
 }
 
-func TestReadsReturnCopies(t *testing.T) {
+// Reads share the directory's slices (Worker.Namespaces, Secret) instead
+// of copying them per call, which is safe only if the directory never
+// modifies a slice it handed out: a re-registration replaces it.
+func TestReadsShareSlicesTheDirectoryNeverModifies(t *testing.T) {
 	n := fleet(t)
 	w, _ := n.m.Worker("a")
-	w.Namespaces[0] = "/mutated"
-	if w2, _ := n.m.Worker("a"); w2.Namespaces[0] != ns {
-		t.Fatal("Worker exposed internal namespaces")
+	held := slices.Clone(w.Namespaces)
+	again := reg("a", "sa2", "http://a", t0+1)
+	again.Namespaces = []string{"/other", "/more"}
+	if r := n.apply(again); r.Code != CodeOK {
+		t.Fatalf("re-register: %v %s", r.Code, r.Reason)
+	}
+	if !slices.Equal(w.Namespaces, held) {
+		t.Fatalf("a re-registration modified a slice handed out earlier: %q, was %q", w.Namespaces, held)
+	}
+	if w2, _ := n.m.Worker("a"); !slices.Equal(w2.Namespaces, again.Namespaces) {
+		t.Fatalf("namespaces after re-registration: %q", w2.Namespaces)
 	}
 }
 

@@ -54,7 +54,10 @@ func (k Key) String() string {
 
 // Worker is one registered pinnedd worker process. ClientID is minted per
 // process start, SessionID per registration; SessionID is empty once the
-// worker deregistered.
+// worker deregistered. Namespaces is shared by every copy the Machine
+// hands out (a registration replaces the slice, nothing modifies it in
+// place), so the forwarding path reads a worker without copying it:
+// callers must not modify it either.
 type Worker struct {
 	ClientID      string
 	SessionID     string
@@ -81,11 +84,6 @@ func (w Worker) Live(now int64) bool { return w.SessionID != "" && now <= w.Leas
 
 // Serves reports whether the worker hosts namespace ns.
 func (w Worker) Serves(ns string) bool { return slices.Contains(w.Namespaces, ns) }
-
-func (w Worker) clone() Worker {
-	w.Namespaces = slices.Clone(w.Namespaces)
-	return w
-}
 
 // Placement records which worker session serves a key. Generation is the
 // fencing token the owner passes with every durable write: strictly
