@@ -38,7 +38,8 @@ type instance struct {
 	lastActive time.Time
 	evicting   bool
 	evictDone  chan struct{} // closed when the latest eviction ended, kept or not
-	idle       *time.Timer
+	idle       *time.Timer   // see armIdleLocked
+	idleArmed  bool          // idle will fire
 	stopped    chan struct{} // closed once removed from the table
 
 	ctx    context.Context // cancelled at eviction: ends open streams
@@ -95,10 +96,7 @@ func (s *Supervisor) acquire(ctx context.Context, k Key, gen uint64) (*instance,
 			}
 		}
 		if in != nil {
-			in.conns++
-			if in.idle != nil {
-				in.idle.Stop() // kept for Reset: one timer per instance, not per request
-			}
+			in.conns++ // the idle timer may fire meanwhile: evictWith leaves a busy instance be
 			s.mu.Unlock()
 			select {
 			case <-in.ready:
@@ -188,7 +186,7 @@ func (s *Supervisor) releaseConn(in *instance, rs *reqState) {
 		return
 	}
 	if in.conns == 0 {
-		s.armIdleLocked(in)
+		s.armIdleLocked(in, s.idleTimeout(in))
 	}
 }
 
@@ -219,15 +217,35 @@ func (s *Supervisor) idleTimeout(in *instance) time.Duration {
 	return s.cfg.DetachedTimeout
 }
 
-func (s *Supervisor) armIdleLocked(in *instance) {
-	timeout := s.idleTimeout(in)
-	if in.idle != nil {
-		in.idle.Reset(timeout)
+// armIdleLocked makes in's idle timer fire in d, unless it is armed
+// already. Requests neither stop nor reset it (a timer operation each way,
+// per request, was measurable on the owner's forwarding path): when it
+// fires, evictWith leaves a busy instance be (its last release arms it
+// again) and re-arms for the rest of the timeout if a request ended since.
+// One timer per instance, reused.
+func (s *Supervisor) armIdleLocked(in *instance, d time.Duration) {
+	if in.idleArmed {
 		return
 	}
-	in.idle = time.AfterFunc(timeout, func() {
+	in.idleArmed = true
+	if in.idle != nil {
+		in.idle.Reset(d)
+		return
+	}
+	in.idle = time.AfterFunc(d, func() {
+		s.mu.Lock()
+		in.idleArmed = false
+		s.mu.Unlock()
 		s.evict(context.Background(), in, proto.Reason_REASON_IDLE, s.cfg.StopGrace)
 	})
+}
+
+// stopIdleLocked disarms in's idle timer.
+func (s *Supervisor) stopIdleLocked(in *instance) {
+	if in.idle != nil {
+		in.idle.Stop()
+	}
+	in.idleArmed = false
 }
 
 // streamGrace is how long requests still open on an evicted instance get
@@ -248,9 +266,7 @@ func (s *Supervisor) removeAfter(in *instance, grace time.Duration) bool {
 		return false
 	}
 	delete(s.instances, in.key)
-	if in.idle != nil {
-		in.idle.Stop()
-	}
+	s.stopIdleLocked(in)
 	if in.timer != nil {
 		in.timer.Stop()
 	}
@@ -278,19 +294,17 @@ func (s *Supervisor) evictWith(ctx context.Context, in *instance, reason proto.R
 		s.mu.Unlock()
 		return
 	}
-	if reason == proto.Reason_REASON_IDLE && time.Since(in.lastActive) < s.idleTimeout(in) {
-		// A timer that fired just as a request came and went: the
-		// instance has not been idle for the timeout yet.
-		s.armIdleLocked(in)
+	if since := time.Since(in.lastActive); reason == proto.Reason_REASON_IDLE && since < s.idleTimeout(in) {
+		// A request ended since the timer was armed: the instance has
+		// not been idle for the timeout yet.
+		s.armIdleLocked(in, s.idleTimeout(in)-since)
 		s.mu.Unlock()
 		return
 	}
 	in.evicting = true
 	done := make(chan struct{})
 	in.evictDone = done
-	if in.idle != nil {
-		in.idle.Stop()
-	}
+	s.stopIdleLocked(in)
 	s.mu.Unlock()
 	defer close(done)
 	<-in.ready
@@ -304,7 +318,7 @@ func (s *Supervisor) evictWith(ctx context.Context, in *instance, reason proto.R
 		// A winding-down instance waits for its work (EVICT_ME) or its
 		// deadline; any other one goes back to idling.
 		if in.conns == 0 && s.instances[in.key] == in && !s.windingLocked(in) {
-			s.armIdleLocked(in)
+			s.armIdleLocked(in, s.idleTimeout(in))
 		}
 		s.mu.Unlock()
 		return

@@ -46,10 +46,7 @@ func (s *Supervisor) Relay(ns, id string, gen uint64, h *relay.ReqHead, target s
 		s.mu.Unlock()
 		return relay.Forward{}, false
 	}
-	in.conns++
-	if in.idle != nil {
-		in.idle.Stop()
-	}
+	in.conns++ // see armIdleLocked
 	rs := &reqState{in: in}
 	if in.relayed == nil {
 		in.relayed = map[*reqState]relay.Ticket{}

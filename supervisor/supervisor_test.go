@@ -14,6 +14,7 @@ import (
 
 	"github.com/pinnedd/pinnedd/internal/testutil"
 	"github.com/pinnedd/pinnedd/plugins/proto"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // startSupervisor runs a real plugin binary under a supervisor and serves
@@ -163,5 +164,39 @@ func TestEvictEndsOpenStreams(t *testing.T) {
 	}
 	if got := reasonLabel(proto.Reason_REASON_OPERATOR); got != "operator" {
 		t.Fatalf("reason label %q", got)
+	}
+}
+
+// The idle timer is neither stopped nor reset per request: one that fires
+// while a request is open leaves the instance be, and the request's end
+// arms it again, so the instance goes once it has been idle for the
+// timeout.
+func TestIdleTimerWaitsOutOpenRequests(t *testing.T) {
+	s, srv := startSupervisor(t, DataPlaneUnix, testutil.Bin(t, "testhost"), "/misc")
+	s.mu.Lock()
+	s.cfg.DetachedTimeout = 200 * time.Millisecond
+	s.mu.Unlock()
+	live := func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		in := s.instances[Key{"/misc", "i"}]
+		return in != nil && !in.evicting
+	}
+	if r, err := testutil.Do(context.Background(), "GET", srv.URL+"/misc/i/pid", "", nil); err != nil || r.Code != 200 {
+		t.Fatalf("activate: %v %v", err, r)
+	}
+	// Open across several timeouts: the timer armed by the first
+	// request's end fires meanwhile.
+	if r, err := testutil.Do(context.Background(), "GET", srv.URL+"/misc/i/sleep?ms=800", "", nil); err != nil || r.Code != 200 || r.Body != "slept" {
+		t.Fatalf("sleep: %v %v", err, r)
+	}
+	if !live() {
+		t.Fatal("evicted while a request was open")
+	}
+	testutil.WaitFor(t, 10*time.Second, "the instance to go once idle", func() bool { return !live() })
+	var m dto.Metric
+	if err := s.metrics.evictions.WithLabelValues("/misc", "idle").Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+		got := m.GetCounter().GetValue()
+		t.Fatalf("idle evictions = %v, want 1", got)
 	}
 }
