@@ -254,6 +254,7 @@ type row struct {
 	lat      []time.Duration
 	p50, p99 float64 // µs
 	rps      float64
+	roundRPS []float64 // req/s of each throughput round, in round order
 	// fwd and owner list the forwarding processes (none for row 1) and the
 	// owner node's (pinnedd and its plugins), whose CPU per request the
 	// throughput run measures.
@@ -366,6 +367,7 @@ func measureThroughput(b *testing.B, rows []*row) {
 			r.ownerCPU += cpuOf(owner) - o0
 			done[i] += n
 			elapsed[i] += d
+			r.roundRPS = append(r.roundRPS, float64(n)/d.Seconds())
 		}
 	}
 	for i, r := range rows {
@@ -757,8 +759,19 @@ func renderTable(rows []*row, sse sseResult) string {
 		verdict(hop.p50 <= ngx.p50), verdict(hop.p99 <= ngx.p99))
 	fmt.Fprintf(&s, "- at least nginx's req/s at %d connections: %.0f vs %.0f (%.0f%%) — %s\n",
 		conns, hop.rps, ngx.rps, 100*hop.rps/ngx.rps, verdict(hop.rps >= ngx.rps))
+	fmt.Fprintf(&s, "  - round by round, hop vs nginx: %s\n", roundRatios(hop, ngx))
 	fmt.Fprintf(&s, "- ≤ %d KB per held proxied SSE stream: %.1f KB — %s\n", sseTargetKB, sse.perStreamKB, verdict(sse.perStreamKB <= sseTargetKB))
 	return s.String()
+}
+
+// roundRatios is a's req/s over b's in each throughput round: the spread
+// says how far one run's verdict can be trusted.
+func roundRatios(a, b *row) string {
+	var out []string
+	for i := range min(len(a.roundRPS), len(b.roundRPS)) {
+		out = append(out, fmt.Sprintf("%.0f%%", 100*a.roundRPS[i]/b.roundRPS[i]))
+	}
+	return strings.Join(out, ", ")
 }
 
 func loadavg() string {
