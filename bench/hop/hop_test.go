@@ -30,12 +30,12 @@ import (
 // Workload sizes: the whole benchmark (binaries cached) stays well under
 // two minutes on a 2-core machine.
 const (
-	seqRounds    = 3                       // interleaved rounds of sequential requests per row
+	seqRounds    = 6                       // interleaved rounds of sequential requests per row
 	seqPerRound  = 1000                    // sequential requests per row per round
 	seqWarm      = 100                     // warm-up requests per row per round
 	conns        = 16                      // concurrent keep-alive connections
-	loadRounds   = 4                       // interleaved rounds of the throughput run
-	loadDuration = 1500 * time.Millisecond // per row per round (6 s per row in all)
+	loadRounds   = 8                       // interleaved rounds of the throughput run
+	loadDuration = 1500 * time.Millisecond // per row per round (12 s per row in all)
 	loadWarm     = 300 * time.Millisecond
 	sseStreams   = 200
 	sseTargetKB  = 16
@@ -165,8 +165,10 @@ func startFleet(b testing.TB, bin string) *fleet {
 			// Loopback's X-Forwarded-For is trusted so the benchmark can
 			// pose as many client IPs and place ids on the owner.
 			"--trusted-proxies", "127.0.0.1/32",
-			// The e2e fleet's timings: a 3 s cold-start quarantine.
-			"--lease-ttl", "3s", "--heartbeat-interval", "500ms", "--raft-timeout", "300ms",
+			// pinnedd's default timings (Raft's heartbeats and elections
+			// included), except a 3 s lease, which the cold-start
+			// quarantine lasts, renewed every second.
+			"--lease-ttl", "3s", "--heartbeat-interval", "1s",
 			// testutil asks for debug logs; a benchmark wants the default.
 			"--log-level", "info",
 		}, extra...)
@@ -795,7 +797,8 @@ func writeResults(b *testing.B, cmd string, started time.Time, loadBefore, table
 		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), loadBefore)
 	fmt.Fprintf(&s, "- run took %s; load average after %s\n\n", time.Since(started).Round(time.Second), loadavg())
 	s.WriteString("Method, all in one run on loopback: a two-node pinnedd fleet (`--plugin /counters=counter --plugin /misc=testhost`, " +
-		"`--trusted-proxies 127.0.0.1/32` so the benchmark can place the id on the owner node). Every row requests " +
+		"`--trusted-proxies 127.0.0.1/32` so the benchmark can place the id on the owner node; default timings but for a " +
+		"3 s lease renewed every second, so the cold-start quarantine is short). Every row requests " +
 		"`GET /counters/<id>/value` for the same id, owned by the second node: row 1 sent to the owner itself, row 2 to the " +
 		"other node (one attested forwarding hop), rows 3 and 4 to a proxy in front of the owner's front door: a plain " +
 		"`httputil.ReverseProxy` in its own process, and nginx (`worker_processes auto`, `proxy_http_version 1.1`, " +
