@@ -100,11 +100,14 @@ const holdFor = time.Millisecond
 
 // yieldEvery: a loop that holds gives way to the scheduler this often.
 // To the scheduler a loop that keeps holding is one goroutine running on
-// and on, and sysmon stops such a goroutine after 10 ms with a signal that
-// can land mid-request; measured on two nodes under a sequential client,
-// that was about 100 signals a second each. A yield every 5 ms costs one
-// pass through the scheduler instead.
-const yieldEvery = 5 * time.Millisecond
+// and on, which sysmon stops after 10 ms with a signal that can land
+// mid-request; measured on two nodes under a sequential client, about 100
+// signals a second each. Yielding first avoids the signal. Not more often
+// than that: a yield goes through the global run queue and usually moves
+// the loop to another thread, and at every 5 ms the hop's p50 and p99 on
+// bench/hop were worse than without yields in 3 A/B runs of 3, where at
+// 9 ms they match (p50 272 vs 270 µs, p99 847 vs 843).
+const yieldEvery = 9 * time.Millisecond
 
 var (
 	holder    atomic.Bool  // the process's one held wait
