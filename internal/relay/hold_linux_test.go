@@ -16,9 +16,8 @@ import (
 // once they stop it parks in Go's poller and holds no P. With one P it
 // never holds: every other goroutine would wait on it.
 func TestLoopHoldsOnlyWhileBusy(t *testing.T) {
-	if runtime.GOMAXPROCS(0) < 2 {
-		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
-	}
+	procs := max(runtime.GOMAXPROCS(0), 2)
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
 	rig := newConnsRig(t)
 	c := rig.client()
 	before := heldWaits.Load()
@@ -59,7 +58,7 @@ func TestLoopHoldsOnlyWhileBusy(t *testing.T) {
 			t.Fatalf("request %d with one P: %d", i, code)
 		}
 	}
-	runtime.GOMAXPROCS(2)
+	runtime.GOMAXPROCS(procs)
 	if n := heldWaits.Load() - before; n != 0 {
 		t.Fatalf("with GOMAXPROCS=1 the loop held %d waits, want none", n)
 	}
