@@ -132,7 +132,7 @@ func (e *life) startLocked(wakeEvents uint32, wakeSide int32, run func(epfd, wak
 		return fmt.Errorf("epoll nonblock: %w", err)
 	}
 	// The loop parks on parkfd, an epoll instance of its own in Go's
-	// poller that watches epfd only while the loop is parked (see hold).
+	// poller that watches epfd only while the loop is parked (see life).
 	parkfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err == nil {
 		if err = unix.SetNonblock(parkfd, true); err != nil {
@@ -230,7 +230,7 @@ func (e *life) park(events []unix.EpollEvent, timeout time.Duration) (int, error
 	return n, werr
 }
 
-// closeEpollLocked closes the epoll instance and the eventfd.
+// closeEpollLocked closes both epoll instances and the eventfd.
 func (e *life) closeEpollLocked() {
 	_, _, _ = unix.Close(e.wakefd), e.ep.Close(), unix.Close(e.epfd)
 	e.epfd, e.wakefd, e.parkfd = -1, -1, -1
