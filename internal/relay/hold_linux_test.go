@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,8 +14,9 @@ import (
 )
 
 // While requests flow the loop waits in epoll_wait itself (held waits);
-// once they stop it parks in Go's poller and holds no P. With one P it
-// never holds: every other goroutine would wait on it.
+// once they stop it parks in Go's poller and holds no P. It never holds
+// while other goroutines wait for a P, nor with one P: they would wait on
+// it.
 func TestLoopHoldsOnlyWhileBusy(t *testing.T) {
 	procs := max(runtime.GOMAXPROCS(0), 2)
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
@@ -49,6 +51,32 @@ func TestLoopHoldsOnlyWhileBusy(t *testing.T) {
 	}
 	if holder.Load() {
 		t.Fatal("a parked loop still holds its wait")
+	}
+
+	// Goroutines waiting for a P get the loop's: with two spinning
+	// goroutines on two Ps, one of them is always waiting.
+	var spin atomic.Bool
+	spin.Store(true)
+	var spinners sync.WaitGroup
+	for range 2 {
+		spinners.Add(1)
+		go func() {
+			defer spinners.Done()
+			for spin.Load() {
+			}
+		}()
+	}
+	before = heldWaits.Load()
+	for i := range 50 {
+		if code, _, _ := rig.get(c, "GET", fmt.Sprintf("/up/fixed?busy=%d", i), ""); code != 200 {
+			t.Errorf("request %d beside busy goroutines: %d", i, code)
+			break
+		}
+	}
+	spin.Store(false)
+	spinners.Wait()
+	if n := heldWaits.Load() - before; n != 0 {
+		t.Fatalf("with goroutines waiting for a P the loop held %d waits, want none", n)
 	}
 
 	runtime.GOMAXPROCS(1)
