@@ -178,7 +178,7 @@ func parseRequest(in []byte, h *ReqHead) (n int, need bool, ok bool) {
 		if colon <= 0 || !token(fl[:colon]) {
 			return 0, false, false // also obs-fold: a line starting with a space
 		}
-		name, value := fl[:colon], trimOWS(fl[colon+1:])
+		name, value := fl[:colon], strings.Trim(fl[colon+1:], " \t")
 		if !fieldValue(value) {
 			return 0, false, false
 		}
@@ -311,7 +311,7 @@ func listed(tokens, name []byte) bool {
 	return false
 }
 
-func upperToken[T []byte | string](b T) bool {
+func upperToken(b string) bool {
 	if len(b) == 0 || len(b) > 16 {
 		return false
 	}
@@ -322,17 +322,6 @@ func upperToken[T []byte | string](b T) bool {
 		}
 	}
 	return true
-}
-
-// trimOWS trims spaces and tabs at both ends.
-func trimOWS(v string) string {
-	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
-		v = v[1:]
-	}
-	for len(v) > 0 && (v[len(v)-1] == ' ' || v[len(v)-1] == '\t') {
-		v = v[:len(v)-1]
-	}
-	return v
 }
 
 // tchars are RFC 9110's token characters.
@@ -357,7 +346,7 @@ func token[T []byte | string](b T) bool {
 }
 
 // visible: printable ASCII, no space.
-func visible[T []byte | string](b T) bool {
+func visible(b string) bool {
 	for i := 0; i < len(b); i++ {
 		c := b[i]
 		if c <= ' ' || c >= 0x7f {
@@ -368,7 +357,7 @@ func visible[T []byte | string](b T) bool {
 }
 
 // fieldValue: no control bytes but tab.
-func fieldValue[T []byte | string](b T) bool {
+func fieldValue(b string) bool {
 	for i := 0; i < len(b); i++ {
 		c := b[i]
 		if c < ' ' && c != '\t' || c == 0x7f {

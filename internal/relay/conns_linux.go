@@ -749,17 +749,11 @@ func (l *Conns) upstreamFor(addr string) *upstream {
 
 // dial connects a new upstream connection to addr (nil if it cannot).
 func (l *Conns) dial(addr string) *upstream {
-	var fd int
-	var err error
-	if strings.HasPrefix(addr, "/") {
-		fd, err = connectUnix(addr)
-	} else {
-		ip, port, ok := ipPort(addr)
-		if !ok {
-			return nil
-		}
-		fd, err = connect(ip, port)
+	family, sa, ok := sockaddr(addr)
+	if !ok {
+		return nil
 	}
+	fd, err := connect(family, sa)
 	if err != nil {
 		return nil
 	}
@@ -772,42 +766,39 @@ func (l *Conns) dial(addr string) *upstream {
 	return u
 }
 
-// connect starts a non-blocking TCP connection; the request is queued on
-// it at once and goes out when it is established (EPOLLOUT), and a refused
-// connection shows as a failed write or read.
-func connect(ip net.IP, port int) (int, error) {
-	var sa unix.Sockaddr
-	family := unix.AF_INET
+// sockaddr is addr (an IP literal and a port, or a unix socket's absolute
+// path) as connect takes it.
+func sockaddr(addr string) (family int, sa unix.Sockaddr, ok bool) {
+	if strings.HasPrefix(addr, "/") {
+		return unix.AF_UNIX, &unix.SockaddrUnix{Name: addr}, true
+	}
+	ip, port, ok := ipPort(addr)
+	if !ok {
+		return 0, nil, false
+	}
 	if ip4 := ip.To4(); ip4 != nil {
 		s := &unix.SockaddrInet4{Port: port}
 		copy(s.Addr[:], ip4)
-		sa = s
-	} else {
-		family = unix.AF_INET6
-		s := &unix.SockaddrInet6{Port: port}
-		copy(s.Addr[:], ip.To16())
-		sa = s
+		return unix.AF_INET, s, true
 	}
+	s := &unix.SockaddrInet6{Port: port}
+	copy(s.Addr[:], ip.To16())
+	return unix.AF_INET6, s, true
+}
+
+// connect starts a non-blocking connection; the request is queued on it
+// at once and goes out when it is established (EPOLLOUT), and a refused
+// connection shows as a failed write or read. A unix listener whose
+// backlog is full (EAGAIN) counts as unreachable.
+func connect(family int, sa unix.Sockaddr) (int, error) {
 	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
 	}
-	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	if family != unix.AF_UNIX {
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	}
 	if err := unix.Connect(fd, sa); err != nil && !errors.Is(err, unix.EINPROGRESS) {
-		_ = unix.Close(fd)
-		return -1, err
-	}
-	return fd, nil
-}
-
-// connectUnix connects to the unix socket at path without blocking; a
-// listener whose backlog is full (EAGAIN) counts as unreachable.
-func connectUnix(path string) (int, error) {
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return -1, err
-	}
-	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil && !errors.Is(err, unix.EINPROGRESS) {
 		_ = unix.Close(fd)
 		return -1, err
 	}

@@ -33,20 +33,14 @@ func rawIO(trap uintptr, fd int, p []byte) (int, error) {
 }
 
 // epollNow returns the events ready now, without waiting.
-func epollNow(epfd int, events []unix.EpollEvent) (int, error) {
+func epollNow(epfd int, events []unix.EpollEvent) (int, error) { return epollHold(epfd, events, 0) }
+
+// epollHold waits up to msec milliseconds for events in epoll_wait with
+// the thread's P kept (see life): the one call here that may block.
+func epollHold(epfd int, events []unix.EpollEvent, msec int) (int, error) {
 	if len(events) == 0 {
 		return 0, nil
 	}
-	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(n), nil
-}
-
-// epollHold waits up to msec milliseconds for events in epoll_wait with
-// the thread's P kept (see holdFor): the one blocking call here.
-func epollHold(epfd int, events []unix.EpollEvent, msec int) (int, error) {
 	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(msec), 0, 0)
 	if e != 0 {
 		return 0, e
