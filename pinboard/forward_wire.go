@@ -6,7 +6,6 @@ import (
 	"mime"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -22,10 +21,6 @@ import (
 // dropped both ways, X-Forwarded-For/-Host/-Proto set, trailers passed on,
 // streams flushed per write. Anything else (Upgrades, streamed or large
 // uploads, a custom Transport) takes ReverseProxy.
-
-// hopByHop are the fields ReverseProxy drops (RFC 7230 6.1 and RFC 2616
-// 13.5.1).
-var hopByHop = httpx.HopByHop
 
 // notForwarded are request fields the forward sets itself, or that a
 // client must not pass to the owner (ReverseProxy's Rewrite mode strips
@@ -78,7 +73,7 @@ func appendHead(dst []byte, r *http.Request, addr, target, att string, body []by
 	dst = httpx.AppendRequestLine(dst, r.Method, target, host)
 	conn := r.Header["Connection"]
 	for k, vs := range r.Header {
-		if hopByHop[k] || notForwarded[k] || len(conn) > 0 && listedIn(conn, k) {
+		if httpx.HopByHop[k] || notForwarded[k] || len(conn) > 0 && listedIn(conn, k) {
 			continue
 		}
 		for _, v := range vs {
@@ -118,15 +113,7 @@ func appendForwarding(dst []byte, method, remoteAddr, host string, tls, trailers
 	dst = append(dst, AttestationHeader+": "...)
 	dst = append(dst, att...)
 	dst = append(dst, "\r\n"...)
-	// As http.Request.Write: a length for every body, and an empty one
-	// for methods other than GET and HEAD.
-	if len(body) > 0 || method != http.MethodGet && method != http.MethodHead {
-		dst = append(dst, "Content-Length: "...)
-		dst = strconv.AppendInt(dst, int64(len(body)), 10)
-		dst = append(dst, "\r\n"...)
-	}
-	dst = append(dst, "\r\n"...)
-	return append(dst, body...)
+	return httpx.AppendBody(dst, method, body)
 }
 
 // safeField: no byte that would end or split a header line.
@@ -154,7 +141,7 @@ func stripHopByHop(h http.Header) {
 			}
 		}
 	}
-	for k := range hopByHop {
+	for k := range httpx.HopByHop {
 		delete(h, k)
 	}
 }

@@ -305,7 +305,7 @@ func appendLoopHead(dst []byte, h *relay.ReqHead, target, att string) []byte {
 			trailers = trailers || httpx.TokenListHas(fl.Value, "trailers")
 			continue
 		}
-		if !hopByHop[k] && !notForwarded[k] {
+		if !httpx.HopByHop[k] && !notForwarded[k] {
 			dst = httpx.AppendField(dst, fl.Name, fl.Value)
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -166,11 +165,5 @@ func appendPluginRequest(dst []byte, h *relay.ReqHead, k Key, target string, tru
 		xfp = "http"
 	}
 	dst = httpx.AppendField(dst, "X-Forwarded-Proto", xfp)
-	if len(h.Body) > 0 || h.Method != http.MethodGet && h.Method != http.MethodHead {
-		dst = append(dst, "Content-Length: "...)
-		dst = strconv.AppendInt(dst, int64(len(h.Body)), 10)
-		dst = append(dst, "\r\n"...)
-	}
-	dst = append(dst, "\r\n"...)
-	return append(dst, h.Body...)
+	return httpx.AppendBody(dst, h.Method, h.Body)
 }

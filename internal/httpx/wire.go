@@ -2,6 +2,8 @@ package httpx
 
 import (
 	"context"
+	"net/http"
+	"strconv"
 	"strings"
 )
 
@@ -32,6 +34,19 @@ func AppendField(dst []byte, k, v string) []byte {
 	dst = append(dst, ": "...)
 	dst = append(dst, v...)
 	return append(dst, "\r\n"...)
+}
+
+// AppendBody ends a request head and appends the body: as
+// http.Request.Write, a length for every body, and an empty one for
+// methods other than GET and HEAD.
+func AppendBody(dst []byte, method string, body []byte) []byte {
+	if len(body) > 0 || method != http.MethodGet && method != http.MethodHead {
+		dst = append(dst, "Content-Length: "...)
+		dst = strconv.AppendInt(dst, int64(len(body)), 10)
+		dst = append(dst, "\r\n"...)
+	}
+	dst = append(dst, "\r\n"...)
+	return append(dst, body...)
 }
 
 type trustedForwardingKey struct{}
