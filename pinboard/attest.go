@@ -232,22 +232,23 @@ func (v *Verifier) Check(key []byte, header, self, method, path string, now time
 	if a.Target != self {
 		return Attestation{}, fmt.Errorf("%w: for worker %s, this is %s", ErrAttestationForged, a.Target, self)
 	}
-	window := v.Window
-	if window <= 0 {
-		window = DefaultAttestationWindow
-	}
-	if d := now.Sub(a.At); d > window || d < -window {
+	if d, window := now.Sub(a.At), v.window(); d > window || d < -window {
 		return Attestation{}, ErrAttestationExpired
 	}
 	return a, nil
 }
 
+// window is how far from now an attestation's time may be.
+func (v *Verifier) window() time.Duration {
+	if v.Window <= 0 {
+		return DefaultAttestationWindow
+	}
+	return v.Window
+}
+
 // Spend records a's nonce as used; ErrAttestationReplayed if it was.
 func (v *Verifier) Spend(a Attestation, now time.Time) error {
-	window := v.Window
-	if window <= 0 {
-		window = DefaultAttestationWindow
-	}
+	window := v.window()
 	// Once At + window has passed, Check refuses the attestation as
 	// expired: the nonce need not be remembered longer.
 	forget := a.At.Add(window).UnixNano()

@@ -403,25 +403,20 @@ func (f *FrontDoor) status(w http.ResponseWriter, _ *http.Request) {
 
 // splitInstancePath parses /<ns>/<id>[/<rest>] from the escaped path.
 func splitInstancePath(escaped string) (ns, id, rest string, ok bool) {
-	if !strings.HasPrefix(escaped, "/") {
+	// Slices of escaped, not new strings: this runs for every request.
+	p, ok := strings.CutPrefix(escaped, "/")
+	if !ok {
 		return "", "", "", false
 	}
-	// Slices of escaped, not new strings: this runs for every request.
-	end := len(escaped)
-	if i := strings.IndexByte(escaped[1:], '/'); i >= 0 {
-		end = 1 + i
+	i := strings.IndexByte(p, '/')
+	if i < 0 {
+		return escaped, "", "/", true
 	}
-	ns, after := escaped[:end], ""
-	if end < len(escaped) {
-		after = escaped[end+1:]
+	ns, after := escaped[:1+i], p[i+1:]
+	if j := strings.IndexByte(after, '/'); j >= 0 {
+		return ns, after[:j], after[j:], true
 	}
-	rest = "/"
-	if i := strings.IndexByte(after, '/'); i >= 0 {
-		id, rest = after[:i], after[i:]
-	} else {
-		id = after
-	}
-	return ns, id, rest, true
+	return ns, after, "/", true
 }
 
 func (f *FrontDoor) instance(w http.ResponseWriter, r *http.Request) {
