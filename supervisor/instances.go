@@ -512,24 +512,18 @@ func (s *Supervisor) newProxy(inc *incarnation) *httputil.ReverseProxy {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = "plugin"
-			if !httpx.TrustedForwarding(pr.In.Context()) {
-				pr.SetXForwarded()
-				return
+			// A peer node forwarded it (TrustedForwarding): its
+			// X-Forwarded-* describe the client, and the peer's own address
+			// goes on the chain; anyone else's are replaced.
+			trusted := httpx.TrustedForwarding(pr.In.Context())
+			if v := pr.In.Header["X-Forwarded-For"]; trusted && len(v) > 0 {
+				pr.Out.Header["X-Forwarded-For"] = v // SetXForwarded appends to it
 			}
-			// A peer node forwarded it: its X-Forwarded-* describe the
-			// client; the peer's own address goes on the chain.
-			for _, k := range []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
-				if v := pr.In.Header[k]; len(v) > 0 {
-					pr.Out.Header[k] = v
+			pr.SetXForwarded()
+			for _, k := range []string{"X-Forwarded-Host", "X-Forwarded-Proto"} {
+				if v := pr.In.Header.Get(k); trusted && v != "" {
+					pr.Out.Header.Set(k, v)
 				}
-			}
-			xfh, xfp := pr.Out.Header.Get("X-Forwarded-Host"), pr.Out.Header.Get("X-Forwarded-Proto")
-			pr.SetXForwarded() // appends to X-Forwarded-For, sets the other two
-			if xfh != "" {
-				pr.Out.Header.Set("X-Forwarded-Host", xfh)
-			}
-			if xfp != "" {
-				pr.Out.Header.Set("X-Forwarded-Proto", xfp)
 			}
 		},
 		ModifyResponse: func(resp *http.Response) error {
