@@ -157,11 +157,7 @@ func startInstances(t testing.TB) *supervisor.Supervisor {
 			pids = append(pids, p.PID)
 		}
 		s.Stop(context.Background())
-		for _, pid := range pids {
-			if testutil.Alive(pid) {
-				t.Errorf("plugin %d alive after Stop", pid)
-			}
-		}
+		testutil.CheckGone(t, pids)
 	})
 	return s
 }

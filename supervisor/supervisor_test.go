@@ -47,11 +47,7 @@ func startSupervisor(t testing.TB, plane DataPlane, bin string, nss ...string) (
 			pids = append(pids, p.PID)
 		}
 		s.Stop(context.Background())
-		for _, pid := range pids {
-			if testutil.Alive(pid) {
-				t.Errorf("plugin %d alive after Stop", pid)
-			}
-		}
+		testutil.CheckGone(t, pids)
 	})
 	return s, srv
 }

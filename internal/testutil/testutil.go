@@ -295,6 +295,17 @@ func isZombie(stat []byte) bool {
 	return i > 0 && i+2 < len(stat) && stat[i+2] == 'Z'
 }
 
+// CheckGone fails t for each of pids still running: processes whose
+// owner was just stopped (a supervisor's plugins).
+func CheckGone(t testing.TB, pids []int) {
+	t.Helper()
+	for _, pid := range pids {
+		if Alive(pid) {
+			t.Errorf("process %d alive after its owner stopped", pid)
+		}
+	}
+}
+
 // Alive reports whether pid exists and is not a zombie.
 func Alive(pid int) bool {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
