@@ -269,8 +269,13 @@ func TestLeaseLossRefusesByItself(t *testing.T) {
 // clear 4xx and changes nothing.
 func TestRegistryBadInput(t *testing.T) {
 	t.Parallel()
-	n1 := newNode(t, "n1", "--bootstrap").start(t, true)
+	// Heartbeats every 2 s (the lease is 3 s): none lands between the two
+	// reads of the applied index below, which must differ only by what the
+	// bad input wrote.
+	n1 := newNode(t, "n1", "--bootstrap", "--heartbeat-interval", "2s").start(t, true)
 	applied := func() float64 { v, _ := health(t, n1)["appliedIndex"].(float64); return v }
+	// Ready is before the node's own worker registers (a write of its own).
+	testutil.WaitFor(t, 10*time.Second, "the node's own worker registered", func() bool { return len(liveWorkers(t, n1)) == 1 })
 	workersBefore := len(liveWorkers(t, n1))
 
 	// A fake worker whose challenge endpoint echoes whatever it is told to:
