@@ -30,9 +30,15 @@ type listSM struct {
 	count     int
 	entries   []string
 	restores  int
+	// Apply of the command holdCmd waits until hold is closed (nil: never waits).
+	holdCmd string
+	hold    chan struct{}
 }
 
 func (m *listSM) Apply(_ uint64, cmd []byte) []byte {
+	if m.hold != nil && string(cmd) == m.holdCmd {
+		<-m.hold
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.count++
@@ -93,6 +99,8 @@ type testNode struct {
 	handler atomic.Pointer[http.Handler]
 	// closeErr: the test expects Close to fail (it checked the error itself).
 	closeErr error
+	// abandoned: Close hung and the test failed; the cleanup leaves the node to the process exit.
+	abandoned bool
 }
 
 func testLogger() *slog.Logger {
@@ -159,6 +167,9 @@ func startNodeSM(t testing.TB, id, dir, raftAddr string, bootstrap bool, mod fun
 
 // close shuts the node down gracefully (idempotent).
 func (n *testNode) close() {
+	if n.abandoned {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := n.s.Close(ctx); err != nil && !errors.Is(err, n.closeErr) {

@@ -89,7 +89,7 @@ func (s *Store) leaderLoop() {
 // (false) when leadership is lost or the store closes.
 func (s *Store) leaderBarrier() bool {
 	for {
-		err := s.raft.Barrier(s.cfg.ApplyTimeout).Error()
+		err := s.await(s.baseCtx, s.raft.Barrier(s.cfg.ApplyTimeout))
 		if err == nil {
 			return s.raft.State() == raft.Leader
 		}

@@ -56,6 +56,7 @@ type Store struct {
 
 	baseCtx    context.Context // cancelled when Close starts
 	baseCancel context.CancelFunc
+	raftDone   chan struct{} // closed once Close has stopped raft (or given up on it)
 	wg         sync.WaitGroup
 	closed     atomic.Bool
 	closeOnce  sync.Once
@@ -94,6 +95,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		obsCh:    make(chan raft.Observation, 64),
 		regCh:    make(chan struct{}, 1),
 		changed:  make(chan struct{}),
+		raftDone: make(chan struct{}),
 		failing:  map[raft.ServerID]time.Time{},
 	}
 	s.baseCtx, s.baseCancel = context.WithCancel(context.Background())
@@ -206,7 +208,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		f := s.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{{
 			Suffrage: raft.Voter, ID: rc.LocalID, Address: raft.ServerAddress(s.advertise),
 		}}})
-		if err := waitFuture(ctx, f); err != nil {
+		if err := s.await(ctx, f); err != nil {
 			return nil, fmt.Errorf("raftstore: bootstrap: %w", err)
 		}
 		s.log.Info("bootstrapped a new cluster", "raft_addr", s.advertise)
@@ -328,7 +330,7 @@ func (s *Store) Barrier(ctx context.Context) error {
 		return ErrClosed
 	}
 	f := s.raft.Barrier(timeoutFrom(ctx, s.cfg.ApplyTimeout))
-	if err := waitFuture(ctx, f); err != nil {
+	if err := s.await(ctx, f); err != nil {
 		return fmt.Errorf("raftstore: barrier: %w", err)
 	}
 	return nil
@@ -431,7 +433,7 @@ func (s *Store) transferLeadership(ctx context.Context) error {
 		return ErrLastVoter
 	}
 	s.log.Info("transferring leadership")
-	if err := waitFuture(ctx, s.raft.LeadershipTransfer()); err != nil {
+	if err := s.await(ctx, s.raft.LeadershipTransfer()); err != nil {
 		return fmt.Errorf("leadership transfer: %w", err)
 	}
 	return nil
@@ -481,7 +483,7 @@ func (s *Store) Members(ctx context.Context) ([]Member, error) {
 
 func (s *Store) configuration(ctx context.Context) ([]raft.Server, error) {
 	f := s.raft.GetConfiguration()
-	if err := waitFuture(ctx, f); err != nil {
+	if err := s.await(ctx, f); err != nil {
 		return nil, fmt.Errorf("raftstore: reading configuration: %w", err)
 	}
 	return f.Configuration().Servers, nil
@@ -506,6 +508,7 @@ func (s *Store) shutdown(ctx context.Context, graceful bool) error {
 		s.notifyChange()
 		s.raft.DeregisterObserver(s.observer)
 		err := s.waitRaftShutdown(ctx)
+		close(s.raftDone)
 		if errors.Is(err, ErrShutdownStuck) {
 			// Raft's goroutines may still use the stores: leave them (and the data dir lock)
 			// to the process's exit, which a crash-safe log survives.
@@ -607,7 +610,7 @@ func (s *Store) onLeader(ctx context.Context, op string, local func(context.Cont
 // applyLocal proposes data on this node, which must be the leader.
 func (s *Store) applyLocal(ctx context.Context, data []byte) ([]byte, error) {
 	f := s.raft.Apply(data, timeoutFrom(ctx, s.cfg.ApplyTimeout))
-	if err := waitFuture(ctx, f); err != nil {
+	if err := s.await(ctx, f); err != nil {
 		return nil, fmt.Errorf("raftstore: apply: %w", err)
 	}
 	res, _ := f.Response().([]byte)
@@ -630,7 +633,7 @@ func (s *Store) joinLocal(ctx context.Context, req joinRequest) error {
 		switch {
 		case srv.ID == id && srv.Address == addr:
 			if srv.Suffrage != raft.Voter && voters < s.cfg.MaxVoters {
-				if err := waitFuture(ctx, s.raft.AddVoter(id, addr, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout))); err != nil {
+				if err := s.await(ctx, s.raft.AddVoter(id, addr, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout))); err != nil {
 					return fmt.Errorf("raftstore: promoting %s: %w", id, err)
 				}
 				s.log.Info("promoted member to voter", "member", id)
@@ -643,7 +646,7 @@ func (s *Store) joinLocal(ctx context.Context, req joinRequest) error {
 			}
 			s.log.Info("removing stale member before join", "member", srv.ID, "raft_addr", srv.Address,
 				"joining", id, "joining_raft_addr", addr)
-			if err := waitFuture(ctx, s.raft.RemoveServer(srv.ID, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout))); err != nil {
+			if err := s.await(ctx, s.raft.RemoveServer(srv.ID, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout))); err != nil {
 				return fmt.Errorf("raftstore: removing stale member %s: %w", srv.ID, err)
 			}
 			if srv.Suffrage == raft.Voter {
@@ -663,7 +666,7 @@ func (s *Store) joinLocal(ctx context.Context, req joinRequest) error {
 	} else {
 		f = s.raft.AddNonvoter(id, addr, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout))
 	}
-	if err := waitFuture(ctx, f); err != nil {
+	if err := s.await(ctx, f); err != nil {
 		return fmt.Errorf("raftstore: adding %s: %w", id, err)
 	}
 	s.log.Info("member joined", "member", id, "raft_addr", addr, "api_addr", req.APIAddr, "voter", voter)
@@ -706,7 +709,7 @@ func (s *Store) removeLocal(ctx context.Context, nodeID string) error {
 			return err
 		}
 	}
-	if err := waitFuture(ctx, s.raft.RemoveServer(found.ID, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout))); err != nil {
+	if err := s.await(ctx, s.raft.RemoveServer(found.ID, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout))); err != nil {
 		return fmt.Errorf("raftstore: removing %s: %w", nodeID, err)
 	}
 	s.log.Info("member removed", "member", nodeID)
@@ -873,20 +876,32 @@ func timeoutFrom(ctx context.Context, def time.Duration) time.Duration {
 	return def
 }
 
-// waitFuture waits for a raft future or ctx, translating raft's errors into this package's
-// sentinels.
-func waitFuture(ctx context.Context, f raft.Future) error {
-	done := ctx.Done()
-	if done == nil {
-		return translate(f.Error())
-	}
+// await waits for a raft future until raft answers it, ctx ends, or Close has stopped raft,
+// translating raft's errors into this package's sentinels.
+//
+// Raft does not answer every future it accepted: on shutdown its FSM goroutine returns without
+// answering the committed entries still queued to it (hashicorp/raft v1.7, runFSM), and such a
+// future's Error never returns. So no wait in raftstore is on a future alone: Close would wait
+// behind it (the leader loop's barrier once hung a CI run for 20 minutes), and so would the
+// callers of Apply. The goroutine parked on a dropped future stays until the process exits; it
+// holds nothing but the future.
+func (s *Store) await(ctx context.Context, f raft.Future) error {
 	ch := make(chan error, 1)
-	go func() { ch <- f.Error() }() // ends when raft resolves the future (at the latest on shutdown)
+	go func() { ch <- f.Error() }()
 	select {
 	case err := <-ch:
 		return translate(err)
-	case <-done:
+	case <-ctx.Done():
 		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
+	case <-s.raftDone:
+	}
+	// Raft has stopped: it has answered whatever it was going to (the answer may still be on
+	// its way to ch, in which case unknown is the honest outcome too).
+	select {
+	case err := <-ch:
+		return translate(err)
+	default:
+		return fmt.Errorf("%w: %w: raft stopped without answering", ErrClosed, ErrOutcomeUnknown)
 	}
 }
 
