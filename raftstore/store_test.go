@@ -685,17 +685,24 @@ func TestCloseBoundedWhenRaftIsStuck(t *testing.T) {
 }
 
 // Raft's FSM goroutine returns on shutdown without answering the entries already queued to it,
-// so a barrier committed just before Close is never answered. The leader loop waits for its
-// barrier only until Close begins: when it waited for the answer, Close waited for the leader
-// loop for ever (a CI run hung for 20 minutes). Each round queues the leader loop's barrier
-// behind a replayed entry the state machine holds, shuts raft down, then releases the entry;
-// raft drops the barrier in about half the rounds.
-func TestCloseEndsWhenRaftDropsTheLeaderBarrier(t *testing.T) {
+// so a barrier or an apply committed just before Close is never answered. The leader loop waits
+// for its barrier only until Close begins, and an Apply until Close has stopped raft: when the
+// leader loop waited for the answer, Close waited for it for ever (a CI run hung for 20
+// minutes). Each round queues the leader loop's barrier and an Apply behind a replayed entry the
+// state machine holds, shuts raft down, then releases the entry; raft drops what is queued in
+// about half the rounds.
+func TestCloseEndsWhenRaftDropsQueuedEntries(t *testing.T) {
 	dir := t.TempDir()
 	n := startNode(t, "n1", dir, "", true, nil)
 	waitLeader(t, n)
 	mustApply(t, n, "held")
 	n.close()
+	committed := func(n *testNode) error {
+		if st := n.s.Stats(); st["commit_index"] != st["last_log_index"] {
+			return fmt.Errorf("commit index %s, last log index %s", st["commit_index"], st["last_log_index"])
+		}
+		return nil
+	}
 	for round := range 8 {
 		hold := make(chan struct{})
 		n := startNodeSM(t, "n1", dir, "", true, nil, &listSM{holdCmd: "held", hold: hold})
@@ -703,17 +710,27 @@ func TestCloseEndsWhenRaftDropsTheLeaderBarrier(t *testing.T) {
 			if !goroutineIn("raftstore.(*Store).leaderBarrier") {
 				return errors.New("the leader loop is not waiting for a barrier")
 			}
-			st := n.s.Stats()
-			if st["commit_index"] != st["last_log_index"] {
-				return fmt.Errorf("commit index %s, last log index %s", st["commit_index"], st["last_log_index"])
-			}
-			return nil
+			return committed(n)
 		})
-		done := make(chan error, 1)
+		// Longer than the deadlines below: the apply must end with Close, not with its context.
+		actx := ctxTimeout(t, time.Minute)
+		applied := make(chan error, 1)
+		go func() {
+			_, err := n.s.Apply(actx, []byte("queued"))
+			applied <- err
+		}()
+		eventually(t, 10*time.Second, "the apply committed behind the held entry", func() error {
+			// This test's apply, not the registrar's (the API address is new each round).
+			if !goroutineIn("raftstore.(*Store).applyLocal", "raftstore.(*Store).await", "TestCloseEndsWhenRaftDropsQueuedEntries") {
+				return errors.New("the apply is not waiting for raft")
+			}
+			return committed(n)
+		})
+		closed := make(chan error, 1)
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			done <- n.s.Close(ctx)
+			closed <- n.s.Close(ctx)
 		}()
 		eventually(t, 10*time.Second, "raft shutting down", func() error {
 			if st := n.s.raft.State(); st != raft.Shutdown {
@@ -723,7 +740,7 @@ func TestCloseEndsWhenRaftDropsTheLeaderBarrier(t *testing.T) {
 		})
 		close(hold)
 		select {
-		case err := <-done:
+		case err := <-closed:
 			if err != nil {
 				t.Fatalf("round %d: close: %v", round, err)
 			}
@@ -731,13 +748,26 @@ func TestCloseEndsWhenRaftDropsTheLeaderBarrier(t *testing.T) {
 			n.abandoned = true // the cleanup's Close would wait behind this one for ever
 			t.Fatalf("round %d: Close did not return: the leader loop still waits for its barrier", round)
 		}
+		select {
+		case err := <-applied:
+			// Applied before raft stopped, or dropped: either way not left to its deadline.
+			if err != nil && (!errors.Is(err, ErrOutcomeUnknown) || actx.Err() != nil) {
+				t.Fatalf("round %d: apply queued at Close: %v", round, err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("round %d: an apply queued at Close still waits after Close returned", round)
+		}
 	}
 }
 
-// goroutineIn reports whether some goroutine's stack contains fn.
-func goroutineIn(fn string) bool {
+// goroutineIn reports whether some goroutine's stack contains every one of fns.
+func goroutineIn(fns ...string) bool {
 	for _, g := range goroutineStacks() {
-		if strings.Contains(g, fn) {
+		all := true
+		for _, fn := range fns {
+			all = all && strings.Contains(g, fn)
+		}
+		if all {
 			return true
 		}
 	}
