@@ -148,7 +148,7 @@ func (e *life) startLocked(wakeEvents uint32, wakeSide int32, run func(epfd, wak
 	if err == nil {
 		err = unix.SetNonblock(parkfd, true)
 		if err == nil {
-			err = epollWatch(parkfd, unix.EPOLL_CTL_ADD, epfd, unix.EPOLLIN)
+			err = epollCtl(parkfd, unix.EPOLL_CTL_ADD, epfd, unix.EPOLLIN, 0, 0)
 		}
 		if err != nil {
 			_ = unix.Close(parkfd)
@@ -190,7 +190,7 @@ func (e *life) wait(events []unix.EpollEvent, timeout time.Duration) (int, error
 		if e.armed {
 			// Go's poller stops watching epfd: held waits' events wake
 			// no thread there.
-			if err := epollWatch(e.parkfd, unix.EPOLL_CTL_MOD, e.epfd, 0); err != nil {
+			if err := epollCtl(e.parkfd, unix.EPOLL_CTL_MOD, e.epfd, 0, 0, 0); err != nil {
 				holder.Store(false)
 				return 0, fmt.Errorf("epoll unwatch: %w", err)
 			}
@@ -229,7 +229,7 @@ func (e *life) othersRunnable() bool {
 // poller.
 func (e *life) park(events []unix.EpollEvent, timeout time.Duration) (int, error) {
 	if !e.armed {
-		if err := epollWatch(e.parkfd, unix.EPOLL_CTL_MOD, e.epfd, unix.EPOLLIN); err != nil {
+		if err := epollCtl(e.parkfd, unix.EPOLL_CTL_MOD, e.epfd, unix.EPOLLIN, 0, 0); err != nil {
 			return 0, fmt.Errorf("epoll watch: %w", err)
 		}
 		e.armed = true

@@ -48,13 +48,3 @@ func epollHold(epfd int, events []unix.EpollEvent, msec int) (int, error) {
 	return int(n), nil
 }
 
-// epollWatch adds (op EPOLL_CTL_ADD) or changes (EPOLL_CTL_MOD) epfd's
-// watch of fd to events (0: none).
-func epollWatch(epfd, op, fd int, events uint32) error {
-	ev := unix.EpollEvent{Events: events}
-	_, _, e := unix.RawSyscall6(unix.SYS_EPOLL_CTL, uintptr(epfd), uintptr(op), uintptr(fd), uintptr(unsafe.Pointer(&ev)), 0, 0)
-	if e != 0 {
-		return e
-	}
-	return nil
-}
