@@ -47,4 +47,3 @@ func epollHold(epfd int, events []unix.EpollEvent, msec int) (int, error) {
 	}
 	return int(n), nil
 }
-
