@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
 func TestSingleNodeBootstrapApplyReopen(t *testing.T) {
@@ -762,7 +763,7 @@ func TestCloseEndsWhenRaftDropsQueuedEntries(t *testing.T) {
 
 // goroutineIn reports whether some goroutine's stack contains every one of fns.
 func goroutineIn(fns ...string) bool {
-	for _, g := range goroutineStacks() {
+	for _, g := range testutil.Goroutines() {
 		all := true
 		for _, fn := range fns {
 			all = all && strings.Contains(g, fn)
@@ -778,7 +779,7 @@ func goroutineIn(fns ...string) bool {
 // when it shut down (see Store.await): raft never answers those, so they stay until the process
 // exits. dropped is how many it left out.
 func goroutines() (n, dropped int) {
-	for _, g := range goroutineStacks() {
+	for _, g := range testutil.Goroutines() {
 		if strings.Contains(g, "raft.(*deferError).Error") && strings.Contains(g, "raftstore.(*Store).await.func") {
 			dropped++
 			continue
@@ -786,15 +787,4 @@ func goroutines() (n, dropped int) {
 		n++
 	}
 	return n, dropped
-}
-
-func goroutineStacks() []string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return strings.Split(string(buf[:n]), "\n\n")
-		}
-		buf = make([]byte, 2*len(buf))
-	}
 }

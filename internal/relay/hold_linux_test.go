@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"bytes"
 	"fmt"
 	"runtime"
 	"strings"
@@ -47,7 +46,7 @@ func TestLoopHoldsOnlyWhileBusy(t *testing.T) {
 		t.Fatalf("the busy loop made %d held waits: %v", heldWaits.Load()-before, err)
 	}
 	if err := testutil.Eventually(10*time.Second, loopParked); err != nil {
-		t.Fatalf("the idle loop did not park in Go's poller: %v\n%s", err, goroutines())
+		t.Fatalf("the idle loop did not park in Go's poller: %v\n%s", err, strings.Join(testutil.Goroutines(), "\n\n"))
 	}
 	if holder.Load() {
 		t.Fatal("a parked loop still holds its wait")
@@ -94,15 +93,10 @@ func TestLoopHoldsOnlyWhileBusy(t *testing.T) {
 
 // loopParked: a relay loop's goroutine is parked in Go's poller.
 func loopParked() bool {
-	for _, g := range strings.Split(goroutines(), "\n\n") {
+	for _, g := range testutil.Goroutines() {
 		if strings.Contains(g, "relay.(*life).park") && strings.Contains(g, "[IO wait") {
 			return true
 		}
 	}
 	return false
-}
-
-func goroutines() string {
-	buf := make([]byte, 1<<20)
-	return string(bytes.TrimSpace(buf[:runtime.Stack(buf, true)]))
 }

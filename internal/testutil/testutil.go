@@ -295,6 +295,19 @@ func isZombie(stat []byte) bool {
 	return i > 0 && i+2 < len(stat) && stat[i+2] == 'Z'
 }
 
+// Goroutines returns the stack of every goroutine in the process, one
+// string each, for tests that look for a goroutine by what it runs.
+func Goroutines() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Split(string(buf[:n]), "\n\n")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
 // CheckGone fails t for each of pids still running: processes whose
 // owner was just stopped (a supervisor's plugins).
 func CheckGone(t testing.TB, pids []int) {
