@@ -294,10 +294,10 @@ func (s *Supervisor) evictWith(ctx context.Context, in *instance, reason proto.R
 		s.mu.Unlock()
 		return
 	}
-	if since := time.Since(in.lastActive); reason == proto.Reason_REASON_IDLE && since < s.idleTimeout(in) {
+	if left := s.idleTimeout(in) - time.Since(in.lastActive); reason == proto.Reason_REASON_IDLE && left > 0 {
 		// A request ended since the timer was armed: the instance has
 		// not been idle for the timeout yet.
-		s.armIdleLocked(in, s.idleTimeout(in)-since)
+		s.armIdleLocked(in, left)
 		s.mu.Unlock()
 		return
 	}
