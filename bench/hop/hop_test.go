@@ -276,13 +276,18 @@ func cpuOf(pids []int) time.Duration {
 	return d
 }
 
-// withChildren is pid and its child processes.
+// withChildren is pid and its child processes. Each thread has its own
+// children file, and Go starts a child from whichever thread runs the
+// call, so every thread's is read.
 func withChildren(pid int) []int {
 	pids := []int{pid}
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
-	for _, f := range strings.Fields(string(b)) {
-		if c, err := strconv.Atoi(f); err == nil {
-			pids = append(pids, c)
+	files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	for _, name := range files {
+		b, _ := os.ReadFile(name)
+		for _, f := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, c)
+			}
 		}
 	}
 	return pids
