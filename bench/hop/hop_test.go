@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -779,7 +780,11 @@ func renderTable(rows []*row, sse sseResult) string {
 		verdict(hop.p50 <= ngx.p50), verdict(hop.p99 <= ngx.p99))
 	fmt.Fprintf(&s, "- at least nginx's req/s at %d connections: %.0f vs %.0f (%.0f%%) — %s\n",
 		conns, hop.rps, ngx.rps, 100*hop.rps/ngx.rps, verdict(hop.rps >= ngx.rps))
-	fmt.Fprintf(&s, "  - round by round, hop vs nginx: %s\n", roundRatios(hop, ngx))
+	fmt.Fprintf(&s, "  - round by round, hop vs nginx: %s; %s\n", roundRatios(hop, ngx), ratioCI(hop, ngx))
+	if len(rows) > 5 {
+		fmt.Fprintf(&s, "  - this build's hop vs the B build's (row 2 vs row 6), round by round: %s; %s\n",
+			roundRatios(hop, rows[5]), ratioCI(hop, rows[5]))
+	}
 	fmt.Fprintf(&s, "- ≤ %d KB per held proxied SSE stream: %.1f KB — %s\n", sseTargetKB, sse.perStreamKB, verdict(sse.perStreamKB <= sseTargetKB))
 	return s.String()
 }
@@ -792,6 +797,42 @@ func roundRatios(a, b *row) string {
 		out = append(out, fmt.Sprintf("%.0f%%", 100*a.roundRPS[i]/b.roundRPS[i]))
 	}
 	return strings.Join(out, ", ")
+}
+
+// ratioCI summarises the per-round ratios of a's req/s to b's: their
+// geometric mean and its 95% confidence interval (Student's t over the
+// log-ratios, rounds taken as independent pairs). An interval that holds
+// 100% says this run cannot tell the two apart.
+func ratioCI(a, b *row) string {
+	var logs []float64
+	for i := range min(len(a.roundRPS), len(b.roundRPS)) {
+		logs = append(logs, math.Log(a.roundRPS[i]/b.roundRPS[i]))
+	}
+	n := len(logs)
+	if n < 3 {
+		return "too few rounds for an interval"
+	}
+	var mean, ss float64
+	for _, x := range logs {
+		mean += x
+	}
+	mean /= float64(n)
+	for _, x := range logs {
+		ss += (x - mean) * (x - mean)
+	}
+	half := tCrit95(n-1) * math.Sqrt(ss/float64(n-1)/float64(n))
+	return fmt.Sprintf("geometric mean %.1f%%, 95%% CI %.1f–%.1f%%", 100*math.Exp(mean), 100*math.Exp(mean-half), 100*math.Exp(mean+half))
+}
+
+// tCrit95 is Student's t two-sided 95% critical value for df degrees of
+// freedom.
+func tCrit95(df int) float64 {
+	table := []float64{0, 12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+		2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086}
+	if df < len(table) {
+		return table[df]
+	}
+	return 1.96 + 2.4/float64(df) // close enough past 20
 }
 
 func loadavg() string {
