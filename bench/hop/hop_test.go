@@ -258,6 +258,8 @@ type row struct {
 	p50, p99 float64 // µs
 	rps      float64
 	roundRPS []float64 // req/s of each throughput round, in round order
+	// p50 and p99 of each latency round, µs, in round order
+	roundP50, roundP99 []float64
 	// fwd and owner list the forwarding processes (none for row 1) and the
 	// owner node's (pinnedd and its plugins), whose CPU per request the
 	// throughput run measures.
@@ -342,11 +344,14 @@ func measureLatency(b *testing.B, rows []*row) {
 		}
 	}
 	for _, r := range rows {
-		slices.Sort(r.lat)
-		pct := func(p float64) float64 {
-			return float64(r.lat[int(p*float64(len(r.lat)-1))].Nanoseconds()) / 1e3
+		for round := range seqRounds {
+			lat := slices.Clone(r.lat[round*seqPerRound : (round+1)*seqPerRound])
+			slices.Sort(lat)
+			r.roundP50 = append(r.roundP50, percentile(lat, 0.50))
+			r.roundP99 = append(r.roundP99, percentile(lat, 0.99))
 		}
-		r.p50, r.p99 = pct(0.50), pct(0.99)
+		slices.Sort(r.lat)
+		r.p50, r.p99 = percentile(r.lat, 0.50), percentile(r.lat, 0.99)
 	}
 }
 
@@ -778,6 +783,7 @@ func renderTable(rows []*row, sse sseResult) string {
 	fmt.Fprintf(&s, "- hop adds no more latency than nginx's: p50 %+.0f vs %+.0f µs, p99 %+.0f vs %+.0f µs — p50 %s, p99 %s\n",
 		hop.p50-rows[0].p50, ngx.p50-rows[0].p50, hop.p99-rows[0].p99, ngx.p99-rows[0].p99,
 		verdict(hop.p50 <= ngx.p50), verdict(hop.p99 <= ngx.p99))
+	fmt.Fprintf(&s, "  - p50 %s\n  - p99 %s\n", diffCI(hop.roundP50, ngx.roundP50), diffCI(hop.roundP99, ngx.roundP99))
 	fmt.Fprintf(&s, "- at least nginx's req/s at %d connections: %.0f vs %.0f (%.0f%%) — %s\n",
 		conns, hop.rps, ngx.rps, 100*hop.rps/ngx.rps, verdict(hop.rps >= ngx.rps))
 	fmt.Fprintf(&s, "  - round by round, hop vs nginx: %s; %s\n", roundRatios(hop, ngx), ratioCI(hop, ngx))
@@ -797,6 +803,31 @@ func roundRatios(a, b *row) string {
 		out = append(out, fmt.Sprintf("%.0f%%", 100*a.roundRPS[i]/b.roundRPS[i]))
 	}
 	return strings.Join(out, ", ")
+}
+
+// percentile is the p-th of sorted latencies, µs.
+func percentile(sorted []time.Duration, p float64) float64 {
+	return float64(sorted[int(p*float64(len(sorted)-1))].Nanoseconds()) / 1e3
+}
+
+// diffCI summarises per-round differences a[i]-b[i] (µs): their mean and
+// its 95% confidence interval.
+func diffCI(a, b []float64) string {
+	n := min(len(a), len(b))
+	if n < 3 {
+		return "too few rounds for an interval"
+	}
+	var mean, ss float64
+	for i := range n {
+		mean += a[i] - b[i]
+	}
+	mean /= float64(n)
+	for i := range n {
+		d := a[i] - b[i] - mean
+		ss += d * d
+	}
+	half := tCrit95(n-1) * math.Sqrt(ss/float64(n-1)/float64(n))
+	return fmt.Sprintf("round by round, hop minus nginx: mean %+.0f µs, 95%% CI %+.0f to %+.0f µs", mean, mean-half, mean+half)
 }
 
 // ratioCI summarises the per-round ratios of a's req/s to b's: their
