@@ -125,11 +125,19 @@ func BenchmarkHop(b *testing.B) {
 	}
 	measureLatency(b, rows)
 	measureThroughput(b, rows)
+	var atRate string
+	if v := os.Getenv("HOP_RATE"); v != "" {
+		rate, err := strconv.Atoi(v)
+		if err != nil || rate <= 0 {
+			b.Fatalf("HOP_RATE=%q: want requests per second", v)
+		}
+		atRate = measureAtRate(b, f, rows[1], rows[3], rate)
+	}
 	if dir := os.Getenv("HOP_PROFILE"); dir != "" {
 		profileHop(b, f, rows[1].url, rows[3].url, dir)
 	}
 
-	table := renderTable(rows, sse)
+	table := renderTable(rows, sse) + atRate
 	fmt.Print("\n" + table + "\n")
 	b.ReportMetric(rows[1].p50-rows[0].p50, "hop-p50-µs")
 	b.ReportMetric(rows[3].p50-rows[0].p50, "nginx-p50-µs")
@@ -435,6 +443,94 @@ func load(u string) (int64, time.Duration, error) {
 	stop.Store(true)
 	wg.Wait()
 	return n, d, firstErr
+}
+
+// rateRounds and rateWindow shape the fixed-rate phase (HOP_RATE).
+const (
+	rateRounds = 3
+	rateWindow = 4 * time.Second
+)
+
+// measureAtRate offers the hop and nginx rows the same request rate, in
+// alternating windows, and reports CPU per request of the forwarder, the
+// owner's pinnedd and its plugins apart. At 16 connections each row serves
+// as fast as it can, and a process's CPU per request moves with the rate
+// (more requests per wake-up when busier); at one rate the two rows'
+// processes are compared like for like.
+func measureAtRate(b *testing.B, f *fleet, hop, ngx *row, rate int) string {
+	b.Helper()
+	type sums struct {
+		served              int64
+		fwd, owner, plugins time.Duration
+	}
+	got := map[*row]*sums{hop: {}, ngx: {}}
+	for round := range rateRounds {
+		for k, r := range []*row{hop, ngx} {
+			if round%2 == 1 {
+				r = []*row{ngx, hop}[k]
+			}
+			fwd, all := r.fwd(), withChildren(f.owner.PID())
+			owner, plugins := all[:1], all[1:]
+			f0, o0, p0 := cpuOf(fwd), cpuOf(owner), cpuOf(plugins)
+			n, err := loadAt(r.url, rate, rateWindow)
+			if err != nil {
+				b.Fatalf("%s at %d req/s: %v", r.name, rate, err)
+			}
+			g := got[r]
+			g.served += n
+			g.fwd += cpuOf(fwd) - f0
+			g.owner += cpuOf(owner) - o0
+			g.plugins += cpuOf(plugins) - p0
+		}
+	}
+	var s strings.Builder
+	fmt.Fprintf(&s, "\nAt a fixed offered rate (HOP_RATE=%d: %d connections, each sending on a fixed schedule; %d alternating %s windows per row), CPU µs per request:\n\n", rate, conns, rateRounds, rateWindow)
+	s.WriteString("| row | served req/s | forwarder | owner's pinnedd | owner's plugins |\n|---|---:|---:|---:|---:|\n")
+	for _, r := range []*row{hop, ngx} {
+		g := got[r]
+		per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(g.served) }
+		fmt.Fprintf(&s, "| %s | %.0f | %.1f | %.1f | %.1f |\n", r.name, float64(g.served)/(rateRounds*rateWindow).Seconds(),
+			per(g.fwd), per(g.owner), per(g.plugins))
+	}
+	return s.String()
+}
+
+// loadAt sends rate requests a second to u for d over conns connections,
+// each on a fixed schedule (a late answer delays only its own connection's
+// next request), and returns how many were answered.
+func loadAt(u string, rate int, d time.Duration) (int64, error) {
+	period := time.Duration(float64(time.Second) * float64(conns) / float64(rate))
+	var (
+		count    atomic.Int64
+		wg       sync.WaitGroup
+		errOnce  sync.Once
+		firstErr error
+	)
+	start := time.Now()
+	end := start.Add(d)
+	for i := range conns {
+		c, err := newGetter(u)
+		if err != nil {
+			return 0, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer c.close()
+			next := start.Add(period * time.Duration(i) / time.Duration(conns)) // phases spread over one period
+			for next.Before(end) {
+				time.Sleep(time.Until(next))
+				if err := c.get(); err != nil {
+					errOnce.Do(func() { firstErr = err })
+					return
+				}
+				count.Add(1)
+				next = next.Add(period)
+			}
+		}()
+	}
+	wg.Wait()
+	return count.Load(), firstErr
 }
 
 // sseResult is the memory held proxied streams cost the forwarding node.
