@@ -465,10 +465,11 @@ func measureAtRate(b *testing.B, f *fleet, hop, ngx *row, rate int) string {
 	}
 	got := map[*row]*sums{hop: {}, ngx: {}}
 	for round := range rateRounds {
-		for k, r := range []*row{hop, ngx} {
-			if round%2 == 1 {
-				r = []*row{ngx, hop}[k]
-			}
+		order := []*row{hop, ngx}
+		if round%2 == 1 {
+			order = []*row{ngx, hop}
+		}
+		for _, r := range order {
 			fwd, all := r.fwd(), withChildren(f.owner.PID())
 			owner, plugins := all[:1], all[1:]
 			f0, o0, p0 := cpuOf(fwd), cpuOf(owner), cpuOf(plugins)
@@ -909,20 +910,14 @@ func percentile(sorted []time.Duration, p float64) float64 {
 // diffCI summarises per-round differences a[i]-b[i] (µs): their mean and
 // its 95% confidence interval.
 func diffCI(a, b []float64) string {
-	n := min(len(a), len(b))
-	if n < 3 {
+	d := make([]float64, min(len(a), len(b)))
+	for i := range d {
+		d[i] = a[i] - b[i]
+	}
+	mean, half, ok := meanCI(d)
+	if !ok {
 		return "too few rounds for an interval"
 	}
-	var mean, ss float64
-	for i := range n {
-		mean += a[i] - b[i]
-	}
-	mean /= float64(n)
-	for i := range n {
-		d := a[i] - b[i] - mean
-		ss += d * d
-	}
-	half := tCrit95(n-1) * math.Sqrt(ss/float64(n-1)/float64(n))
 	return fmt.Sprintf("round by round, hop minus nginx: mean %+.0f µs, 95%% CI %+.0f to %+.0f µs", mean, mean-half, mean+half)
 }
 
@@ -931,24 +926,33 @@ func diffCI(a, b []float64) string {
 // log-ratios, rounds taken as independent pairs). An interval that holds
 // 100% says this run cannot tell the two apart.
 func ratioCI(a, b *row) string {
-	var logs []float64
-	for i := range min(len(a.roundRPS), len(b.roundRPS)) {
-		logs = append(logs, math.Log(a.roundRPS[i]/b.roundRPS[i]))
+	logs := make([]float64, min(len(a.roundRPS), len(b.roundRPS)))
+	for i := range logs {
+		logs[i] = math.Log(a.roundRPS[i] / b.roundRPS[i])
 	}
-	n := len(logs)
-	if n < 3 {
+	mean, half, ok := meanCI(logs)
+	if !ok {
 		return "too few rounds for an interval"
 	}
-	var mean, ss float64
-	for _, x := range logs {
+	return fmt.Sprintf("geometric mean %.1f%%, 95%% CI %.1f–%.1f%%", 100*math.Exp(mean), 100*math.Exp(mean-half), 100*math.Exp(mean+half))
+}
+
+// meanCI is the mean of xs and the half-width of its 95% confidence
+// interval (Student's t); ok false with fewer than 3 values.
+func meanCI(xs []float64) (mean, half float64, ok bool) {
+	n := len(xs)
+	if n < 3 {
+		return 0, 0, false
+	}
+	for _, x := range xs {
 		mean += x
 	}
 	mean /= float64(n)
-	for _, x := range logs {
+	var ss float64
+	for _, x := range xs {
 		ss += (x - mean) * (x - mean)
 	}
-	half := tCrit95(n-1) * math.Sqrt(ss/float64(n-1)/float64(n))
-	return fmt.Sprintf("geometric mean %.1f%%, 95%% CI %.1f–%.1f%%", 100*math.Exp(mean), 100*math.Exp(mean-half), 100*math.Exp(mean+half))
+	return mean, tCrit95(n-1) * math.Sqrt(ss/float64(n-1)/float64(n)), true
 }
 
 // tCrit95 is Student's t two-sided 95% critical value for df degrees of
