@@ -79,9 +79,9 @@ type Loop struct {
 //     and its P runs them. Without that last check, 100 KB uploads through
 //     net/http alongside forwarded GETs lost 4-12% of their req/s to the
 //     loop against a build that always parks, in 3 rounds; with it they
-//     did as well as that build. The
-//     GC and sysmon stop a goroutine by signalling its thread, which ends
-//     the wait (EINTR); the loop's next call is the preemption point.
+//     did as well as that build. The GC and sysmon stop a goroutine by
+//     signalling its thread, which ends the wait (EINTR); the loop's next
+//     call is the preemption point.
 //   - Go's poller watches the loop through parkfd, a second epoll instance
 //     watching epfd, but not during held waits (armed): were epfd in Go's
 //     poller itself, every event of a held wait would also wake a thread
@@ -100,10 +100,10 @@ type life struct {
 	armed    bool     // parkfd watches epfd
 	ep       *os.File // parkfd, in Go's poller; only the loop's goroutine uses it after start
 	rc       syscall.RawConn
-	deadline time.Time // ep's read deadline, reset only once it has passed
-	busy     bool      // the last park returned events: hold the next waits
-	yielded  time.Time // when the loop last gave way to the scheduler (see yieldEvery)
-	sched    [1]metrics.Sample
+	deadline time.Time         // ep's read deadline, reset only once it has passed
+	busy     bool              // the last park returned events: hold the next waits
+	yielded  time.Time         // when the loop last gave way to the scheduler (see yieldEvery)
+	sched    [1]metrics.Sample // runnable goroutines, for othersRunnable (named at start)
 }
 
 // holdFor bounds a held wait (see life).
@@ -164,6 +164,7 @@ func (e *life) startLocked(wakeEvents uint32, wakeSide int32, run func(epfd, wak
 		return fmt.Errorf("epoll in Go's poller: %w", err)
 	}
 	e.epfd, e.wakefd, e.parkfd, e.armed = epfd, wakefd, parkfd, true
+	e.sched[0].Name = "/sched/goroutines/runnable:goroutines"
 	e.started, e.done = true, make(chan struct{})
 	go run(epfd, wakefd)
 	return nil
@@ -218,9 +219,6 @@ func (e *life) wait(events []unix.EpollEvent, timeout time.Duration) (int, error
 // othersRunnable reports whether goroutines are waiting for a P: then the
 // loop parks, and its P runs them, instead of holding it. (65 ns a read.)
 func (e *life) othersRunnable() bool {
-	if e.sched[0].Name == "" {
-		e.sched[0].Name = "/sched/goroutines/runnable:goroutines"
-	}
 	metrics.Read(e.sched[:])
 	return e.sched[0].Value.Kind() == metrics.KindUint64 && e.sched[0].Value.Uint64() > 0
 }
