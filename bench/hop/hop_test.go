@@ -131,7 +131,11 @@ func BenchmarkHop(b *testing.B) {
 		if err != nil || rate <= 0 {
 			b.Fatalf("HOP_RATE=%q: want requests per second", v)
 		}
-		atRate = measureAtRate(b, f, rows[1], rows[3], rate)
+		at := []*row{rows[1], rows[3]}
+		if len(rows) > 5 {
+			at = append(at, rows[5]) // the B build's hop
+		}
+		atRate = measureAtRate(b, rate, at...)
 	}
 	if dir := os.Getenv("HOP_PROFILE"); dir != "" {
 		profileHop(b, f, rows[1].url, rows[3].url, dir)
@@ -451,26 +455,30 @@ const (
 	rateWindow = 4 * time.Second
 )
 
-// measureAtRate offers the hop and nginx rows the same request rate, in
-// alternating windows, and reports CPU per request of the forwarder, the
-// owner's pinnedd and its plugins apart. At 16 connections each row serves
-// as fast as it can, and a process's CPU per request moves with the rate
-// (more requests per wake-up when busier); at one rate the two rows'
-// processes are compared like for like.
-func measureAtRate(b *testing.B, f *fleet, hop, ngx *row, rate int) string {
+// measureAtRate offers rows (the hop and nginx; in an A/B also the B
+// build's hop) the same request rate, in windows taken in turn, and
+// reports CPU per request of the forwarder, the owner's pinnedd and its
+// plugins apart. At 16 connections each row serves as fast as it can, and
+// a process's CPU per request moves with the rate (more requests per
+// wake-up when busier); at one rate the rows' processes are compared like
+// for like.
+func measureAtRate(b *testing.B, rate int, rows ...*row) string {
 	b.Helper()
 	type sums struct {
 		served              int64
 		fwd, owner, plugins time.Duration
 	}
-	got := map[*row]*sums{hop: {}, ngx: {}}
+	got := map[*row]*sums{}
+	for _, r := range rows {
+		got[r] = &sums{}
+	}
 	for round := range rateRounds {
-		order := []*row{hop, ngx}
+		order := slices.Clone(rows)
 		if round%2 == 1 {
-			order = []*row{ngx, hop}
+			slices.Reverse(order)
 		}
 		for _, r := range order {
-			fwd, all := r.fwd(), withChildren(f.owner.PID())
+			fwd, all := r.fwd(), r.owner()
 			owner, plugins := all[:1], all[1:]
 			f0, o0, p0 := cpuOf(fwd), cpuOf(owner), cpuOf(plugins)
 			n, err := loadAt(r.url, rate, rateWindow)
@@ -485,9 +493,9 @@ func measureAtRate(b *testing.B, f *fleet, hop, ngx *row, rate int) string {
 		}
 	}
 	var s strings.Builder
-	fmt.Fprintf(&s, "\nAt a fixed offered rate (HOP_RATE=%d: %d connections, each sending on a fixed schedule; %d alternating %s windows per row), CPU µs per request:\n\n", rate, conns, rateRounds, rateWindow)
+	fmt.Fprintf(&s, "\nAt a fixed offered rate (HOP_RATE=%d: %d connections, each sending on a fixed schedule; %d rounds of one %s window per row, the rows' order reversed every other round), CPU µs per request:\n\n", rate, conns, rateRounds, rateWindow)
 	s.WriteString("| row | served req/s | forwarder | owner's pinnedd | owner's plugins |\n|---|---:|---:|---:|---:|\n")
-	for _, r := range []*row{hop, ngx} {
+	for _, r := range rows {
 		g := got[r]
 		per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(g.served) }
 		fmt.Fprintf(&s, "| %s | %.0f | %.1f | %.1f | %.1f |\n", r.name, float64(g.served)/(rateRounds*rateWindow).Seconds(),
