@@ -708,7 +708,7 @@ func TestCloseEndsWhenRaftDropsQueuedEntries(t *testing.T) {
 		hold := make(chan struct{})
 		n := startNodeSM(t, "n1", dir, "", true, nil, &listSM{holdCmd: "held", hold: hold})
 		eventually(t, 10*time.Second, "the leader's barrier committed behind the held entry", func() error {
-			if !goroutineIn("raftstore.(*Store).leaderBarrier") {
+			if !testutil.GoroutineWith("raftstore.(*Store).leaderBarrier") {
 				return errors.New("the leader loop is not waiting for a barrier")
 			}
 			return committed(n)
@@ -722,7 +722,7 @@ func TestCloseEndsWhenRaftDropsQueuedEntries(t *testing.T) {
 		}()
 		eventually(t, 10*time.Second, "the apply committed behind the held entry", func() error {
 			// This test's apply, not the registrar's (the API address is new each round).
-			if !goroutineIn("raftstore.(*Store).applyLocal", "raftstore.(*Store).await", "TestCloseEndsWhenRaftDropsQueuedEntries") {
+			if !testutil.GoroutineWith("raftstore.(*Store).applyLocal", "raftstore.(*Store).await", "TestCloseEndsWhenRaftDropsQueuedEntries") {
 				return errors.New("the apply is not waiting for raft")
 			}
 			return committed(n)
@@ -759,20 +759,6 @@ func TestCloseEndsWhenRaftDropsQueuedEntries(t *testing.T) {
 			t.Fatalf("round %d: an apply queued at Close still waits after Close returned", round)
 		}
 	}
-}
-
-// goroutineIn reports whether some goroutine's stack contains every one of fns.
-func goroutineIn(fns ...string) bool {
-	for _, g := range testutil.Goroutines() {
-		all := true
-		for _, fn := range fns {
-			all = all && strings.Contains(g, fn)
-		}
-		if all {
-			return true
-		}
-	}
-	return false
 }
 
 // goroutines counts the running goroutines, leaving out those parked on a future raft dropped

@@ -92,11 +92,4 @@ func TestLoopHoldsOnlyWhileBusy(t *testing.T) {
 }
 
 // loopParked: a relay loop's goroutine is parked in Go's poller.
-func loopParked() bool {
-	for _, g := range testutil.Goroutines() {
-		if strings.Contains(g, "relay.(*life).park") && strings.Contains(g, "[IO wait") {
-			return true
-		}
-	}
-	return false
-}
+func loopParked() bool { return testutil.GoroutineWith("relay.(*life).park", "[IO wait") }

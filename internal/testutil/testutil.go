@@ -308,6 +308,21 @@ func Goroutines() []string {
 	}
 }
 
+// GoroutineWith reports whether some goroutine's stack contains every one
+// of subs (function names, a wait reason such as "[IO wait").
+func GoroutineWith(subs ...string) bool {
+	for _, g := range Goroutines() {
+		all := true
+		for _, sub := range subs {
+			all = all && strings.Contains(g, sub)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
+
 // CheckGone fails t for each of pids still running: processes whose
 // owner was just stopped (a supervisor's plugins).
 func CheckGone(t testing.TB, pids []int) {
