@@ -888,7 +888,8 @@ func renderTable(rows []*row, sse sseResult) string {
 	fmt.Fprintf(&s, "- hop adds no more latency than nginx's: p50 %+.0f vs %+.0f µs, p99 %+.0f vs %+.0f µs — p50 %s, p99 %s\n",
 		hop.p50-rows[0].p50, ngx.p50-rows[0].p50, hop.p99-rows[0].p99, ngx.p99-rows[0].p99,
 		verdict(hop.p50 <= ngx.p50), verdict(hop.p99 <= ngx.p99))
-	fmt.Fprintf(&s, "  - p50 %s\n  - p99 %s\n", diffCI(hop.roundP50, ngx.roundP50), diffCI(hop.roundP99, ngx.roundP99))
+	fmt.Fprintf(&s, "  - p50 round by round, hop minus nginx: %s\n  - p99 round by round, hop minus nginx: %s\n",
+		diffCI(hop.roundP50, ngx.roundP50), diffCI(hop.roundP99, ngx.roundP99))
 	fmt.Fprintf(&s, "- at least nginx's req/s at %d connections: %.0f vs %.0f (%.0f%%) — %s\n",
 		conns, hop.rps, ngx.rps, 100*hop.rps/ngx.rps, verdict(hop.rps >= ngx.rps))
 	fmt.Fprintf(&s, "  - round by round, hop vs nginx: %s; %s\n", roundRatios(hop, ngx), ratioCI(hop, ngx))
@@ -926,7 +927,7 @@ func diffCI(a, b []float64) string {
 	if !ok {
 		return "too few rounds for an interval"
 	}
-	return fmt.Sprintf("round by round, hop minus nginx: mean %+.0f µs, 95%% CI %+.0f to %+.0f µs", mean, mean-half, mean+half)
+	return fmt.Sprintf("mean %+.0f µs, 95%% CI %+.0f to %+.0f µs", mean, mean-half, mean+half)
 }
 
 // ratioCI summarises the per-round ratios of a's req/s to b's: their
