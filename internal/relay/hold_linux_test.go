@@ -2,6 +2,8 @@ package relay
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -10,12 +12,14 @@ import (
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // While requests flow the loop waits in epoll_wait itself (held waits);
-// once they stop it parks in Go's poller and holds no P. It never holds
-// while other goroutines wait for a P, nor with one P: they would wait on
-// it.
+// once they stop it waits in epoll_wait through the scheduler's syscall
+// path, which lets the P go. It never holds while other goroutines wait
+// for a P, nor with one P: they would wait on it. With one P it parks in
+// Go's poller.
 func TestLoopHoldsOnlyWhileBusy(t *testing.T) {
 	procs := max(runtime.GOMAXPROCS(0), 2)
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
@@ -45,11 +49,11 @@ func TestLoopHoldsOnlyWhileBusy(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the busy loop made %d held waits: %v", heldWaits.Load()-before, err)
 	}
-	if err := testutil.Eventually(10*time.Second, loopParked); err != nil {
-		t.Fatalf("the idle loop did not park in Go's poller: %v\n%s", err, strings.Join(testutil.Goroutines(), "\n\n"))
+	if err := testutil.Eventually(10*time.Second, connsBlocked); err != nil {
+		t.Fatalf("the idle loop is not in a blocking wait: %v\n%s", err, strings.Join(testutil.Goroutines(), "\n\n"))
 	}
 	if holder.Load() {
-		t.Fatal("a parked loop still holds its wait")
+		t.Fatal("an idle loop still holds its wait")
 	}
 
 	// Goroutines waiting for a P get the loop's: with two spinning
@@ -85,11 +89,95 @@ func TestLoopHoldsOnlyWhileBusy(t *testing.T) {
 			t.Fatalf("request %d with one P: %d", i, code)
 		}
 	}
+	held := heldWaits.Load() - before
+	err = testutil.Eventually(10*time.Second, connsParked)
 	runtime.GOMAXPROCS(procs)
-	if n := heldWaits.Load() - before; n != 0 {
-		t.Fatalf("with GOMAXPROCS=1 the loop held %d waits, want none", n)
+	if held != 0 {
+		t.Fatalf("with GOMAXPROCS=1 the loop held %d waits, want none", held)
+	}
+	if err != nil {
+		t.Fatalf("with GOMAXPROCS=1 the idle loop did not park in Go's poller: %v\n%s", err, strings.Join(testutil.Goroutines(), "\n\n"))
 	}
 }
 
-// loopParked: a relay loop's goroutine is parked in Go's poller.
-func loopParked() bool { return testutil.GoroutineWith("relay.(*life).park", "[IO wait") }
+// connsParked: a Conns loop's goroutine is parked in Go's poller.
+func connsParked() bool {
+	return testutil.GoroutineWith("relay.(*Conns).run", "relay.(*life).park", "[IO wait")
+}
+
+// connsBlocked: a Conns loop's goroutine waits in a blocking syscall.
+func connsBlocked() bool {
+	return testutil.GoroutineWith("relay.(*Conns).run", "relay.(*life).block", "[syscall")
+}
+
+// With more than one P the loop keeps to one thread: all its waits, held
+// and blocking, are made by the thread it is locked to, though a GC every
+// millisecond stops it over and over (unlocked, each stop could resume it
+// on another thread: 51-59 moves in 2 s). The waiting threads are read
+// from /proc/self/task/*/syscall: the syscall and the epoll instance.
+func TestLoopKeepsItsThread(t *testing.T) {
+	procs := max(runtime.GOMAXPROCS(0), 2)
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+	rig := newConnsRig(t)
+	c := rig.client()
+	if code, _, _ := rig.get(c, "GET", "/up/fixed?first", ""); code != 200 {
+		t.Fatalf("first request: %d", code)
+	}
+	rig.loop.mu.Lock()
+	waiting := fmt.Sprintf("%d %#x ", unix.SYS_EPOLL_PWAIT, rig.loop.epfd)
+	rig.loop.mu.Unlock()
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if code, _, _ := rig.get(c, "GET", fmt.Sprintf("/up/fixed?i=%d", i), ""); code != 200 {
+				t.Errorf("request %d: %d", i, code)
+				return
+			}
+			if i%50 == 49 {
+				time.Sleep(5 * time.Millisecond) // idle: blocking waits too
+			}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				runtime.GC()
+			}
+		}
+	}()
+	threads := map[string]int{} // tid -> times seen waiting on the loop's epoll
+	seen := 0
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
+		files, _ := filepath.Glob("/proc/self/task/*/syscall")
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err == nil && strings.HasPrefix(string(b), waiting) {
+				threads[filepath.Base(filepath.Dir(f))]++
+				seen++
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if seen < 20 {
+		t.Fatalf("the loop was seen waiting only %d times", seen)
+	}
+	if len(threads) != 1 {
+		t.Fatalf("the loop waited on %d threads (tid: times seen): %v", len(threads), threads)
+	}
+}

@@ -83,11 +83,32 @@ type Loop struct {
 //     signalling its thread, which ends the wait (EINTR); the loop's next
 //     call is the preemption point.
 //   - Go's poller watches the loop through parkfd, a second epoll instance
-//     watching epfd, but not during held waits (armed): were epfd in Go's
-//     poller itself, every event of a held wait would also wake a thread
-//     there. Turning the watch off and on costs a syscall each way, only
-//     when the loop switches between holding and parking, so parks in a
-//     row cost what they did before holds existed.
+//     watching epfd, but not during held or blocking waits (armed): were
+//     epfd in Go's poller itself, every event of those waits would also
+//     wake a thread there. Turning the watch off and on costs a syscall
+//     each way, only when the loop switches between parking and the other
+//     two, so parks in a row cost what they did before holds existed.
+//   - With more than one P the loop's goroutine is locked to its thread
+//     (locked), and an idle loop (a whole held wait found nothing) blocks
+//     in epoll_wait through the scheduler's syscall path (block) instead
+//     of parking: the kernel wakes the loop's own thread, and the
+//     scheduler takes the P back, as from any blocking syscall, if other
+//     goroutines want it meanwhile. Unlocked, every yield, preemption and
+//     park resumed the loop on whichever thread the scheduler picked (a GC
+//     every millisecond spread its waits over 5-6 threads in 2 s, see
+//     TestLoopKeepsItsThread); locked, it stays on one. Against the
+//     unlocked build (scripts/bench-hop-ab.sh, 8 interleaved rounds at 16
+//     connections) the hop served 6.3% and 8.2% more requests in two runs,
+//     with p50 16-20 µs lower; in a scratch A/B of one binary with the lock
+//     switched by environment, 10 rounds, +13.0% (95% CI 7.8-18.5%). At
+//     300 requests a second the forwarding node's CPU per request was the
+//     same (300 µs, the node's background included). Parking instead of
+//     blocking when idle was tried: each wake-up of a locked goroutine from
+//     Go's poller is a hand-off to its thread, which at 300 requests a
+//     second cost the forwarding node 314 µs of CPU a request against 258.
+//     With one P the loop is not locked and parks as before: blocked, it
+//     would keep the only P from the rest of the process until sysmon
+//     took it back.
 type life struct {
 	mu      sync.Mutex
 	started bool
@@ -101,9 +122,10 @@ type life struct {
 	ep       *os.File // parkfd, in Go's poller; only the loop's goroutine uses it after start
 	rc       syscall.RawConn
 	deadline time.Time         // ep's read deadline, reset only once it has passed
-	busy     bool              // the last park returned events: hold the next waits
+	busy     bool              // the last wait returned events: hold the next ones
 	yielded  time.Time         // when the loop last gave way to the scheduler (see yieldEvery)
 	sched    [1]metrics.Sample // runnable goroutines, for othersRunnable (named at start)
+	locked   bool              // the loop's goroutine is locked to its thread (see life)
 }
 
 // holdFor bounds a held wait (see life).
@@ -114,15 +136,16 @@ const holdFor = time.Millisecond
 // and on, which sysmon stops after 10 ms with a signal that can land
 // mid-request; measured on two nodes under a sequential client, about 100
 // signals a second each. Yielding first avoids the signal. Not more often
-// than that: a yield goes through the global run queue and usually moves
-// the loop to another thread, and at every 5 ms the hop's p50 and p99 on
+// than that: a yield goes through the global run queue (for a locked loop,
+// a hand-off between threads), and at every 5 ms the hop's p50 and p99 on
 // bench/hop were worse than without yields in 3 A/B runs of 3, where at
 // 9 ms they match (p50 272 vs 270 µs, p99 847 vs 843).
 const yieldEvery = 9 * time.Millisecond
 
 var (
-	holder    atomic.Bool  // the process's one held wait
-	heldWaits atomic.Int64 // held waits so far, for tests
+	holder       atomic.Bool  // the process's one held wait
+	heldWaits    atomic.Int64 // held waits so far, for tests
+	blockedWaits atomic.Int64 // blocking waits so far, for tests
 )
 
 // startLocked starts the loop (run, on its own goroutine) unless it runs
@@ -166,7 +189,15 @@ func (e *life) startLocked(wakeEvents uint32, wakeSide int32, run func(epfd, wak
 	e.epfd, e.wakefd, e.parkfd, e.armed = epfd, wakefd, parkfd, true
 	e.sched[0].Name = "/sched/goroutines/runnable:goroutines"
 	e.started, e.done = true, make(chan struct{})
-	go run(epfd, wakefd)
+	go func() {
+		// A goroutine that ends locked takes its thread with it.
+		defer func() {
+			if e.locked {
+				runtime.UnlockOSThread()
+			}
+		}()
+		run(epfd, wakefd)
+	}()
 	return nil
 }
 
@@ -188,14 +219,9 @@ func (e *life) wait(events []unix.EpollEvent, timeout time.Duration) (int, error
 		}
 	}
 	if e.busy && !e.othersRunnable() && holder.CompareAndSwap(false, true) {
-		if e.armed {
-			// Go's poller stops watching epfd: held waits' events wake
-			// no thread there.
-			if err := epollCtl(e.parkfd, unix.EPOLL_CTL_MOD, e.epfd, 0, 0, 0); err != nil {
-				holder.Store(false)
-				return 0, fmt.Errorf("epoll unwatch: %w", err)
-			}
-			e.armed = false
+		if err := e.disarm(); err != nil {
+			holder.Store(false)
+			return 0, err
 		}
 		msec := holdFor.Milliseconds()
 		if timeout > 0 {
@@ -210,9 +236,60 @@ func (e *life) wait(events []unix.EpollEvent, timeout time.Duration) (int, error
 		case n > 0 || err != nil:
 			return n, err
 		}
+		e.busy = false // a whole held wait found nothing: idle
+	}
+	if !e.busy && e.lockThread() {
+		return e.block(events, timeout)
 	}
 	n, err := e.park(events, timeout)
 	e.busy = n > 0 && runtime.GOMAXPROCS(0) > 1
+	return n, err
+}
+
+// lockThread locks the loop's goroutine to its thread while there is more
+// than one P and unlocks it otherwise (GOMAXPROCS may change); it reports
+// whether it is locked.
+func (e *life) lockThread() bool {
+	want := runtime.GOMAXPROCS(0) > 1
+	switch {
+	case want && !e.locked:
+		runtime.LockOSThread()
+	case !want && e.locked:
+		runtime.UnlockOSThread()
+	}
+	e.locked = want
+	return want
+}
+
+// disarm stops Go's poller watching epfd, before the loop waits on epfd
+// itself: those waits' events wake no thread there.
+func (e *life) disarm() error {
+	if !e.armed {
+		return nil
+	}
+	if err := epollCtl(e.parkfd, unix.EPOLL_CTL_MOD, e.epfd, 0, 0, 0); err != nil {
+		return fmt.Errorf("epoll unwatch: %w", err)
+	}
+	e.armed = false
+	return nil
+}
+
+// block waits for events as wait does, in epoll_wait through the
+// scheduler's syscall path, on the thread the loop is locked to.
+func (e *life) block(events []unix.EpollEvent, timeout time.Duration) (int, error) {
+	if err := e.disarm(); err != nil {
+		return 0, err
+	}
+	msec := -1
+	if timeout > 0 {
+		msec = int((timeout + time.Millisecond - 1) / time.Millisecond)
+	}
+	n, err := epollBlock(e.epfd, events, msec)
+	blockedWaits.Add(1)
+	if errors.Is(err, unix.EINTR) {
+		n, err = 0, nil
+	}
+	e.busy = n > 0
 	return n, err
 }
 

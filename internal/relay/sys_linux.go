@@ -36,12 +36,25 @@ func rawIO(trap uintptr, fd int, p []byte) (int, error) {
 func epollNow(epfd int, events []unix.EpollEvent) (int, error) { return epollHold(epfd, events, 0) }
 
 // epollHold waits up to msec milliseconds for events in epoll_wait with
-// the thread's P kept (see life): the one call here that may block.
+// the thread's P kept (see life).
 func epollHold(epfd int, events []unix.EpollEvent, msec int) (int, error) {
 	if len(events) == 0 {
 		return 0, nil
 	}
 	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(msec), 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+// epollBlock is epollHold through the scheduler's syscall path: the P can
+// be taken back while the thread waits (see life).
+func epollBlock(epfd int, events []unix.EpollEvent, msec int) (int, error) {
+	if len(events) == 0 {
+		return 0, nil
+	}
+	n, _, e := unix.Syscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(msec), 0, 0)
 	if e != 0 {
 		return 0, e
 	}
