@@ -2,6 +2,7 @@ package relay
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -31,17 +32,7 @@ func TestLoopHoldsOnlyWhileBusy(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if code, _, body := rig.get(c, "GET", fmt.Sprintf("/up/fixed?i=%d", i), ""); code != 200 || body != fmt.Sprintf("fixed i=%d", i) {
-				t.Errorf("request %d: %d %q", i, code, body)
-				return
-			}
-		}
+		rig.requestUntil(c, stop, nil)
 	}()
 	err := testutil.Eventually(10*time.Second, func() bool { return heldWaits.Load() > before+10 })
 	close(stop)
@@ -100,6 +91,25 @@ func TestLoopHoldsOnlyWhileBusy(t *testing.T) {
 	}
 }
 
+// requestUntil sends requests on c, checking each answer, until stop is
+// closed; between(i), if set, runs after request i.
+func (rig *connsRig) requestUntil(c *http.Client, stop <-chan struct{}, between func(i int)) {
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		if code, _, body := rig.get(c, "GET", fmt.Sprintf("/up/fixed?i=%d", i), ""); code != 200 || body != fmt.Sprintf("fixed i=%d", i) {
+			rig.t.Errorf("request %d: %d %q", i, code, body)
+			return
+		}
+		if between != nil {
+			between(i)
+		}
+	}
+}
+
 // connsParked: a Conns loop's goroutine is parked in Go's poller.
 func connsParked() bool {
 	return testutil.GoroutineWith("relay.(*Conns).run", "relay.(*life).park", "[IO wait")
@@ -132,20 +142,11 @@ func TestLoopKeepsItsThread(t *testing.T) {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if code, _, _ := rig.get(c, "GET", fmt.Sprintf("/up/fixed?i=%d", i), ""); code != 200 {
-				t.Errorf("request %d: %d", i, code)
-				return
-			}
+		rig.requestUntil(c, stop, func(i int) {
 			if i%50 == 49 {
 				time.Sleep(5 * time.Millisecond) // idle: blocking waits too
 			}
-		}
+		})
 	}()
 	go func() {
 		defer wg.Done()

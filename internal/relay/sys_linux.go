@@ -3,6 +3,7 @@
 package relay
 
 import (
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -10,11 +11,12 @@ import (
 
 // The loops' reads, writes and epoll polls go to the kernel without the
 // scheduler's syscall bookkeeping (entersyscall/exitsyscall): every
-// descriptor they touch is non-blocking and every poll has a zero
-// timeout, so none of these calls can block. On the hop benchmark the
-// bookkeeping, and the futex wake-up of a sleeping sysmon that a syscall
-// entry costs, took the forwarding node from 26-27 to 33-34 µs of CPU per
-// request (A/B in one session, bench/hop's CPU column).
+// descriptor they touch is non-blocking, and a poll waits at most a held
+// wait's bound (epollHold). Only an idle loop's wait (epollBlock) goes
+// through the bookkeeping, so that its P can be taken back. On the hop
+// benchmark the bookkeeping, and the futex wake-up of a sleeping sysmon
+// that a syscall entry costs, took the forwarding node from 26-27 to 33-34
+// µs of CPU per request (A/B in one session, bench/hop's CPU column).
 
 func sysRead(fd int, p []byte) (int, error) { return rawIO(unix.SYS_READ, fd, p) }
 
@@ -41,11 +43,7 @@ func epollHold(epfd int, events []unix.EpollEvent, msec int) (int, error) {
 	if len(events) == 0 {
 		return 0, nil
 	}
-	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(msec), 0, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(n), nil
+	return epollResult(unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(msec), 0, 0))
 }
 
 // epollBlock is epollHold through the scheduler's syscall path: the P can
@@ -54,7 +52,10 @@ func epollBlock(epfd int, events []unix.EpollEvent, msec int) (int, error) {
 	if len(events) == 0 {
 		return 0, nil
 	}
-	n, _, e := unix.Syscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(msec), 0, 0)
+	return epollResult(unix.Syscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(msec), 0, 0))
+}
+
+func epollResult(n, _ uintptr, e syscall.Errno) (int, error) {
 	if e != 0 {
 		return 0, e
 	}
