@@ -466,7 +466,12 @@ func (l *Conns) readResponse(c *client, buf []byte, after *[]func()) bool {
 			return false // an informational response still going out
 		}
 		r, need, ok := parseResponse(u.in, c.fwd.Refusal, c.hbuf[:0])
-		c.hbuf = r.head[:0]
+		if r.head != nil {
+			// Kept as the head grew it, for the next one: a head not
+			// whole yet (the usual first look, before the answer came)
+			// has none, and must not drop it.
+			c.hbuf = r.head[:0]
+		}
 		if !ok {
 			l.upstreamFailed(c, ErrUpstreamProtocol, after)
 			return false
@@ -736,11 +741,11 @@ func (l *Conns) finish(c *client, status int, err error, after *[]func()) {
 // upstreamFor takes a pooled connection to addr, or connects one.
 func (l *Conns) upstreamFor(addr string) *upstream {
 	if us := l.idle[addr]; len(us) > 0 {
+		// An emptied list stays, with its room, for the connection's
+		// return; the sweep deletes lists left empty.
 		u := us[len(us)-1]
+		us[len(us)-1] = nil
 		l.idle[addr] = us[:len(us)-1]
-		if len(l.idle[addr]) == 0 {
-			delete(l.idle, addr)
-		}
 		u.reused = true
 		return u
 	}
