@@ -20,7 +20,8 @@
 // e.g. HOP_AGENT_ENV=GOMAXPROCS=1. HOP_RATE=<req/s> adds a phase that offers
 // the hop and nginx rows (in an A/B also the B build's hop) that one rate
 // and reports CPU per request of the forwarder, the owner's pinnedd and its
-// plugins apart, like for like.
+// plugins apart, like for like. HOP_ROUNDS=<n> runs n throughput rounds
+// instead of 8, for a narrower interval on the req/s ratio.
 //
 // scripts/bench-hop-ab.sh REV compares two builds in one run: it builds
 // pinnedd at REV and sets HOP_AB_BIN, which adds rows 5 and 6 (REV's no-hop

@@ -35,7 +35,7 @@ const (
 	seqPerRound  = 1000                    // sequential requests per row per round
 	seqWarm      = 100                     // warm-up requests per row per round
 	conns        = 16                      // concurrent keep-alive connections
-	loadRounds   = 8                       // interleaved rounds of the throughput run
+	loadRounds   = 8                       // interleaved rounds of the throughput run (HOP_ROUNDS overrides)
 	loadDuration = 1500 * time.Millisecond // per row per round (12 s per row in all)
 	loadWarm     = 300 * time.Millisecond
 	sseStreams   = 200
@@ -373,7 +373,7 @@ func measureThroughput(b *testing.B, rows []*row) {
 	b.Helper()
 	done := make([]int64, len(rows))
 	var elapsed = make([]time.Duration, len(rows))
-	for round := range loadRounds {
+	for round := range throughputRounds(b) {
 		for k := range rows {
 			i := k
 			if round%2 == 1 {
@@ -405,6 +405,20 @@ func measureThroughput(b *testing.B, rows []*row) {
 		r.fwdPerReq = float64(r.fwdCPU.Microseconds()) / total
 		r.ownPer = float64(r.ownerCPU.Microseconds()) / total
 	}
+}
+
+// throughputRounds is loadRounds, or HOP_ROUNDS: more rounds narrow the
+// interval on the req/s ratio when one run's must decide.
+func throughputRounds(b testing.TB) int {
+	v := os.Getenv("HOP_ROUNDS")
+	if v == "" {
+		return loadRounds
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 2 {
+		b.Fatalf("HOP_ROUNDS=%q: want a number of rounds, at least 2", v)
+	}
+	return n
 }
 
 func load(u string) (int64, time.Duration, error) {
@@ -1004,8 +1018,8 @@ func writeResults(b *testing.B, cmd string, started time.Time, loadBefore, table
 		"`proxy_set_header Connection \"\"`, upstream `keepalive 64`, `keepalive_requests` raised so no side recycles " +
 		"connections). Latency: " + strconv.Itoa(seqRounds*seqPerRound) + " sequential keep-alive requests per row, in " +
 		strconv.Itoa(seqRounds) + " interleaved rounds after warm-up. Throughput: " + strconv.Itoa(conns) +
-		" goroutines, one keep-alive connection each, " + (time.Duration(loadRounds) * loadDuration).String() +
-		" per row over " + strconv.Itoa(loadRounds) + " interleaved rounds; the load generator shares the machine " +
+		" goroutines, one keep-alive connection each, " + (time.Duration(throughputRounds(b)) * loadDuration).String() +
+		" per row over " + strconv.Itoa(throughputRounds(b)) + " interleaved rounds; the load generator shares the machine " +
 		"(both use a minimal HTTP/1.1 client: GET, fixed-length answers, far cheaper than net/http's). " +
 		"CPU per request: /proc/<pid>/stat user+system time over each throughput run, warm-up included, of the " +
 		"forwarding process (the entry node, the ReverseProxy, nginx's master and workers) and of the owner node " +
