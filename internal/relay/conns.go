@@ -143,7 +143,7 @@ var (
 // or anything but the plain case), net/http takes it.
 func parseRequest(in []byte, h *ReqHead) (n int, need bool, ok bool) {
 	h.expect = false
-	end := bytes.Index(in, []byte("\r\n\r\n"))
+	end := headEnd(in)
 	if end < 0 {
 		return 0, len(in) <= maxHead, len(in) <= maxHead
 	}
@@ -153,7 +153,10 @@ func parseRequest(in []byte, h *ReqHead) (n int, need bool, ok bool) {
 	// One string for the whole head; every name and value is a piece of
 	// it (one allocation a request, not two a field).
 	head := string(in[:end+2])
-	line, rest, _ := strings.Cut(head, "\r\n")
+	line, rest, ok := cutLine(head)
+	if !ok {
+		return 0, false, false
+	}
 	sp1 := strings.IndexByte(line, ' ')
 	if sp1 <= 0 {
 		return 0, false, false
@@ -173,12 +176,14 @@ func parseRequest(in []byte, h *ReqHead) (n int, need bool, ok bool) {
 	hosts := 0
 	for len(rest) > 0 {
 		var fl string
-		fl, rest, _ = strings.Cut(rest, "\r\n")
+		if fl, rest, ok = cutLine(rest); !ok {
+			return 0, false, false
+		}
 		colon := strings.IndexByte(fl, ':')
 		if colon <= 0 || !token(fl[:colon]) {
 			return 0, false, false // also obs-fold: a line starting with a space
 		}
-		name, value := fl[:colon], strings.Trim(fl[colon+1:], " \t")
+		name, value := fl[:colon], trimOWS(fl[colon+1:])
 		if !fieldValue(value) {
 			return 0, false, false
 		}
@@ -202,7 +207,7 @@ func parseRequest(in []byte, h *ReqHead) (n int, need bool, ok bool) {
 			if clen >= 0 || len(value) == 0 || len(value) > 9 || !digits(value) {
 				return 0, false, false
 			}
-			clen, _ = strconv.Atoi(value)
+			clen = int(decimal(value))
 		case equalFold(name, "Transfer-Encoding"), equalFold(name, "Upgrade"):
 			return 0, false, false
 		case equalFold(name, "Connection"):
@@ -226,6 +231,69 @@ func parseRequest(in []byte, h *ReqHead) (n int, need bool, ok bool) {
 	return n, false, true
 }
 
+// headEnd is where the first CRLF CRLF in in starts, or -1. Lines end in
+// LF, so it looks at each LF (IndexByte is the fast search) rather than
+// for the four bytes.
+func headEnd(in []byte) int {
+	for i := 0; ; {
+		j := bytes.IndexByte(in[i:], '\n')
+		if j < 0 {
+			return -1
+		}
+		i += j
+		if i >= 3 && in[i-1] == '\r' && in[i-2] == '\n' && in[i-3] == '\r' {
+			return i - 3
+		}
+		i++
+	}
+}
+
+// cutLine cuts the line before the first LF of s, which must end in CRLF
+// (s is a head ending in CRLF). A bare LF is malformed: ok false.
+func cutLine(s string) (line, rest string, ok bool) {
+	i := strings.IndexByte(s, '\n')
+	if i < 1 || s[i-1] != '\r' {
+		return "", "", false
+	}
+	return s[:i-1], s[i+1:], true
+}
+
+// cutCRLF is bytes.Cut(s, "\r\n") but for the found result, looking for
+// LFs (the fast search); a bare LF stays in the line.
+func cutCRLF(s []byte) (line, rest []byte) {
+	for i := 0; ; {
+		j := bytes.IndexByte(s[i:], '\n')
+		if j < 0 {
+			return s, nil
+		}
+		i += j
+		if i > 0 && s[i-1] == '\r' {
+			return s[:i-1], s[i+1:]
+		}
+		i++
+	}
+}
+
+// decimal is the value of up to 18 digits (checked by digits).
+func decimal[T []byte | string](d T) int64 {
+	var n int64
+	for i := 0; i < len(d); i++ {
+		n = n*10 + int64(d[i]-'0')
+	}
+	return n
+}
+
+// trimOWS trims a field value's optional whitespace (spaces and tabs).
+func trimOWS[T []byte | string](v T) T {
+	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
+		v = v[1:]
+	}
+	for len(v) > 0 && (v[len(v)-1] == ' ' || v[len(v)-1] == '\t') {
+		v = v[:len(v)-1]
+	}
+	return v
+}
+
 // response is what the loop needs of a response head.
 type response struct {
 	status  int
@@ -241,33 +309,33 @@ type response struct {
 // the head to send on (hop-by-hop fields dropped, as a proxy must). need:
 // not whole yet; ok false: not relayable.
 func parseResponse(in []byte, refusal string, dst []byte) (r response, need bool, ok bool) {
-	end := bytes.Index(in, []byte("\r\n\r\n"))
+	end := headEnd(in)
 	if end < 0 {
 		return r, len(in) <= maxRespHead, len(in) <= maxRespHead
 	}
 	r.headLen = end + 4
-	line, rest, _ := bytes.Cut(in[:end+2], []byte("\r\n"))
+	line, rest := cutCRLF(in[:end+2])
 	if len(line) < 12 || string(line[:9]) != "HTTP/1.1 " || !digits(line[9:12]) || len(line) > 12 && line[12] != ' ' {
 		return r, false, false
 	}
-	r.status, _ = strconv.Atoi(string(line[9:12]))
+	r.status = int(decimal(line[9:12]))
 	r.clen = -1
 	dst = append(append(dst, line...), "\r\n"...)
 	var connTokens []byte
 	for len(rest) > 0 {
 		var fl []byte
-		fl, rest, _ = bytes.Cut(rest, []byte("\r\n"))
+		fl, rest = cutCRLF(rest)
 		colon := bytes.IndexByte(fl, ':')
 		if colon <= 0 || !token(fl[:colon]) {
 			return r, false, false
 		}
-		name, value := fl[:colon], bytes.Trim(fl[colon+1:], " \t")
+		name, value := fl[:colon], trimOWS(fl[colon+1:])
 		switch {
 		case equalFold(name, "Content-Length"):
 			if r.clen >= 0 || len(value) == 0 || len(value) > 18 || !digits(value) {
 				return r, false, false
 			}
-			r.clen, _ = strconv.ParseInt(string(value), 10, 64)
+			r.clen = decimal(value)
 		case equalFold(name, "Transfer-Encoding"):
 			if !equalFold(value, "chunked") || r.chunked {
 				return r, false, false
@@ -356,8 +424,25 @@ func visible(b string) bool {
 	return true
 }
 
-// fieldValue: no control bytes but tab.
+// fieldValue: no control bytes but tab. Eight bytes at a time where none
+// is below a space or DEL (the attestation alone is 150 bytes a hop), one
+// at a time where one might be.
 func fieldValue(b string) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		x := uint64(b[i]) | uint64(b[i+1])<<8 | uint64(b[i+2])<<16 | uint64(b[i+3])<<24 |
+			uint64(b[i+4])<<32 | uint64(b[i+5])<<40 | uint64(b[i+6])<<48 | uint64(b[i+7])<<56
+		below := (x - ones*' ') &^ x & highs // some byte < 0x20
+		del := x ^ ones*0x7f
+		if below|(del-ones)&^del&highs != 0 && !fieldBytes(b[i:i+8]) {
+			return false
+		}
+	}
+	return fieldBytes(b[i:])
+}
+
+func fieldBytes(b string) bool {
 	for i := 0; i < len(b); i++ {
 		c := b[i]
 		if c < ' ' && c != '\t' || c == 0x7f {
