@@ -332,6 +332,13 @@ func TestRollingRestartUnderLoad(t *testing.T) {
 	up := map[*node]bool{n1: true, n2: true, n3: true}
 	var acked atomic.Int64
 	var bad atomic.Value
+	// What the load was told instead of 200, to show if the count is off.
+	var unacked []string
+	note := func(s string) {
+		mu.Lock()
+		unacked = append(unacked, s)
+		mu.Unlock()
+	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for w := 0; w < 3; w++ {
@@ -355,10 +362,12 @@ func TestRollingRestartUnderLoad(t *testing.T) {
 				r, err := testutil.Do(context.Background(), "POST", url+"/counters/roll/increment", "", nil)
 				switch {
 				case err != nil:
+					note(fmt.Sprintf("%s %s: %v", time.Now().Format("15:04:05.000000"), n.id, err))
 					time.Sleep(20 * time.Millisecond) // the node just went away
 				case r.Code == 200:
 					acked.Add(1)
 				case r.Code == 503:
+					note(fmt.Sprintf("%s %s: 503 %s %s", time.Now().Format("15:04:05.000000"), n.id, r.Header.Get("Retry-After"), strings.TrimSpace(r.Body)))
 					time.Sleep(20 * time.Millisecond)
 				default:
 					bad.Store(fmt.Sprintf("%d %s", r.Code, r.Body))
@@ -408,6 +417,6 @@ func TestRollingRestartUnderLoad(t *testing.T) {
 		return r.Code == 200
 	})
 	if want := fmt.Sprintf(`{"value":%d}`, acked.Load()); strings.TrimSpace(r.Body) != want {
-		t.Fatalf("final %s, want %s", r.Body, want)
+		t.Fatalf("final %s, want %s; the increments not answered 200:\n%s", r.Body, want, strings.Join(unacked, "\n"))
 	}
 }

@@ -305,6 +305,14 @@ func (f *FrontDoor) Close() error {
 	return err
 }
 
+// Shutdown is Close once every request the kept-alive loop is forwarding
+// has had its response, or when ctx is done (relay.Conns.Shutdown). Call
+// it after the server stopped serving, as Close.
+func (f *FrontDoor) Shutdown(ctx context.Context) error {
+	err := f.conns.Shutdown(ctx)
+	return errors.Join(err, f.Close())
+}
+
 // SetStopping makes new instance requests answer 503 + Retry-After.
 func (f *FrontDoor) SetStopping() {
 	f.stopping.Store(true)

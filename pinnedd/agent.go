@@ -319,8 +319,12 @@ loop:
 	if err := srv.Shutdown(sctx); err != nil {
 		_ = srv.Close()
 	}
-	// Relayed streams left net/http: Shutdown neither waited for nor ended them.
-	_ = fd.Close()
+	// Kept-alive connections and relayed streams left net/http: its
+	// Shutdown neither waited for nor ended them. A request the loop is
+	// forwarding gets its response first, as net/http's do.
+	if err := fd.Shutdown(sctx); err != nil {
+		log.Warn("forwarded requests still under way at the shutdown deadline; cut them off", "err", err)
+	}
 	log.Info("stopped")
 	return runErr
 }

@@ -3,6 +3,7 @@
 package relay
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +29,7 @@ type Conns struct {
 
 	life     // its mu guards everything below
 	draining bool
+	drained  chan struct{} // made by Drain, closed once no client is left
 	nextID   uint32
 	clients  map[uint32]*client
 	ups      map[uint32]*upstream
@@ -174,9 +176,43 @@ func (l *Conns) Drain() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.draining = true
+	if l.drained == nil {
+		l.drained = make(chan struct{})
+	}
+	l.noteDrainedLocked()
 	if l.started && !l.closed {
 		_ = l.wakeLocked()
 	}
+}
+
+// noteDrainedLocked closes drained once a draining loop holds no client.
+func (l *Conns) noteDrainedLocked() {
+	if !l.draining || len(l.clients) > 0 {
+		return
+	}
+	select {
+	case <-l.drained:
+	default:
+		close(l.drained)
+	}
+}
+
+// Shutdown drains the loop and waits until every busy connection has had
+// its response (and closed), or until ctx is done, then closes the loop,
+// as http.Server's Shutdown does for net/http's connections: an exchange
+// cut short there may have run on the owner without its client knowing.
+func (l *Conns) Shutdown(ctx context.Context) error {
+	l.Drain()
+	l.mu.Lock()
+	drained := l.drained
+	l.mu.Unlock()
+	var err error
+	select {
+	case <-drained:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	return errors.Join(err, l.Close())
 }
 
 // Close closes every connection the loop holds and stops it.
@@ -913,6 +949,7 @@ func (l *Conns) detach(c *client) {
 	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, c.fd, nil)
 	delete(l.clients, c.id)
 	l.live.Add(-1)
+	l.noteDrainedLocked()
 }
 
 // giveBack hands c to net/http with the bytes it has not answered.

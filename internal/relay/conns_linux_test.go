@@ -4,6 +4,7 @@ package relay
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pinnedd/pinnedd/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -36,6 +38,8 @@ type connsRig struct {
 	flakyPath string
 	hooks     chan string
 	ticket    atomic.Value // Ticket of the latest Final exchange
+	// /up/held: arrived gets each request, which waits for release.
+	arrived, release chan struct{}
 }
 
 // testRouter forwards /up/... to the upstream; /local/... goes back to
@@ -80,7 +84,8 @@ func (r testRouter) Route(h *ReqHead) (Forward, bool) {
 
 func newConnsRig(t *testing.T) *connsRig {
 	t.Helper()
-	rig := &connsRig{t: t, upClosed: make(chan struct{}, 16), hooks: make(chan string, 64)}
+	rig := &connsRig{t: t, upClosed: make(chan struct{}, 16), hooks: make(chan string, 64),
+		arrived: make(chan struct{}, 16), release: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/up/fixed", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "fixed "+r.URL.RawQuery)
@@ -106,6 +111,14 @@ func newConnsRig(t *testing.T) *connsRig {
 		<-r.Context().Done()
 	})
 	mux.HandleFunc("/up/hang", func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	mux.HandleFunc("/up/held", func(w http.ResponseWriter, r *http.Request) {
+		rig.arrived <- struct{}{}
+		select {
+		case <-rig.release:
+			_, _ = io.WriteString(w, "released")
+		case <-r.Context().Done():
+		}
+	})
 	mux.HandleFunc("/up/refuse", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Refused", "draining")
 		w.WriteHeader(http.StatusServiceUnavailable)
@@ -550,5 +563,73 @@ func TestConnsFinal(t *testing.T) {
 	start := time.Now()
 	if code, _, _ := rig.get(rig.client(), "GET", "/slow/x", ""); code != 503 || time.Since(start) > 4*time.Second {
 		t.Fatalf("a route bounded to 300ms: %d after %s", code, time.Since(start))
+	}
+}
+
+// Shutdown lets a request the loop is forwarding have its response before
+// the loop closes (it may have run upstream already: cut short, its client
+// would not know), and ends one still waiting when ctx is done.
+func TestConnsShutdown(t *testing.T) {
+	rig := newConnsRig(t)
+	c := rig.client()
+	if code, _, _ := rig.get(c, "GET", "/up/fixed?warm", ""); code != 200 {
+		t.Fatalf("first request: %d", code)
+	}
+	answered := make(chan string, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", "http://"+rig.front.Addr().String()+"/up/held", strings.NewReader("x"))
+		resp, err := c.Do(req)
+		if err != nil {
+			answered <- err.Error()
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		answered <- fmt.Sprintf("%d %s %v close=%v", resp.StatusCode, b, err, resp.Close)
+	}()
+	<-rig.arrived
+	shut := make(chan error, 1)
+	go func() { shut <- rig.loop.Shutdown(context.Background()) }()
+	err := testutil.Eventually(10*time.Second, func() bool {
+		rig.loop.mu.Lock()
+		defer rig.loop.mu.Unlock()
+		return rig.loop.draining
+	})
+	if err != nil {
+		t.Fatal("Shutdown did not drain the loop")
+	}
+	close(rig.release)
+	if got := <-answered; got != "200 released <nil> close=true" {
+		t.Fatalf("the request under way at Shutdown got %q, want its whole answer", got)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if rig.loop.Len() != 0 {
+		t.Fatalf("%d connections left after Shutdown", rig.loop.Len())
+	}
+
+	// An answer that never comes: Shutdown ends the exchange when ctx is done.
+	rig2 := newConnsRig(t)
+	c2 := rig2.client()
+	if code, _, _ := rig2.get(c2, "GET", "/up/fixed?warm", ""); code != 200 {
+		t.Fatalf("first request: %d", code)
+	}
+	failed := make(chan error, 1)
+	go func() {
+		resp, err := c2.Get("http://" + rig2.front.Addr().String() + "/up/held")
+		if err == nil {
+			resp.Body.Close()
+		}
+		failed <- err
+	}()
+	<-rig2.arrived
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := rig2.loop.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown with an exchange that never ends: %v, want the deadline", err)
+	}
+	if err := <-failed; err == nil {
+		t.Fatal("the cut-off request got an answer")
 	}
 }

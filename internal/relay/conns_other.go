@@ -3,6 +3,7 @@
 package relay
 
 import (
+	"context"
 	"log/slog"
 	"net"
 	"time"
@@ -29,6 +30,9 @@ func (l *Conns) Adopt(net.Conn, []byte) error { return ErrUnsupported }
 
 // Drain does nothing.
 func (l *Conns) Drain() {}
+
+// Shutdown does nothing.
+func (l *Conns) Shutdown(context.Context) error { return nil }
 
 // Close does nothing.
 func (l *Conns) Close() error { return nil }
