@@ -258,8 +258,8 @@ func cutLine(s string) (line, rest string, ok bool) {
 	return s[:i-1], s[i+1:], true
 }
 
-// cutCRLF is bytes.Cut(s, "\r\n") but for the found result, looking for
-// LFs (the fast search); a bare LF stays in the line.
+// cutCRLF is bytes.Cut(s, "\r\n") without the found flag, searching by
+// LF (IndexByte is the fast search); a bare LF stays in its line.
 func cutCRLF(s []byte) (line, rest []byte) {
 	for i := 0; ; {
 		j := bytes.IndexByte(s[i:], '\n')
@@ -442,6 +442,7 @@ func fieldValue(b string) bool {
 	return fieldBytes(b[i:])
 }
 
+// fieldBytes is fieldValue's rule, a byte at a time.
 func fieldBytes(b string) bool {
 	for i := 0; i < len(b); i++ {
 		c := b[i]
