@@ -39,6 +39,6 @@ fi
 export HOP_BENCH_CMD="${HOP_BENCH_CMD:-scripts/bench-hop.sh}"
 if [ -n "${HOP_RATE:-}" ]; then HOP_BENCH_CMD="HOP_RATE=$HOP_RATE $HOP_BENCH_CMD"; fi
 if [ -n "${HOP_ROUNDS:-}" ]; then HOP_BENCH_CMD="HOP_ROUNDS=$HOP_ROUNDS $HOP_BENCH_CMD"; fi
-go test -run XXX -bench BenchmarkHop -benchtime 1x -count 1 -timeout 5m ./bench/hop/
+go test -run XXX -bench BenchmarkHop -benchtime 1x -count 1 -timeout 30m ./bench/hop/
 echo
 echo "bench-hop: numbers, command and date written to bench/hop/RESULTS.md"

@@ -1000,6 +1000,7 @@ func loadavg() string {
 
 func writeResults(b *testing.B, cmd string, started time.Time, loadBefore, table string) {
 	b.Helper()
+	rounds := throughputRounds(b)
 	commit, _ := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
 	var s strings.Builder
 	fmt.Fprintf(&s, "# Forwarding-hop benchmark\n\n")
@@ -1018,8 +1019,8 @@ func writeResults(b *testing.B, cmd string, started time.Time, loadBefore, table
 		"`proxy_set_header Connection \"\"`, upstream `keepalive 64`, `keepalive_requests` raised so no side recycles " +
 		"connections). Latency: " + strconv.Itoa(seqRounds*seqPerRound) + " sequential keep-alive requests per row, in " +
 		strconv.Itoa(seqRounds) + " interleaved rounds after warm-up. Throughput: " + strconv.Itoa(conns) +
-		" goroutines, one keep-alive connection each, " + (time.Duration(throughputRounds(b)) * loadDuration).String() +
-		" per row over " + strconv.Itoa(throughputRounds(b)) + " interleaved rounds; the load generator shares the machine " +
+		" goroutines, one keep-alive connection each, " + (time.Duration(rounds) * loadDuration).String() +
+		" per row over " + strconv.Itoa(rounds) + " interleaved rounds; the load generator shares the machine " +
 		"(both use a minimal HTTP/1.1 client: GET, fixed-length answers, far cheaper than net/http's). " +
 		"CPU per request: /proc/<pid>/stat user+system time over each throughput run, warm-up included, of the " +
 		"forwarding process (the entry node, the ReverseProxy, nginx's master and workers) and of the owner node " +

@@ -29,7 +29,7 @@ type Conns struct {
 
 	life     // its mu guards everything below
 	draining bool
-	drained  chan struct{} // made by Drain, closed once no client is left
+	drained  chan struct{} // closed once the loop is draining and holds no client
 	nextID   uint32
 	clients  map[uint32]*client
 	ups      map[uint32]*upstream
@@ -110,7 +110,7 @@ func NewConns(logger *slog.Logger, r Router, handBack func(net.Conn), respTimeou
 		logger = slog.Default()
 	}
 	return &Conns{log: logger, router: r, handBack: handBack, respTimeout: respTimeout, life: life{epfd: -1, wakefd: -1},
-		clients: map[uint32]*client{}, ups: map[uint32]*upstream{}, idle: map[string][]*upstream{}}
+		clients: map[uint32]*client{}, ups: map[uint32]*upstream{}, idle: map[string][]*upstream{}, drained: make(chan struct{})}
 }
 
 // Len is the number of client connections the loop holds.
@@ -176,9 +176,6 @@ func (l *Conns) Drain() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.draining = true
-	if l.drained == nil {
-		l.drained = make(chan struct{})
-	}
 	l.noteDrainedLocked()
 	if l.started && !l.closed {
 		_ = l.wakeLocked()
@@ -203,12 +200,9 @@ func (l *Conns) noteDrainedLocked() {
 // cut short there may have run on the owner without its client knowing.
 func (l *Conns) Shutdown(ctx context.Context) error {
 	l.Drain()
-	l.mu.Lock()
-	drained := l.drained
-	l.mu.Unlock()
 	var err error
 	select {
-	case <-drained:
+	case <-l.drained:
 	case <-ctx.Done():
 		err = ctx.Err()
 	}

@@ -123,8 +123,9 @@ func connsBlocked() bool {
 // With more than one P the loop keeps to one thread: all its waits, held
 // and blocking, are made by the thread it is locked to, though a GC every
 // millisecond stops it over and over (unlocked, each stop could resume it
-// on another thread: 51-59 moves in 2 s). The waiting threads are read
-// from /proc/self/task/*/syscall: the syscall and the epoll instance.
+// on another thread: its waits were seen on 5-6 threads). The waiting
+// threads are read from /proc/self/task/*/syscall: the syscall and the
+// epoll instance.
 func TestLoopKeepsItsThread(t *testing.T) {
 	procs := max(runtime.GOMAXPROCS(0), 2)
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))

@@ -143,9 +143,8 @@ const holdFor = time.Millisecond
 const yieldEvery = 9 * time.Millisecond
 
 var (
-	holder       atomic.Bool  // the process's one held wait
-	heldWaits    atomic.Int64 // held waits so far, for tests
-	blockedWaits atomic.Int64 // blocking waits so far, for tests
+	holder    atomic.Bool  // the process's one held wait
+	heldWaits atomic.Int64 // held waits so far, for tests
 )
 
 // startLocked starts the loop (run, on its own goroutine) unless it runs
@@ -285,7 +284,6 @@ func (e *life) block(events []unix.EpollEvent, timeout time.Duration) (int, erro
 		msec = int((timeout + time.Millisecond - 1) / time.Millisecond)
 	}
 	n, err := epollBlock(e.epfd, events, msec)
-	blockedWaits.Add(1)
 	if errors.Is(err, unix.EINTR) {
 		n, err = 0, nil
 	}
