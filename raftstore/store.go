@@ -409,7 +409,8 @@ func (s *Store) Leave(ctx context.Context) error {
 			return fmt.Errorf("raftstore: leave: %w", err)
 		}
 	}
-	if err := s.remove(ctx, s.cfg.NodeID); err != nil {
+	// Already gone (a retried leave) is what leave asked for.
+	if err := s.remove(ctx, s.cfg.NodeID); err != nil && !errors.Is(err, ErrUnknownMember) {
 		return fmt.Errorf("raftstore: leave: %w", err)
 	}
 	s.log.Info("left the cluster")
@@ -696,6 +697,9 @@ func (s *Store) removeLocal(ctx context.Context, nodeID string) error {
 		return err
 	}
 	if found == nil {
+		if s.fsm.apiAddr(nodeID) == "" {
+			return fmt.Errorf("%w: no member named %q (already removed, or never a member: see `pinnedd members`)", ErrUnknownMember, nodeID)
+		}
 		return delMeta()
 	}
 	if found.Suffrage == raft.Voter && voters == 1 {

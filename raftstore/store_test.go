@@ -508,8 +508,12 @@ func TestRemoveDeadMember(t *testing.T) {
 	if err := RemoveVia(ctx, nil, asker.srv.URL, "secret", dead.id); err != nil {
 		t.Fatalf("remove %s: %v", dead.id, err)
 	}
-	if err := RemoveVia(ctx, nil, asker.srv.URL, "secret", dead.id); err != nil {
-		t.Fatalf("removing again is not a no-op: %v", err)
+	// Removing it again names the member as unknown rather than reporting a
+	// removal that did nothing (so does a typo'd id).
+	for _, id := range []string{dead.id, "nosuchnode"} {
+		if err := RemoveVia(ctx, nil, asker.srv.URL, "secret", id); !errors.Is(err, ErrUnknownMember) {
+			t.Fatalf("remove %s (not a member): %v, want ErrUnknownMember", id, err)
+		}
 	}
 	eventually(t, 5*time.Second, "dead member gone everywhere", func() error {
 		ms, err := MembersVia(ctx, nil, asker.srv.URL, "secret")
