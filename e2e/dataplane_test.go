@@ -145,7 +145,7 @@ func TestAnyNodeServesAnyID(t *testing.T) {
 		t.Fatalf("stats: %d workers, alice held by %v (owner %s)", len(stats.Workers), holders, owner.id)
 	}
 	// The worker-side route answers attested callers only.
-	if r, _ := testutil.Do(context.Background(), "GET", owner.url()+"/_pinned/stats", "", map[string]string{"Authorization": "Bearer dev-token"}); r.Code != 403 {
+	if r, _ := testutil.Do(context.Background(), "GET", owner.url()+"/_pinned/stats", "", map[string]string{"Authorization": "Bearer "+testutil.Token}); r.Code != 403 {
 		t.Fatalf("unattested /_pinned/stats: %d", r.Code)
 	}
 }
@@ -436,7 +436,7 @@ func TestKeptAliveConnectionForwards(t *testing.T) {
 	}
 	do := func(conn net.Conn, br *bufio.Reader, method, path, extra string) (*http.Response, string) {
 		t.Helper()
-		fmt.Fprintf(conn, "%s %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer dev-token\r\n%s\r\n", method, path, via.http, extra)
+		fmt.Fprintf(conn, "%s %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n%s\r\n", method, path, via.http, testutil.Token, extra)
 		resp, err := http.ReadResponse(br, nil)
 		if err != nil {
 			t.Fatalf("%s %s through %s: %v", method, path, via.id, err)

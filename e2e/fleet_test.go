@@ -22,7 +22,7 @@ type node struct {
 	a                   *testutil.Agent
 }
 
-var fleetEnv = []string{"PINBOARD_TOKEN=dev-token"}
+var fleetEnv = []string{"PINBOARD_TOKEN="+testutil.Token}
 
 func newNode(t *testing.T, id string, extra ...string) *node {
 	n := &node{id: id, http: testutil.FreeAddr(t), raft: testutil.FreeAddr(t), dir: filepath.Join(t.TempDir(), id)}
@@ -130,6 +130,10 @@ func TestFleetMembership(t *testing.T) {
 	if r := n3.a.MustDo("GET", "/readyz", ""); r.Code != 503 {
 		t.Fatalf("unjoined node ready: %d %s", r.Code, r.Body)
 	}
+	// It says what it waits for, instead of failing lease renewals.
+	if _, err := n3.a.WaitLog(10*time.Second, "waits to be joined", "pinnedd join --addr "+n3.url()); err != nil {
+		t.Fatalf("an unjoined node does not say it waits to be joined: %v\n%s", err, n3.a.Logs())
+	}
 	// Runtime join through a follower (n2 forwards to the leader).
 	if out, err := testutil.CLI(t, "join", "--addr", n3.url(), n2.url()); err != nil {
 		t.Fatalf("pinnedd join: %v\n%s", err, out)
@@ -175,14 +179,26 @@ func TestFleetMembership(t *testing.T) {
 		return w.ClientID != "" && w.ClientID != oldClient
 	})
 
-	// leave: n3 goes, two members stay.
-	if out, err := testutil.CLI(t, "leave", "--addr", n3.url()); err != nil {
+	// A node that is not a member cannot be removed: an error, not "removed".
+	if out, err := testutil.CLI(t, "remove", "--addr", n2.url(), "nosuchnode"); err == nil || !strings.Contains(out, "no member named") {
+		t.Fatalf("pinnedd remove nosuchnode: err=%v\n%s", err, out)
+	}
+
+	// leave: n3 drains, deregisters, leaves Raft and exits 0; two members
+	// and two workers stay.
+	if out, err := testutil.CLI(t, "leave", "--addr", n3.url(), "--deadline", "1s"); err != nil {
 		t.Fatalf("pinnedd leave: %v\n%s", err, out)
+	}
+	if code, err := n3.a.Wait(30 * time.Second); err != nil || code != 0 {
+		t.Fatalf("a node that left exits 0: code %d, %v\n%s", code, err, n3.a.Logs())
 	}
 	testutil.WaitFor(t, 10*time.Second, "2 members after leave", func() bool {
 		s := memberSummary(members(t, n2))
 		return len(strings.Fields(s)) == 2 && !strings.Contains(s, "n3")
 	})
+	if w := liveWorkers(t, n2); len(w) != 2 || w["n3"].ClientID != "" {
+		t.Fatalf("the node that left is still a live worker: %+v", w)
+	}
 
 	// With 3 voters as the cap, a fourth and fifth: n4 votes (only two
 	// voters left), n5 does not.
@@ -308,21 +324,21 @@ func TestRegistryBadInput(t *testing.T) {
 		code              int
 	}{
 		{"/registry/register", "", valid("a"), 401},
-		{"/registry/register", "nope", valid("a"), 403},
-		{"/registry/register", "dev-token", `{`, 400},
-		{"/registry/register", "dev-token", `[]`, 400},
-		{"/registry/register", "dev-token", `{"clientId":"a"} {}`, 400},
-		{"/registry/register", "dev-token", `{"clientId":5}`, 400},
-		{"/registry/register", "dev-token", `{"clientId":"a","advertiseUrl":"ftp://x","namespaces":["/counters"],"challenge":"c","challengeValue":"v"}`, 400},
-		{"/registry/register", "dev-token", `{"clientId":"a","advertiseUrl":"http://x","namespaces":["/Bad"],"challenge":"c","challengeValue":"v"}`, 400},
-		{"/registry/register", "dev-token", `{"clientId":"a","advertiseUrl":"http://x","namespaces":["/counters"]}`, 400},
-		{"/registry/register", "dev-token", `{"clientId":"a","advertiseUrl":"` + fake.URL + `","namespaces":["/counters"],"headroom":-1,"challenge":"c","challengeValue":"v"}`, 400},
+		{"/registry/register", "nope", valid("a"), 401},
+		{"/registry/register", testutil.Token, `{`, 400},
+		{"/registry/register", testutil.Token, `[]`, 400},
+		{"/registry/register", testutil.Token, `{"clientId":"a"} {}`, 400},
+		{"/registry/register", testutil.Token, `{"clientId":5}`, 400},
+		{"/registry/register", testutil.Token, `{"clientId":"a","advertiseUrl":"ftp://x","namespaces":["/counters"],"challenge":"c","challengeValue":"v"}`, 400},
+		{"/registry/register", testutil.Token, `{"clientId":"a","advertiseUrl":"http://x","namespaces":["/Bad"],"challenge":"c","challengeValue":"v"}`, 400},
+		{"/registry/register", testutil.Token, `{"clientId":"a","advertiseUrl":"http://x","namespaces":["/counters"]}`, 400},
+		{"/registry/register", testutil.Token, `{"clientId":"a","advertiseUrl":"` + fake.URL + `","namespaces":["/counters"],"headroom":-1,"challenge":"c","challengeValue":"v"}`, 400},
 		// The advertise URL does not know this challenge: 403.
-		{"/registry/register", "dev-token", `{"clientId":"a","advertiseUrl":"` + fake.URL + `","namespaces":["/counters"],"challenge":"c-x","challengeValue":"v-x"}`, 403},
+		{"/registry/register", testutil.Token, `{"clientId":"a","advertiseUrl":"` + fake.URL + `","namespaces":["/counters"],"challenge":"c-x","challengeValue":"v-x"}`, 403},
 		// Another node's URL cannot answer our challenge either.
-		{"/registry/register", "dev-token", `{"clientId":"a","advertiseUrl":"` + n1.url() + `","namespaces":["/counters"],"challenge":"c","challengeValue":"v"}`, 403},
-		{"/registry/heartbeat", "dev-token", `{"clientId":"a"}`, 400},
-		{"/registry/heartbeat", "dev-token", `nonsense`, 400},
+		{"/registry/register", testutil.Token, `{"clientId":"a","advertiseUrl":"` + n1.url() + `","namespaces":["/counters"],"challenge":"c","challengeValue":"v"}`, 403},
+		{"/registry/heartbeat", testutil.Token, `{"clientId":"a"}`, 400},
+		{"/registry/heartbeat", testutil.Token, `nonsense`, 400},
 	} {
 		if r := post(c.path, c.token, c.body); r.Code != c.code {
 			t.Errorf("POST %s %s: %d %s, want %d", c.path, c.body, r.Code, r.Body, c.code)
@@ -332,8 +348,8 @@ func TestRegistryBadInput(t *testing.T) {
 		t.Fatalf("bad input changed the directory: applied index %v -> %v", before, after)
 	}
 
-	// Go's profiles are an operator's: no token 401, another token 403.
-	for token, want := range map[string]int{"": 401, "nope": 403, "dev-token": 200} {
+	// Go's profiles are an operator's: no token or an unknown one 401.
+	for token, want := range map[string]int{"": 401, "nope": 401, testutil.Token: 200} {
 		h := map[string]string{}
 		if token != "" {
 			h["Authorization"] = "Bearer " + token
@@ -349,14 +365,14 @@ func TestRegistryBadInput(t *testing.T) {
 	}
 
 	// A valid registration, then a second process claiming the same URL.
-	if r := post("/registry/register", "dev-token", valid("a")); r.Code != 200 || !strings.Contains(r.Body, `"expiresInMs":3000`) {
+	if r := post("/registry/register", testutil.Token, valid("a")); r.Code != 200 || !strings.Contains(r.Body, `"expiresInMs":3000`) {
 		t.Fatalf("register: %d %s", r.Code, r.Body)
 	}
-	if r := post("/registry/register", "dev-token", valid("b")); r.Code != 409 {
+	if r := post("/registry/register", testutil.Token, valid("b")); r.Code != 409 {
 		t.Fatalf("second worker on one advertise URL: %d %s, want 409", r.Code, r.Body)
 	}
 	// An unknown session is told to re-register.
-	r := post("/registry/heartbeat", "dev-token", `{"clientId":"a","sessionId":"stale","headroom":1,"challenge":"c-a","challengeValue":"v-a"}`)
+	r := post("/registry/heartbeat", testutil.Token, `{"clientId":"a","sessionId":"stale","headroom":1,"challenge":"c-a","challengeValue":"v-a"}`)
 	if r.Code != 409 || !strings.Contains(r.Body, `"reregister":true`) {
 		t.Fatalf("stale heartbeat: %d %s", r.Code, r.Body)
 	}

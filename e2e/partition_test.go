@@ -193,7 +193,7 @@ func placeOnLeader(t *testing.T, nodes []*node, id string) string {
 	}
 	touch := func(probe, ip string) bool {
 		r, err := testutil.Do(context.Background(), "GET", nodes[li].url()+"/counters/"+probe+"/value", "",
-			map[string]string{"Authorization": "Bearer dev-token", "X-Forwarded-For": ip})
+			map[string]string{"Authorization": "Bearer "+testutil.Token, "X-Forwarded-For": ip})
 		if err != nil || r.Code != 200 {
 			t.Fatalf("touch /counters/%s as %s: %v %d %s", probe, ip, err, r.Code, r.Body)
 		}
@@ -372,7 +372,7 @@ func (h *partitionHistory) do(i int, method, path string) (int, string, error) {
 	if err != nil {
 		return 0, "", err
 	}
-	req.Header.Set("Authorization", "Bearer dev-token")
+	req.Header.Set("Authorization", "Bearer "+testutil.Token)
 	resp, err := h.client.Do(req)
 	if err != nil {
 		return 0, "", err

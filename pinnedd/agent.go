@@ -22,8 +22,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.etcd.io/bbolt"
 
+	"github.com/pinnedd/pinnedd/internal/datadir"
 	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/internal/procstat"
 	"github.com/pinnedd/pinnedd/internal/sdnotify"
@@ -52,16 +52,26 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 
 	dataDir := cfg.dataDir
 	if dataDir == "" { // --dev only
-		tmp, err := os.MkdirTemp("", "pinnedd-dev-")
+		// A dev agent ended by kill -9 could not remove its own.
+		if removed, err := datadir.SweepStale(os.TempDir()); err != nil {
+			log.Warn("sweeping dead dev agents' data dirs", "err", err)
+		} else if len(removed) > 0 {
+			log.Info("removed data dirs of dev agents that are gone", "dirs", removed)
+		}
+		tmp, err := os.MkdirTemp("", datadir.DevPrefix+"*")
 		if err != nil {
 			return fmt.Errorf("data dir: %w", err)
 		}
 		defer os.RemoveAll(tmp)
 		dataDir = tmp
 	}
-	if err := os.MkdirAll(dataDir, 0o700); err != nil {
-		return fmt.Errorf("data dir: %w", err)
+	// Held until exit: everything in the data dir is this process's, so
+	// what a dead predecessor left there (plugin sockets) is stale.
+	dirLock, err := datadir.Acquire(dataDir)
+	if err != nil {
+		return err
 	}
+	defer dirLock.Release()
 
 	ln, err := net.Listen("tcp", cfg.httpAddr)
 	if err != nil {
@@ -115,7 +125,7 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		LeaderLeaseTimeout: cfg.raftTimeout / 2,
 	}, machine)
 	if err != nil {
-		return fmt.Errorf("open raft: %w", dataDirInUse(err, dataDir))
+		return fmt.Errorf("open raft: %w", err)
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -144,7 +154,7 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		Health:           func() map[string]any { return raftHealth(store) },
 		Status: func() map[string]any {
 			st := map[string]any{
-				"nodeId": cfg.nodeID, "version": version, "advertiseUrl": advertise, "pid": os.Getpid(),
+				"nodeId": cfg.nodeID, "version": version, "dev": cfg.dev, "advertiseUrl": advertise, "pid": os.Getpid(),
 				"raft": raftHealth(store),
 			}
 			if sup != nil {
@@ -228,6 +238,8 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		dir.ServeHandOff(w, r)
 	}))
 	fd.Handle("POST /_pinned/join", joinHandler(tokens, cfg, store, log))
+	leaveCh := make(chan time.Duration, 1)
+	fd.Handle("POST /_pinned/leave", fd.RequireScope(pinboard.ScopeOperator, leaveHandler(store, cfg.drainDeadline, leaveCh)))
 	// Go's profiles, for an operator chasing CPU or memory in a running
 	// node (Consul and Nomad expose them behind an operator ACL too).
 	fd.Handle("/_pinned/debug/pprof/", fd.RequireScope(pinboard.ScopeOperator, servePprof))
@@ -251,9 +263,20 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		bg.Add(1)
 		go func() { defer bg.Done(); joinUntilDone(wctx, cfg.join, cfg.tokens[0], store, log) }()
 	}
+	if !cfg.bootstrap && cfg.join == "" && !store.HadExistingState() {
+		bg.Add(1)
+		go func() { defer bg.Done(); waitToBeJoined(wctx, store, advertise, log) }()
+	}
 	if worker != nil {
 		bg.Add(1)
-		go func() { defer bg.Done(); worker.Run(wctx) }()
+		go func() {
+			defer bg.Done()
+			// Registering goes through the leader: until there is one
+			// (a node waiting to be joined) it could only fail.
+			if store.WaitForLeader(wctx) == nil {
+				worker.Run(wctx)
+			}
+		}()
 	}
 
 	bg.Add(1)
@@ -263,10 +286,16 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	defer signal.Stop(hup)
 
 	var runErr error
+	leaving := false
+	drainDeadline := cfg.drainDeadline
 loop:
 	for {
 		select {
 		case <-ctx.Done():
+			break loop
+		case d := <-leaveCh:
+			leaving, drainDeadline = true, d
+			log.Info("leaving the cluster: draining, then deregistering, leaving Raft and exiting", "deadline", d)
 			break loop
 		case err := <-serveErr:
 			runErr = fmt.Errorf("front door: %w", err)
@@ -288,8 +317,8 @@ loop:
 	if sup != nil && runErr == nil {
 		// SIGTERM drains: no new activations, idle instances go at once,
 		// the rest when their work is done or at the deadline; then exit.
-		deadline := time.Now().Add(cfg.drainDeadline)
-		log.Info("draining", "deadline", cfg.drainDeadline)
+		deadline := time.Now().Add(drainDeadline)
+		log.Info("draining", "deadline", drainDeadline)
 		fdc.Drain(deadline, false)
 		dctx, dcancel := context.WithDeadline(context.Background(), deadline.Add(deadlineGrace))
 		if err := sup.WaitDrained(dctx); err != nil {
@@ -313,6 +342,15 @@ loop:
 			log.Warn("deregister failed", "err", err)
 		}
 		dcancel()
+	}
+	if leaving {
+		// Leadership is handed over first when this node leads.
+		lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := store.Leave(lctx); err != nil {
+			log.Error("leaving the Raft cluster failed; it still counts this node as a member (pinnedd remove "+cfg.nodeID+" from another node)", "err", err)
+			runErr = fmt.Errorf("leave: %w", err)
+		}
+		lcancel()
 	}
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer scancel()
@@ -360,7 +398,7 @@ func openStateStore(ctx context.Context, cfg agentConfig, dataDir string) (state
 	} else {
 		b, err := boltstore.Open(filepath.Join(dataDir, "state.db"))
 		if err != nil {
-			return nil, fmt.Errorf("state store: %w", dataDirInUse(err, dataDir))
+			return nil, fmt.Errorf("state store: %w", err)
 		}
 		st = b
 		if !cfg.dev {
@@ -406,15 +444,6 @@ func notifyReady(ctx context.Context, worker *pinboard.Worker, store *raftstore.
 		case <-t.C:
 		}
 	}
-}
-
-// dataDirInUse explains a held lock: another pinnedd has the data dir (the
-// lock is how a restarted node knows its predecessor is gone).
-func dataDirInUse(err error, dataDir string) error {
-	if errors.Is(err, raftstore.ErrDataDirInUse) || errors.Is(err, bbolt.ErrTimeout) {
-		return fmt.Errorf("data dir %s is in use by another pinnedd process: %w", dataDir, err)
-	}
-	return err
 }
 
 // servePprof serves net/http/pprof under /_pinned/debug/pprof/ (its Index

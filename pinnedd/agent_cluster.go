@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -68,7 +70,11 @@ func joinUntilDone(ctx context.Context, url, token string, store *raftstore.Stor
 			log.Info("joined the cluster", "via", url)
 			return
 		}
-		log.Warn("join failed; retrying", "via", url, "err", err, "retry_in", delay)
+		if errors.Is(err, raftstore.ErrUnauthorized) {
+			log.Error("join refused: the member does not accept this node's token; every node of a cluster needs the same PINBOARD_TOKEN", "via", url, "retry_in", delay)
+		} else {
+			log.Warn("join failed; retrying", "via", url, "err", err, "retry_in", delay)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -144,5 +150,73 @@ func scanMarked(ctx context.Context, states statestore.Store, fd *pinboard.Front
 			}
 			after = page[len(page)-1]
 		}
+	}
+}
+
+// waitToBeJoined says, until this node has a leader, that it has neither
+// --bootstrap nor --join and waits for an operator to join it: without it
+// such a node would only log failed lease renewals.
+func waitToBeJoined(ctx context.Context, store *raftstore.Store, advertise string, log *slog.Logger) {
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := store.WaitForLeader(wctx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		log.Warn("not in a cluster yet: this node has neither --bootstrap nor --join and waits to be joined; run `pinnedd join --addr " + advertise + " <member url>`, or restart it with --join <member url>")
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(30 * time.Second):
+		}
+	}
+}
+
+// leaveHandler serves POST /_pinned/leave {"deadline": seconds}: the node
+// drains (by the deadline, default --drain-deadline), deregisters, leaves
+// the Raft cluster (handing leadership over first) and exits 0. It answers
+// 202 at once; the caller watches the node go away.
+func leaveHandler(store *raftstore.Store, defaultDeadline time.Duration, leave chan<- time.Duration) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Deadline *float64 `json:"deadline"`
+		}
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+			httpx.WriteError(w, http.StatusBadRequest, `body must be {"deadline": <seconds>} or empty`, 0)
+			return
+		}
+		deadline := defaultDeadline
+		if req.Deadline != nil {
+			if *req.Deadline < 0 || *req.Deadline > 24*3600 {
+				httpx.WriteError(w, http.StatusBadRequest, "deadline must be 0 to 86400 seconds", 0)
+				return
+			}
+			deadline = time.Duration(*req.Deadline * float64(time.Second))
+		}
+		members, err := store.Members(r.Context())
+		if err != nil {
+			httpx.WriteError(w, http.StatusServiceUnavailable, "cannot read the cluster's members: "+err.Error(), time.Second)
+			return
+		}
+		otherVoters, selfVoter := 0, false
+		for _, m := range members {
+			if m.ID == store.NodeID() {
+				selfVoter = m.Voter
+			} else if m.Voter {
+				otherVoters++
+			}
+		}
+		if selfVoter && otherVoters == 0 {
+			httpx.WriteError(w, http.StatusConflict, "this node is the cluster's only voter: there is no cluster to leave; stop it instead", 0)
+			return
+		}
+		select {
+		case leave <- deadline:
+		default: // already leaving
+		}
+		httpx.WriteJSON(w, http.StatusAccepted, map[string]any{"ok": true, "nodeId": store.NodeID(), "deadlineMs": deadline.Milliseconds()})
 	}
 }

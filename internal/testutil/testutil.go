@@ -77,6 +77,11 @@ type Agent struct {
 	err  error // from Wait, valid after done
 }
 
+// Token is the deployment token every agent a test starts gets (an env
+// entry of the test's own overrides it), and what Do and CLI send: strong
+// enough for a fleet node, which refuses a weak one.
+const Token = "pinnedd-test-token-0123456789abcdef"
+
 // StartAgent is LaunchAgent followed by WaitReady: the node serves.
 func StartAgent(t testing.TB, env []string, args ...string) *Agent {
 	t.Helper()
@@ -137,7 +142,7 @@ func agentArgs(args []string) []string {
 // it and checks its plugin processes are gone.
 func launch(t testing.TB, cmd *exec.Cmd, env []string, what string) *Agent {
 	t.Helper()
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(append(os.Environ(), "PINBOARD_TOKEN="+Token), env...)
 	logs := &logBuffer{name: t.Name(), notify: make(chan struct{}, 1)}
 	cmd.Stderr = logs
 	cmd.Stdout = logs
@@ -383,7 +388,7 @@ func (r Response) JSONErr(v any) error { return json.Unmarshal([]byte(r.Body), v
 // Do sends a request to the agent (path relative to its URL) with the dev
 // token, and reads the whole answer.
 func (a *Agent) Do(method, path, body string) (Response, error) {
-	return Do(context.Background(), method, a.URL+path, body, map[string]string{"Authorization": "Bearer dev-token"})
+	return Do(context.Background(), method, a.URL+path, body, map[string]string{"Authorization": "Bearer " + Token})
 }
 
 // Do sends one request and reads the whole answer, within 30 s unless ctx
@@ -547,7 +552,7 @@ func ephemeralLow() int {
 func CLI(t testing.TB, args ...string) (string, error) {
 	t.Helper()
 	cmd := exec.Command(Bin(t, "pinnedd"), args...)
-	cmd.Env = append(os.Environ(), "PINBOARD_TOKEN=dev-token")
+	cmd.Env = append(os.Environ(), "PINBOARD_TOKEN="+Token)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
