@@ -30,7 +30,7 @@ import (
 
 const chatWordDelay = "20ms"
 
-var chatEnv = []string{"CHAT_WORD_DELAY=" + chatWordDelay, "PINBOARD_TOKEN="+testutil.Token}
+var chatEnv = []string{"CHAT_WORD_DELAY=" + chatWordDelay, "PINBOARD_TOKEN=" + testutil.Token}
 
 var (
 	chatBuildOnce sync.Once

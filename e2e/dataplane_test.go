@@ -145,7 +145,7 @@ func TestAnyNodeServesAnyID(t *testing.T) {
 		t.Fatalf("stats: %d workers, alice held by %v (owner %s)", len(stats.Workers), holders, owner.id)
 	}
 	// The worker-side route answers attested callers only.
-	if r, _ := testutil.Do(context.Background(), "GET", owner.url()+"/_pinned/stats", "", map[string]string{"Authorization": "Bearer "+testutil.Token}); r.Code != 403 {
+	if r, _ := testutil.Do(context.Background(), "GET", owner.url()+"/_pinned/stats", "", map[string]string{"Authorization": "Bearer " + testutil.Token}); r.Code != 403 {
 		t.Fatalf("unattested /_pinned/stats: %d", r.Code)
 	}
 }

@@ -22,7 +22,7 @@ type node struct {
 	a                   *testutil.Agent
 }
 
-var fleetEnv = []string{"PINBOARD_TOKEN="+testutil.Token}
+var fleetEnv = []string{"PINBOARD_TOKEN=" + testutil.Token}
 
 func newNode(t *testing.T, id string, extra ...string) *node {
 	n := &node{id: id, http: testutil.FreeAddr(t), raft: testutil.FreeAddr(t), dir: filepath.Join(t.TempDir(), id)}

@@ -481,4 +481,23 @@ func TestDataDirInUse(t *testing.T) {
 	if err == nil || ctx.Err() != nil || !strings.Contains(string(out), "in use by another pinnedd process") {
 		t.Fatalf("second agent on a data dir in use: %v\n%s", err, out)
 	}
+	if strings.Count(string(out), "in use") != 1 || !strings.Contains(string(out), "held by pid ") {
+		t.Fatalf("the error names the holder once: %s", out)
+	}
+}
+
+// A fleet node refuses a token that cannot guard a fleet, and says how to
+// make one; the env template's placeholder is refused too.
+func TestWeakTokenRefused(t *testing.T) {
+	t.Parallel()
+	for _, tok := range []string{"x", "CHANGE-ME", "dev-token"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		cmd := exec.CommandContext(ctx, testutil.Bin(t, "pinnedd"), "agent", "--no-hosts", "--http-addr", "127.0.0.1:0", "--raft-addr", "127.0.0.1:0", "--data-dir", t.TempDir())
+		cmd.Env = append(os.Environ(), "PINBOARD_TOKEN="+tok)
+		out, err := cmd.CombinedOutput()
+		cancel()
+		if err == nil || !strings.Contains(string(out), "pinnedd token generate") {
+			t.Fatalf("PINBOARD_TOKEN=%s: %v\n%s", tok, err, out)
+		}
+	}
 }

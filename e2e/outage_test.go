@@ -25,7 +25,7 @@ const outageReqTimeout = 5 * time.Second
 func outageDoShort(a *testutil.Agent, method, path string) (testutil.Response, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), outageReqTimeout)
 	defer cancel()
-	return testutil.Do(ctx, method, a.URL+path, "", map[string]string{"Authorization": "Bearer "+testutil.Token})
+	return testutil.Do(ctx, method, a.URL+path, "", map[string]string{"Authorization": "Bearer " + testutil.Token})
 }
 
 // outageCounterValue parses {"value":N}.

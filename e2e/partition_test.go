@@ -193,7 +193,7 @@ func placeOnLeader(t *testing.T, nodes []*node, id string) string {
 	}
 	touch := func(probe, ip string) bool {
 		r, err := testutil.Do(context.Background(), "GET", nodes[li].url()+"/counters/"+probe+"/value", "",
-			map[string]string{"Authorization": "Bearer "+testutil.Token, "X-Forwarded-For": ip})
+			map[string]string{"Authorization": "Bearer " + testutil.Token, "X-Forwarded-For": ip})
 		if err != nil || r.Code != 200 {
 			t.Fatalf("touch /counters/%s as %s: %v %d %s", probe, ip, err, r.Code, r.Body)
 		}

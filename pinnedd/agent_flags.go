@@ -166,7 +166,10 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 		}
 	} else {
 		if len(cfg.tokens) == 0 {
-			return cfg, errors.New("a fleet node needs a deployment token: set PINBOARD_TOKEN (or --token)")
+			return cfg, errors.New("a fleet node needs a deployment token: set PINBOARD_TOKEN (or --token); make one with `pinnedd token generate`")
+		}
+		if err := validateToken(cfg.tokens[0]); err != nil {
+			return cfg, fmt.Errorf("PINBOARD_TOKEN (or --token) refused: %w", err)
 		}
 		if cfg.dataDir == "" {
 			return cfg, errors.New("a fleet node needs --data-dir (its Raft log lives there)")
