@@ -14,19 +14,34 @@ import (
 	"github.com/pinnedd/pinnedd/plugins/sdk"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version names this build; the CLI and the agent's status report it. A
+// release sets it with -ldflags "-X main.version=v1.2.3"; otherwise init
+// derives it from the build info (see buildVersion).
+var version string
+
+func init() {
+	if version == "" {
+		version = buildVersion()
+	}
+}
 
 // exitCoder lets a command choose its exit status.
 type exitCoder interface{ ExitCode() int }
 
 func run(args []string) int {
 	app := newApp()
-	if err := app.Run(args); err != nil {
+	args, err := reorderArgs(app, args)
+	if err == nil {
+		err = app.Run(args)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "pinnedd:", err)
 		var ec exitCoder
-		if errors.As(err, &ec) {
+		switch {
+		case errors.As(err, &ec):
 			return ec.ExitCode()
+		case errors.As(err, new(*usageError)):
+			return 2 // as Go's flag package: the command line, not the work, failed
 		}
 		return 1
 	}
@@ -42,19 +57,17 @@ func newApp() *cli.App {
 			agentCommand(),
 			statusCommand(),
 			versionCommand(),
+			tokenCommand(),
+			completionCommand(),
 			pluginHostCommand(),
 		}, append(clusterCommands(), opsCommands()...)...),
-		HideHelpCommand: true,
-	}
-}
-
-func versionCommand() *cli.Command {
-	return &cli.Command{
-		Name:  "version",
-		Usage: "print the version",
-		Action: func(c *cli.Context) error {
-			fmt.Fprintf(c.App.Writer, "pinnedd %s\n", version)
-			return nil
+		HideHelpCommand:      true,
+		Suggest:              true,
+		EnableBashCompletion: true,
+		// A usage error prints what is wrong, not the whole help text; run
+		// prints it once.
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
+			return usagef("%w", err)
 		},
 	}
 }

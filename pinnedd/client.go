@@ -3,63 +3,283 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/pinnedd/pinnedd/raftstore"
+)
+
+const (
+	defaultAddr    = "http://127.0.0.1:8080"
+	defaultTimeout = 30 * time.Second
+	// refusedWindow bounds how long a refused connection is retried: an agent
+	// that is still starting listens within it.
+	refusedWindow = 10 * time.Second
 )
 
 // clientFlags are shared by every command that talks to an agent.
 func clientFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "addr", Value: "http://127.0.0.1:8080", Usage: "the agent's front door", EnvVars: []string{"PINNEDD_ADDR"}},
-		&cli.StringFlag{Name: "token", Value: devToken, Usage: "operator token", EnvVars: []string{"PINBOARD_TOKEN"}},
+		&cli.StringFlag{Name: "addr", Value: defaultAddr, Usage: "the agent's front door: a URL, host:port or :port", EnvVars: []string{"PINNEDD_ADDR"}},
+		&cli.StringFlag{Name: "token", Usage: "operator token (none: only an agent in --dev accepts calls from loopback without one)", EnvVars: []string{"PINBOARD_TOKEN"}},
+		&cli.DurationFlag{Name: "timeout", Value: defaultTimeout, Usage: "give up on a call the agent has not answered within this long", EnvVars: []string{"PINNEDD_TIMEOUT"}},
 	}
 }
 
-// apiCall sends a request to the agent and decodes a JSON answer into out.
-func apiCall(c *cli.Context, method, path string, body io.Reader, out any) error {
-	ctx, cancel := context.WithTimeout(c.Context, 30*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.String("addr"), "/")+path, body)
+// agentClient talks to the agent a command names with --addr.
+type agentClient struct {
+	base    string // normalised --addr, no trailing slash
+	token   string
+	timeout time.Duration
+	http    *http.Client
+}
+
+func newAgentClient(c *cli.Context) (*agentClient, error) {
+	base, err := normalizeAddr("--addr", c.String("addr"))
 	if err != nil {
+		return nil, err
+	}
+	timeout := c.Duration("timeout")
+	if timeout <= 0 {
+		return nil, usagef("--timeout must be positive, got %s", timeout)
+	}
+	errw := c.App.ErrWriter
+	if errw == nil {
+		errw = io.Discard
+	}
+	rd := &refusedDialer{window: min(refusedWindow, timeout), notice: func(addr string, window time.Duration) {
+		fmt.Fprintf(errw, "pinnedd: %s refused the connection; retrying for up to %s (is the agent still starting?)\n", addr, window)
+	}}
+	return &agentClient{
+		base:    base,
+		token:   c.String("token"),
+		timeout: timeout,
+		http:    &http.Client{Transport: rd.transport()},
+	}, nil
+}
+
+// normalizeAddr turns what an operator may type for an agent's address
+// (what names it in errors: a URL, host:port or :port) into a base URL.
+func normalizeAddr(what, addr string) (string, error) {
+	s := strings.TrimSpace(addr)
+	bad := func(why string) error {
+		return usagef("%s %q %s: give a URL or host:port, e.g. http://127.0.0.1:8080 or 127.0.0.1:8080", what, addr, why)
+	}
+	if s == "" {
+		return "", bad("is empty")
+	}
+	if strings.HasPrefix(s, ":") {
+		s = "127.0.0.1" + s
+	}
+	if !strings.Contains(s, "://") {
+		s = "http://" + s
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return "", bad("does not parse")
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return "", bad("has scheme " + u.Scheme + ", not http or https")
+	case u.Hostname() == "":
+		return "", bad("names no host")
+	case u.User != nil || u.RawQuery != "" || u.Fragment != "":
+		return "", bad("carries a user, query or fragment")
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return "", bad("has port " + p + ", not 1-65535")
+		}
+	} else if strings.HasSuffix(u.Host, ":") {
+		return "", bad("has an empty port")
+	}
+	return strings.TrimRight(u.String(), "/"), nil
+}
+
+// refusedDialer redials a refused connection until window passes: nothing
+// was sent, so it is safe for every request, and an agent that is still
+// starting gets to listen. Other dial errors fail at once.
+type refusedDialer struct {
+	window time.Duration
+	notice func(addr string, window time.Duration) // once, at the first refusal
+	once   sync.Once
+}
+
+func (d *refusedDialer) transport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.DialContext = d.dial
+	return t
+}
+
+func (d *refusedDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var nd net.Dialer
+	stop := time.Now().Add(d.window)
+	wait := 50 * time.Millisecond
+	for {
+		conn, err := nd.DialContext(ctx, network, addr)
+		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+			return conn, err
+		}
+		if time.Now().Add(wait).After(stop) {
+			return nil, err
+		}
+		d.once.Do(func() {
+			if d.notice != nil {
+				d.notice(addr, d.window)
+			}
+		})
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+		wait = min(2*wait, 500*time.Millisecond)
+	}
+}
+
+// agentError is the agent's non-2xx answer, shown in its own words.
+type agentError struct {
+	addr    string
+	status  int
+	message string
+}
+
+func (e *agentError) Error() string {
+	msg := e.message
+	if msg == "" {
+		msg = http.StatusText(e.status)
+	}
+	s := fmt.Sprintf("%s answered %d: %s", e.addr, e.status, msg)
+	if e.status == http.StatusUnauthorized {
+		s += " (set PINBOARD_TOKEN or pass --token)"
+	}
+	return s
+}
+
+// explain rewrites a failed call's error into what the operator should
+// know: the agent's own answer, or that nothing listens at --addr, or that
+// it did not answer within --timeout.
+func (ac *agentClient) explain(ctx context.Context, err error) error {
+	var re *raftstore.RemoteError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &re):
+		return &agentError{addr: ac.base, status: re.Status, message: re.Message}
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return &explained{err: err, msg: fmt.Sprintf("cannot reach the agent at %s: connection refused for %s (is it running there? check --addr or PINNEDD_ADDR)", ac.base, min(refusedWindow, ac.timeout))}
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return &explained{err: err, msg: fmt.Sprintf("the agent at %s did not answer within %s (--timeout, PINNEDD_TIMEOUT)", ac.base, ac.timeout)}
+	}
+	var ae *agentError
+	if errors.As(err, &ae) {
 		return err
 	}
-	req.Header.Set("Authorization", "Bearer "+c.String("token"))
+	return fmt.Errorf("cannot reach the agent at %s: %w", ac.base, err)
+}
+
+// explained is an error told in the operator's terms; Unwrap keeps the
+// cause for errors.Is.
+type explained struct {
+	msg string
+	err error
+}
+
+func (e *explained) Error() string { return e.msg }
+func (e *explained) Unwrap() error { return e.err }
+
+// call sends a request to the agent and decodes a JSON answer into out
+// (nil: the answer is not read). body, if not nil, is sent as JSON.
+func (ac *agentClient) call(ctx context.Context, method, path string, body, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, ac.timeout)
+	defer cancel()
+	return ac.explain(ctx, ac.do(ctx, method, path, body, out))
+}
+
+func (ac *agentClient) do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("encode %s %s: %w", method, path, err)
+		}
+		rd = strings.NewReader(string(b))
+	}
+	req, err := http.NewRequestWithContext(ctx, method, ac.base+path, rd)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	if ac.token != "" {
+		req.Header.Set("Authorization", "Bearer "+ac.token)
+	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := ac.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("reach agent: %w", err)
+		return err
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return fmt.Errorf("read answer: %w", err)
+		return fmt.Errorf("read the answer to %s %s: %w", method, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		var e struct {
+		e := &agentError{addr: ac.base, status: resp.StatusCode}
+		var eb struct {
 			Error string `json:"error"`
 		}
-		if json.Unmarshal(data, &e) == nil && e.Error != "" {
-			return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, e.Error)
+		if json.Unmarshal(data, &eb) == nil && eb.Error != "" {
+			e.message = eb.Error
+		} else {
+			e.message = strings.TrimSpace(string(data))
 		}
-		return fmt.Errorf("%s %s: %s", method, path, resp.Status)
+		return e
 	}
 	if out == nil {
 		return nil
 	}
-	return json.Unmarshal(data, out)
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("decode the answer to %s %s: %w", method, path, err)
+	}
+	return nil
+}
+
+// raft runs one raftstore *Via call against the agent, within --timeout and
+// through the client that rides out refused connections.
+func (ac *agentClient) raft(ctx context.Context, fn func(ctx context.Context, hc *http.Client, url, token string) error) error {
+	ctx, cancel := context.WithTimeout(ctx, ac.timeout)
+	defer cancel()
+	return ac.explain(ctx, fn(ctx, ac.http, ac.base, ac.token))
+}
+
+// apiCall is call for a command's own agent (--addr, --token, --timeout).
+func apiCall(c *cli.Context, method, path string, body, out any) error {
+	ac, err := newAgentClient(c)
+	if err != nil {
+		return err
+	}
+	return ac.call(c.Context, method, path, body, out)
 }
 
 type statusView struct {
 	NodeID       string `json:"nodeId"`
 	Version      string `json:"version"`
+	Dev          bool   `json:"dev"`
 	AdvertiseURL string `json:"advertiseUrl"`
 	PID          int    `json:"pid"`
 	Worker       struct {
@@ -88,7 +308,7 @@ type statusView struct {
 func statusCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "status",
-		Usage: "show the local agent: worker lease, plugins, instances",
+		Usage: "show the local agent: mode, worker lease, plugins, instances",
 		Flags: append(clientFlags(), &cli.BoolFlag{Name: "json", Usage: "print the raw JSON"}),
 		Action: func(c *cli.Context) error {
 			var raw json.RawMessage
@@ -103,23 +323,32 @@ func statusCommand() *cli.Command {
 			if err := json.Unmarshal(raw, &st); err != nil {
 				return fmt.Errorf("decode status: %w", err)
 			}
-			w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(w, "node\t%s (pinnedd %s, pid %d)\n", st.NodeID, st.Version, st.PID)
-			fmt.Fprintf(w, "advertise\t%s\n", st.AdvertiseURL)
-			fmt.Fprintf(w, "worker\t%s lease %s (expires in %dms)%s\n", st.Worker.ClientID, st.Worker.Lease, st.Worker.ExpiresInMs, map[bool]string{true: ", draining"}[st.Worker.Draining])
-			fmt.Fprintln(w, "\nPLUGIN\tSTATE\tPID\tRESTARTS\tNAMESPACES")
-			for _, p := range st.Plugins {
-				state := p.State
-				if p.Degraded {
-					state += " (degraded)"
-				}
-				fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\n", p.Name, state, p.PID, p.Restarts, strings.Join(p.Namespaces, ","))
-			}
-			fmt.Fprintf(w, "\nINSTANCE\tGENERATION\tCONNECTIONS\tIDLE\n")
-			for _, in := range st.Instances {
-				fmt.Fprintf(w, "%s/%s\t%d\t%d\t%s\n", in.Namespace, in.ID, in.Generation, in.Connections, (time.Duration(in.IdleMs) * time.Millisecond).String())
-			}
-			return w.Flush()
+			return printStatus(c.App.Writer, st)
 		},
 	}
+}
+
+func printStatus(out io.Writer, st statusView) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	mode := "fleet"
+	if st.Dev {
+		mode = "dev"
+	}
+	fmt.Fprintf(w, "node\t%s (pinnedd %s, pid %d)\n", st.NodeID, st.Version, st.PID)
+	fmt.Fprintf(w, "mode\t%s\n", mode)
+	fmt.Fprintf(w, "advertise\t%s\n", st.AdvertiseURL)
+	fmt.Fprintf(w, "worker\t%s lease %s (expires in %dms)%s\n", st.Worker.ClientID, st.Worker.Lease, st.Worker.ExpiresInMs, map[bool]string{true: ", draining"}[st.Worker.Draining])
+	fmt.Fprintln(w, "\nPLUGIN\tSTATE\tPID\tRESTARTS\tNAMESPACES")
+	for _, p := range st.Plugins {
+		state := p.State
+		if p.Degraded {
+			state += " (degraded)"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\n", p.Name, state, p.PID, p.Restarts, strings.Join(p.Namespaces, ","))
+	}
+	fmt.Fprintf(w, "\nINSTANCE\tGENERATION\tCONNECTIONS\tIDLE\n")
+	for _, in := range st.Instances {
+		fmt.Fprintf(w, "%s/%s\t%d\t%d\t%s\n", in.Namespace, in.ID, in.Generation, in.Connections, (time.Duration(in.IdleMs) * time.Millisecond).String())
+	}
+	return w.Flush()
 }

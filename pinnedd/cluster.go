@@ -1,7 +1,7 @@
 package main
 
 import (
-	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,28 +26,20 @@ func clusterCommands() []*cli.Command {
 			Flags:     clientFlags(),
 			Action: func(c *cli.Context) error {
 				if c.NArg() != 1 {
-					return errors.New("usage: pinnedd join [--addr URL] <member url>")
+					return usagef("pinnedd join <member url> [--addr URL] takes one member URL, got %d arguments", c.NArg())
 				}
-				body, _ := json.Marshal(map[string]string{"url": c.Args().First()})
-				if err := apiCall(c, http.MethodPost, "/_pinned/join", bytes.NewReader(body), nil); err != nil {
+				member, err := normalizeAddr("member url", c.Args().First())
+				if err != nil {
 					return err
 				}
-				fmt.Fprintf(c.App.Writer, "joined via %s\n", c.Args().First())
-				return nil
-			},
-		},
-		{
-			Name:  "leave",
-			Usage: "take the agent out of the Raft cluster (leadership is handed over first)",
-			Flags: clientFlags(),
-			Action: func(c *cli.Context) error {
-				if err := raftstore.LeaveVia(c.Context, &http.Client{Timeout: 30 * time.Second}, c.String("addr"), c.String("token")); err != nil {
+				if err := apiCall(c, http.MethodPost, "/_pinned/join", map[string]string{"url": member}, nil); err != nil {
 					return err
 				}
-				fmt.Fprintln(c.App.Writer, "left the cluster")
-				return nil
+				_, err = fmt.Fprintf(c.App.Writer, "joined via %s\n", member)
+				return err
 			},
 		},
+		leaveCommand(),
 		{
 			Name:      "remove",
 			Usage:     "remove a (dead) member from the Raft cluster",
@@ -55,13 +47,21 @@ func clusterCommands() []*cli.Command {
 			Flags:     clientFlags(),
 			Action: func(c *cli.Context) error {
 				if c.NArg() != 1 {
-					return errors.New("usage: pinnedd remove [--addr URL] <node id>")
+					return usagef("pinnedd remove <node id> [--addr URL] takes one node id, got %d arguments", c.NArg())
 				}
-				if err := raftstore.RemoveVia(c.Context, &http.Client{Timeout: 30 * time.Second}, c.String("addr"), c.String("token"), c.Args().First()); err != nil {
+				ac, err := newAgentClient(c)
+				if err != nil {
 					return err
 				}
-				fmt.Fprintf(c.App.Writer, "removed %s\n", c.Args().First())
-				return nil
+				id := c.Args().First()
+				err = ac.raft(c.Context, func(ctx context.Context, hc *http.Client, url, token string) error {
+					return raftstore.RemoveVia(ctx, hc, url, token, id)
+				})
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintf(c.App.Writer, "removed %s\n", id)
+				return err
 			},
 		},
 		{
@@ -69,7 +69,18 @@ func clusterCommands() []*cli.Command {
 			Usage: "list the Raft members: node, raft address, voter or not, leader, last contact",
 			Flags: append(clientFlags(), &cli.BoolFlag{Name: "json", Usage: "print JSON"}),
 			Action: func(c *cli.Context) error {
-				ms, err := raftstore.MembersVia(c.Context, &http.Client{Timeout: 30 * time.Second}, c.String("addr"), c.String("token"))
+				if c.NArg() > 0 {
+					return usagef("pinnedd members takes no arguments, got %q", c.Args().First())
+				}
+				ac, err := newAgentClient(c)
+				if err != nil {
+					return err
+				}
+				var ms []raftstore.Member
+				err = ac.raft(c.Context, func(ctx context.Context, hc *http.Client, url, token string) (err error) {
+					ms, err = raftstore.MembersVia(ctx, hc, url, token)
+					return err
+				})
 				if err != nil {
 					return err
 				}
@@ -94,9 +105,19 @@ func clusterCommands() []*cli.Command {
 		},
 		{
 			Name:  "workers",
-			Usage: "list the registered workers (GET /registry/workers)",
-			Flags: append(clientFlags(), &cli.BoolFlag{Name: "json", Usage: "print JSON"}),
+			Usage: "list the live workers (GET /registry/workers); --all adds those whose lease lapsed",
+			Flags: append(clientFlags(),
+				&cli.BoolFlag{Name: "json", Usage: "print JSON"},
+				&cli.BoolFlag{Name: "all", Usage: "also list workers whose lease has lapsed"},
+			),
 			Action: func(c *cli.Context) error {
+				if c.NArg() > 0 {
+					return usagef("pinnedd workers takes no arguments, got %q", c.Args().First())
+				}
+				path := "/registry/workers"
+				if c.Bool("all") {
+					path += "?all=1"
+				}
 				var out struct {
 					Workers []struct {
 						ClientID     string   `json:"clientId"`
@@ -110,7 +131,7 @@ func clusterCommands() []*cli.Command {
 						Placements   int      `json:"placements"`
 					} `json:"workers"`
 				}
-				if err := apiCall(c, http.MethodGet, "/registry/workers", nil, &out); err != nil {
+				if err := apiCall(c, http.MethodGet, path, nil, &out); err != nil {
 					return err
 				}
 				if c.Bool("json") {
@@ -134,5 +155,85 @@ func clusterCommands() []*cli.Command {
 				return w.Flush()
 			},
 		},
+	}
+}
+
+// leaveCommand asks an agent to leave for good: it drains, deregisters,
+// leaves Raft (handing leadership over first) and exits 0. Without
+// --no-wait the command returns once the agent has stopped answering.
+func leaveCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "leave",
+		Usage: "take the agent at --addr out of the cluster: it drains, deregisters, leaves Raft and exits",
+		Flags: append(clientFlags(),
+			&cli.DurationFlag{Name: "deadline", Value: 30 * time.Second, Usage: "drain deadline: instances still busy then are evicted"},
+			&cli.BoolFlag{Name: "no-wait", Usage: "return once the agent has accepted, without waiting for it to exit"},
+		),
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return usagef("pinnedd leave takes no arguments (it acts on the agent at --addr), got %q", c.Args().First())
+			}
+			deadline, err := nonNegative(c, "deadline")
+			if err != nil {
+				return err
+			}
+			ac, err := newAgentClient(c)
+			if err != nil {
+				return err
+			}
+			var out struct {
+				NodeID string `json:"nodeId"`
+			}
+			if err := ac.call(c.Context, http.MethodPost, "/_pinned/leave", map[string]any{"deadline": deadline.Seconds()}, &out); err != nil {
+				return err
+			}
+			node := out.NodeID
+			if node == "" {
+				node = "the agent at " + ac.base
+			}
+			fmt.Fprintf(c.App.Writer, "%s is leaving: draining (deadline %s), then it leaves the cluster and exits\n", node, deadline)
+			if c.Bool("no-wait") {
+				return nil
+			}
+			bound := deadline + 30*time.Second
+			if err := waitGone(c.Context, ac.base, bound); err != nil {
+				return fmt.Errorf("%s: %w", node, err)
+			}
+			_, err = fmt.Fprintf(c.App.Writer, "%s left the cluster\n", node)
+			return err
+		},
+	}
+}
+
+// errStillServing is waitGone's failure: the agent answered for too long.
+var errStillServing = errors.New("still answers /healthz")
+
+// waitGone polls base's /healthz until it stops answering (the process has
+// exited), for at most bound.
+func waitGone(ctx context.Context, base string, bound time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	// No retry of refused connections here: a refusal is the answer awaited.
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/healthz", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("%w after %s", errStillServing, bound)
+			}
+			return nil
+		}
+		resp.Body.Close()
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w after %s", errStillServing, bound)
+		case <-tick.C:
+		}
 	}
 }

@@ -1,9 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -28,7 +25,17 @@ func opsCommands() []*cli.Command {
 				&cli.StringFlag{Name: "node", Usage: "the worker's `CLIENT_ID` (operator drain via the directory)"},
 			),
 			Action: func(c *cli.Context) error {
-				var deadline any = c.Duration("deadline").Seconds()
+				if err := noArgs(c); err != nil {
+					return err
+				}
+				if c.Bool("cordon") && c.IsSet("deadline") {
+					return usagef("--cordon and --deadline exclude each other: --cordon lets running work finish with no deadline")
+				}
+				d, err := nonNegative(c, "deadline")
+				if err != nil {
+					return err
+				}
+				var deadline any = d.Seconds()
 				if c.Bool("cordon") {
 					deadline = nil
 				}
@@ -43,6 +50,9 @@ func opsCommands() []*cli.Command {
 			Usage: "revoke a drain (this node's, or with --node an operator drain)",
 			Flags: append(clientFlags(), &cli.StringFlag{Name: "node", Usage: "the worker's `CLIENT_ID`"}),
 			Action: func(c *cli.Context) error {
+				if err := noArgs(c); err != nil {
+					return err
+				}
 				if node := c.String("node"); node != "" {
 					return postJSON(c, "/registry/undrain", map[string]any{"clientId": node}, "undrained "+node)
 				}
@@ -59,9 +69,16 @@ func opsCommands() []*cli.Command {
 			),
 			Action: func(c *cli.Context) error {
 				if c.NArg() < 1 || c.NArg() > 2 {
-					return errors.New("usage: pinnedd wind-down <namespace> [<id>] [--deadline 0 | --revoke]")
+					return usagef("pinnedd wind-down <namespace> [<id>] [--deadline 0 | --revoke] takes a namespace and at most one id, got %d arguments", c.NArg())
 				}
-				body := map[string]any{"namespace": c.Args().Get(0), "deadline": c.Duration("deadline").Seconds()}
+				if c.Bool("revoke") && c.IsSet("deadline") {
+					return usagef("--revoke and --deadline exclude each other: --revoke cancels an earlier wind-down")
+				}
+				deadline, err := nonNegative(c, "deadline")
+				if err != nil {
+					return err
+				}
+				body := map[string]any{"namespace": c.Args().Get(0), "deadline": deadline.Seconds()}
 				if c.Bool("revoke") {
 					body["deadline"] = nil
 				}
@@ -72,8 +89,7 @@ func opsCommands() []*cli.Command {
 					Instances int      `json:"instances"`
 					Failed    []string `json:"failed"`
 				}
-				b, _ := json.Marshal(body)
-				if err := apiCall(c, http.MethodPost, "/registry/wind_down", bytes.NewReader(b), &out); err != nil {
+				if err := apiCall(c, http.MethodPost, "/registry/wind_down", body, &out); err != nil {
 					return err
 				}
 				fmt.Fprintf(c.App.Writer, "%d instance(s) winding down\n", out.Instances)
@@ -92,6 +108,9 @@ func opsCommands() []*cli.Command {
 					Usage: "plugins with their process ids and versions",
 					Flags: clientFlags(),
 					Action: func(c *cli.Context) error {
+						if err := noArgs(c); err != nil {
+							return err
+						}
 						var st struct {
 							Plugins []struct {
 								Name        string   `json:"name"`
@@ -121,6 +140,9 @@ func opsCommands() []*cli.Command {
 					ArgsUsage: "[<namespace>]",
 					Flags:     clientFlags(),
 					Action: func(c *cli.Context) error {
+						if c.NArg() > 1 {
+							return usagef("pinnedd plugins reload [<namespace>] takes at most one namespace, got %d arguments", c.NArg())
+						}
 						body := map[string]any{}
 						if ns := c.Args().First(); ns != "" {
 							body["namespace"] = ns
@@ -134,10 +156,27 @@ func opsCommands() []*cli.Command {
 }
 
 func postJSON(c *cli.Context, path string, body any, done string) error {
-	b, _ := json.Marshal(body)
-	if err := apiCall(c, http.MethodPost, path, bytes.NewReader(b), nil); err != nil {
+	if err := apiCall(c, http.MethodPost, path, body, nil); err != nil {
 		return err
 	}
-	fmt.Fprintln(c.App.Writer, done)
+	_, err := fmt.Fprintln(c.App.Writer, done)
+	return err
+}
+
+// nonNegative reads a duration flag that must not be negative.
+func nonNegative(c *cli.Context, name string) (time.Duration, error) {
+	d := c.Duration(name)
+	if d < 0 {
+		return 0, usagef("--%s must not be negative, got %s", name, d)
+	}
+	return d, nil
+}
+
+// noArgs refuses arguments to a command that takes none, so a stray word
+// is never silently ignored.
+func noArgs(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return usagef("pinnedd %s takes no arguments, got %q", c.Command.FullName(), c.Args().First())
+	}
 	return nil
 }

@@ -79,7 +79,7 @@ func (s *Store) Handler(authorize func(*http.Request) bool) http.Handler {
 	mux.HandleFunc("GET "+HandlerPrefix+"members", s.handleMembers)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if authorize != nil && !authorize(r) {
-			writeError(w, ErrUnauthorized)
+			writeError(w, fmt.Errorf("%w: missing or wrong bearer token for %s", ErrUnauthorized, r.URL.Path))
 			return
 		}
 		mux.ServeHTTP(w, r)
@@ -309,30 +309,55 @@ func doRPC(ctx context.Context, client *http.Client, baseURL, token, method, op,
 	if resp.StatusCode/100 == 2 {
 		return data, nil
 	}
+	return nil, remoteError(op, baseURL, resp.StatusCode, data)
+}
+
+// RemoteError is a node's non-2xx answer to an RPC: its status and message, and the sentinel
+// its code maps to (errors.Is matches it), so a caller can show the node's own words.
+type RemoteError struct {
+	Op, URL string
+	Status  int
+	// Message is the node's {"error"} text, or the raw body when it sent no JSON error.
+	Message  string
+	sentinel error
+}
+
+func (e *RemoteError) Error() string {
+	if e.sentinel != nil {
+		return fmt.Sprintf("raftstore: %s via %s: %v (remote: %s)", e.Op, e.URL, e.sentinel, e.Message)
+	}
+	return fmt.Sprintf("raftstore: %s via %s: HTTP %d: %s", e.Op, e.URL, e.Status, e.Message)
+}
+
+func (e *RemoteError) Unwrap() error { return e.sentinel }
+
+func remoteError(op, baseURL string, status int, data []byte) *RemoteError {
+	e := &RemoteError{Op: op, URL: baseURL, Status: status, Message: string(bytes.TrimSpace(data))}
 	var eb errorBody
 	if json.Unmarshal(data, &eb) != nil || eb.Code == "" {
-		return nil, fmt.Errorf("raftstore: %s via %s: HTTP %d: %s", op, baseURL, resp.StatusCode, bytes.TrimSpace(data))
+		if eb.Error != "" {
+			e.Message = eb.Error
+		}
+		return e
 	}
-	var sentinel error
+	e.Message = eb.Error
 	switch eb.Code {
 	case codeNotLeader, codeClosed:
-		sentinel = ErrNotLeader // the remote started nothing
+		e.sentinel = ErrNotLeader // the remote started nothing
 	case codeNoLeader:
-		sentinel = ErrNoLeader
+		e.sentinel = ErrNoLeader
 	case codeOutcomeUnknown:
-		sentinel = ErrOutcomeUnknown
+		e.sentinel = ErrOutcomeUnknown
 	case codeBadRequest:
-		sentinel = ErrBadRequest
+		e.sentinel = ErrBadRequest
 	case codeUnauthorized:
-		sentinel = ErrUnauthorized
+		e.sentinel = ErrUnauthorized
 	case codeLastVoter:
-		sentinel = ErrLastVoter
+		e.sentinel = ErrLastVoter
 	case codeUnknownMember:
-		sentinel = ErrUnknownMember
-	default:
-		return nil, fmt.Errorf("raftstore: %s via %s: HTTP %d: %s", op, baseURL, resp.StatusCode, eb.Error)
+		e.sentinel = ErrUnknownMember
 	}
-	return nil, fmt.Errorf("raftstore: %s via %s: %w (remote: %s)", op, baseURL, sentinel, eb.Error)
+	return e
 }
 
 // JoinVia asks the member at memberURL (its HTTP base URL, any member: a follower forwards to
