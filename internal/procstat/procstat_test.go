@@ -7,11 +7,15 @@ import (
 )
 
 func TestRead(t *testing.T) {
-	// Burn some CPU so the percentage has something to show.
-	deadline := time.Now().Add(150 * time.Millisecond)
+	// Burn CPU until this process has used 150 ms of it (counted, not
+	// timed: on a loaded machine a wall-clock spin gets less), so the
+	// percentage and CPUOf have something to show.
+	deadline := time.Now().Add(time.Minute)
 	x := 0
-	for time.Now().Before(deadline) {
-		x++
+	for cpuTime() < 150*time.Millisecond && time.Now().Before(deadline) {
+		for i := 0; i < 1e5; i++ {
+			x++
+		}
 	}
 	s := Read()
 	if s.RSSBytes < 1<<20 || s.UptimeMs < 0 || s.CPUPercent <= 0 || s.CPUPercent > 400 {
