@@ -60,7 +60,6 @@ const (
 //	POST /_raft/apply    raw command bytes -> 200 raw result bytes
 //	POST /_raft/join     {"id","raft_addr","api_addr"} -> 204
 //	POST /_raft/remove   {"id"} -> 204
-//	POST /_raft/leave    -> 204 (this node leaves the group)
 //	POST /_raft/meta     {"id","api_addr"} -> 204 (raftstore-internal)
 //	GET  /_raft/members  -> 200 [Member...]
 //
@@ -74,7 +73,6 @@ func (s *Store) Handler(authorize func(*http.Request) bool) http.Handler {
 	mux.HandleFunc("POST "+HandlerPrefix+"apply", s.handleApply)
 	mux.HandleFunc("POST "+HandlerPrefix+"join", s.handleJoin)
 	mux.HandleFunc("POST "+HandlerPrefix+"remove", s.handleRemove)
-	mux.HandleFunc("POST "+HandlerPrefix+"leave", s.handleLeave)
 	mux.HandleFunc("POST "+HandlerPrefix+"meta", s.handleMeta)
 	mux.HandleFunc("GET "+HandlerPrefix+"members", s.handleMembers)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -157,10 +155,6 @@ func (s *Store) handleRemove(w http.ResponseWriter, r *http.Request) {
 		err = s.Remove(r.Context(), req.ID)
 	}
 	writeResult(w, err)
-}
-
-func (s *Store) handleLeave(w http.ResponseWriter, r *http.Request) {
-	writeResult(w, s.Leave(r.Context()))
 }
 
 func (s *Store) handleMeta(w http.ResponseWriter, r *http.Request) {
@@ -377,12 +371,6 @@ func RemoveVia(ctx context.Context, client *http.Client, memberURL, token, nodeI
 		return fmt.Errorf("%w: remove needs a node id", ErrBadRequest)
 	}
 	return callJSON(ctx, client, memberURL, token, "remove", removeRequest{ID: nodeID}, nil, false)
-}
-
-// LeaveVia asks the node at nodeURL to leave the group itself (leadership transfer first).
-func LeaveVia(ctx context.Context, client *http.Client, nodeURL, token string) error {
-	_, err := doRPC(ctx, client, nodeURL, token, http.MethodPost, "leave", "", nil, false)
-	return err
 }
 
 // MembersVia lists the group's members as the node at nodeURL sees them.
