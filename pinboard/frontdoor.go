@@ -2,7 +2,6 @@ package pinboard
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"log/slog"
 	"net"
@@ -52,51 +51,6 @@ type Instances interface {
 	// with the query; trusted: h came from a peer node, whose forwarding
 	// fields pass on.
 	Relay(namespace, id string, generation uint64, h *relay.ReqHead, target string, trusted bool) (relay.Forward, bool)
-}
-
-// Scope is a permission a bearer token carries.
-type Scope string
-
-// Scopes, as the seed's passports name them.
-const (
-	ScopeWorker   Scope = "pinboard:worker"
-	ScopeOperator Scope = "pinboard:operator"
-)
-
-// Tokens authorizes bearer tokens. Full passport auth is a later piece:
-// every check goes through Allowed so it lands in one place.
-type Tokens struct {
-	keys map[string][]Scope
-}
-
-// NewTokens grants every scope to each of the given deployment tokens
-// (the seed's single deployment key carries worker and operator).
-func NewTokens(tokens ...string) *Tokens {
-	t := &Tokens{keys: map[string][]Scope{}}
-	for _, tok := range tokens {
-		if tok != "" {
-			t.keys[tok] = []Scope{ScopeWorker, ScopeOperator}
-		}
-	}
-	return t
-}
-
-// Allowed reports whether r carries a bearer token with scope.
-func (t *Tokens) Allowed(r *http.Request, scope Scope) bool {
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || tok == "" {
-		return false
-	}
-	for k, scopes := range t.keys {
-		if subtle.ConstantTimeCompare([]byte(k), []byte(tok)) == 1 {
-			for _, s := range scopes {
-				if s == scope {
-					return true
-				}
-			}
-		}
-	}
-	return false
 }
 
 // ownerHeaderTimeout bounds the wait for a forwarded request's response
@@ -213,30 +167,22 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		f.client = &http.Client{Transport: tr}
 		f.proxy = f.newProxy(tr)
 	}
-	f.resolutions = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "pinboard_placement_resolutions_total",
-		Help: "Placement resolutions at this front door, by outcome.",
-	}, []string{"outcome"})
-	f.forwardFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "pinboard_forward_failures_total",
-		Help: "Requests this front door could not complete at the owner, by outcome.",
-	}, []string{"outcome"})
-	f.attestFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "pinned_attestation_failures_total",
-		Help: "Owner-side requests refused for their attestation, by reason.",
-	}, []string{"reason"})
-	f.relayEnds = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "pinboard_relayed_streams_ended_total",
-		Help: "Held forwarded streams the relay loop carried, by how they ended.",
-	}, []string{"reason"})
+	f.resolutions = newCounterVec("pinboard_placement_resolutions_total",
+		"Placement resolutions at this front door, by outcome.", "outcome", resolutionOutcomes)
+	f.forwardFailures = newCounterVec("pinboard_forward_failures_total",
+		"Requests this front door could not complete at the owner, by outcome.", "outcome", forwardOutcomes)
+	f.attestFailures = newCounterVec("pinned_attestation_failures_total",
+		"Owner-side requests refused for their attestation, by reason.", "reason", attestReasons)
+	f.relayEnds = newCounterVec("pinboard_relayed_streams_ended_total",
+		"Held forwarded streams the relay loop carried, by how they ended.", "reason", relayEndReasons)
 	f.forwardSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "pinboard_forward_duration_seconds",
 		Help: "Requests this front door forwarded to their owner's node (the node-to-node hop and the owner's work), " +
 			"from the forward's start until the response ended here or, for a held stream, went to the relay loop.",
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10, 60},
 	})
-	f.resolvedForwarded = f.resolutions.WithLabelValues("forwarded")
-	f.resolvedLocal = f.resolutions.WithLabelValues("local")
+	f.resolvedForwarded = f.resolutions.WithLabelValues(outcomeForwarded)
+	f.resolvedLocal = f.resolutions.WithLabelValues(outcomeLocal)
 	f.handBack = relay.NewHandBack()
 	f.conns = relay.NewConns(cfg.Logger, f, f.handBack.Give, ownerHeaderTimeout)
 	if cfg.Registerer != nil {
@@ -260,6 +206,17 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 				}
 				return 0
 			}))
+			for _, src := range []string{DrainSourceLocal, DrainSourceOperator} {
+				cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+					Name: "pinned_draining", Help: "1 while a drain from source (local: this node's own, operator: POST /registry/drain) is in force here.",
+					ConstLabels: prometheus.Labels{"source": src},
+				}, func() float64 {
+					if cfg.Worker.DrainingBy(src) {
+						return 1
+					}
+					return 0
+				}))
+			}
 		}
 	}
 	f.mux.HandleFunc("GET /healthz", f.healthz)
@@ -355,20 +312,10 @@ func isInstancePath(p string) bool {
 	return seg != "" && seg[0] != '_' && !plugins.Reserved[seg]
 }
 
-// RequireScope wraps h: a request without a token for scope gets 401 (no
-// token) or 403 (another token) and never reaches h.
+// RequireScope wraps h: only a request that may act with scope reaches
+// it (Tokens.Require).
 func (f *FrontDoor) RequireScope(scope Scope, h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if !f.cfg.Tokens.Allowed(r, scope) {
-			if r.Header.Get("Authorization") == "" {
-				httpx.WriteError(w, http.StatusUnauthorized, "unauthorized", 0)
-			} else {
-				httpx.WriteError(w, http.StatusForbidden, "forbidden", 0)
-			}
-			return
-		}
-		h(w, r)
-	}
+	return f.cfg.Tokens.Require(h, scope)
 }
 
 func (f *FrontDoor) healthz(w http.ResponseWriter, _ *http.Request) {

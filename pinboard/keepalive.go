@@ -209,9 +209,9 @@ func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
 			switch {
 			case err == nil:
 			case errors.Is(err, relay.ErrClientGone):
-				f.forwardFailures.WithLabelValues("canceled").Inc()
+				f.forwardFailures.WithLabelValues(outcomeCanceled).Inc()
 			default:
-				f.forwardFailures.WithLabelValues("unreachable").Inc()
+				f.forwardFailures.WithLabelValues(outcomeUnreachable).Inc()
 			}
 		},
 	}, true

@@ -92,7 +92,7 @@ func (f *FrontDoor) registryDrain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if res.Code == directory.CodeUnknownWorker {
-		httpx.WriteError(w, http.StatusForbidden, "forbidden", 0)
+		unknownWorker(w, req.ClientID)
 		return
 	}
 	out := map[string]any{"ok": true, "clientId": req.ClientID, "deadline": nil}
@@ -119,10 +119,16 @@ func (f *FrontDoor) registryUndrain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if res.Code == directory.CodeUnknownWorker {
-		httpx.WriteError(w, http.StatusForbidden, "forbidden", 0)
+		unknownWorker(w, req.ClientID)
 		return
 	}
 	httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "clientId": req.ClientID})
+}
+
+// unknownWorker answers a drain or undrain for a client id the directory
+// has never registered (or has forgotten).
+func unknownWorker(w http.ResponseWriter, clientID string) {
+	httpx.WriteError(w, http.StatusNotFound, fmt.Sprintf("unknown client id %q: `pinnedd workers --all` lists the registered workers", clientID), 0)
 }
 
 type windDownReq struct {
@@ -162,12 +168,22 @@ func (f *FrontDoor) registryWindDown(w http.ResponseWriter, r *http.Request) {
 	if !revoke {
 		at = time.Now().Add(d).UnixMilli()
 	}
+	if !f.knownNamespace(req.Namespace) {
+		httpx.WriteError(w, http.StatusNotFound, "unknown namespace "+req.Namespace, 0)
+		return
+	}
 	// Who to tell: the owner of the id, or every live worker serving ns.
 	m := f.cfg.Dir.Machine()
 	now := time.Now().UnixMilli()
 	var targets []directory.Worker
 	if req.ID != "" {
-		if _, owner, ok := m.Owner(directory.Key{Namespace: req.Namespace, ID: req.ID}); ok && owner.Live(now) {
+		key := directory.Key{Namespace: req.Namespace, ID: req.ID}
+		_, owner, ok := m.Owner(key)
+		if !ok {
+			httpx.WriteError(w, http.StatusNotFound, "no placement for "+key.String(), 0)
+			return
+		}
+		if owner.Live(now) {
 			targets = append(targets, owner)
 		}
 	} else {
@@ -290,7 +306,7 @@ func (f *FrontDoor) localDrain(w http.ResponseWriter, r *http.Request) {
 	if !cordon {
 		at = time.Now().Add(d)
 	}
-	f.cfg.Drain(at, cordon)
+	f.Drain(at, cordon)
 	out := map[string]any{"draining": true, "cordon": cordon, "deadline": nil}
 	if !cordon {
 		out["deadline"] = at.UnixMilli()
@@ -303,8 +319,35 @@ func (f *FrontDoor) localUndrain(w http.ResponseWriter, _ *http.Request) {
 		httpx.WriteError(w, http.StatusConflict, "this node hosts no instances", 0)
 		return
 	}
-	f.cfg.Drain(time.Time{}, false)
+	f.Drain(time.Time{}, false)
 	httpx.WriteJSON(w, http.StatusOK, map[string]any{"draining": false})
+}
+
+// Drain drains this node by itself (source local) until deadline, or
+// cordons it; a zero deadline and no cordon revoke. The worker records it
+// (status, the log line, pinned_draining, its next heartbeat) before the
+// node acts on it (FrontDoorConfig.Drain). Every local drain comes through
+// here: POST /_pinned/drain and the agent's SIGTERM.
+func (f *FrontDoor) Drain(deadline time.Time, cordon bool) {
+	if f.cfg.Worker != nil {
+		f.cfg.Worker.SetLocalDrain(deadline, cordon)
+	}
+	if f.cfg.Drain != nil {
+		f.cfg.Drain(deadline, cordon)
+	}
+}
+
+// drainSources names the drains in force on wk at now, as the directory
+// knows them: "local" (the worker reported draining by itself) and
+// "operator" (a drain record). Every listing and refusal reads drains here.
+func drainSources(m *directory.Machine, wk directory.Worker, now int64) (sources []string, d directory.Drain) {
+	if wk.Draining {
+		sources = append(sources, DrainSourceLocal)
+	}
+	if rec, ok := m.DrainOf(wk.ClientID); ok && rec.Active(now) {
+		sources, d = append(sources, DrainSourceOperator), rec
+	}
+	return sources, d
 }
 
 func (f *FrontDoor) pluginsReload(w http.ResponseWriter, r *http.Request) {
@@ -357,8 +400,7 @@ func (f *FrontDoor) registryOverview(w http.ResponseWriter, _ *http.Request) {
 		if wk.Live(now) {
 			live++
 		}
-		d, drained := m.DrainOf(wk.ClientID)
-		if wk.Draining || (drained && d.Active(now)) {
+		if src, _ := drainSources(m, wk, now); len(src) > 0 {
 			draining++
 		}
 		if wk.Degraded {

@@ -6,6 +6,7 @@ import (
 
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
@@ -103,21 +104,32 @@ type WorkerView struct {
 	ExpiresInMs   int64    `json:"expiresInMs"`
 	Degraded      bool     `json:"degraded"`
 	Draining      bool     `json:"draining"`
+	DrainSources  []string `json:"drainSources,omitempty"` // "local", "operator"
 	Cordoned      bool     `json:"cordoned,omitempty"`
 	DrainDeadline int64    `json:"drainDeadline,omitempty"`
 	RegisteredAt  int64    `json:"registeredAt"`
 	Placements    int      `json:"placements"`
 }
 
-// registryWorkers lists the workers holding a session (the seed's live
-// workers), with their lease and drain state.
+// registryWorkers lists the live workers (a session whose lease has not
+// lapsed: the seed's "lists the surviving worker"), with their lease and
+// drain state; ?all=1 adds the lapsed and deregistered ones the directory
+// still remembers.
 func (f *FrontDoor) registryWorkers(w http.ResponseWriter, r *http.Request) {
 	m := f.cfg.Dir.Machine()
 	now := time.Now().UnixMilli()
-	all := r.URL.Query().Get("all") == "1"
+	all := false
+	switch v := r.URL.Query().Get("all"); v {
+	case "", "0", "false":
+	case "1", "true":
+		all = true
+	default:
+		httpx.WriteError(w, http.StatusBadRequest, "all must be 1 or 0, not "+strconv.Quote(v), 0)
+		return
+	}
 	out := []WorkerView{}
 	for _, wk := range m.Workers() {
-		if !wk.Registered() && !all {
+		if !all && !wk.Live(now) {
 			continue
 		}
 		v := WorkerView{
@@ -126,8 +138,10 @@ func (f *FrontDoor) registryWorkers(w http.ResponseWriter, r *http.Request) {
 			ExpiresInMs: max(0, wk.LeaseExpiry-now), Degraded: wk.Degraded, RegisteredAt: wk.RegisteredAt,
 			Placements: len(m.PlacementsOf(wk.ClientID)),
 		}
-		if d, ok := m.DrainOf(wk.ClientID); ok && d.Active(now) {
-			v.Draining, v.Cordoned, v.DrainDeadline = true, d.Cordon, d.Deadline
+		// A local drain's deadline stays on its node (its status); the
+		// directory knows that it drains.
+		if src, d := drainSources(m, wk, now); len(src) > 0 {
+			v.Draining, v.DrainSources, v.Cordoned, v.DrainDeadline = true, src, d.Cordon, d.Deadline
 		}
 		if v.Namespaces == nil {
 			v.Namespaces = []string{}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -119,7 +120,7 @@ func (f *FrontDoor) route(w http.ResponseWriter, r *http.Request, rt *route) {
 	}
 	p, owner, err := f.claim(r, rt)
 	if err != nil {
-		f.claimFailed(w, r, err)
+		f.claimFailed(w, r, rt.key, err)
 		return
 	}
 	f.dispatch(w, r, rt, p, owner)
@@ -202,7 +203,7 @@ func (f *FrontDoor) claimFor(ctx context.Context, rt *route, clientIP string, af
 				continue
 			}
 			if res.Code == directory.CodeGranted {
-				f.resolutions.WithLabelValues("placed").Inc()
+				f.resolutions.WithLabelValues(outcomePlaced).Inc()
 			}
 			return res.Placement, owner, nil
 		case directory.CodeQuarantine:
@@ -217,21 +218,56 @@ func (f *FrontDoor) claimFor(ctx context.Context, rt *route, clientIP string, af
 	return directory.Placement{}, directory.Worker{}, errNoBackends
 }
 
-func (f *FrontDoor) claimFailed(w http.ResponseWriter, r *http.Request, err error) {
+func (f *FrontDoor) claimFailed(w http.ResponseWriter, r *http.Request, key directory.Key, err error) {
 	var q quarantineError
 	switch {
 	case errors.As(err, &q):
-		f.resolutions.WithLabelValues("quarantine").Inc()
+		f.resolutions.WithLabelValues(outcomeQuarantined).Inc()
 		httpx.WriteError(w, http.StatusServiceUnavailable, "cold start quarantine", q.remaining)
 	case errors.Is(err, errNoBackends):
-		f.resolutions.WithLabelValues("no-backends").Inc()
-		httpx.WriteError(w, http.StatusServiceUnavailable, "no live workers for namespace", time.Second)
+		f.resolutions.WithLabelValues(outcomeNoBackends).Inc()
+		httpx.WriteError(w, http.StatusServiceUnavailable, f.noBackends(key.Namespace, time.Now()), time.Second)
 	case r.Context().Err() != nil:
 	default:
-		f.resolutions.WithLabelValues("error").Inc()
+		f.resolutions.WithLabelValues(outcomeError).Inc()
 		f.cfg.Logger.Warn("placement failed", "path", r.URL.Path, "err", err)
 		httpx.WriteError(w, http.StatusServiceUnavailable, "directory unavailable", time.Second)
 	}
+}
+
+// noBackends says why no worker may take a new placement in ns: none is
+// live, or every live one is draining (this node, when it is the only
+// one), or each is degraded, draining or past its lease.
+func (f *FrontDoor) noBackends(ns string, now time.Time) string {
+	m := f.cfg.Dir.Machine()
+	ms := now.UnixMilli()
+	live, draining, selfDraining := 0, 0, false
+	for _, wk := range m.Workers() {
+		if !wk.Live(ms) || !wk.Serves(ns) {
+			continue
+		}
+		live++
+		src, _ := drainSources(m, wk, ms)
+		self := wk.ClientID == f.selfID()
+		if self && len(src) == 0 && f.cfg.Worker.selfDraining() {
+			src = []string{DrainSourceLocal} // our heartbeat has not told the directory yet
+		}
+		if len(src) > 0 {
+			draining++
+			selfDraining = selfDraining || self
+		}
+	}
+	switch {
+	case live == 0:
+		return "no live workers for namespace " + ns
+	case draining == live && live == 1 && selfDraining:
+		return "this node is draining: it takes no new instances of " + ns + " (pinnedd undrain ends the drain)"
+	case draining == live:
+		return fmt.Sprintf("every live worker for namespace %s is draining (%d of %d)", ns, draining, live)
+	case draining > 0:
+		return fmt.Sprintf("no worker for namespace %s takes new instances: %d of %d live workers are draining, the rest degraded or renewing their lease", ns, draining, live)
+	}
+	return "no worker for namespace " + ns + " takes new instances: every live one is degraded or renewing its lease"
 }
 
 // serveLocal serves an id placed on this node, as the worker's lease allows.
@@ -413,14 +449,14 @@ func (f *FrontDoor) handOff(info *fwdInfo, resp *http.Response) bool {
 	if err != nil {
 		// The client left while the head arrived.
 		_ = conn.Close()
-		f.forwardFailures.WithLabelValues("canceled").Inc()
+		f.forwardFailures.WithLabelValues(outcomeCanceled).Inc()
 		return true
 	}
 	if err := f.relay.Add(relay.Stream{
 		Client: conn, Upstream: up, Head: relay.Head(resp, header), Body: body, Chunked: chunked,
 		Done: f.relayEnded,
 	}); err != nil {
-		f.relayEnds.WithLabelValues("refused").Inc()
+		f.relayEnds.WithLabelValues(relayEndRefused).Inc()
 		f.cfg.Logger.Debug("relay refused a held stream; closed it", "key", info.p.Key.String(), "err", err)
 	}
 	return true
@@ -455,13 +491,13 @@ func (f *FrontDoor) forwardError(w http.ResponseWriter, info *fwdInfo, err error
 		_ = ref.resp.Body.Close()
 		rt := info.rt
 		if ref.marker != plugins.RefusalNotOwner {
-			f.forwardFailures.WithLabelValues("refused").Inc()
+			f.forwardFailures.WithLabelValues(outcomeRefused).Inc()
 			ctx, cancel := context.WithTimeout(info.orig.Context(), claimTimeout)
 			_, _ = f.cfg.Dir.Do(ctx, directory.Release{Key: info.p.Key, ClientID: info.p.Owner, Generation: info.p.Generation})
 			cancel()
 			rt.exclude = info.p.Owner
 		} else {
-			f.forwardFailures.WithLabelValues("misdirected").Inc()
+			f.forwardFailures.WithLabelValues(outcomeMisdirected).Inc()
 			rt.viaLeader = true
 		}
 		if rt.attempt == 0 && rt.retryable {
@@ -477,10 +513,10 @@ func (f *FrontDoor) forwardError(w http.ResponseWriter, info *fwdInfo, err error
 		return
 	}
 	if info.orig.Context().Err() != nil {
-		f.forwardFailures.WithLabelValues("canceled").Inc()
+		f.forwardFailures.WithLabelValues(outcomeCanceled).Inc()
 		return
 	}
-	f.forwardFailures.WithLabelValues("unreachable").Inc()
+	f.forwardFailures.WithLabelValues(outcomeUnreachable).Inc()
 	f.cfg.Logger.Warn("owner unreachable", "owner", info.owner.ClientID, "advertise_url", info.owner.AdvertiseURL, "key", info.p.Key.String(), "err", err)
 	httpx.WriteError(w, http.StatusServiceUnavailable, "owner unreachable, retry", time.Second)
 }
@@ -544,15 +580,17 @@ func (f *FrontDoor) notOwner(w http.ResponseWriter) {
 func attestOutcome(err error) string {
 	switch {
 	case errors.Is(err, ErrAttestationMissing):
-		return "missing"
+		return attestMissing
 	case errors.Is(err, ErrAttestationExpired):
-		return "expired"
+		return attestExpired
 	case errors.Is(err, ErrAttestationReplayed):
-		return "replayed"
+		return attestReplayed
 	case errors.Is(err, ErrAttestationMalformed):
-		return "malformed"
+		return attestMalformed
+	case errors.Is(err, ErrAttestationNoKey):
+		return attestNoKey
 	default:
-		return "forged"
+		return attestForged
 	}
 }
 

@@ -69,8 +69,9 @@ type WorkerConfig struct {
 	// so a restarted node takes its advertise URL back at once instead of
 	// waiting out the dead session's lease.
 	StateFile string
-	// Draining reports whether this node drains by itself (SIGTERM, a
-	// local `pinnedd drain`); heartbeats carry it so placements skip us.
+	// Draining, if set, also reports a drain of this node by itself that
+	// did not come through SetLocalDrain (FrontDoor.Drain); heartbeats
+	// carry either so placements skip us.
 	Draining func() bool
 	// OnOperatorDrain is told, on every ack, the operator drain in force
 	// for this worker (active false: none). Drains ride heartbeat acks.
@@ -87,9 +88,10 @@ type Worker struct {
 	sessionID string
 	expiresAt time.Time
 	degraded  bool
-	draining  bool
-	drainDL   int64
+	draining  bool  // an operator drain is in force (the last ack said so)
+	drainDL   int64 // its deadline, unix ms (0 with a cordon)
 	cordoned  bool
+	local     localDrain
 	flaps     int
 	reregs    int
 
@@ -300,7 +302,73 @@ func (w *Worker) heartbeat(ctx context.Context) error {
 	return nil
 }
 
-func (w *Worker) selfDraining() bool { return w.cfg.Draining != nil && w.cfg.Draining() }
+// localDrain is this node's drain by itself (a local `pinnedd drain`,
+// SIGTERM).
+type localDrain struct {
+	active   bool
+	deadline time.Time // zero with cordon
+	cordon   bool
+}
+
+// Drain sources, as status, /registry/workers and pinned_draining name them.
+const (
+	DrainSourceLocal    = "local"    // this node drains by itself
+	DrainSourceOperator = "operator" // POST /registry/drain, riding heartbeat acks
+)
+
+// SetLocalDrain records this node's own drain (a zero deadline and no
+// cordon revoke it) and logs when one starts or ends. The next heartbeat
+// carries it to the directory, so placements skip this worker.
+func (w *Worker) SetLocalDrain(deadline time.Time, cordon bool) {
+	next := localDrain{active: cordon || !deadline.IsZero(), cordon: cordon}
+	if !cordon {
+		next.deadline = deadline
+	}
+	w.mu.Lock()
+	prev := w.local
+	w.local = next
+	w.mu.Unlock()
+	switch {
+	case next.active && (!prev.active || prev != next):
+		w.logDrain(true, DrainSourceLocal, next.deadline, next.cordon)
+	case !next.active && prev.active:
+		w.logDrain(false, DrainSourceLocal, time.Time{}, false)
+	}
+}
+
+// logDrain is the one line a drain's start (or change) and end leave.
+func (w *Worker) logDrain(started bool, source string, deadline time.Time, cordon bool) {
+	if !started {
+		w.cfg.Logger.Info("drain ended", "source", source, "client_id", w.clientID)
+		return
+	}
+	args := []any{"source", source, "client_id", w.clientID, "cordon", cordon}
+	if !cordon {
+		args = append(args, "deadline", deadline.UTC().Format(time.RFC3339), "in", time.Until(deadline).Round(time.Second).String())
+	}
+	w.cfg.Logger.Info("drain started", args...)
+}
+
+func (w *Worker) selfDraining() bool {
+	w.mu.Lock()
+	active := w.local.active
+	w.mu.Unlock()
+	return active || w.cfg.Draining != nil && w.cfg.Draining()
+}
+
+// DrainingBy reports whether a drain from source (DrainSourceLocal,
+// DrainSourceOperator) is in force, as this worker knows it.
+func (w *Worker) DrainingBy(source string) bool {
+	switch source {
+	case DrainSourceLocal:
+		return w.selfDraining()
+	case DrainSourceOperator:
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.draining
+	}
+	return false
+}
 
 // tellDrain passes the operator drain an ack carries to the node.
 func (w *Worker) tellDrain(ack Ack) {
@@ -329,9 +397,13 @@ func (w *Worker) acceptLocked(sent time.Time, ack Ack) {
 	before := w.leaseLocked(time.Now())
 	w.expiresAt = sent.Add(time.Duration(ack.ExpiresInMs) * time.Millisecond)
 	w.degraded = ack.Degraded
+	changed := w.draining != ack.Draining || ack.Draining && (w.drainDL != ack.DrainDeadline || w.cordoned != ack.Cordoned)
 	w.draining = ack.Draining
 	w.drainDL = ack.DrainDeadline
 	w.cordoned = ack.Cordoned
+	if changed {
+		w.logDrain(ack.Draining, DrainSourceOperator, time.UnixMilli(ack.DrainDeadline), ack.Cordoned)
+	}
 	after := w.leaseLocked(time.Now())
 	if before != after && before != LeaseUnregistered {
 		w.flaps++
@@ -408,30 +480,49 @@ func (w *Worker) Deregister(ctx context.Context) error {
 	return err
 }
 
-// WorkerStatus is the worker as status endpoints report it.
+// WorkerStatus is the worker as status endpoints report it. Draining is
+// true while any drain is in force; DrainSources names them ("local",
+// "operator"), DrainDeadline is the earliest deadline in force (unix ms),
+// Cordoned says a drain has none.
 type WorkerStatus struct {
-	ClientID       string `json:"clientId"`
-	SessionID      string `json:"sessionId"`
-	Lease          string `json:"lease"`
-	ExpiresInMs    int64  `json:"expiresInMs"`
-	Degraded       bool   `json:"degraded"`
-	Draining       bool   `json:"draining"`
-	Cordoned       bool   `json:"cordoned,omitempty"`
-	DrainDeadline  int64  `json:"drainDeadline,omitempty"`
-	LeaseFlaps     int    `json:"leaseFlaps"`
-	Reregistations int    `json:"reregistrations"`
+	ClientID       string   `json:"clientId"`
+	SessionID      string   `json:"sessionId"`
+	Lease          string   `json:"lease"`
+	ExpiresInMs    int64    `json:"expiresInMs"`
+	Degraded       bool     `json:"degraded"`
+	Draining       bool     `json:"draining"`
+	DrainSources   []string `json:"drainSources,omitempty"`
+	Cordoned       bool     `json:"cordoned,omitempty"`
+	DrainDeadline  int64    `json:"drainDeadline,omitempty"`
+	LeaseFlaps     int      `json:"leaseFlaps"`
+	Reregistations int      `json:"reregistrations"`
 }
 
 // Status reports the worker's state.
 func (w *Worker) Status() WorkerStatus {
+	external := w.cfg.Draining != nil && w.cfg.Draining() // outside w.mu: it takes the supervisor's lock
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	now := time.Now()
 	st := WorkerStatus{
 		ClientID: w.clientID, SessionID: w.sessionID, Lease: w.leaseLocked(now).String(),
-		Degraded: w.degraded, Draining: w.draining, Cordoned: w.cordoned, DrainDeadline: w.drainDL,
-		LeaseFlaps: w.flaps, Reregistations: w.reregs,
+		Degraded: w.degraded, LeaseFlaps: w.flaps, Reregistations: w.reregs,
 	}
+	if w.local.active || external {
+		st.DrainSources = append(st.DrainSources, DrainSourceLocal)
+		st.Cordoned = st.Cordoned || w.local.cordon
+		if !w.local.deadline.IsZero() {
+			st.DrainDeadline = w.local.deadline.UnixMilli()
+		}
+	}
+	if w.draining {
+		st.DrainSources = append(st.DrainSources, DrainSourceOperator)
+		st.Cordoned = st.Cordoned || w.cordoned
+		if w.drainDL != 0 && (st.DrainDeadline == 0 || w.drainDL < st.DrainDeadline) {
+			st.DrainDeadline = w.drainDL
+		}
+	}
+	st.Draining = len(st.DrainSources) > 0
 	if !w.expiresAt.IsZero() {
 		st.ExpiresInMs = max(0, w.expiresAt.Sub(now).Milliseconds())
 	}

@@ -1,0 +1,207 @@
+package pinboard
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pinnedd/pinnedd/pinboard/directory"
+)
+
+// machineApplier commits commands straight to the state machine, one
+// index each, in order: the directory of a one-node cluster without the
+// Raft log under it.
+type machineApplier struct {
+	mu    sync.Mutex
+	m     *directory.Machine
+	index uint64
+}
+
+func (a *machineApplier) Apply(_ context.Context, cmd []byte) ([]byte, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.index++
+	return a.m.Apply(a.index, cmd), nil
+}
+
+// syncBuffer is a log sink tests read while the front door writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// doorRig is a front door on a real directory (committed in process) and
+// a real HTTP server, with the token "op-token" for every scope.
+type doorRig struct {
+	f    *FrontDoor
+	srv  *httptest.Server
+	m    *directory.Machine
+	reg  *prometheus.Registry
+	logs *syncBuffer
+}
+
+// newDoorRig builds the rig; adjust may change the config first.
+func newDoorRig(t *testing.T, adjust func(*FrontDoorConfig)) *doorRig {
+	t.Helper()
+	m := directory.New()
+	m.ApplyCommand(1, directory.Init{Secret: []byte("0123456789abcdef0123456789abcdef")})
+	dir := NewDirectory(m, &machineApplier{m: m, index: 1})
+	t.Cleanup(dir.Close)
+	rig := &doorRig{m: m, reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
+	cfg := FrontDoorConfig{
+		Dir: dir, Tokens: NewTokens("op-token"), Registerer: rig.reg,
+		Logger: slog.New(slog.NewTextHandler(rig.logs, nil)),
+	}
+	if adjust != nil {
+		adjust(&cfg)
+	}
+	rig.f = NewFrontDoor(cfg)
+	rig.srv = httptest.NewServer(rig.f)
+	t.Cleanup(func() {
+		rig.srv.Close()
+		_ = rig.f.Close()
+	})
+	return rig
+}
+
+// register puts a worker serving namespaces into the directory, its lease
+// good for ttl from now (negative: lapsed).
+func (rig *doorRig) register(t *testing.T, clientID, nodeID string, ttl time.Duration, namespaces ...string) {
+	t.Helper()
+	now := time.Now()
+	res, err := rig.f.cfg.Dir.Do(t.Context(), directory.Register{
+		ClientID: clientID, SessionID: "s-" + clientID, NodeID: nodeID, AdvertiseURL: "http://" + nodeID + ".internal:8080",
+		Namespaces: namespaces, Headroom: 10, TTLMs: time.Hour.Milliseconds(), Now: now.Add(ttl - time.Hour).UnixMilli(),
+	})
+	if err != nil || res.Code != directory.CodeOK {
+		t.Fatalf("register %s: %v %v %s", clientID, err, res.Code, res.Reason)
+	}
+}
+
+// call sends one request with token ("" for none) and returns the status,
+// the body and the response.
+func (rig *doorRig) call(t *testing.T, method, path, token, body string) (int, string, *http.Response) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, rig.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), resp
+}
+
+// errorOf is the "error" field of a JSON error body.
+func errorOf(t *testing.T, body string) string {
+	t.Helper()
+	var e struct {
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error == "" {
+		t.Fatalf("not a JSON error body: %q", body)
+	}
+	return e.Error
+}
+
+// The seed's tutorial 3: once an owner's lease lapsed, GET /registry/workers
+// lists the surviving worker only; ?all=1 shows the lapsed one too.
+func TestRegistryWorkersListsLiveByDefault(t *testing.T) {
+	rig := newDoorRig(t, nil)
+	rig.register(t, "alive", "n1", time.Hour, "/counters")
+	rig.register(t, "lapsed", "n2", -time.Minute, "/counters")
+	list := func(query string) []string {
+		t.Helper()
+		code, body, _ := rig.call(t, "GET", "/registry/workers"+query, "op-token", "")
+		if code != http.StatusOK {
+			t.Fatalf("workers%s: %d %s", query, code, body)
+		}
+		var out struct{ Workers []WorkerView }
+		if err := json.Unmarshal([]byte(body), &out); err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, w := range out.Workers {
+			ids = append(ids, w.ClientID)
+		}
+		return ids
+	}
+	if got := list(""); len(got) != 1 || got[0] != "alive" {
+		t.Errorf("workers = %v, want only the live one", got)
+	}
+	if got := list("?all=1"); len(got) != 2 {
+		t.Errorf("workers?all=1 = %v, want both", got)
+	}
+	if code, body, _ := rig.call(t, "GET", "/registry/workers?all=yes", "op-token", ""); code != http.StatusBadRequest || !strings.Contains(errorOf(t, body), "all must be 1 or 0") {
+		t.Errorf("workers?all=yes: %d %s", code, body)
+	}
+}
+
+// Drains and undrains name the client id the directory does not know
+// with a 404 that says how to find the right one, and change nothing.
+func TestOperatorDrainUnknownClient(t *testing.T) {
+	rig := newDoorRig(t, nil)
+	rig.register(t, "known", "n1", time.Hour, "/counters")
+	for _, c := range []struct{ path, body string }{
+		{"/registry/drain", `{"clientId":"nosuch","deadline":null}`},
+		{"/registry/undrain", `{"clientId":"nosuch"}`},
+	} {
+		code, body, _ := rig.call(t, "POST", c.path, "op-token", c.body)
+		if code != http.StatusNotFound || !strings.Contains(errorOf(t, body), `unknown client id "nosuch"`) {
+			t.Errorf("%s: %d %s, want 404 unknown client id", c.path, code, body)
+		}
+	}
+	if ds := rig.m.Drains(); len(ds) != 0 {
+		t.Errorf("drains after refused requests: %+v", ds)
+	}
+	if code, body, _ := rig.call(t, "POST", "/registry/drain", "op-token", `{"clientId":"known","deadline":null}`); code != http.StatusOK {
+		t.Errorf("drain of a known worker: %d %s", code, body)
+	}
+}
+
+// A wind-down of a namespace nobody serves, or of an id with no
+// placement, is a 404 that names it, not "0 instances".
+func TestWindDownUnknownTargets(t *testing.T) {
+	rig := newDoorRig(t, nil)
+	rig.register(t, "w1", "n1", time.Hour, "/counters")
+	for _, c := range []struct {
+		body, want string
+	}{
+		{`{"namespace":"/nope","deadline":0}`, "unknown namespace /nope"},
+		{`{"namespace":"/nope","id":"x","deadline":0}`, "unknown namespace /nope"},
+		{`{"namespace":"/counters","id":"x","deadline":0}`, "no placement for /counters/x"},
+	} {
+		code, body, _ := rig.call(t, "POST", "/registry/wind_down", "op-token", c.body)
+		if code != http.StatusNotFound || errorOf(t, body) != c.want {
+			t.Errorf("wind_down %s: %d %s, want 404 %q", c.body, code, body, c.want)
+		}
+	}
+}
