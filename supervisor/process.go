@@ -2,11 +2,8 @@ package supervisor
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -38,7 +35,8 @@ type Spec struct {
 	// Namespaces the operator expects this binary to serve (from
 	// --plugin /ns=path). Empty: whatever it describes.
 	Namespaces []string
-	// Watch reloads the plugin (hot swap) when the binary at Path changes.
+	// Watch reloads the plugin (hot swap) when the binary at Path is
+	// replaced by a different one (Config.BinaryPoll, BinarySettle).
 	Watch bool
 }
 
@@ -100,9 +98,10 @@ type pluginProc struct {
 	degraded   bool
 	namespaces []string
 	lastErr    string
-	orphans    []orphan      // instances to bring back in the current incarnation
-	swapped    chan struct{} // closed and replaced by every hot swap
-	reloadMu   sync.Mutex    // one swap at a time
+	orphans    []orphan       // instances to bring back in the current incarnation
+	swapped    chan struct{}  // closed and replaced by every hot swap
+	reloadMu   sync.Mutex     // one swap at a time
+	retiring   sync.WaitGroup // old processes a swap is winding down
 }
 
 // errors a caller maps to responses.
@@ -354,15 +353,20 @@ func (p *pluginProc) run(ctx context.Context, first chan<- error) {
 // (crashed true) or ctx ends. A hot swap replaces the incarnation under
 // watch; a retired one stopping on purpose is not a crash. It also resets
 // the crash count after a stable period, and reloads the plugin when its
-// binary changes on disk (Spec.Watch).
+// binary is replaced on disk (Spec.Watch, see binWatch).
 func (p *pluginProc) watchCurrent(ctx context.Context, last *incarnation) (*incarnation, bool) {
 	stable := time.NewTimer(p.sup.cfg.StablePeriod)
 	defer stable.Stop()
-	var tick <-chan time.Time
+	var (
+		tick     <-chan time.Time
+		bw       *binWatch
+		reloaded chan error // non-nil while a reload for a changed binary runs
+	)
 	if p.spec.Watch {
-		t := time.NewTicker(binaryPoll)
+		t := time.NewTicker(p.sup.cfg.BinaryPoll)
 		defer t.Stop()
 		tick = t.C
+		bw = &binWatch{path: p.spec.Path, settle: p.sup.cfg.BinarySettle, logger: p.logger}
 	}
 	for {
 		p.mu.Lock()
@@ -379,17 +383,30 @@ func (p *pluginProc) watchCurrent(ctx context.Context, last *incarnation) (*inca
 			}
 		case <-swapped:
 		case <-stable.C:
+			p.recovered()
+		case err := <-reloaded:
+			reloaded = nil
+			if err != nil {
+				p.logger.Error("reload after binary change failed; the old process keeps serving", "path", p.spec.Path, "err", err)
+			}
+		case now := <-tick:
+			if reloaded != nil {
+				break // one reload at a time; the next poll looks again
+			}
 			p.mu.Lock()
-			p.crashes, p.degraded = 0, false
+			running := cur.bin
 			p.mu.Unlock()
-		case <-tick:
-			if changed(p.spec.Path, cur.bin) {
-				p.logger.Info("plugin binary changed on disk; reloading", "path", p.spec.Path)
-				go func() {
-					if err := p.reload(ctx); err != nil {
-						p.logger.Error("reload after binary change failed; the old process keeps serving", "err", err)
-					}
-				}()
+			switch next, act := bw.poll(now, running); act {
+			case binReload:
+				p.logger.Info("plugin binary changed; reloading", "path", p.spec.Path, "old_pid", cur.pid)
+				reloaded = make(chan error, 1)
+				go func() { reloaded <- p.reload(ctx) }()
+			case binSameContent:
+				// Same bytes under a new stat (touch, a redeploy of the
+				// same build): the process already runs this version.
+				p.mu.Lock()
+				cur.bin = next
+				p.mu.Unlock()
 			}
 		case <-ctx.Done():
 			return nil, false
@@ -397,65 +414,17 @@ func (p *pluginProc) watchCurrent(ctx context.Context, last *incarnation) (*inca
 	}
 }
 
-// binaryPoll is how often a watched plugin binary is checked for change.
-const binaryPoll = 2 * time.Second
-
-// binStat identifies a binary version cheaply, for change detection.
-type binStat struct {
-	mod  time.Time
-	size int64
-}
-
-func statBinary(path string) binStat {
-	st, err := os.Stat(path)
-	if err != nil {
-		return binStat{}
+// recovered clears the crash count after a stable run, and says so once
+// when that ends a degradation.
+func (p *pluginProc) recovered() {
+	p.mu.Lock()
+	was := p.degraded
+	p.crashes, p.degraded = 0, false
+	nss := append([]string(nil), p.namespaces...)
+	p.mu.Unlock()
+	if was {
+		p.logger.Info("plugin recovered; namespace no longer degraded", "namespaces", nss, "stable_for", p.sup.cfg.StablePeriod)
 	}
-	return binStat{mod: st.ModTime(), size: st.Size()}
-}
-
-// versionOf is a content hash prefix of the binary at path, for `plugins
-// list` ("" once the file on disk is no longer the one described by b). Hashing a 30 MB binary takes tens of milliseconds, so it is done
-// when asked, not on the spawn (restart) path, and remembered per version.
-func versionOf(path string, b binStat) string {
-	k := versionKey{path, b}
-	versionsMu.Lock()
-	defer versionsMu.Unlock()
-	if v, ok := versions[k]; ok {
-		return v
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return ""
-	}
-	v := hex.EncodeToString(h.Sum(nil))[:12]
-	if st, err := f.Stat(); err != nil || !st.ModTime().Equal(b.mod) || st.Size() != b.size {
-		// The file is not the one the process runs any more (a reload is
-		// pending): its hash would name the wrong version.
-		return ""
-	}
-	versions[k] = v
-	return v
-}
-
-type versionKey struct {
-	path string
-	bin  binStat
-}
-
-var (
-	versionsMu sync.Mutex
-	versions   = map[versionKey]string{}
-)
-
-func changed(path string, was binStat) bool {
-	st, err := os.Stat(path)
-	return err == nil && (!st.ModTime().Equal(was.mod) || st.Size() != was.size)
 }
 
 // reload hot-swaps the plugin: a new process starts and takes every new
@@ -465,6 +434,15 @@ func changed(path string, was binStat) bool {
 func (p *pluginProc) reload(ctx context.Context) error {
 	p.reloadMu.Lock()
 	defer p.reloadMu.Unlock()
+	s := p.sup
+	s.mu.Lock()
+	stopping := s.stopping
+	s.mu.Unlock()
+	if stopping {
+		// Stop may already have stopped this plugin: a process spawned
+		// now would outlive it.
+		return fmt.Errorf("reload %s: %w", p.spec.Name, ErrStopping)
+	}
 	p.mu.Lock()
 	old := p.cur
 	p.mu.Unlock()
@@ -484,7 +462,6 @@ func (p *pluginProc) reload(ctx context.Context) error {
 	if old == nil {
 		return nil
 	}
-	s := p.sup
 	s.mu.Lock()
 	old.retireBy = time.Now().Add(s.cfg.SwapDeadline)
 	old.retired.Store(true)
@@ -492,7 +469,9 @@ func (p *pluginProc) reload(ctx context.Context) error {
 	s.mu.Unlock()
 	s.run(acts)
 	p.logger.Info("plugin reloaded; old process winding down", "old_pid", old.pid, "deadline", s.cfg.SwapDeadline)
+	p.retiring.Add(1) // under reloadMu: stop waits for it
 	go func() {
+		defer p.retiring.Done()
 		// Wait until the old process serves nothing (or its deadline and
 		// a little grace passed), then stop it.
 		limit := time.Now().Add(s.cfg.SwapDeadline + 2*deadlineGrace)
@@ -522,10 +501,11 @@ func (p *pluginProc) stop(grace time.Duration) {
 	inc := p.cur
 	p.state = StateStopped
 	p.mu.Unlock()
-	if inc == nil {
-		return
+	if inc != nil {
+		p.stopIncarnation(inc, grace)
 	}
-	p.stopIncarnation(inc, grace)
+	// Processes a hot swap retired end too before Stop returns.
+	p.retiring.Wait()
 }
 
 // stopIncarnation ends one process: Shutdown lets its instances stop

@@ -51,6 +51,11 @@ type Config struct {
 	StablePeriod       time.Duration // default 30s: a run this long resets the crash count
 	CrashLoopThreshold int           // default 3 consecutive short runs → degraded
 	SwapDeadline       time.Duration // default 10s: a hot swap's wind-down of the old process
+	// A watched plugin binary (Spec.Watch) is looked at every BinaryPoll
+	// (default 1s); a replacement is loaded once its size, mtime, inode
+	// and mode have not moved for BinarySettle (default 2s).
+	BinaryPoll   time.Duration
+	BinarySettle time.Duration
 
 	// OnEvicted is called once an instance is gone for good (idle,
 	// drained, shut down): release is false when its host keeps the
@@ -76,6 +81,8 @@ func (c *Config) setDefaults() {
 		c.DataPlane = DataPlaneUnix
 	}
 	def(&c.SwapDeadline, 10*time.Second)
+	def(&c.BinaryPoll, time.Second)
+	def(&c.BinarySettle, 2*time.Second)
 	if c.CrashLoopThreshold <= 0 {
 		c.CrashLoopThreshold = 3
 	}
@@ -383,7 +390,7 @@ func (s *Supervisor) Plugins() []PluginStatus {
 			bin = p.cur.bin
 		}
 		p.mu.Unlock()
-		if !bin.mod.IsZero() {
+		if bin.present() {
 			st.Version = versionOf(p.spec.Path, bin)
 		}
 		sort.Strings(st.Namespaces)

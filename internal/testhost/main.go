@@ -71,6 +71,10 @@ func (h *hooked) Stop(context.Context) {
 
 var activations atomic.Int64
 
+// version is what GET /misc/<id>/version answers; tests build a second
+// testhost with -ldflags "-X main.version=..." to see which binary serves.
+var version = "dev"
+
 func main() {
 	if os.Getenv("TESTHOST_SERVE_HTTP") == "1" {
 		servePlainHTTP()
@@ -152,6 +156,7 @@ func misc(inst *sdk.Instance) http.Handler {
 	mux.HandleFunc("/panic", func(http.ResponseWriter, *http.Request) { panic("boom") })
 	mux.HandleFunc("/crash", func(http.ResponseWriter, *http.Request) { os.Exit(3) })
 	mux.HandleFunc("/pid", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, os.Getpid()) })
+	mux.HandleFunc("/version", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, version) })
 	mux.HandleFunc("/call", func(w http.ResponseWriter, r *http.Request) {
 		// A cluster call: POST ?target=/ns/id/rest through this node's
 		// front door, answering with what came back.
