@@ -13,7 +13,7 @@ import (
 // WWW-Authenticate and a message naming PINBOARD_TOKEN for no token or an
 // unknown one, 403 for a known token without the scope.
 func TestRequireScopeAnswers(t *testing.T) {
-	rig := newDoorRig(t, func(c *FrontDoorConfig) { c.Tokens = NewTokens("op-token").Grant("worker-only", ScopeWorker) })
+	rig := newDoorRig(t, func(_ *doorRig, c *FrontDoorConfig) { c.Tokens = NewTokens("op-token").Grant("worker-only", ScopeWorker) })
 	for _, c := range []struct {
 		name, header string
 		code         int
@@ -59,7 +59,7 @@ func TestRequireScopeAnswers(t *testing.T) {
 // header from loopback holds every scope; a named token is still checked,
 // and a peer from elsewhere still needs one.
 func TestLoopbackAnonymous(t *testing.T) {
-	rig := newDoorRig(t, func(c *FrontDoorConfig) { c.Tokens = NewTokens("dev-token").AllowLoopbackAnonymous() })
+	rig := newDoorRig(t, func(_ *doorRig, c *FrontDoorConfig) { c.Tokens = NewTokens("dev-token").AllowLoopbackAnonymous() })
 	if code, body, _ := rig.call(t, "GET", "/_pinned/status", "", ""); code != http.StatusOK {
 		t.Errorf("anonymous loopback status: %d %s", code, body)
 	}

@@ -62,23 +62,29 @@ type doorRig struct {
 	logs *syncBuffer
 }
 
-// newDoorRig builds the rig; adjust may change the config first.
-func newDoorRig(t *testing.T, adjust func(*FrontDoorConfig)) *doorRig {
+// newDoorRig builds the rig; adjust may change the config first (the
+// server already listens at rig.srv.URL).
+func newDoorRig(t *testing.T, adjust func(*doorRig, *FrontDoorConfig)) *doorRig {
 	t.Helper()
 	m := directory.New()
 	m.ApplyCommand(1, directory.Init{Secret: []byte("0123456789abcdef0123456789abcdef")})
 	dir := NewDirectory(m, &machineApplier{m: m, index: 1})
 	t.Cleanup(dir.Close)
 	rig := &doorRig{m: m, reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
+	ready := make(chan struct{})
+	rig.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-ready
+		rig.f.ServeHTTP(w, r)
+	}))
 	cfg := FrontDoorConfig{
 		Dir: dir, Tokens: NewTokens("op-token"), Registerer: rig.reg,
 		Logger: slog.New(slog.NewTextHandler(rig.logs, nil)),
 	}
 	if adjust != nil {
-		adjust(&cfg)
+		adjust(rig, &cfg)
 	}
 	rig.f = NewFrontDoor(cfg)
-	rig.srv = httptest.NewServer(rig.f)
+	close(ready)
 	t.Cleanup(func() {
 		rig.srv.Close()
 		_ = rig.f.Close()
