@@ -13,7 +13,9 @@ import (
 // WWW-Authenticate and a message naming PINBOARD_TOKEN for no token or an
 // unknown one, 403 for a known token without the scope.
 func TestRequireScopeAnswers(t *testing.T) {
-	rig := newDoorRig(t, func(_ *doorRig, c *FrontDoorConfig) { c.Tokens = NewTokens("op-token").Grant("worker-only", ScopeWorker) })
+	rig := newDoorRig(t, func(_ *doorRig, c *FrontDoorConfig) {
+		c.Tokens = NewTokens("op-token").Grant("worker-only", ScopeWorker)
+	})
 	for _, c := range []struct {
 		name, header string
 		code         int
