@@ -3,11 +3,13 @@ package pinboard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -111,6 +113,10 @@ type FrontDoorConfig struct {
 	// AttestationWindow bounds an attestation's age and the replay cache
 	// (default DefaultAttestationWindow).
 	AttestationWindow time.Duration
+	// AccessLog logs one line per front-door request (method, path,
+	// status, bytes, duration, served here or forwarded to which node).
+	// It keeps every connection in net/http: the kept-alive loop is off.
+	AccessLog bool
 }
 
 // FrontDoor is the node's HTTP entry point.
@@ -219,6 +225,15 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 			}
 		}
 	}
+	if cfg.Worker != nil {
+		self := cfg.Worker.ClientID()
+		cfg.Dir.Machine().OnTakeover(func(t directory.Takeover) {
+			if t.Owner == self {
+				cfg.Logger.Info("took over instance", "ns", t.Key.Namespace, "id", t.Key.ID, "generation", t.Generation,
+					"previous_owner", t.Previous, "previous_node", t.PreviousNode)
+			}
+		})
+	}
 	f.mux.HandleFunc("GET /healthz", f.healthz)
 	f.mux.HandleFunc("GET /readyz", f.readyz)
 	if cfg.Metrics != nil {
@@ -277,6 +292,14 @@ func (f *FrontDoor) SetStopping() {
 }
 
 func (f *FrontDoor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.cfg.AccessLog {
+		f.serveLogged(w, r)
+		return
+	}
+	f.serve(w, r)
+}
+
+func (f *FrontDoor) serve(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		// A panic in the control plane must not reach the client as a
 		// dropped connection; net/http would only log it.
@@ -374,13 +397,44 @@ func splitInstancePath(escaped string) (ns, id, rest string, ok bool) {
 	return ns, after, "/", true
 }
 
+// parseInstancePath is the one rule for the instance an escaped path
+// /<ns>/<id>[/<rest>] names, on every path that parses one (net/http's
+// instance and owner-side routes, the wake route, the kept-alive loop):
+// the id segment is unescaped once and the decoded id validated, so a
+// client's encodeURIComponent("a:b") (a%3Ab) is the id "a:b"; an escaped
+// '/' (%2F) is refused, an id being one path segment. rest stays escaped,
+// as the instance receives it. The error wraps plugins.ErrInvalidNamespace
+// or plugins.ErrInvalidID.
+func parseInstancePath(escaped string) (ns, id, rest string, err error) {
+	ns, id, rest, ok := splitInstancePath(escaped)
+	if !ok {
+		return "", "", "", fmt.Errorf("%w: path must be /<namespace>/<id>/...", plugins.ErrInvalidNamespace)
+	}
+	if err := plugins.ValidateNamespace(ns); err != nil {
+		return "", "", "", err
+	}
+	if strings.IndexByte(id, '%') >= 0 {
+		raw := id
+		if id, err = url.PathUnescape(raw); err != nil {
+			return "", "", "", fmt.Errorf("%w %q: malformed %%-escape", plugins.ErrInvalidID, raw)
+		}
+		if strings.IndexByte(id, '/') >= 0 {
+			return "", "", "", fmt.Errorf("%w %q: an escaped '/' (%%2F) is not allowed, an id is one path segment", plugins.ErrInvalidID, raw)
+		}
+	}
+	if err := plugins.ValidateID(id); err != nil {
+		return "", "", "", err
+	}
+	return ns, id, rest, nil
+}
+
 func (f *FrontDoor) instance(w http.ResponseWriter, r *http.Request) {
-	ns, id, rest, ok := splitInstancePath(r.URL.EscapedPath())
-	if !ok || plugins.ValidateNamespace(ns) != nil || !f.knownNamespace(ns) {
+	ns, id, rest, err := parseInstancePath(r.URL.EscapedPath())
+	if errors.Is(err, plugins.ErrInvalidNamespace) || err == nil && !f.knownNamespace(ns) {
 		httpx.WriteError(w, http.StatusNotFound, "unknown namespace", 0)
 		return
 	}
-	if err := plugins.ValidateID(id); err != nil {
+	if err != nil {
 		httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
 		return
 	}

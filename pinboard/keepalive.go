@@ -38,7 +38,7 @@ func (f *FrontDoor) HandBackListener() net.Listener {
 // (fixed length, now complete) was written to w. It reports whether it
 // did; the handler must then return at once.
 func (f *FrontDoor) adopt(w http.ResponseWriter, r *http.Request) bool {
-	if !f.keepAliveOn.Load() || !relay.Supported || f.stopping.Load() ||
+	if !f.keepAliveOn.Load() || !relay.Supported || f.stopping.Load() || f.cfg.AccessLog ||
 		r.ProtoMajor != 1 || r.ProtoMinor != 1 || r.TLS != nil || r.Close {
 		return false
 	}
@@ -66,7 +66,7 @@ func (f *FrontDoor) adopt(w http.ResponseWriter, r *http.Request) bool {
 // says none of r's body is left unread: the connection's next requests
 // are the loop's.
 func (f *FrontDoor) serveAdopting(w http.ResponseWriter, r *http.Request, bodyRead func() bool, serve func(http.ResponseWriter)) {
-	if !f.keepAliveOn.Load() {
+	if !f.keepAliveOn.Load() || f.cfg.AccessLog {
 		serve(w)
 		return
 	}
@@ -162,8 +162,8 @@ func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
 	if !isInstancePath(path) {
 		return relay.Forward{}, false
 	}
-	ns, id, rest, _ := splitInstancePath(path)
-	if plugins.ValidateNamespace(ns) != nil || plugins.ValidateID(id) != nil {
+	ns, id, rest, err := parseInstancePath(path)
+	if err != nil {
 		return relay.Forward{}, false
 	}
 	for _, fl := range h.Fields {
@@ -240,8 +240,8 @@ func (f *FrontDoor) routeOwned(h *relay.ReqHead, path, query string) (relay.Forw
 	if f.cfg.Worker == nil || f.cfg.Local == nil {
 		return relay.Forward{}, false
 	}
-	ns, id, rest, ok := splitInstancePath(path)
-	if !ok || plugins.ValidateNamespace(ns) != nil || plugins.ValidateID(id) != nil {
+	ns, id, rest, err := parseInstancePath(path)
+	if err != nil {
 		return relay.Forward{}, false
 	}
 	header := ""

@@ -105,6 +105,7 @@ func (f *FrontDoor) route(w http.ResponseWriter, r *http.Request, rt *route) {
 			})
 			if served {
 				f.resolvedLocal.Inc()
+				noteServed(r, "here", "")
 				return
 			}
 		default:
@@ -130,10 +131,12 @@ func (f *FrontDoor) route(w http.ResponseWriter, r *http.Request, rt *route) {
 func (f *FrontDoor) dispatch(w http.ResponseWriter, r *http.Request, rt *route, p directory.Placement, owner directory.Worker) {
 	if p.Owner == f.selfID() {
 		f.resolvedLocal.Inc()
+		noteServed(r, "here", "")
 		f.serveAdopting(w, r, rt.bodyRead, func(w http.ResponseWriter) { f.serveLocal(w, rt.withBody(r), p, rt.rest) })
 		return
 	}
 	f.resolvedForwarded.Inc()
+	noteServed(r, "forwarded", owner.NodeID)
 	f.forward(w, r, rt, p, owner)
 }
 
@@ -452,6 +455,7 @@ func (f *FrontDoor) handOff(info *fwdInfo, resp *http.Response) bool {
 		f.forwardFailures.WithLabelValues(outcomeCanceled).Inc()
 		return true
 	}
+	noteRelayed(info.orig, resp.StatusCode)
 	if err := f.relay.Add(relay.Stream{
 		Client: conn, Upstream: up, Head: relay.Head(resp, header), Body: body, Chunked: chunked,
 		Done: f.relayEnded,
@@ -526,9 +530,9 @@ func (f *FrontDoor) forwardError(w http.ResponseWriter, info *fwdInfo, err error
 // really holds under the attested generation. Nothing activates otherwise.
 func (f *FrontDoor) owned(w http.ResponseWriter, r *http.Request) {
 	escaped := strings.TrimPrefix(r.URL.EscapedPath(), ownerRoutePrefix)
-	ns, id, rest, ok := splitInstancePath(escaped)
-	if !ok || plugins.ValidateNamespace(ns) != nil || plugins.ValidateID(id) != nil {
-		httpx.WriteError(w, http.StatusBadRequest, "invalid instance path", 0)
+	ns, id, rest, err := parseInstancePath(escaped)
+	if err != nil {
+		httpx.WriteError(w, http.StatusBadRequest, "invalid instance path: "+err.Error(), 0)
 		return
 	}
 	if f.cfg.Worker == nil {
@@ -564,6 +568,7 @@ func (f *FrontDoor) owned(w http.ResponseWriter, r *http.Request) {
 // serveOwned serves an attested request; its connection may go to the
 // kept-alive loop after (serveAdopting).
 func (f *FrontDoor) serveOwned(w http.ResponseWriter, r *http.Request, p directory.Placement, rest string) {
+	noteServed(r, "here", "")
 	var body *eofBody
 	if r.ContentLength != 0 {
 		body = &eofBody{ReadCloser: r.Body}

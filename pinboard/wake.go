@@ -9,7 +9,6 @@ import (
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
-	"github.com/pinnedd/pinnedd/plugins"
 )
 
 // wakePrefix is the owner-side route that activates an instance without a
@@ -71,9 +70,9 @@ func (f *FrontDoor) wakeLocal(ctx context.Context, p directory.Placement) error 
 // wakeOwned serves POST /_pinned/wake/<ns>/<id> to an attested caller, for
 // a placement this node's replica shows under the attested generation.
 func (f *FrontDoor) wakeOwned(w http.ResponseWriter, r *http.Request) {
-	ns, id, _, ok := splitInstancePath(strings.TrimPrefix(r.URL.EscapedPath(), wakePrefix))
-	if !ok || plugins.ValidateNamespace(ns) != nil || plugins.ValidateID(id) != nil {
-		httpx.WriteError(w, http.StatusBadRequest, "invalid instance path", 0)
+	ns, id, _, err := parseInstancePath(strings.TrimPrefix(r.URL.EscapedPath(), wakePrefix))
+	if err != nil {
+		httpx.WriteError(w, http.StatusBadRequest, "invalid instance path: "+err.Error(), 0)
 		return
 	}
 	if f.cfg.Worker == nil {

@@ -214,13 +214,21 @@ func (m *Machine) applyClaim(c Claim) Result {
 	if _, removed := m.removedNow[c.Key]; removed || placed && p.Generation > m.entryGen {
 		return Result{Code: CodeConflict, Reason: "key already granted in this entry"}
 	}
+	var took *Takeover
 	if placed {
 		// The holder lost this id because its lease lapsed: that session
 		// must never be renewed again, even by a heartbeat stamped before
 		// the lapse that arrives late (queued through a partition). It
 		// re-registers and learns the id is gone.
-		if hw := m.st.workers[p.Owner]; hw != nil && hw.SessionID == p.OwnerSession && hw.ClientID != w.ClientID {
+		hw := m.st.workers[p.Owner]
+		if hw != nil && hw.SessionID == p.OwnerSession && hw.ClientID != w.ClientID {
 			hw.Revoked = true
+		}
+		if m.onTakeover != nil {
+			took = &Takeover{Key: c.Key, Owner: w.ClientID, Previous: p.Owner}
+			if hw != nil {
+				took.PreviousNode = hw.NodeID
+			}
 		}
 		m.removePlacement(p)
 	}
@@ -246,6 +254,10 @@ func (m *Machine) applyClaim(c Claim) Result {
 	// headroom until the next heartbeat reports the real figure.
 	if w.Headroom > 0 {
 		w.Headroom--
+	}
+	if took != nil {
+		took.Generation = np.Generation
+		m.onTakeover(*took)
 	}
 	return Result{Code: CodeGranted, Placement: np}
 }

@@ -22,6 +22,28 @@ type Machine struct {
 	// the few such placements the entry also removed.
 	entryGen   uint64
 	removedNow map[Key]struct{}
+
+	onTakeover func(Takeover) // see OnTakeover; guarded by mu's write side
+}
+
+// Takeover is a claim that took an id from a worker whose lease had lapsed
+// (or whose session ended without releasing it).
+type Takeover struct {
+	Key          Key
+	Generation   uint64 // the new placement's
+	Owner        string // client id that got the id
+	Previous     string // client id that held it
+	PreviousNode string // the node id that worker registered with ("" if unknown)
+}
+
+// OnTakeover sets fn to be told of every takeover this machine applies,
+// after the state changed. It is a side channel for logging: the state
+// never depends on it. fn runs under the machine's lock, so it must return
+// quickly and must not call the Machine. nil removes it.
+func (m *Machine) OnTakeover(fn func(Takeover)) {
+	m.mu.Lock()
+	m.onTakeover = fn
+	m.mu.Unlock()
 }
 
 type state struct {
