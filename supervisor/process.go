@@ -144,6 +144,9 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 		plugins.EnvDataSocket+"="+socket,
 		plugins.EnvParentPID+"="+strconv.Itoa(os.Getpid()),
 		plugins.EnvPluginName+"="+p.spec.Name,
+		// go-plugin's own sockets (control, broker) go beside the data
+		// socket, where the next start sweeps them after a kill -9.
+		goplugin.EnvUnixSocketDir+"="+s.runtimeDir,
 	)
 	// The child gets SIGKILL when the thread that forked it dies; the
 	// spawning goroutine is locked to its thread below, and Go never ends

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sort"
 	"sync"
 	"time"
@@ -28,9 +27,13 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the pinned_* collectors; nil registers nothing.
 	Registerer prometheus.Registerer
-	// RuntimeDir holds the plugins' data sockets. Empty: a private
-	// temporary directory, removed by Stop. Keep it short: unix socket
-	// paths are limited to 107 bytes.
+	// RuntimeDir holds the plugins' sockets (data sockets and go-plugin's
+	// own). The caller must own it alone and hold the lock that proves no
+	// other pinnedd uses it (the data dir's): Start makes it 0700 and
+	// removes whatever it holds, a dead predecessor's leftovers. When its
+	// socket paths would pass the 107-byte unix limit, the sockets go to a
+	// short private directory instead, removed by Stop. Empty: a private
+	// temporary directory, removed by Stop.
 	RuntimeDir string
 
 	// Store is the node's state store, served to plugins over the
@@ -104,8 +107,9 @@ const (
 type Supervisor struct {
 	cfg        Config
 	metrics    *metrics
-	runtimeDir string
-	ownDir     bool
+	runtimeDir string // where the plugins' sockets go
+	ownDir     bool   // runtimeDir was made by Start: Stop removes it
+	fallback   string // the link in Config.RuntimeDir to runtimeDir, if any
 
 	procs []*pluginProc
 	byNS  map[string]*pluginProc
@@ -147,14 +151,7 @@ func New(cfg Config) (*Supervisor, error) {
 // Start spawns every plugin and waits for each first handshake. An error
 // leaves nothing running.
 func (s *Supervisor) Start(ctx context.Context) error {
-	s.runtimeDir = s.cfg.RuntimeDir
-	if s.runtimeDir == "" {
-		dir, err := os.MkdirTemp("", "pinnedd-")
-		if err != nil {
-			return fmt.Errorf("runtime dir: %w", err)
-		}
-		s.runtimeDir, s.ownDir = dir, true
-	} else if err := os.MkdirAll(s.runtimeDir, 0o700); err != nil {
+	if err := s.openRuntimeDir(); err != nil {
 		return fmt.Errorf("runtime dir: %w", err)
 	}
 	s.runCtx, s.runCancel = context.WithCancel(context.Background())
@@ -245,9 +242,7 @@ func (s *Supervisor) Stop(ctx context.Context) {
 	}
 	wg.Wait()
 	s.wg.Wait()
-	if s.ownDir {
-		_ = os.RemoveAll(s.runtimeDir)
-	}
+	s.closeRuntimeDir()
 }
 
 // Reload hot-swaps the plugin serving ns, or every plugin when ns is "".
