@@ -164,7 +164,7 @@ func (e *agentError) Error() string {
 		msg = http.StatusText(e.status)
 	}
 	s := fmt.Sprintf("%s answered %d: %s", e.addr, e.status, msg)
-	if e.status == http.StatusUnauthorized {
+	if e.status == http.StatusUnauthorized && !strings.Contains(msg, "PINBOARD_TOKEN") {
 		s += " (set PINBOARD_TOKEN or pass --token)"
 	}
 	return s

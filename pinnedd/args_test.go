@@ -1,0 +1,196 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/urfave/cli/v2"
+)
+
+// leafCommands lists every runnable command of the app with its path
+// ("plugins reload").
+func leafCommands(cmds []*cli.Command, prefix []string) (out []struct {
+	path []string
+	cmd  *cli.Command
+}) {
+	for _, c := range cmds {
+		p := append(slices.Clone(prefix), c.Name)
+		if len(c.Subcommands) > 0 {
+			out = append(out, leafCommands(c.Subcommands, p)...)
+			continue
+		}
+		out = append(out, struct {
+			path []string
+			cmd  *cli.Command
+		}{p, c})
+	}
+	return out
+}
+
+// sampleValue is a value each kind of flag accepts, and what c.Value then
+// shows for it.
+func sampleValue(t *testing.T, f cli.Flag) string {
+	switch f.(type) {
+	case *cli.BoolFlag:
+		return ""
+	case *cli.DurationFlag:
+		return "7s"
+	case *cli.IntFlag:
+		return "7"
+	case *cli.Float64Flag:
+		return "1.5"
+	case *cli.StringFlag, *cli.StringSliceFlag:
+		return "/v=w"
+	}
+	t.Fatalf("flag %v: no sample value for %T", f.Names(), f)
+	return ""
+}
+
+// TestEveryFlagAfterArguments runs every command of the real app with each
+// of its flags after a positional argument, in both --flag value and
+// --flag=value forms, and checks urfave/cli saw the flag set and the
+// argument as an argument.
+func TestEveryFlagAfterArguments(t *testing.T) {
+	leaves := leafCommands(newApp().Commands, nil)
+	if len(leaves) < 15 {
+		t.Fatalf("found %d commands; the walk is broken", len(leaves))
+	}
+	for _, leaf := range leaves {
+		for _, f := range leaf.cmd.Flags {
+			name := f.Names()[0]
+			val := sampleValue(t, f)
+			forms := [][]string{{"--" + name}}
+			if val != "" {
+				forms = [][]string{{"--" + name, val}, {"--" + name + "=" + val}, {"-" + name, val}}
+			}
+			for _, form := range forms {
+				line := append(append(append([]string{"pinnedd"}, leaf.path...), "ARG1"), form...)
+				line = append(line, "ARG2")
+				t.Run(strings.Join(line[1:], " "), func(t *testing.T) {
+					app := newApp()
+					app.Writer, app.ErrWriter = io.Discard, io.Discard
+					var gotSet bool
+					var gotValue string
+					var gotArgs []string
+					cmd := findPath(t, app, leaf.path)
+					cmd.Action = func(c *cli.Context) error {
+						gotSet = c.IsSet(name)
+						gotValue = fmt.Sprint(c.Value(name))
+						gotArgs = c.Args().Slice()
+						return nil
+					}
+					args, err := reorderArgs(app, line)
+					if err != nil {
+						t.Fatalf("reorder: %v", err)
+					}
+					if err := app.Run(args); err != nil {
+						t.Fatalf("run %q: %v", args, err)
+					}
+					if !gotSet {
+						t.Fatalf("--%s after an argument was not seen (ran %q)", name, args)
+					}
+					if val != "" && !strings.Contains(gotValue, strings.TrimSuffix(val, "s")) {
+						t.Fatalf("--%s = %q, want %q", name, gotValue, val)
+					}
+					if !slices.Equal(gotArgs, []string{"ARG1", "ARG2"}) {
+						t.Fatalf("arguments %q, want [ARG1 ARG2] (ran %q)", gotArgs, args)
+					}
+				})
+			}
+		}
+	}
+}
+
+func findPath(t *testing.T, app *cli.App, path []string) *cli.Command {
+	cmds := app.Commands
+	var cmd *cli.Command
+	for _, p := range path {
+		cmd = findCommand(cmds, p)
+		if cmd == nil {
+			t.Fatalf("no command %q", path)
+		}
+		cmds = cmd.Subcommands
+	}
+	return cmd
+}
+
+func TestReorderArgs(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   string
+		want string // "" with wantErr
+		err  string
+	}{
+		{"flags first stay", "wind-down --deadline 0 /threads t1", "wind-down --deadline 0 -- /threads t1", ""},
+		{"README wind-down", "wind-down /threads t1 --deadline 0", "wind-down --deadline 0 -- /threads t1", ""},
+		{"join addr after", "join http://a:8082 --addr http://b:8083", "join --addr http://b:8083 -- http://a:8082", ""},
+		{"subcommand addr after", "plugins reload /counters --addr http://x:17283", "plugins reload --addr http://x:17283 -- /counters", ""},
+		{"inline value", "plugins reload /counters --addr=:9", "plugins reload --addr=:9 -- /counters", ""},
+		{"bool takes no value", "wind-down /threads --revoke t1", "wind-down --revoke -- /threads t1", ""},
+		{"bool inline", "status --json=false", "status --json=false", ""},
+		{"double dash ends flags", "wind-down --deadline 1s -- /threads --revoke", "wind-down --deadline 1s -- /threads --revoke", ""},
+		{"dash arg after double dash", "remove -- -n1", "remove -- -n1", ""},
+		{"app flags", "--version", "--version", ""},
+		{"help everywhere", "plugins reload --help", "plugins reload --help", ""},
+		{"help command", "help wind-down", "wind-down --help", ""},
+		{"help alone", "help", "--help", ""},
+		{"parent help", "plugins -h", "plugins -h", ""},
+		{"alias and value with dash", "drain --node -x", "drain --node -x", ""},
+		{"no command", "", "", ""},
+		{"unknown flag after arg", "plugins reload /counters --adr x", "", "unknown flag --adr for pinnedd plugins reload (did you mean --addr?)"},
+		{"unknown flag before arg", "wind-down --deadlin 0 /threads", "", "unknown flag --deadlin for pinnedd wind-down (did you mean --deadline?)"},
+		{"unknown app flag", "--addr x status", "", "unknown flag --addr for pinnedd"},
+		{"flag of another command", "status --deadline 1s", "", "unknown flag --deadline for pinnedd status"},
+		{"missing value", "status --addr", "", "flag --addr of pinnedd status needs a value"},
+		{"typo command", "stauts", "", `unknown command "stauts" for pinnedd (did you mean status?)`},
+		{"typo subcommand", "plugins relaod", "", `unknown command "relaod" for pinnedd plugins (did you mean reload?)`},
+		{"far from anything", "frobnicate", "", `unknown command "frobnicate" for pinnedd; see`},
+		{"parent flag after subcommand's", "plugins --addr x reload", "", "unknown flag --addr for pinnedd plugins"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := append([]string{"pinnedd"}, strings.Fields(tc.in)...)
+			got, err := reorderArgs(newApp(), in)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("reorder %q: err %v, want one containing %q", tc.in, err, tc.err)
+				}
+				if !errors.As(err, new(*usageError)) {
+					t.Fatalf("reorder %q: %v is not a usage error", tc.in, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("reorder %q: %v", tc.in, err)
+			}
+			if g := strings.Join(got[1:], " "); g != tc.want {
+				t.Fatalf("reorder %q = %q, want %q", tc.in, g, tc.want)
+			}
+		})
+	}
+}
+
+// TestCompletionLineUntouched: a partial line being completed is passed
+// through as typed, so urfave/cli can offer candidates for it.
+func TestCompletionLineUntouched(t *testing.T) {
+	in := []string{"pinnedd", "plu", completionFlag}
+	got, err := reorderArgs(newApp(), in)
+	if err != nil || !slices.Equal(got, in) {
+		t.Fatalf("reorder %q = %q, %v", in, got, err)
+	}
+}
+
+func TestClosest(t *testing.T) {
+	names := []string{"status", "members", "workers", "wind-down", "drain", "undrain"}
+	for typed, want := range map[string]string{
+		"stauts": "status", "statu": "status", "memebrs": "members", "windown": "wind-down",
+		"darin": "drain", "x": "", "frobnicate": "", "": "",
+	} {
+		if got := closest(names, typed); got != want {
+			t.Errorf("closest(%q) = %q, want %q", typed, got, want)
+		}
+	}
+}

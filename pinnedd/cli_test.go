@@ -1,0 +1,395 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
+)
+
+// cliResult is one finished run of the pinnedd binary.
+type cliResult struct {
+	stdout, stderr string
+	code           int
+}
+
+func (r cliResult) String() string {
+	return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+}
+
+// cliEnv is the test process's environment without the variables the CLI
+// reads, so each run says exactly what it sets.
+func cliEnv(env []string) []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		switch strings.SplitN(kv, "=", 2)[0] {
+		case "PINBOARD_TOKEN", "PINNEDD_ADDR", "PINNEDD_TIMEOUT":
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, env...)
+}
+
+// runCLI runs `pinnedd args...` with env added to a clean environment, and
+// fails the test if it runs for more than a minute.
+func runCLI(t *testing.T, env []string, args ...string) cliResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, testutil.Bin(t, "pinnedd"), args...)
+	cmd.Env = cliEnv(env)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	res := cliResult{stdout: stdout.String(), stderr: stderr.String()}
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		res.code = ee.ExitCode()
+	default:
+		t.Fatalf("pinnedd %q: %v", args, err)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("pinnedd %q ran for a minute: %s", args, res)
+	}
+	return res
+}
+
+// countingServer listens on 127.0.0.1 and counts requests: the address a
+// command must NOT reach.
+func countingServer(t *testing.T) (url string, hits *atomic.Int64) {
+	t.Helper()
+	hits = new(atomic.Int64)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		http.Error(w, `{"error":"decoy"}`, http.StatusTeapot)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String(), hits
+}
+
+type pluginStatus struct {
+	Plugins []struct {
+		Name        string   `json:"name"`
+		PID         int      `json:"pid"`
+		Incarnation int      `json:"incarnation"`
+		Namespaces  []string `json:"namespaces"`
+	} `json:"plugins"`
+}
+
+func counterPID(t *testing.T, a *testutil.Agent) int {
+	var st pluginStatus
+	a.MustDo("GET", "/_pinned/status", "").JSON(t, &st)
+	for _, p := range st.Plugins {
+		for _, ns := range p.Namespaces {
+			if ns == "/counters" {
+				return p.PID
+			}
+		}
+	}
+	t.Fatalf("no plugin serves /counters: %+v", st)
+	return 0
+}
+
+// TestCLIAgainstDevAgent runs the CLI binary against one real --dev agent:
+// flags after arguments reach the agent they name, errors exit non-zero
+// with the agent's words, and token-less calls work on a dev node.
+func TestCLIAgainstDevAgent(t *testing.T) {
+	a := testutil.StartAgent(t, nil, "--dev")
+	hostPort := strings.TrimPrefix(a.URL, "http://")
+	token := "PINBOARD_TOKEN=" + testutil.Token
+
+	t.Run("reload with --addr after the namespace reaches the named agent", func(t *testing.T) {
+		// The decoy is the address a dropped --addr would fall back to.
+		decoy, hits := countingServer(t)
+		if r := a.MustDo("POST", "/counters/x/increment", ""); r.Code != 200 {
+			t.Fatalf("increment: %d %s", r.Code, r.Body)
+		}
+		before := counterPID(t, a)
+		r := runCLI(t, []string{token, "PINNEDD_ADDR=" + decoy}, "plugins", "reload", "/counters", "--addr", a.URL)
+		if r.code != 0 || !strings.Contains(r.stdout, "reloaded") {
+			t.Fatalf("plugins reload /counters --addr %s: %s", a.URL, r)
+		}
+		if n := hits.Load(); n != 0 {
+			t.Fatalf("the reload went to the default address (%d requests), not to --addr", n)
+		}
+		testutil.WaitFor(t, 20*time.Second, "a new /counters plugin process", func() bool {
+			pid := counterPID(t, a)
+			return pid != 0 && pid != before
+		})
+	})
+
+	t.Run("host:port as --addr, flags after", func(t *testing.T) {
+		r := runCLI(t, []string{token}, "workers", "--json", "--addr", hostPort)
+		if r.code != 0 || !strings.Contains(r.stdout, `"workers"`) {
+			t.Fatalf("workers --addr %s: %s", hostPort, r)
+		}
+		port := hostPort[strings.LastIndex(hostPort, ":"):]
+		if r := runCLI(t, []string{token}, "status", "--addr", port); r.code != 0 {
+			t.Fatalf("status --addr %s: %s", port, r)
+		}
+	})
+
+	t.Run("remove of an unknown node fails", func(t *testing.T) {
+		r := runCLI(t, []string{token}, "remove", "nosuchnode", "--addr", a.URL)
+		if r.code == 0 || strings.Contains(r.stdout, "removed") {
+			t.Fatalf("remove nosuchnode succeeded: %s", r)
+		}
+		if !strings.Contains(r.stderr, "no member named") || !strings.Contains(r.stderr, "404") {
+			t.Fatalf("remove nosuchnode does not say there is no such member: %s", r)
+		}
+	})
+
+	t.Run("wrong token gets 401 and the hint", func(t *testing.T) {
+		// The front door's own 401 names the fix already; raftstore's (members)
+		// gets the CLI's hint.
+		for _, args := range [][]string{{"workers"}, {"members"}, {"status", "--token", "not-the-token"}} {
+			r := runCLI(t, []string{"PINBOARD_TOKEN=not-the-token"}, append(args, "--addr", a.URL)...)
+			if r.code == 0 || !strings.Contains(r.stderr, "401") || !strings.Contains(r.stderr, "PINBOARD_TOKEN") || !strings.Contains(r.stderr, "--token") {
+				t.Fatalf("%s with a wrong token: %s", args[0], r)
+			}
+		}
+	})
+
+	t.Run("status says the node is dev", func(t *testing.T) {
+		r := runCLI(t, []string{token}, "status", "--addr", a.URL)
+		if r.code != 0 {
+			t.Fatalf("status: %s", r)
+		}
+		if !strings.Contains(r.stdout, "mode") || !strings.Contains(strings.Fields(lineWith(r.stdout, "mode"))[1], "dev") {
+			t.Fatalf("status has no mode dev line: %s", r)
+		}
+	})
+
+	t.Run("unknown namespace and client id fail with the agent's message", func(t *testing.T) {
+		r := runCLI(t, []string{token}, "wind-down", "/nope", "x", "--addr", a.URL)
+		if r.code == 0 || !strings.Contains(r.stderr, "404") {
+			t.Fatalf("wind-down /nope x: %s", r)
+		}
+		r = runCLI(t, []string{token}, "drain", "--node", "no-such-client", "--addr", a.URL, "--cordon")
+		if r.code == 0 || !strings.Contains(r.stderr, "404") {
+			t.Fatalf("drain --node no-such-client: %s", r)
+		}
+	})
+
+	t.Run("usage errors change nothing and reach no agent", func(t *testing.T) {
+		decoy, hits := countingServer(t)
+		for _, args := range [][]string{
+			{"drain", "--cordon", "--deadline", "10s"},
+			{"drain", "--deadline=-5s"},
+			{"wind-down", "/counters", "--deadline=-5s"},
+			{"plugins", "reload", "/counters", "--adr", a.URL},
+			{"stauts"},
+			{"status", "--addr", "ftp://x"},
+		} {
+			r := runCLI(t, []string{token, "PINNEDD_ADDR=" + decoy}, args...)
+			if r.code != 2 || r.stderr == "" {
+				t.Fatalf("pinnedd %q: %s; want exit 2 with a message", args, r)
+			}
+		}
+		if n := hits.Load(); n != 0 {
+			t.Fatalf("usage errors sent %d requests", n)
+		}
+	})
+}
+
+func lineWith(s, prefix string) string {
+	for _, l := range strings.Split(s, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return prefix + " <none>"
+}
+
+// syncBuffer is a bytes.Buffer a test may read while a process writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestRefusedThenListening: a command started before its agent listens
+// rides out the refused connections. The listener opens only after the CLI
+// reported its first refusal, so the retry is what the test sees.
+func TestRefusedThenListening(t *testing.T) {
+	addr := testutil.FreeAddr(t)
+	cmd := exec.Command(testutil.Bin(t, "pinnedd"), "status", "--json", "--addr", addr)
+	cmd.Env = cliEnv(nil)
+	var stdout, stderr syncBuffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+	})
+	testutil.WaitFor(t, 10*time.Second, "the CLI reports a refused connection", func() bool {
+		return strings.Contains(stderr.String(), "refused the connection; retrying")
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/_pinned/status" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]any{"nodeId": "late-node"})
+	})}
+	go srv.Serve(ln)
+	defer srv.Close()
+	select {
+	case err := <-done:
+		done <- err // for the cleanup
+		if err != nil || !strings.Contains(stdout.String(), "late-node") {
+			t.Fatalf("status once the agent listened: %v\nstdout: %s\nstderr: %s", err, stdout.String(), stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the CLI did not finish once the address listened\nstderr: %s", stderr.String())
+	}
+}
+
+// TestNothingListens: with nothing ever listening, the retry is bounded and
+// the error names the address.
+func TestNothingListens(t *testing.T) {
+	addr := testutil.FreeAddr(t)
+	start := time.Now()
+	r := runCLI(t, nil, "members", "--addr", addr, "--timeout", "1s")
+	if r.code == 0 || !strings.Contains(r.stderr, "cannot reach the agent at http://"+addr) {
+		t.Fatalf("members against nothing: %s", r)
+	}
+	if el := time.Since(start); el > 15*time.Second {
+		t.Fatalf("gave up after %s, want about --timeout (1s)", el)
+	}
+}
+
+// TestTimeoutSilentPeer: a peer that accepts and never answers fails the
+// command after --timeout, saying so.
+func TestTimeoutSilentPeer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns sync.WaitGroup
+	stop := make(chan struct{})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			go func() {
+				defer conns.Done()
+				<-stop // hold the connection, answer nothing
+				c.Close()
+			}()
+		}
+	}()
+	defer func() {
+		ln.Close()
+		close(stop)
+		conns.Wait()
+	}()
+	for _, args := range [][]string{
+		{"status", "--addr", ln.Addr().String(), "--timeout", "1s"},
+		{"members", "--timeout=1s", "--addr", ln.Addr().String()}, // through raftstore's client
+	} {
+		start := time.Now()
+		r := runCLI(t, nil, args...)
+		el := time.Since(start)
+		if r.code == 0 || !strings.Contains(r.stderr, "did not answer within 1s") {
+			t.Fatalf("pinnedd %q against a silent peer: %s", args, r)
+		}
+		if el > 15*time.Second {
+			t.Fatalf("pinnedd %q gave up after %s, want about 1s", args, el)
+		}
+	}
+}
+
+// TestVersionStamp: a binary built in this checkout names its build, and
+// -ldflags -X main.version overrides it.
+func TestVersionStamp(t *testing.T) {
+	r := runCLI(t, nil, "--version")
+	if r.code != 0 || strings.Contains(r.stdout, "version dev\n") || strings.TrimSpace(r.stdout) == "pinnedd version" {
+		t.Fatalf("pinnedd --version: %s", r)
+	}
+	bin := filepath.Join(t.TempDir(), "pinnedd")
+	build := exec.Command("go", "build", "-ldflags", "-X main.version=v1.2.3", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	for _, args := range [][]string{{"--version"}, {"version"}} {
+		out, err := exec.Command(bin, args...).Output()
+		if err != nil || !strings.Contains(string(out), "v1.2.3") {
+			t.Fatalf("pinnedd %q with -X main.version=v1.2.3: %q, %v", args, out, err)
+		}
+	}
+}
+
+// TestTokenGenerate: stdout is the token and nothing else.
+func TestTokenGenerate(t *testing.T) {
+	r := runCLI(t, nil, "token", "generate")
+	tok := strings.TrimSuffix(r.stdout, "\n")
+	if r.code != 0 || strings.ContainsAny(tok, " \n") || validateToken(tok) != nil || r.stderr != "" {
+		t.Fatalf("token generate: %s", r)
+	}
+}
+
+// TestCompletionScripts: each script is printed and names pinnedd's
+// completion hook; the hook answers with the commands.
+func TestCompletionScripts(t *testing.T) {
+	for _, sh := range []string{"bash", "zsh"} {
+		r := runCLI(t, nil, "completion", sh)
+		if r.code != 0 || !strings.Contains(r.stdout, "--generate-bash-completion") {
+			t.Fatalf("completion %s: %s", sh, r)
+		}
+	}
+	r := runCLI(t, nil, "--generate-bash-completion")
+	for _, cmd := range []string{"status", "wind-down", "plugins", "leave"} {
+		if !strings.Contains(r.stdout, cmd+"\n") {
+			t.Fatalf("completion candidates lack %s: %s", cmd, r)
+		}
+	}
+	r = runCLI(t, nil, "plugins", "--generate-bash-completion")
+	if !strings.Contains(r.stdout, "reload") {
+		t.Fatalf("plugins completion: %s", r)
+	}
+}
