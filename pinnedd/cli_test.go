@@ -192,6 +192,16 @@ func TestCLIAgainstDevAgent(t *testing.T) {
 		}
 	})
 
+	t.Run("leave of the only voter fails and the node stays", func(t *testing.T) {
+		r := runCLI(t, []string{token}, "leave", "--addr", a.URL, "--deadline", "1s")
+		if r.code == 0 || !strings.Contains(r.stderr, "409") || strings.Contains(r.stdout, "left") {
+			t.Fatalf("leave of a one-node cluster: %s", r)
+		}
+		if r := a.MustDo("GET", "/healthz", ""); r.Code != 200 {
+			t.Fatalf("the node stopped: %d", r.Code)
+		}
+	})
+
 	t.Run("usage errors change nothing and reach no agent", func(t *testing.T) {
 		decoy, hits := countingServer(t)
 		for _, args := range [][]string{
@@ -391,5 +401,37 @@ func TestCompletionScripts(t *testing.T) {
 	r = runCLI(t, nil, "plugins", "--generate-bash-completion")
 	if !strings.Contains(r.stdout, "reload") {
 		t.Fatalf("plugins completion: %s", r)
+	}
+}
+
+// TestLeaveWaitsForExit: `pinnedd leave` says what the node does, and
+// returns once it has left and exited (0); the cluster keeps the others.
+func TestLeaveWaitsForExit(t *testing.T) {
+	env := []string{"PINBOARD_TOKEN=" + testutil.Token}
+	node := func(id string, extra ...string) *testutil.Agent {
+		args := append([]string{
+			"--node-id", id, "--http-addr", testutil.FreeAddr(t), "--raft-addr", testutil.FreeAddr(t),
+			"--data-dir", filepath.Join(t.TempDir(), id), "--plugin", "/counters=" + testutil.Bin(t, "counter"),
+			"--raft-timeout", "300ms",
+		}, extra...)
+		return testutil.StartAgent(t, env, args...)
+	}
+	n1 := node("n1", "--bootstrap")
+	n2 := node("n2", "--join", n1.URL)
+	testutil.WaitFor(t, 20*time.Second, "n2 a member", func() bool {
+		r := runCLI(t, env, "members", "--json", "--addr", n1.URL)
+		return r.code == 0 && strings.Contains(r.stdout, `"n2"`)
+	})
+	r := runCLI(t, env, "leave", "--deadline", "1s", "--addr", strings.TrimPrefix(n2.URL, "http://"))
+	want := "n2 is leaving: draining (deadline 1s), then it leaves the cluster and exits\nn2 left the cluster\n"
+	if r.code != 0 || r.stdout != want {
+		t.Fatalf("leave: %s\nwant stdout:\n%s", r, want)
+	}
+	if code, err := n2.Wait(30 * time.Second); err != nil || code != 0 {
+		t.Fatalf("n2 after leave: exit %d, %v", code, err)
+	}
+	r = runCLI(t, env, "members", "--json", "--addr", n1.URL)
+	if r.code != 0 || strings.Contains(r.stdout, `"n2"`) {
+		t.Fatalf("members after n2 left: %s", r)
 	}
 }
