@@ -398,9 +398,15 @@ func TestCompletionScripts(t *testing.T) {
 			t.Fatalf("completion candidates lack %s: %s", cmd, r)
 		}
 	}
-	r = runCLI(t, nil, "plugins", "--generate-bash-completion")
-	if !strings.Contains(r.stdout, "reload") {
-		t.Fatalf("plugins completion: %s", r)
+	// The bash script itself, as a shell that sourced it completes.
+	script := `source <(pinnedd completion bash)
+COMP_WORDS=(pinnedd plugins re); COMP_CWORD=2; _pinnedd_complete; echo "${COMPREPLY[@]}"
+COMP_WORDS=(pinnedd wind-down /threads --dead); COMP_CWORD=3; _pinnedd_complete; echo "${COMPREPLY[@]}"`
+	bash := exec.Command("bash", "-c", script)
+	bash.Env = cliEnv([]string{"PATH=" + filepath.Dir(testutil.Bin(t, "pinnedd")) + ":" + os.Getenv("PATH")})
+	out, err := bash.CombinedOutput()
+	if err != nil || string(out) != "reload\n--deadline\n" {
+		t.Fatalf("bash completion: %v\n%s", err, out)
 	}
 }
 

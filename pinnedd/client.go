@@ -311,6 +311,9 @@ func statusCommand() *cli.Command {
 		Usage: "show the local agent: mode, worker lease, plugins, instances",
 		Flags: append(clientFlags(), &cli.BoolFlag{Name: "json", Usage: "print the raw JSON"}),
 		Action: func(c *cli.Context) error {
+			if err := noArgs(c); err != nil {
+				return err
+			}
 			var raw json.RawMessage
 			if err := apiCall(c, http.MethodGet, "/_pinned/status", nil, &raw); err != nil {
 				return err
