@@ -335,7 +335,7 @@ func (p *pluginProc) run(ctx context.Context, first chan<- error) {
 		p.crashes++
 		if p.crashes >= cfg.CrashLoopThreshold && !p.degraded {
 			p.degraded = true
-			p.logger.Error("plugin is crash-looping; its namespaces are degraded on this node", "crashes", p.crashes)
+			p.logger.Error("plugin is crash-looping; its namespaces are degraded on this node", "crashes", p.crashes, "namespaces", p.namespaces)
 		}
 		delay := backoff(p.crashes, cfg.BackoffMin, cfg.BackoffMax)
 		p.state = StateBackoff
