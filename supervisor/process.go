@@ -176,7 +176,7 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 		return nil, fmt.Errorf("dispense plugin %s: %w", p.spec.Name, err)
 	}
 	conn := raw.(*plugins.Conn)
-	storeID := s.serveStore(conn)
+	storeID := s.serveStore(conn, logger)
 	dctx, cancel := context.WithTimeout(ctx, s.cfg.HandshakeTimeout)
 	desc, err := conn.Control.Describe(dctx, &proto.DescribeRequest{StoreBrokerId: storeID})
 	cancel()

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"log/slog"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -20,6 +21,7 @@ type storeServer struct {
 	proto.UnimplementedStoreServer
 	store  statestore.Store
 	serves func(namespace string) bool
+	logger *slog.Logger // nil: says nothing
 }
 
 // NewStoreServer serves store as the plugin Store service, for the
@@ -32,12 +34,12 @@ func NewStoreServer(store statestore.Store, serves func(namespace string) bool) 
 // serveStore starts the Store service on a new broker id of the plugin
 // connection conn and returns the id. The broker's server lives as long as the plugin's
 // connection; calls from a dead plugin end with their context.
-func (s *Supervisor) serveStore(conn *plugins.Conn) uint32 {
+func (s *Supervisor) serveStore(conn *plugins.Conn, logger *slog.Logger) uint32 {
 	if s.cfg.Store == nil || conn.Broker == nil {
 		return 0
 	}
 	id := conn.Broker.NextId()
-	srv := NewStoreServer(s.cfg.Store, s.Serves)
+	srv := &storeServer{store: s.cfg.Store, serves: s.Serves, logger: logger}
 	go conn.Broker.AcceptAndServe(id, func(opts []grpc.ServerOption) *grpc.Server {
 		g := grpc.NewServer(opts...)
 		proto.RegisterStoreServer(g, srv)
@@ -69,12 +71,27 @@ func (s *storeServer) Load(ctx context.Context, req *proto.StoreLoadRequest) (*p
 		return nil, storeErr(err)
 	}
 	resp := &proto.StoreLoadResponse{Trays: make([]*proto.TrayData, 0, len(trays))}
+	var marked, items int
+	resume := false
 	for _, t := range trays {
 		td := &proto.TrayData{TrayNs: t.Key.NS, TrayId: t.Key.ID, Fields: t.Fields, Marked: t.Marked}
 		for _, it := range t.Items {
 			td.Items = append(td.Items, &proto.TrayItem{Seq: it.Seq, Payload: it.Payload, Applied: it.Applied})
+			resume = resume || it.Applied
+		}
+		if len(t.Items) > 0 {
+			marked++
+			items += len(t.Items)
 		}
 		resp.Trays = append(resp.Trays, td)
+	}
+	if marked > 0 && s.logger != nil {
+		// An activation that takes over unfinished work (after a crash,
+		// on a survivor, after a swap): the operator's trace of who
+		// resumed it. Activations with nothing pending say nothing.
+		s.logger.Info("instance restored from store with unfinished work",
+			"namespace", req.Namespace, "id", req.Id, "generation", req.Generation,
+			"trays", marked, "items", items, "resume", resume)
 	}
 	return resp, nil
 }
