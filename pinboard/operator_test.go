@@ -211,3 +211,24 @@ func TestWindDownUnknownTargets(t *testing.T) {
 		}
 	}
 }
+
+// When every live worker of a namespace is draining, a new id's 503 says
+// so rather than that there are no workers.
+func TestNoBackendsSaysDraining(t *testing.T) {
+	rig := newDoorRig(t, nil)
+	rig.register(t, "w1", "n1", time.Hour, "/counters")
+	rig.register(t, "w2", "n2", time.Hour, "/counters")
+	for _, id := range []string{"w1", "w2"} {
+		if code, body, _ := rig.call(t, "POST", "/registry/drain", "op-token", `{"clientId":"`+id+`","deadline":null}`); code != http.StatusOK {
+			t.Fatalf("drain %s: %d %s", id, code, body)
+		}
+	}
+	code, body, resp := rig.call(t, "GET", "/counters/x/value", "", "")
+	if code != http.StatusServiceUnavailable || errorOf(t, body) != "every live worker for namespace /counters is draining (2 of 2)" || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("new id with every worker draining: %d %s", code, body)
+	}
+	rig.register(t, "w3", "n3", -time.Minute, "/counters") // lapsed: not counted
+	if _, body, _ := rig.call(t, "GET", "/counters/x/value", "", ""); !strings.Contains(body, "(2 of 2)") {
+		t.Errorf("a lapsed worker counted: %s", body)
+	}
+}

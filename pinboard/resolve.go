@@ -240,7 +240,8 @@ func (f *FrontDoor) claimFailed(w http.ResponseWriter, r *http.Request, key dire
 
 // noBackends says why no worker may take a new placement in ns: none is
 // live, or every live one is draining (this node, when it is the only
-// one), or each is degraded, draining or past its lease.
+// one), or each is degraded, draining or renewing its lease. All but the
+// draining answers start "no live workers", as they always did.
 func (f *FrontDoor) noBackends(ns string, now time.Time) string {
 	m := f.cfg.Dir.Machine()
 	ms := now.UnixMilli()
@@ -267,10 +268,8 @@ func (f *FrontDoor) noBackends(ns string, now time.Time) string {
 		return "this node is draining: it takes no new instances of " + ns + " (pinnedd undrain ends the drain)"
 	case draining == live:
 		return fmt.Sprintf("every live worker for namespace %s is draining (%d of %d)", ns, draining, live)
-	case draining > 0:
-		return fmt.Sprintf("no worker for namespace %s takes new instances: %d of %d live workers are draining, the rest degraded or renewing their lease", ns, draining, live)
 	}
-	return "no worker for namespace " + ns + " takes new instances: every live one is degraded or renewing its lease"
+	return fmt.Sprintf("no live workers for namespace %s can take a new instance: %d of %d draining, the rest degraded or renewing their lease", ns, draining, live)
 }
 
 // serveLocal serves an id placed on this node, as the worker's lease allows.
