@@ -214,6 +214,7 @@ func startWatched(t *testing.T, path string) *watched {
 		for pid := range wt.pids {
 			testutil.CheckGone(t, []int{pid})
 		}
+		checkNoPlugins(t)
 		if t.Failed() {
 			t.Logf("supervisor log:\n%s", logs)
 		}

@@ -39,6 +39,7 @@ func TestCrashLoopDegradesOnceAndRecovers(t *testing.T) {
 		srv.Close()
 		s.Stop(context.Background())
 		testutil.CheckGone(t, seen)
+		checkNoPlugins(t)
 		if t.Failed() {
 			t.Logf("supervisor log:\n%s", logs)
 		}

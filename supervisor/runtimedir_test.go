@@ -38,6 +38,7 @@ func startIn(t *testing.T, runtimeDir string) (*Supervisor, *logBuffer) {
 		}
 		s.Stop(context.Background())
 		testutil.CheckGone(t, pids)
+		checkNoPlugins(t)
 	}
 	t.Cleanup(stop)
 	return s, logs

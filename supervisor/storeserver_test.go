@@ -42,6 +42,7 @@ func TestResumedWorkLogged(t *testing.T) {
 		pids = append(pids, s.Plugins()[0].PID)
 		s.Stop(context.Background())
 		testutil.CheckGone(t, pids)
+		checkNoPlugins(t)
 		if t.Failed() {
 			t.Logf("supervisor log:\n%s", logs)
 		}

@@ -48,6 +48,7 @@ func startSupervisor(t testing.TB, plane DataPlane, bin string, nss ...string) (
 		}
 		s.Stop(context.Background())
 		testutil.CheckGone(t, pids)
+		checkNoPlugins(t)
 	})
 	return s, srv
 }
