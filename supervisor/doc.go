@@ -7,7 +7,11 @@
 // pinnedd, re-logs its stderr tagged with the plugin, notices its death at
 // once through a held-open Events stream, restarts it with capped
 // exponential backoff, and marks its namespaces degraded while it crash-loops
-// so new activations go elsewhere (503 + Retry-After here).
+// so new activations go elsewhere (503 + Retry-After here). A hot swap
+// starts a new process and winds the old one's instances down into it; with
+// Spec.Watch it also follows a replaced binary on disk (binwatch.go). Every
+// socket lives in the runtime dir, which Start clears of a dead
+// predecessor's leftovers (runtimedir.go).
 //
 // Instances: the supervisor is the authority on which (namespace, id) is
 // live on this node. An instance activates exactly once on its first request
