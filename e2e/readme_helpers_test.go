@@ -35,8 +35,8 @@ type mdBlock struct {
 
 // marker is a parsed `<!-- test: KIND ARG -->` comment.
 type marker struct {
-	Kind string // "run", "server", "file" or "skip"
-	Arg  string // server: the address as written; file: the name; skip: the reason
+	Kind string // "run", "server", "restart", "file" or "skip"
+	Arg  string // server, restart: the address as written; file: the name; skip: the reason
 }
 
 var markerRe = regexp.MustCompile(`^<!--\s*test:\s*(.*?)\s*-->$`)
@@ -50,9 +50,9 @@ func parseMarker(s string) (marker, error) {
 		if arg != "" {
 			return marker{}, fmt.Errorf("`run` takes no argument, got %q", arg)
 		}
-	case "server":
+	case "server", "restart":
 		if !addrRe.MatchString(arg) || addrRe.FindString(arg) != arg {
-			return marker{}, fmt.Errorf("`server` needs the address it listens on as written (127.0.0.1:PORT or localhost:PORT, PORT 8000-8999), got %q", arg)
+			return marker{}, fmt.Errorf("`%s` needs the address it listens on as written (127.0.0.1:PORT or localhost:PORT, PORT 8000-8999), got %q", kind, arg)
 		}
 	case "file":
 		if arg == "" || strings.ContainsAny(arg, " /") {
@@ -64,7 +64,7 @@ func parseMarker(s string) (marker, error) {
 		}
 		arg = arg[1 : len(arg)-1]
 	default:
-		return marker{}, fmt.Errorf("unknown kind %q (run, server ADDR, file NAME, skip (REASON))", kind)
+		return marker{}, fmt.Errorf("unknown kind %q (run, server ADDR, restart ADDR, file NAME, skip (REASON))", kind)
 	}
 	return marker{Kind: kind, Arg: arg}, nil
 }
@@ -368,16 +368,18 @@ func groupMembers(pgid int) []int {
 // each with its exit status on a pipe (fd 3). Job control is on, so every
 // background command is a process group of its own, as in a terminal.
 type shell struct {
-	t     *testing.T
-	cmd   *exec.Cmd
-	in    *os.File
-	acks  chan string
-	out   string // directory of the commands' stdout files
-	log   string // stderr of the shell and everything it starts
-	n     int
-	jobs  []job
-	ports *portMap
-	dbs   dbNames
+	t    *testing.T
+	cmd  *exec.Cmd
+	in   *os.File
+	acks chan string
+	out  string // directory of the commands' stdout files
+	log  string // stderr of the shell and everything it starts
+	n    int
+	jobs []job
+	// servers maps a server block's address (as written) to its job.
+	servers map[string]job
+	ports   *portMap
+	dbs     dbNames
 }
 
 // job is a background command: a process group led by pid.
@@ -390,7 +392,7 @@ type job struct {
 func startShell(t *testing.T, dir string, env []string, ports *portMap, dbs dbNames) *shell {
 	t.Helper()
 	out := t.TempDir()
-	s := &shell{t: t, out: out, log: filepath.Join(out, "shell.log"), acks: make(chan string, 16), ports: ports, dbs: dbs}
+	s := &shell{t: t, out: out, log: filepath.Join(out, "shell.log"), acks: make(chan string, 16), servers: map[string]job{}, ports: ports, dbs: dbs}
 	logf, err := os.Create(s.log)
 	if err != nil {
 		t.Fatal(err)
@@ -525,6 +527,38 @@ func (s *shell) waitReady(addr string, j job, timeout time.Duration) {
 	}
 }
 
+// kill9 ends the server at addr as `kill -9` would (its whole process
+// group: `go run` and the agent), and waits until it and its plugins are
+// gone.
+func (s *shell) kill9(addr string, line int) {
+	s.t.Helper()
+	j, ok := s.servers[addr]
+	if !ok {
+		s.t.Fatalf("README.md:%d: no server block started %s before this restart", line, addr)
+	}
+	var procs []int
+	for _, p := range groupMembers(j.pid) {
+		procs = append(procs, p)
+		procs = append(procs, testutil.ChildrenOf(p)...)
+	}
+	_ = syscall.Kill(-j.pid, syscall.SIGKILL)
+	testutil.WaitFor(s.t, 10*time.Second, "the killed server's processes, its plugins included, gone", func() bool {
+		for _, p := range procs {
+			if testutil.Alive(p) {
+				return false
+			}
+		}
+		return true
+	})
+	delete(s.servers, addr)
+	for i := range s.jobs {
+		if s.jobs[i].pid == j.pid {
+			s.jobs = append(s.jobs[:i], s.jobs[i+1:]...)
+			break
+		}
+	}
+}
+
 // stop ends the section as a reader would close the terminal: ^C (SIGINT)
 // to every job's process group, the agents drain and exit, their plugins
 // with them. Whatever is still alive after the grace period is killed and
@@ -555,6 +589,15 @@ func (s *shell) stop(grace time.Duration) {
 				_ = syscall.Kill(p, syscall.SIGKILL)
 			}
 		}
+		// Only to reap them before the check below; the test has failed.
+		_ = testutil.Eventually(5*time.Second, func() bool {
+			for _, p := range procs {
+				if testutil.Alive(p) {
+					return false
+				}
+			}
+			return true
+		})
 	}
 	testutil.CheckGone(s.t, procs)
 	s.jobs = nil

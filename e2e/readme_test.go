@@ -22,7 +22,9 @@ import (
 //     command, an agent: started in the background and waited for until
 //     http://ADDR/readyz answers 200), `file NAME` (write the block, as is,
 //     to NAME in the shell's current directory: the Go code a reader saves
-//     as main.go) or `skip (REASON)`.
+//     as main.go), `restart ADDR` (`kill -9` the server block of this
+//     section at ADDR, process group and all, wait until it and its plugins
+//     are gone, then run this block as a server) or `skip (REASON)`.
 //   - Sessions. Each "## " section runs in one bash session of its own, as
 //     in a fresh terminal: started at the root of a copy of the module's
 //     files (the work tree under test, in a temporary directory, so
@@ -147,7 +149,10 @@ func runBlock(t *testing.T, sh *shell, b mdBlock) {
 		for _, c := range cmds {
 			sh.run(c, commandTimeout)
 		}
-	case "server":
+	case "server", "restart":
+		if b.Marker.Kind == "restart" {
+			sh.kill9(b.Marker.Arg, b.Line)
+		}
 		cmds, err := splitCommands(b.Body, b.Line+1)
 		if err != nil {
 			t.Fatal(err)
@@ -158,7 +163,9 @@ func runBlock(t *testing.T, sh *shell, b mdBlock) {
 		c := cmds[0]
 		c.Text, c.Background = c.Text+" &", true
 		sh.run(c, commandTimeout)
-		sh.waitReady(sh.ports.apply(b.Marker.Arg), sh.jobs[len(sh.jobs)-1], commandTimeout)
+		j := sh.jobs[len(sh.jobs)-1]
+		sh.servers[b.Marker.Arg] = j
+		sh.waitReady(sh.ports.apply(b.Marker.Arg), j, commandTimeout)
 	}
 }
 
