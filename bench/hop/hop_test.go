@@ -170,7 +170,7 @@ func startFleet(b testing.TB, bin string) *fleet {
 	th := testutil.Bin(b, "testhost")
 	counter := testutil.Bin(b, "counter")
 	// HOP_AGENT_ENV adds environment to both nodes (e.g. GOMAXPROCS=1).
-	env := append([]string{"PINBOARD_TOKEN="+testutil.Token}, strings.Fields(os.Getenv("HOP_AGENT_ENV"))...)
+	env := append([]string{"PINBOARD_TOKEN=" + testutil.Token}, strings.Fields(os.Getenv("HOP_AGENT_ENV"))...)
 	node := func(id string, extra ...string) []string {
 		return append([]string{
 			"--node-id", id, "--raft-addr", testutil.FreeAddr(b), "--data-dir", filepath.Join(b.TempDir(), id),
@@ -1055,7 +1055,7 @@ func profileWhile(b *testing.B, u, dir string, nodes map[string]*testutil.Agent)
 		go func() {
 			defer wg.Done()
 			r, err := testutil.Do(context.Background(), "GET", a.URL+"/_pinned/debug/pprof/profile?seconds=5", "",
-				map[string]string{"Authorization": "Bearer "+testutil.Token})
+				map[string]string{"Authorization": "Bearer " + testutil.Token})
 			if err != nil || r.Code != 200 {
 				b.Errorf("%s profile: %v %d", name, err, r.Code)
 				return
