@@ -133,7 +133,7 @@ func TestDevCounterFlow(t *testing.T) {
 		t.Fatalf("pinnedd status: %v\n%s", err, out)
 	}
 	out, err = exec.Command(testutil.Bin(t, "pinnedd"), "status", "--addr", a.URL, "--token", "wrong").CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "403") {
+	if err == nil || !strings.Contains(string(out), "401") || !strings.Contains(string(out), "PINBOARD_TOKEN") {
 		t.Fatalf("pinnedd status with a wrong token: %v\n%s", err, out)
 	}
 }
@@ -499,5 +499,45 @@ func TestWeakTokenRefused(t *testing.T) {
 		if err == nil || !strings.Contains(string(out), "pinnedd token generate") {
 			t.Fatalf("PINBOARD_TOKEN=%s: %v\n%s", tok, err, out)
 		}
+	}
+}
+
+// kill -9 skips the agent's own cleanup: the next agent clears what it
+// left. A dev agent's temporary data dir goes when the next dev agent
+// starts; a data dir's plugin sockets go when the node restarts on it.
+func TestKill9LeavesNothingBehindNextStart(t *testing.T) {
+	t.Parallel()
+	tmp := t.TempDir()
+	env := []string{"TMPDIR=" + tmp}
+	devDirs := func() []string { m, _ := filepath.Glob(filepath.Join(tmp, "pinnedd-dev-*")); return m }
+	kill9 := func(a *testutil.Agent) {
+		a.Signal(syscall.SIGKILL)
+		if _, err := a.Wait(10 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := testutil.StartAgent(t, env, "--dev")
+	first := devDirs()
+	if len(first) != 1 {
+		t.Fatalf("dev data dirs under TMPDIR: %v", first)
+	}
+	kill9(a)
+	b := testutil.StartAgent(t, env, "--dev")
+	if _, err := b.WaitLog(10*time.Second, "removed data dirs of dev agents that are gone"); err != nil {
+		t.Fatalf("%v\n%s", err, b.Logs())
+	}
+	if now := devDirs(); len(now) != 1 || now[0] == first[0] {
+		t.Fatalf("dev data dirs after a restart: %v (the killed agent's was %s)", now, first[0])
+	}
+
+	dir := filepath.Join(t.TempDir(), "data")
+	c := testutil.StartAgent(t, env, "--dev", "--data-dir", dir)
+	kill9(c)
+	if socks, _ := filepath.Glob(filepath.Join(dir, "run", "*.sock")); len(socks) == 0 {
+		t.Fatalf("no plugin socket under %s/run to leave behind", dir)
+	}
+	d := testutil.StartAgent(t, env, "--dev", "--data-dir", dir)
+	if _, err := d.WaitLog(10*time.Second, "removed a dead predecessor's runtime files"); err != nil {
+		t.Fatalf("%v\n%s", err, d.Logs())
 	}
 }

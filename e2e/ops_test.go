@@ -128,9 +128,9 @@ func TestCordonAndUndrain(t *testing.T) {
 		}
 		return false
 	})
-	// Unknown client ids are refused like the seed's.
+	// An unknown client id is a 404 that says where to find the real ones.
 	r, _ := nodes[0].a.Do("POST", "/registry/drain", `{"clientId":"nobody","deadline":null}`)
-	if r.Code != 403 {
+	if r.Code != 404 || !strings.Contains(r.Body, "pinnedd workers") {
 		t.Fatalf("drain of an unknown client id: %d %s", r.Code, r.Body)
 	}
 	r, _ = nodes[0].a.Do("POST", "/registry/drain", `{"clientId":"x"}`)

@@ -24,7 +24,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/pinnedd/pinnedd/internal/datadir"
-	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/internal/procstat"
 	"github.com/pinnedd/pinnedd/internal/sdnotify"
 	"github.com/pinnedd/pinnedd/pinboard"
@@ -44,11 +43,16 @@ import (
 func runAgent(ctx context.Context, cfg agentConfig) error {
 	log := cfg.logger
 	if cfg.dev {
-		log.Warn("DEV MODE: one-node cluster, token dev-token accepted, no attestation; never run this in production")
+		log.Warn("DEV MODE: one-node cluster, token dev-token accepted, and calls with no token from this machine; never run this in production")
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	tokens := pinboard.NewTokens(cfg.tokens...)
+	if cfg.dev {
+		// dev-token is public anyway: a token-less call from this machine
+		// (`pinnedd status`) is as trusted as one that sends it.
+		tokens.AllowLoopbackAnonymous()
+	}
 
 	dataDir := cfg.dataDir
 	if dataDir == "" { // --dev only
@@ -101,7 +105,7 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		}
 		defer states.Close()
 		sup, err = supervisor.New(supervisor.Config{
-			Specs: cfg.specs, Logger: log, Registerer: reg, Store: states,
+			Specs: cfg.specs, Logger: log, Registerer: reg, Store: states, RuntimeDir: runtimeDir(dataDir),
 			DetachedTimeout: cfg.detachedTimeout, StopGrace: cfg.stopGrace, StablePeriod: cfg.stablePeriod,
 			SwapDeadline: cfg.swapDeadline,
 			OnEvicted:    func(k supervisor.Key, gen uint64, release bool) { fd.Released(k.Namespace, k.ID, gen, release) },
@@ -147,8 +151,8 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	fdc := pinboard.FrontDoorConfig{
 		Dir: dir, Tokens: tokens, Registry: registry,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Logger: log, Registerer: reg,
-		Quarantine: quarantine,
-		Policy:     pinboard.PlacementPolicy{BalanceFactor: cfg.balanceFactor}, TrustedProxies: cfg.trustedProxies,
+		Quarantine: quarantine, AccessLog: cfg.accessLog,
+		Policy: pinboard.PlacementPolicy{BalanceFactor: cfg.balanceFactor}, TrustedProxies: cfg.trustedProxies,
 		ClusterCallToken: clusterCallToken,
 		Ready:            func() bool { id, _ := store.Leader(); return id != "" },
 		Health:           func() map[string]any { return raftHealth(store) },
@@ -230,13 +234,7 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		return tokens.Allowed(r, pinboard.ScopeWorker) || tokens.Allowed(r, pinboard.ScopeOperator)
 	}
 	fd.Handle(raftstore.HandlerPrefix, store.Handler(member))
-	fd.Handle("POST "+pinboard.HandOffPath, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !member(r) {
-			httpx.WriteError(w, http.StatusUnauthorized, "a member token is required", 0)
-			return
-		}
-		dir.ServeHandOff(w, r)
-	}))
+	fd.Handle("POST "+pinboard.HandOffPath, tokens.Require(dir.ServeHandOff, pinboard.ScopeWorker, pinboard.ScopeOperator))
 	fd.Handle("POST /_pinned/join", joinHandler(tokens, cfg, store, log))
 	leaveCh := make(chan time.Duration, 1)
 	fd.Handle("POST /_pinned/leave", fd.RequireScope(pinboard.ScopeOperator, leaveHandler(store, cfg.drainDeadline, leaveCh)))
@@ -318,8 +316,7 @@ loop:
 		// SIGTERM drains: no new activations, idle instances go at once,
 		// the rest when their work is done or at the deadline; then exit.
 		deadline := time.Now().Add(drainDeadline)
-		log.Info("draining", "deadline", drainDeadline)
-		fdc.Drain(deadline, false)
+		fd.Drain(deadline, false)
 		dctx, dcancel := context.WithDeadline(context.Background(), deadline.Add(deadlineGrace))
 		if err := sup.WaitDrained(dctx); err != nil {
 			log.Warn("drain deadline passed with instances left; stopping them", "err", err)
@@ -412,6 +409,16 @@ func openStateStore(ctx context.Context, cfg agentConfig, dataDir string) (state
 		return nil, fmt.Errorf("state store setup: %w", err)
 	}
 	return st, nil
+}
+
+// runtimeDir is where plugin sockets live: systemd's RuntimeDirectory= when
+// the unit sets one, else <data-dir>/run. The data dir lock makes either
+// this process's alone.
+func runtimeDir(dataDir string) string {
+	if rd, _, _ := strings.Cut(os.Getenv("RUNTIME_DIRECTORY"), ":"); rd != "" {
+		return rd
+	}
+	return filepath.Join(dataDir, "run")
 }
 
 // deadlineGrace is how long past the drain deadline SIGTERM waits for the

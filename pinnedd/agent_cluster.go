@@ -87,8 +87,8 @@ func joinUntilDone(ctx context.Context, url, token string, store *raftstore.Stor
 // the local agent to join the cluster through the member at url.
 func joinHandler(tokens *pinboard.Tokens, cfg agentConfig, store *raftstore.Store, log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !tokens.Allowed(r, pinboard.ScopeOperator) {
-			httpx.WriteError(w, http.StatusForbidden, "forbidden", 0)
+		if err := tokens.Check(r, pinboard.ScopeOperator); err != nil {
+			pinboard.WriteAuthError(w, err)
 			return
 		}
 		var req struct {

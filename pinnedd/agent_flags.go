@@ -40,6 +40,7 @@ func agentCommand() *cli.Command {
 			&cli.IntFlag{Name: "max-voters", Value: 3, Usage: "Raft voters (3 or 5); members joining beyond it are nonvoters", EnvVars: []string{"PINNEDD_MAX_VOTERS"}},
 			&cli.DurationFlag{Name: "raft-timeout", Usage: "Raft heartbeat and election timeout (default: hashicorp/raft's 1s)", EnvVars: []string{"PINNEDD_RAFT_TIMEOUT"}, Hidden: true},
 			&cli.StringSliceFlag{Name: "plugin", Usage: "serve `/NS=PATH`: namespace NS from the plugin binary at PATH (repeatable)", EnvVars: []string{"PINNEDD_PLUGINS"}},
+			&cli.BoolFlag{Name: "watch-plugins", Usage: "hot-swap a plugin when its binary is replaced (default: on with --dev, off otherwise)", EnvVars: []string{"PINNEDD_WATCH_PLUGINS"}},
 			&cli.StringFlag{Name: "database-url", Usage: "Postgres for instance state, shared by the fleet (default: an embedded store in --data-dir)", EnvVars: []string{"DATABASE_URL"}},
 			&cli.DurationFlag{Name: "scan-interval", Value: 5 * time.Second, Usage: "how often the leader looks for marked durable work to resume", EnvVars: []string{"PINNEDD_SCAN_INTERVAL"}},
 			&cli.BoolFlag{Name: "no-hosts", Usage: "serve no instances: a pure front door and Raft member (the seed's pinboard role)", EnvVars: []string{"PINNEDD_NO_HOSTS"}},
@@ -53,6 +54,7 @@ func agentCommand() *cli.Command {
 			&cli.DurationFlag{Name: "plugin-stable-period", Value: 30 * time.Second, Usage: "a plugin run this long resets its crash count", EnvVars: []string{"PINNEDD_PLUGIN_STABLE_PERIOD"}},
 			&cli.Float64Flag{Name: "affinity-balance-factor", Value: pinboard.DefaultBalanceFactor, Usage: "keep a client's preferred worker while its headroom is at least the best / this", EnvVars: []string{"PINBOARD_AFFINITY_BALANCE_FACTOR"}},
 			&cli.StringFlag{Name: "trusted-proxies", Usage: "comma-separated IPs/CIDRs whose X-Forwarded-For/Forwarded name the client", EnvVars: []string{"PINBOARD_TRUSTED_PROXIES"}},
+			&cli.BoolFlag{Name: "access-log", Usage: "log one line per front-door request (method, path, status, bytes, duration, where it was served); turns the kept-alive forwarding loop off", EnvVars: []string{"PINNEDD_ACCESS_LOG"}},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", EnvVars: []string{"LOG_LEVEL"}},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", EnvVars: []string{"PINNEDD_LOG_FORMAT"}},
 		},
@@ -76,6 +78,7 @@ type agentConfig struct {
 	balanceFactor   float64
 	trustedProxies  []netip.Prefix
 	dev             bool
+	accessLog       bool
 	noHosts         bool
 	raftAddr        string
 	raftAdvertise   string
@@ -105,6 +108,7 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 	}
 	cfg := agentConfig{
 		dev:             c.Bool("dev"),
+		accessLog:       c.Bool("access-log"),
 		noHosts:         c.Bool("no-hosts"),
 		raftAddr:        c.String("raft-addr"),
 		raftAdvertise:   c.String("raft-advertise-addr"),
@@ -190,6 +194,15 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 	specs, err := pluginSpecs(c.StringSlice("plugin"), cfg.dev)
 	if err != nil {
 		return cfg, err
+	}
+	watch := cfg.dev
+	if c.IsSet("watch-plugins") {
+		watch = c.Bool("watch-plugins")
+	}
+	for i := range specs {
+		// Under --dev the built-in hosts are pinnedd's own binary:
+		// rebuilding pinnedd hot-swaps them too.
+		specs[i].Watch = watch
 	}
 	cfg.specs = specs
 	if len(cfg.specs) == 0 {
