@@ -181,6 +181,14 @@ func TestCLIAgainstDevAgent(t *testing.T) {
 		}
 	})
 
+	t.Run("a dev node needs no token from loopback", func(t *testing.T) {
+		for _, args := range [][]string{{"status"}, {"workers"}, {"members"}} {
+			if r := runCLI(t, nil, append(args, "--addr", a.URL)...); r.code != 0 {
+				t.Fatalf("%s without a token on a dev node: %s", args[0], r)
+			}
+		}
+	})
+
 	t.Run("unknown namespace and client id fail with the agent's message", func(t *testing.T) {
 		r := runCLI(t, []string{token}, "wind-down", "/nope", "x", "--addr", a.URL)
 		if r.code == 0 || !strings.Contains(r.stderr, "404") {
