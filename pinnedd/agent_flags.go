@@ -59,6 +59,9 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", EnvVars: []string{"PINNEDD_LOG_FORMAT"}},
 		},
 		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return usagef("pinnedd agent takes no arguments, got %q (flags start with --)", c.Args().First())
+			}
 			cfg, err := agentConfigFrom(c)
 			if err != nil {
 				return err
