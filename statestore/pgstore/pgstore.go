@@ -400,3 +400,11 @@ func (s *Store) Close() error {
 	s.pool.Close()
 	return nil
 }
+
+// Ping implements statestore.Pinger: one round trip to the server on a pooled connection.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.usable(ctx); err != nil {
+		return s.wrap("ping", err)
+	}
+	return s.wrap("ping", s.pool.Ping(ctx))
+}
