@@ -1,11 +1,15 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,6 +30,9 @@ var fleetEnv = []string{"PINBOARD_TOKEN=" + testutil.Token}
 
 func newNode(t *testing.T, id string, extra ...string) *node {
 	n := &node{id: id, http: testutil.FreeAddr(t), raft: testutil.FreeAddr(t), dir: filepath.Join(t.TempDir(), id)}
+	if !slices.Contains(extra, "--database-url") {
+		extra = append(extra, "--local-state")
+	}
 	n.args = append([]string{
 		"--node-id", id, "--http-addr", n.http, "--raft-addr", n.raft, "--data-dir", n.dir,
 		"--plugin", "/counters=" + testutil.Bin(t, "counter"),
@@ -375,5 +382,89 @@ func TestRegistryBadInput(t *testing.T) {
 	r := post("/registry/heartbeat", testutil.Token, `{"clientId":"a","sessionId":"stale","headroom":1,"challenge":"c-a","challengeValue":"v-a"}`)
 	if r.Code != 409 || !strings.Contains(r.Body, `"reregister":true`) {
 		t.Fatalf("stale heartbeat: %d %s", r.Code, r.Body)
+	}
+}
+
+// With --local-state an id's state is on its node: an idle eviction keeps
+// the placement, so the next request, through any node, re-activates it
+// where its state is instead of starting it empty elsewhere.
+func TestLocalStateKeepsIdleIDsOnTheirNode(t *testing.T) {
+	t.Parallel()
+	n1 := newNode(t, "n1", "--bootstrap", "--detached-timeout", "300ms").start(t, true)
+	n2 := newNode(t, "n2", "--join", n1.url(), "--detached-timeout", "300ms").start(t, true)
+	testutil.WaitFor(t, 20*time.Second, "2 workers", func() bool { return len(liveWorkers(t, n1)) == 2 })
+	nodes := map[string]*node{"n1": n1, "n2": n2}
+	inc := func(via *node) string {
+		t.Helper()
+		var r testutil.Response
+		testutil.WaitFor(t, 20*time.Second, "an increment", func() bool { // the fresh directory's quarantine first
+			r, _ = via.a.Do("POST", "/counters/kept/increment", "")
+			return r.Code == 200
+		})
+		return strings.TrimSpace(r.Body)
+	}
+	for i := 1; i <= 3; i++ {
+		if got := inc(n1); got != fmt.Sprintf(`{"value":%d}`, i) {
+			t.Fatalf("increment %d: %s", i, got)
+		}
+	}
+	var owner, other *node
+	testutil.WaitFor(t, 5*time.Second, "the owner", func() bool {
+		for id, n := range nodes {
+			if n.a.Metric(`pinned_instances{namespace="/counters"}`) == 1 {
+				owner = n
+				other = nodes[map[string]string{"n1": "n2", "n2": "n1"}[id]]
+				return true
+			}
+		}
+		return false
+	})
+	gen := func() uint64 {
+		var st struct {
+			Instances []struct{ Generation uint64 }
+		}
+		owner.a.MustDo("GET", "/_pinned/status", "").JSON(t, &st)
+		if len(st.Instances) != 1 {
+			t.Fatalf("%s serves %d instances, want 1", owner.id, len(st.Instances))
+		}
+		return st.Instances[0].Generation
+	}
+	placedAt := gen()
+	testutil.WaitFor(t, 10*time.Second, "the idle eviction", func() bool {
+		return owner.a.Metric(`pinned_evictions_total{namespace="/counters",reason="idle"}`) == 1
+	})
+	var out struct {
+		Workers []struct {
+			NodeID     string `json:"nodeId"`
+			Placements int    `json:"placements"`
+		} `json:"workers"`
+	}
+	other.a.MustDo("GET", "/registry/workers", "").JSON(t, &out)
+	for _, w := range out.Workers {
+		if w.NodeID == owner.id && w.Placements != 1 {
+			t.Fatalf("after its idle eviction %s holds %d placements, want the id kept (1)", owner.id, w.Placements)
+		}
+	}
+	if got := inc(other); got != `{"value":4}` {
+		t.Fatalf("after an idle eviction, through the other node: %s, want 4 (the state on %s)", got, owner.id)
+	}
+	// The same placement, not a new claim that happened to land here.
+	if now := gen(); now != placedAt {
+		t.Fatalf("re-activated under generation %d, want the kept placement's %d", now, placedAt)
+	}
+}
+
+// A fleet node must say where instance state lives: shared (Postgres) or
+// on this node with its consequence accepted.
+func TestFleetNodeNeedsAStateChoice(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, testutil.Bin(t, "pinnedd"), "agent", "--bootstrap", "--http-addr", "127.0.0.1:0",
+		"--raft-addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--plugin", "/counters="+testutil.Bin(t, "counter"))
+	cmd.Env = append(os.Environ(), "PINBOARD_TOKEN="+testutil.Token, "DATABASE_URL=")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--database-url") || !strings.Contains(string(out), "--local-state") {
+		t.Fatalf("a fleet node with neither --database-url nor --local-state: %v\n%s", err, out)
 	}
 }

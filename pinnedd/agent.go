@@ -107,8 +107,8 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		sup, err = supervisor.New(supervisor.Config{
 			Specs: cfg.specs, Logger: log, Registerer: reg, Store: states, RuntimeDir: runtimeDir(dataDir),
 			DetachedTimeout: cfg.detachedTimeout, StopGrace: cfg.stopGrace, StablePeriod: cfg.stablePeriod,
-			SwapDeadline: cfg.swapDeadline,
-			OnEvicted:    func(k supervisor.Key, gen uint64, release bool) { fd.Released(k.Namespace, k.ID, gen, release) },
+			SwapDeadline: cfg.swapDeadline, KeepPlacementsOnIdle: cfg.databaseURL == "",
+			OnEvicted: func(k supervisor.Key, gen uint64, release bool) { fd.Released(k.Namespace, k.ID, gen, release) },
 		})
 		if err != nil {
 			return err
@@ -399,7 +399,7 @@ func openStateStore(ctx context.Context, cfg agentConfig, dataDir string) (state
 		}
 		st = b
 		if !cfg.dev {
-			cfg.logger.Warn("instance state is in this node's data dir only; give --database-url so another node can restore an id after this one dies")
+			cfg.logger.Warn("--local-state: instance state is in this node's data dir only; an id that moves to another node starts empty there")
 		}
 	}
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)

@@ -41,7 +41,8 @@ func agentCommand() *cli.Command {
 			&cli.DurationFlag{Name: "raft-timeout", Usage: "Raft heartbeat and election timeout (default: hashicorp/raft's 1s)", EnvVars: []string{"PINNEDD_RAFT_TIMEOUT"}, Hidden: true},
 			&cli.StringSliceFlag{Name: "plugin", Usage: "serve `/NS=PATH`: namespace NS from the plugin binary at PATH (repeatable)", EnvVars: []string{"PINNEDD_PLUGINS"}},
 			&cli.BoolFlag{Name: "watch-plugins", Usage: "hot-swap a plugin when its binary is replaced (default: on with --dev, off otherwise)", EnvVars: []string{"PINNEDD_WATCH_PLUGINS"}},
-			&cli.StringFlag{Name: "database-url", Usage: "Postgres for instance state, shared by the fleet (default: an embedded store in --data-dir)", EnvVars: []string{"DATABASE_URL"}},
+			&cli.StringFlag{Name: "database-url", Usage: "Postgres for instance state, shared by the fleet, so any node can restore any id", EnvVars: []string{"DATABASE_URL"}},
+			&cli.BoolFlag{Name: "local-state", Usage: "keep instance state in --data-dir instead of a shared --database-url: an id stays on its node while that node lives, but one that moves (a drain, a restart, the node's death) starts EMPTY on its new node", EnvVars: []string{"PINNEDD_LOCAL_STATE"}},
 			&cli.DurationFlag{Name: "scan-interval", Value: 5 * time.Second, Usage: "how often the leader looks for marked durable work to resume", EnvVars: []string{"PINNEDD_SCAN_INTERVAL"}},
 			&cli.BoolFlag{Name: "no-hosts", Usage: "serve no instances: a pure front door and Raft member (the seed's pinboard role)", EnvVars: []string{"PINNEDD_NO_HOSTS"}},
 			&cli.StringFlag{Name: "token", Usage: "deployment token (worker and operator scopes)", EnvVars: []string{"PINBOARD_TOKEN"}},
@@ -82,6 +83,7 @@ type agentConfig struct {
 	trustedProxies  []netip.Prefix
 	dev             bool
 	accessLog       bool
+	localState      bool
 	noHosts         bool
 	raftAddr        string
 	raftAdvertise   string
@@ -112,6 +114,7 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 	cfg := agentConfig{
 		dev:             c.Bool("dev"),
 		accessLog:       c.Bool("access-log"),
+		localState:      c.Bool("local-state"),
 		noHosts:         c.Bool("no-hosts"),
 		raftAddr:        c.String("raft-addr"),
 		raftAdvertise:   c.String("raft-advertise-addr"),
@@ -193,6 +196,13 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 			return cfg, errors.New("--no-hosts serves no instances: it excludes --plugin and --dev")
 		}
 		return cfg, nil
+	}
+	switch {
+	case cfg.databaseURL != "" && cfg.localState:
+		return cfg, errors.New("--local-state and --database-url exclude each other: state is either on this node or shared")
+	case cfg.databaseURL == "" && !cfg.localState && !cfg.dev:
+		return cfg, errors.New("a fleet node needs a shared state store: give --database-url (Postgres, so any node can restore any id), " +
+			"or --local-state to keep state on this node and accept that an id which moves (a drain, a restart, the node's death) starts empty elsewhere")
 	}
 	specs, err := pluginSpecs(c.StringSlice("plugin"), cfg.dev)
 	if err != nil {

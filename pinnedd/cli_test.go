@@ -426,7 +426,7 @@ func TestLeaveWaitsForExit(t *testing.T) {
 		args := append([]string{
 			"--node-id", id, "--http-addr", testutil.FreeAddr(t), "--raft-addr", testutil.FreeAddr(t),
 			"--data-dir", filepath.Join(t.TempDir(), id), "--plugin", "/counters=" + testutil.Bin(t, "counter"),
-			"--raft-timeout", "300ms",
+			"--raft-timeout", "300ms", "--local-state",
 		}, extra...)
 		return testutil.StartAgent(t, env, args...)
 	}

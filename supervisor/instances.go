@@ -339,7 +339,7 @@ func (s *Supervisor) evictWith(ctx context.Context, in *instance, reason proto.R
 		return
 	}
 	release := true
-	if h := in.inc.hosts[in.key.Namespace]; reason == proto.Reason_REASON_IDLE && h != nil && !h.ReleasePlacementOnIdle {
+	if h := in.inc.hosts[in.key.Namespace]; reason == proto.Reason_REASON_IDLE && (s.cfg.KeepPlacementsOnIdle || h != nil && !h.ReleasePlacementOnIdle) {
 		release = false
 	}
 	if s.cfg.OnEvicted != nil {

@@ -66,6 +66,11 @@ type Config struct {
 	// crash takes an instance down: the id stays placed here and
 	// re-activates on its next request.
 	OnEvicted func(k Key, generation uint64, release bool)
+
+	// KeepPlacementsOnIdle keeps every id placed here across idle eviction,
+	// whatever its host says: with a node-local state store, its state is
+	// here, and the next activation must be here too.
+	KeepPlacementsOnIdle bool
 }
 
 func (c *Config) setDefaults() {

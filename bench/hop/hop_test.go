@@ -174,7 +174,7 @@ func startFleet(b testing.TB, bin string) *fleet {
 	node := func(id string, extra ...string) []string {
 		return append([]string{
 			"--node-id", id, "--raft-addr", testutil.FreeAddr(b), "--data-dir", filepath.Join(b.TempDir(), id),
-			"--plugin", "/counters=" + counter, "--plugin", "/misc=" + th,
+			"--plugin", "/counters=" + counter, "--plugin", "/misc=" + th, "--local-state",
 			// Loopback's X-Forwarded-For is trusted so the benchmark can
 			// pose as many client IPs and place ids on the owner.
 			"--trusted-proxies", "127.0.0.1/32",
