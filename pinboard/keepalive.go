@@ -211,7 +211,7 @@ func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
 			case errors.Is(err, relay.ErrClientGone):
 				f.forwardFailures.WithLabelValues(outcomeCanceled).Inc()
 			default:
-				f.forwardFailures.WithLabelValues(outcomeUnreachable).Inc()
+				f.forwardFailures.WithLabelValues(classifyUnanswered(err).Outcome).Inc()
 			}
 		},
 	}, true

@@ -3,6 +3,7 @@ package pinboard
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/internal/relay"
 )
 
@@ -21,10 +22,11 @@ const (
 	outcomeError       = "error"       // the directory could not answer
 
 	// pinboard_forward_failures_total{outcome}
-	outcomeUnreachable = "unreachable" // the owner's node did not answer
-	outcomeRefused     = "refused"     // the owner refused in-band (draining, lease unhealthy)
-	outcomeMisdirected = "misdirected" // the owner does not hold the placement our replica named
-	outcomeCanceled    = "canceled"    // the client went away first
+	outcomeUnreachable = httpx.OutcomeUnreachable // nothing reached the owner's node: 503, it did not run
+	outcomeUnknown     = httpx.OutcomeUnknown     // sent, then cut or timed out before an answer: 504, it may have run
+	outcomeRefused     = "refused"                // the owner refused in-band (draining, lease unhealthy)
+	outcomeMisdirected = "misdirected"            // the owner does not hold the placement our replica named
+	outcomeCanceled    = "canceled"               // the client went away first
 
 	// pinboard_relayed_streams_ended_total{reason}: relay.Reason's names, and
 	relayEndRefused = "refused" // the relay loop would not take the stream
@@ -40,7 +42,7 @@ const (
 
 var (
 	resolutionOutcomes = []string{outcomePlaced, outcomeForwarded, outcomeLocal, outcomeQuarantined, outcomeNoBackends, outcomeError}
-	forwardOutcomes    = []string{outcomeUnreachable, outcomeRefused, outcomeMisdirected, outcomeCanceled}
+	forwardOutcomes    = []string{outcomeUnreachable, outcomeUnknown, outcomeRefused, outcomeMisdirected, outcomeCanceled}
 	relayEndReasons    = []string{relay.Complete.String(), relay.ClientGone.String(), relay.UpstreamFailed.String(), relay.Shutdown.String(), relayEndRefused}
 	attestReasons      = []string{attestMissing, attestMalformed, attestForged, attestExpired, attestReplayed, attestNoKey}
 )

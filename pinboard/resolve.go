@@ -470,11 +470,13 @@ func (f *FrontDoor) relayEnded(r relay.Reason) {
 	f.relayEnds.WithLabelValues(r.String()).Inc()
 }
 
-// forwardFailed handles an owner that could not be reached or refused:
-// an in-band refusal releases the placement and retries once elsewhere; a
-// misdirected request (our replica named the wrong owner) retries once
-// through the leader; an unreachable owner is a 503 + Retry-After until its
-// lease lapses and the id can move.
+// forwardFailed handles an owner that could not be reached, refused or did
+// not answer: an in-band refusal releases the placement and retries once
+// elsewhere; a misdirected request (our replica named the wrong owner)
+// retries once through the leader; an owner that could not be reached is a
+// 503 + Retry-After until its lease lapses and the id can move; a request
+// sent and then left without an answer is a 504 (it may have run), never
+// sent again (classifyUnanswered).
 func (f *FrontDoor) forwardFailed(w http.ResponseWriter, r *http.Request, err error) {
 	info, _ := r.Context().Value(fwdCtxKey{}).(*fwdInfo)
 	f.forwardError(w, info, err)
@@ -519,9 +521,22 @@ func (f *FrontDoor) forwardError(w http.ResponseWriter, info *fwdInfo, err error
 		f.forwardFailures.WithLabelValues(outcomeCanceled).Inc()
 		return
 	}
-	f.forwardFailures.WithLabelValues(outcomeUnreachable).Inc()
-	f.cfg.Logger.Warn("owner unreachable", "owner", info.owner.ClientID, "advertise_url", info.owner.AdvertiseURL, "key", info.p.Key.String(), "err", err)
-	httpx.WriteError(w, http.StatusServiceUnavailable, "owner unreachable, retry", time.Second)
+	u := classifyUnanswered(err)
+	f.forwardFailures.WithLabelValues(u.Outcome).Inc()
+	f.cfg.Logger.Warn("owner did not answer", "outcome", u.Outcome, "owner", info.owner.ClientID, "advertise_url", info.owner.AdvertiseURL, "key", info.p.Key.String(), "err", err)
+	u.Write(w)
+}
+
+// ownerUnreachableMsg is the error of the 503 for a request that never reached its owner.
+const ownerUnreachableMsg = "owner unreachable, retry"
+
+// classifyUnanswered is the front door's one rule for a forwarded request its owner did not
+// answer, on every path that forwards (forwardWire, the ReverseProxy's error handler, the
+// kept-alive loop's Done): 503 + Retry-After only when nothing reached the owner (it certainly
+// did not run); 504 "may have run" when it was sent and the connection was cut or timed out
+// (httpx.ClassifyUnanswered).
+func classifyUnanswered(err error) httpx.Unanswered {
+	return httpx.ClassifyUnanswered(err, ownerUnreachableMsg)
 }
 
 // owned serves the owner-side route /_pinned/i/<ns>/<id>/<rest>: only with

@@ -99,7 +99,7 @@ func (t *SyncTransport) roundTrip(ctx context.Context, addr string, req *http.Re
 	for attempt := 0; ; attempt++ {
 		pc, reused, err := t.get(ctx, addr, !retryable)
 		if err != nil {
-			return nil, err
+			return nil, notSent(err) // no connection, nothing written
 		}
 		resp, err := t.exchange(ctx, req, pc, got1xx, write)
 		if err == nil {
