@@ -31,6 +31,13 @@ var (
 	ErrUnauthorized = errors.New("raftstore: unauthorized")
 	// ErrLastVoter means the operation would remove the only voter and so destroy the cluster.
 	ErrLastVoter = errors.New("raftstore: refusing to remove the last voter")
+	// ErrStorageFault means a write to this node's Raft log or stable store failed (a full disk,
+	// an I/O error). The node is fail-stop from then on: it refuses further writes and work, and
+	// its process must exit and be restarted (see Store.Fatal).
+	ErrStorageFault = errors.New("raftstore: raft log storage failed")
+	// ErrInsufficientSpace means the data dir's disk has too little free space for the Raft log;
+	// the message says how much is needed where.
+	ErrInsufficientSpace = errors.New("raftstore: not enough disk space for the raft log")
 	// ErrUnknownMember means a node id is not in the Raft configuration.
 	ErrUnknownMember = errors.New("raftstore: unknown member")
 )

@@ -86,11 +86,9 @@ func openLogStore(dir, format string, segmentSize int, log hclog.Logger) (logSto
 	}
 	// The meta store is ours to close: WAL.Close leaves it (and its file
 	// lock) open, so the dir could not be reopened in the same process.
-	meta := &metadb.BoltMetaDB{}
-	w, err := raftwal.Open(walDir, raftwal.WithLogger(log), raftwal.WithMetaStore(meta), raftwal.WithSegmentSize(segmentSize))
+	w, meta, err := openWAL(walDir, segmentSize, log)
 	if err != nil {
-		_ = meta.Close()
-		return nil, fmt.Errorf("raftstore: opening WAL log store: %w", err)
+		return nil, err
 	}
 	return walStore{w, meta}, nil
 }

@@ -41,6 +41,7 @@ type Store struct {
 	raft      *raft.Raft
 	fsm       *fsm
 	logs      logStore
+	logDir    string // where the log lives, for the storage fault's message
 	lock      *os.File
 	trans     *raft.NetworkTransport
 	advertise string
@@ -61,6 +62,11 @@ type Store struct {
 	closed     atomic.Bool
 	closeOnce  sync.Once
 	closeErr   error
+
+	// A storage fault: set once, by the first failed log or stable store write.
+	fault     atomic.Pointer[error]
+	fatalCh   chan error
+	faultOnce sync.Once
 
 	mu            sync.Mutex
 	changed       chan struct{} // closed and replaced on every leader or metadata change
@@ -96,6 +102,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		regCh:    make(chan struct{}, 1),
 		changed:  make(chan struct{}),
 		raftDone: make(chan struct{}),
+		fatalCh:  make(chan error, 1),
 		failing:  map[raft.ServerID]time.Time{},
 	}
 	s.baseCtx, s.baseCancel = context.WithCancel(context.Background())
@@ -142,7 +149,15 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		return nil, err
 	}
 	cleanups = append(cleanups, func() { _ = s.logs.Close() })
-	logs, err := raft.NewLogCache(512, s.logs)
+	s.logDir = dir
+	if format == LogStoreWAL {
+		s.logDir = filepath.Join(dir, "wal")
+	}
+	// Raft gets the log through faultStore, so the first failed write is reported here, not
+	// lost in raft's own handling (a leader steps down, a follower fails the append RPC and
+	// the leader retries forever). Below the LogCache: it wraps store errors without %w.
+	stable := &faultStore{logStore: s.logs, onFault: s.storageFault, halt: s.baseCtx.Done()}
+	logs, err := raft.NewLogCache(512, stable)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: log cache: %w", err)
 	}
@@ -173,7 +188,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	cleanups = append(cleanups, func() { _ = s.trans.Close() })
 	s.advertise = string(s.trans.LocalAddr())
 
-	s.existing, err = raft.HasExistingState(logs, s.logs, snaps)
+	s.existing, err = raft.HasExistingState(logs, stable, snaps)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: checking existing state: %w", err)
 	}
@@ -195,7 +210,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	rc.NoLegacyTelemetry = true
 
 	s.fsm = newFSM(sm, s.metaChanged)
-	s.raft, err = raft.NewRaft(rc, s.fsm, logs, s.logs, snaps, s.trans)
+	s.raft, err = raft.NewRaft(rc, s.fsm, logs, stable, snaps, s.trans)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: starting raft: %w", err)
 	}
@@ -231,6 +246,34 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	s.nudgeRegistrar()
 	s.log.Info("raft started", "raft_addr", s.advertise, "api_addr", cfg.APIAddr, "existing_state", s.existing, "log_store", format)
 	return s, nil
+}
+
+// Fatal delivers the node's storage fault (wrapping ErrStorageFault), once: a write to the Raft
+// log or stable store failed. The node refuses further work from then on; the process must exit
+// non-zero without attempting Raft writes (a drain, deregistration or leave cannot commit) and be
+// restarted (systemd's Restart=on-failure), which reopens the log consistently from disk.
+func (s *Store) Fatal() <-chan error { return s.fatalCh }
+
+// Fault returns the storage fault (wrapping ErrStorageFault), or nil while there is none. A
+// node with a fault is not ready.
+func (s *Store) Fault() error {
+	if p := s.fault.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// storageFault records the first failed write, logs it once and delivers it on Fatal.
+func (s *Store) storageFault(op string, err error) {
+	s.faultOnce.Do(func() {
+		ferr := fmt.Errorf("%w: %s in %s: %w", ErrStorageFault, op, s.logDir, err)
+		s.fault.Store(&ferr)
+		s.log.Error("raft log storage failed: this node stops and exits; free space in "+s.logDir+
+			" (or repair the disk), then systemd restarts the node and it catches up",
+			"dir", s.logDir, "op", op, "err", err)
+		s.fatalCh <- ferr
+		s.notifyChange()
+	})
 }
 
 // NodeID returns this node's id.
@@ -329,6 +372,9 @@ func (s *Store) Barrier(ctx context.Context) error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
+	if err := s.Fault(); err != nil {
+		return err
+	}
 	f := s.raft.Barrier(timeoutFrom(ctx, s.cfg.ApplyTimeout))
 	if err := s.await(ctx, f); err != nil {
 		return fmt.Errorf("raftstore: barrier: %w", err)
@@ -401,6 +447,9 @@ func (s *Store) remove(ctx context.Context, nodeID string) error {
 func (s *Store) Leave(ctx context.Context) error {
 	if s.closed.Load() {
 		return ErrClosed
+	}
+	if err := s.Fault(); err != nil {
+		return fmt.Errorf("raftstore: leave: %w", err)
 	}
 	ctx, cancel := s.withDefaultTimeout(ctx)
 	defer cancel()
@@ -501,9 +550,15 @@ func (s *Store) shutdown(ctx context.Context, graceful bool) error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
 		if graceful && s.IsLeader() {
-			if err := s.transferLeadership(ctx); err != nil && !errors.Is(err, ErrLastVoter) {
+			tctx, cancel := ctx, context.CancelFunc(func() {})
+			if s.Fault() != nil {
+				// Raft's loop may be parked on the failed write and never answer.
+				tctx, cancel = context.WithTimeout(ctx, 2*time.Second)
+			}
+			if err := s.transferLeadership(tctx); err != nil && !errors.Is(err, ErrLastVoter) {
 				s.log.Warn("leadership transfer before shutdown failed", "err", err)
 			}
+			cancel()
 		}
 		s.baseCancel()
 		s.notifyChange()
@@ -570,6 +625,9 @@ func (s *Store) waitRaftShutdown(ctx context.Context) error {
 func (s *Store) onLeader(ctx context.Context, op string, local func(context.Context) error, remote func(context.Context, string) error) error {
 	if s.closed.Load() {
 		return fmt.Errorf("raftstore: %s: %w", op, ErrClosed)
+	}
+	if err := s.Fault(); err != nil {
+		return fmt.Errorf("raftstore: %s: %w", op, err)
 	}
 	ctx, cancel := s.withDefaultTimeout(ctx)
 	defer cancel()
