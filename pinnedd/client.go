@@ -286,7 +286,7 @@ type statusView struct {
 		ClientID    string `json:"clientId"`
 		Lease       string `json:"lease"`
 		ExpiresInMs int64  `json:"expiresInMs"`
-		Draining    bool   `json:"draining"`
+		drainView
 	} `json:"worker"`
 	Plugins []struct {
 		Name       string   `json:"name"`
@@ -340,7 +340,7 @@ func printStatus(out io.Writer, st statusView) error {
 	fmt.Fprintf(w, "node\t%s (pinnedd %s, pid %d)\n", st.NodeID, st.Version, st.PID)
 	fmt.Fprintf(w, "mode\t%s\n", mode)
 	fmt.Fprintf(w, "advertise\t%s\n", st.AdvertiseURL)
-	fmt.Fprintf(w, "worker\t%s lease %s (expires in %dms)%s\n", st.Worker.ClientID, st.Worker.Lease, st.Worker.ExpiresInMs, map[bool]string{true: ", draining"}[st.Worker.Draining])
+	fmt.Fprintf(w, "worker\t%s lease %s (expires in %dms)%s\n", st.Worker.ClientID, st.Worker.Lease, st.Worker.ExpiresInMs, st.Worker.drainView.text(", "))
 	fmt.Fprintln(w, "\nPLUGIN\tSTATE\tPID\tRESTARTS\tNAMESPACES")
 	for _, p := range st.Plugins {
 		state := p.State
@@ -354,4 +354,32 @@ func printStatus(out io.Writer, st statusView) error {
 		fmt.Fprintf(w, "%s/%s\t%d\t%d\t%s\n", in.Namespace, in.ID, in.Generation, in.Connections, (time.Duration(in.IdleMs) * time.Millisecond).String())
 	}
 	return w.Flush()
+}
+
+// drainView is how the agent reports a worker's drain: in /_pinned/status
+// and in /registry/workers alike.
+type drainView struct {
+	Draining      bool     `json:"draining"`
+	DrainSources  []string `json:"drainSources"`
+	Cordoned      bool     `json:"cordoned"`
+	DrainDeadline int64    `json:"drainDeadline"` // Unix ms
+}
+
+// text is "" for a worker not draining, else sep + "draining (local,
+// until 15:04:05)" or "draining (operator, cordoned)".
+func (d drainView) text(sep string) string {
+	if !d.Draining {
+		return ""
+	}
+	detail := append([]string(nil), d.DrainSources...)
+	switch {
+	case d.Cordoned:
+		detail = append(detail, "cordoned")
+	case d.DrainDeadline > 0:
+		detail = append(detail, "until "+time.UnixMilli(d.DrainDeadline).Format(time.TimeOnly))
+	}
+	if len(detail) == 0 {
+		return sep + "draining"
+	}
+	return sep + "draining (" + strings.Join(detail, ", ") + ")"
 }

@@ -126,16 +126,21 @@ func clusterCommands() []*cli.Command {
 						Namespaces   []string `json:"namespaces"`
 						Live         bool     `json:"live"`
 						ExpiresInMs  int64    `json:"expiresInMs"`
-						Draining     bool     `json:"draining"`
 						Degraded     bool     `json:"degraded"`
 						Placements   int      `json:"placements"`
+						drainView
 					} `json:"workers"`
 				}
-				if err := apiCall(c, http.MethodGet, path, nil, &out); err != nil {
+				var raw json.RawMessage
+				if err := apiCall(c, http.MethodGet, path, nil, &raw); err != nil {
 					return err
 				}
 				if c.Bool("json") {
-					return json.NewEncoder(c.App.Writer).Encode(out)
+					_, err := fmt.Fprintln(c.App.Writer, string(raw))
+					return err
+				}
+				if err := json.Unmarshal(raw, &out); err != nil {
+					return fmt.Errorf("decode workers: %w", err)
 				}
 				w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(w, "CLIENT ID\tNODE\tADVERTISE URL\tNAMESPACES\tLEASE\tPLACEMENTS")
@@ -144,9 +149,7 @@ func clusterCommands() []*cli.Command {
 					if !wk.Live {
 						lease = "expired"
 					}
-					if wk.Draining {
-						lease += " draining"
-					}
+					lease += wk.drainView.text(" ")
 					if wk.Degraded {
 						lease += " degraded"
 					}
