@@ -55,6 +55,22 @@ type Instances interface {
 	Relay(namespace, id string, generation uint64, h *relay.ReqHead, target string, trusted bool) (relay.Forward, bool)
 }
 
+// storeHealther is the optional capability of an Instances whose state
+// store can fail (package supervisor): StoreHealth is nil while the store
+// answers, else why not. While it is not nil the node is not ready and
+// takes no new placements.
+type storeHealther interface {
+	StoreHealth() error
+}
+
+// storeHealth is the local state store's health (nil: fine, or none).
+func (f *FrontDoor) storeHealth() error {
+	if h, ok := f.cfg.Local.(storeHealther); ok {
+		return h.StoreHealth()
+	}
+	return nil
+}
+
 // ownerHeaderTimeout bounds the wait for a forwarded request's response
 // headers (activation included: the supervisor bounds that at 30 s, but an
 // activation restoring state normally takes milliseconds).
@@ -225,6 +241,9 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 			}
 		}
 	}
+	if h, ok := cfg.Local.(storeHealther); ok && cfg.Worker != nil {
+		cfg.Worker.setUnfit(h.StoreHealth)
+	}
 	if cfg.Worker != nil {
 		self := cfg.Worker.ClientID()
 		cfg.Dir.Machine().OnTakeover(func(t directory.Takeover) {
@@ -347,18 +366,26 @@ func (f *FrontDoor) healthz(w http.ResponseWriter, _ *http.Request) {
 
 // readyz follows the seed's readiness table: 503 while waiting for the
 // first registration or past the lease's expiry; 200 while registered,
-// also when the lease is merely unhealthy or the node is draining.
+// also when the lease is merely unhealthy or the node is draining. A state
+// store that has failed for its grace (StoreHealth) is 503 too, with the
+// reason.
 //
 // A node without hosts (--no-hosts) has no lease: it is ready when Ready
 // says so (it follows a leader).
 func (f *FrontDoor) readyz(w http.ResponseWriter, _ *http.Request) {
 	ready := f.cfg.Ready == nil || f.cfg.Ready()
-	body := map[string]any{"ready": ready}
+	body := map[string]any{}
 	if f.cfg.Worker != nil {
 		lease := f.cfg.Worker.Lease(time.Now())
 		body["lease"] = lease.String()
 		ready = ready && lease != LeaseUnregistered && lease != LeaseExpired
 	}
+	if err := f.storeHealth(); err != nil {
+		ready = false
+		body["stateStore"] = "unavailable"
+		body["reason"] = err.Error()
+	}
+	body["ready"] = ready
 	code := http.StatusOK
 	if !ready || f.stopping.Load() {
 		code = http.StatusServiceUnavailable

@@ -177,7 +177,7 @@ func (f *FrontDoor) claimFor(ctx context.Context, rt *route, clientIP string, af
 			}
 			// Our own replica may still call us live while our lease is
 			// in danger; we know better.
-			if f.cfg.Worker != nil && wk.ClientID == f.selfID() && f.cfg.Worker.Lease(now) != LeaseHealthy {
+			if f.cfg.Worker != nil && wk.ClientID == f.selfID() && (f.cfg.Worker.Lease(now) != LeaseHealthy || f.storeHealth() != nil) {
 				continue
 			}
 			cands = append(cands, Candidate{ClientID: wk.ClientID, Headroom: wk.Headroom})
@@ -229,7 +229,12 @@ func (f *FrontDoor) claimFailed(w http.ResponseWriter, r *http.Request, key dire
 		httpx.WriteError(w, http.StatusServiceUnavailable, "cold start quarantine", q.remaining)
 	case errors.Is(err, errNoBackends):
 		f.resolutions.WithLabelValues(outcomeNoBackends).Inc()
-		httpx.WriteError(w, http.StatusServiceUnavailable, f.noBackends(key.Namespace, time.Now()), time.Second)
+		msg := f.noBackends(key.Namespace, time.Now())
+		if serr := f.storeHealth(); serr != nil {
+			// Most likely why: a shared store down takes every worker out.
+			msg = serr.Error() + "; " + msg
+		}
+		httpx.WriteError(w, http.StatusServiceUnavailable, msg, time.Second)
 	case r.Context().Err() != nil:
 	default:
 		f.resolutions.WithLabelValues(outcomeError).Inc()

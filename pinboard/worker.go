@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
@@ -97,6 +98,25 @@ type Worker struct {
 
 	challenges map[string]string // recent challenge -> value
 	order      []string
+
+	// unfit, if set, says why this node must take no new placements
+	// (its state store is unavailable); nil: it may.
+	unfit atomic.Pointer[func() error]
+}
+
+// setUnfit makes heartbeats report the worker degraded while fn returns
+// an error (the front door sets it from its Instances' StoreHealth).
+func (w *Worker) setUnfit(fn func() error) { w.unfit.Store(&fn) }
+
+// heartbeatChallenge is the challenge a heartbeat offers: none while the
+// worker is unfit, so the directory's probe fails and marks it degraded:
+// new placements skip it (the mechanism a crash-looping node's failed
+// probe uses), while its lease renews and its instances keep serving.
+func (w *Worker) heartbeatChallenge() Challenge {
+	if fn := w.unfit.Load(); fn != nil && (*fn)() != nil {
+		return Challenge{}
+	}
+	return w.newChallenge()
 }
 
 // NewWorker mints this process's client id; Run registers it.
@@ -289,7 +309,7 @@ func (w *Worker) register(ctx context.Context) error {
 func (w *Worker) heartbeat(ctx context.Context) error {
 	sent := time.Now()
 	ack, err := w.registrar.Heartbeat(ctx, HeartbeatRequest{
-		ClientID: w.clientID, SessionID: w.SessionID(), Headroom: w.cfg.Headroom(), Challenge: w.newChallenge(),
+		ClientID: w.clientID, SessionID: w.SessionID(), Headroom: w.cfg.Headroom(), Challenge: w.heartbeatChallenge(),
 		Draining: w.selfDraining(),
 	})
 	if err != nil {

@@ -238,3 +238,11 @@ func (m *Monitor) Err() error {
 	}
 	return state
 }
+
+// Failing is the latest failure of a call or probe, nil if the latest outcome was a success
+// (whatever the grace says): the reason to give for a call that just failed.
+func (m *Monitor) Failing() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lastErr
+}

@@ -118,6 +118,13 @@ func (s *Supervisor) acquire(ctx context.Context, k Key, gen uint64) (*instance,
 			s.mu.Unlock()
 			return nil, ErrDraining
 		}
+		if err := s.StoreHealth(); err != nil {
+			// Its load would fail or wait out the store's deadline: say
+			// so at once. The probe (or a live instance's write) tells when
+			// the store is back.
+			s.mu.Unlock()
+			return nil, err
+		}
 		inc, err := p.current()
 		if err != nil {
 			s.mu.Unlock()
@@ -138,6 +145,10 @@ func (s *Supervisor) acquire(ctx context.Context, k Key, gen uint64) (*instance,
 		if err != nil {
 			if st, ok := status.FromError(err); ok && st.Code() == codes.FailedPrecondition {
 				err = fmt.Errorf("%w: %s", ErrActivation, st.Message())
+			} else if ok && st.Code() == codes.Unavailable && s.cfg.Store != nil && inc.alive() {
+				// The SDK's answer when the instance's state did not load
+				// (the Store service failed it: ErrUnavailable).
+				err = s.storeUnavailable(st.Message())
 			} else if !inc.alive() {
 				err = fmt.Errorf("%w: %v", ErrPluginDown, err)
 			} else {
@@ -155,6 +166,15 @@ func (s *Supervisor) acquire(ctx context.Context, k Key, gen uint64) (*instance,
 		close(in.ready)
 		return in, nil
 	}
+}
+
+// storeUnavailable is ErrStoreUnavailable with the store's own latest
+// failure as the reason (the plugin's message, which wraps it, otherwise).
+func (s *Supervisor) storeUnavailable(pluginMsg string) error {
+	if err := s.storeHealth.Failing(); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: %s", ErrStoreUnavailable, pluginMsg)
 }
 
 // release drops one open connection; the last one arms the idle timer.
@@ -551,11 +571,13 @@ func (s *Supervisor) newProxy(inc *incarnation) *httputil.ReverseProxy {
 			case r.Context().Err() != nil:
 				// The client went away, or the instance was evicted under
 				// an open stream: nothing useful to write.
-			case !inc.alive():
-				httpx.WriteError(w, http.StatusServiceUnavailable, "plugin restarting, retry", time.Second)
 			default:
-				s.cfg.Logger.Warn("plugin request failed", "plugin", inc.proc.spec.Name, "err", err)
-				httpx.WriteError(w, http.StatusBadGateway, "plugin request failed", 0)
+				// The front door's rule for an unanswered request: 503 +
+				// Retry-After only if nothing reached the plugin (it
+				// certainly did not run), else 504, it may have run.
+				u := httpx.ClassifyUnanswered(err, "plugin restarting, retry")
+				s.cfg.Logger.Warn("plugin did not answer", "plugin", inc.proc.spec.Name, "outcome", u.Outcome, "alive", inc.alive(), "err", err)
+				u.Write(w)
 			}
 		},
 	}
@@ -664,6 +686,9 @@ func (s *Supervisor) writeAcquireError(w http.ResponseWriter, r *http.Request, e
 		httpx.WriteError(w, http.StatusServiceUnavailable, "node is draining", time.Second)
 	case errors.Is(err, ErrStopping):
 		httpx.WriteError(w, http.StatusServiceUnavailable, "node is shutting down", time.Second)
+	case errors.Is(err, ErrStoreUnavailable):
+		// Nothing ran: the instance never activated.
+		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error(), 2*time.Second)
 	case errors.Is(err, ErrActivation):
 		s.cfg.Logger.Warn("activation failed", "path", r.URL.Path, "err", err)
 		httpx.WriteError(w, http.StatusInternalServerError, "activation failed", 0)

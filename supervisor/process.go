@@ -23,6 +23,7 @@ import (
 	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/plugins/proto"
+	"github.com/pinnedd/pinnedd/statestore"
 )
 
 // Spec says how to start one plugin binary.
@@ -106,12 +107,17 @@ type pluginProc struct {
 
 // errors a caller maps to responses.
 var (
-	ErrPluginDown     = errors.New("plugin is not running")
-	ErrDegraded       = errors.New("namespace degraded on this node")
-	ErrStopping       = errors.New("supervisor is stopping")
-	ErrUnknownNS      = errors.New("unknown namespace")
-	ErrActivation     = errors.New("activation failed")
-	errHandshakeHosts = errors.New("plugin does not serve the configured namespace")
+	ErrPluginDown = errors.New("plugin is not running")
+	ErrDegraded   = errors.New("namespace degraded on this node")
+	ErrStopping   = errors.New("supervisor is stopping")
+	ErrUnknownNS  = errors.New("unknown namespace")
+	ErrActivation = errors.New("activation failed")
+	// ErrStoreUnavailable: the instance could not load its state (the
+	// state store failed or did not answer in time), or the store has been
+	// failing for its grace: nothing ran, retry later. It is
+	// statestore.ErrUnavailable, whose errors say why.
+	ErrStoreUnavailable = statestore.ErrUnavailable
+	errHandshakeHosts   = errors.New("plugin does not serve the configured namespace")
 )
 
 // current returns the serving incarnation, or why there is none.

@@ -54,6 +54,10 @@ func storeErr(err error) error {
 		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, statestore.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, statestore.ErrUnavailable):
+		// Before the context cases: a store call that ran out of its own
+		// deadline is an outage, not the caller's cancellation.
+		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	default:

@@ -129,6 +129,10 @@ type Supervisor struct {
 
 	bufs httpx.BufferPool // proxy copy buffers, shared by every plugin
 
+	// storeHealth judges the state store (nil without one): every call
+	// through cfg.Store reports to it, and Start runs its probe.
+	storeHealth *statestore.Monitor
+
 	runCtx    context.Context
 	runCancel context.CancelFunc
 	wg        sync.WaitGroup
@@ -142,6 +146,24 @@ func New(cfg Config) (*Supervisor, error) {
 	}
 	s := &Supervisor{cfg: cfg, metrics: newMetrics(cfg.Registerer), byNS: map[string]*pluginProc{}, instances: map[Key]*instance{}, counts: map[string]*NamespaceStats{},
 		drains: map[string]drainSpec{}, drainedCh: make(chan struct{})}
+	if cfg.Store != nil {
+		// The one place every state-store call of this node passes (the
+		// Store service plugins call, activation's load included): each has
+		// a deadline shorter than a client's, and its outcome is health.
+		s.storeHealth = statestore.NewMonitor(statestore.MonitorConfig{Logger: cfg.Logger})
+		s.cfg.Store = statestore.Bounded(cfg.Store, statestore.CallTimeout, s.storeHealth)
+		if cfg.Registerer != nil {
+			cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "pinned_state_store_up",
+				Help: "1 while this node's state store answers (0 once its failures have lasted the 5s grace).",
+			}, func() float64 {
+				if s.StoreHealth() != nil {
+					return 0
+				}
+				return 1
+			}))
+		}
+	}
 	names := map[string]bool{}
 	for _, sp := range cfg.Specs {
 		if names[sp.Name] {
@@ -160,6 +182,12 @@ func (s *Supervisor) Start(ctx context.Context) error {
 		return fmt.Errorf("runtime dir: %w", err)
 	}
 	s.runCtx, s.runCancel = context.WithCancel(context.Background())
+	if s.storeHealth != nil {
+		if p, ok := s.cfg.Store.(statestore.Pinger); ok {
+			s.wg.Add(1)
+			go func() { defer s.wg.Done(); s.storeHealth.Run(s.runCtx, p) }()
+		}
+	}
 	firsts := make([]chan error, len(s.procs))
 	for i, p := range s.procs {
 		firsts[i] = make(chan error, 1)
@@ -200,6 +228,16 @@ func (s *Supervisor) Ready() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.started && !s.stopping
+}
+
+// StoreHealth is nil while the node's state store answers (or it has
+// none), else why not: its failures have lasted the grace (5 s). While it
+// is not nil, this node takes no new activations.
+func (s *Supervisor) StoreHealth() error {
+	if s.storeHealth == nil {
+		return nil
+	}
+	return s.storeHealth.Err()
 }
 
 // Namespaces served on this node, sorted.
