@@ -2,6 +2,7 @@ package raftstore
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -155,8 +156,13 @@ func openWAL(walDir string, want int, log hclog.Logger) (*raftwal.WAL, *metadb.B
 			}
 			log.Warn("removed a raft log that never held an entry (left by a failed start); creating it again", "dir", walDir)
 			fresh = true
-		} else if err := reserveTail(walDir, ps.Segments); err != nil {
-			return fail(err)
+		} else {
+			if err := scrubTail(walDir, ps.Segments, log); err != nil {
+				return fail(err)
+			}
+			if err := reserveTail(walDir, ps.Segments); err != nil {
+				return fail(err)
+			}
 		}
 	}
 	free, err := freeBytes(walDir)
@@ -297,6 +303,79 @@ func reserveTail(walDir string, segs []types.SegmentInfo) error {
 		default:
 			return fmt.Errorf("raftstore: reserving %s: %w", path, err)
 		}
+	}
+	return nil
+}
+
+// Segment file format (raft-wal v0.4 segment/format.go): a 32-byte file header, then frames of
+// an 8-byte header (type; for entry and index frames the payload length in bytes 4-8) and a
+// payload padded to 8 bytes. A commit frame ends each appended batch; the batch is acknowledged
+// only once that frame is fsynced.
+const (
+	walFileHeaderLen  = 32
+	walFrameHeaderLen = 8
+	walFrameEntry     = 1
+	walFrameIndex     = 2
+	walFrameCommit    = 3
+)
+
+// scrubTail zeroes what follows the last commit frame of the unsealed segment when it holds an
+// index frame. The batch that would have sealed the segment (an index frame, then a commit) was
+// cut short, typically by ENOSPC: the seal goes past the segment's preallocated size. raft-wal's
+// recovery ignores the entries after the last commit but not that index frame: it reopens the
+// segment as sealed without rotating it, and every append then fails ("segment is sealed"), at
+// every restart. Nothing after the last commit frame was acknowledged, and raft-wal's recovery
+// discards it anyway, so zeroing it loses nothing.
+func scrubTail(walDir string, segs []types.SegmentInfo, log hclog.Logger) error {
+	for _, si := range segs {
+		if !si.SealTime.IsZero() {
+			continue
+		}
+		path := filepath.Join(walDir, segment.FileName(si))
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("raftstore: opening the log's current segment: %w", err)
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil {
+			return fmt.Errorf("raftstore: %w", err)
+		}
+		size := fi.Size()
+		committed, sealAfter := int64(walFileHeaderLen), false
+		var hdr [walFrameHeaderLen]byte
+		for off := int64(walFileHeaderLen); off+walFrameHeaderLen <= size; {
+			if _, err := f.ReadAt(hdr[:], off); err != nil {
+				return fmt.Errorf("raftstore: reading %s: %w", path, err)
+			}
+			typ, n := hdr[0], int64(binary.LittleEndian.Uint32(hdr[4:8]))
+			if typ == walFrameCommit {
+				off += walFrameHeaderLen
+				committed, sealAfter = off, false
+				continue
+			}
+			if typ != walFrameEntry && typ != walFrameIndex {
+				break // zeros (the end) or a torn frame
+			}
+			sealAfter = sealAfter || typ == walFrameIndex
+			off += walFrameHeaderLen + n + (walFrameHeaderLen-n%walFrameHeaderLen)%walFrameHeaderLen
+		}
+		if !sealAfter || committed >= size {
+			continue
+		}
+		zeros := make([]byte, 1<<20)
+		for off := committed; off < size; off += int64(len(zeros)) {
+			if _, err := f.WriteAt(zeros[:min(int64(len(zeros)), size-off)], off); err != nil {
+				return fmt.Errorf("raftstore: clearing the uncommitted seal of %s: %w", path, err)
+			}
+		}
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("raftstore: clearing the uncommitted seal of %s: %w", path, err)
+		}
+		log.Warn("cleared an uncommitted seal after the last commit of the raft log's current segment", "segment", path, "from_offset", committed)
 	}
 	return nil
 }

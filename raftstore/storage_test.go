@@ -2,6 +2,7 @@ package raftstore
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
 )
@@ -205,15 +207,28 @@ func TestLeaderFullDiskIsFatal(t *testing.T) {
 	n3 := startNode(t, "n3", t.TempDir(), "", false, nil)
 	join(t, n1.srv.URL, n3)
 	waitLeader(t, n3)
-	fill(t, tmp, 64<<10)
+	filler := fill(t, tmp, 64<<10)
 
 	if _, err := applyUntilFault(t, n2, n1); !errors.Is(err, ErrStorageFault) {
 		t.Fatalf("fault %v", err)
 	}
+	raftAddr := n1.s.RaftAddr()
 	n1.close()
 	leader := leaderOf(t, []*testNode{n2, n3})
 	mustApply(t, leader, "after")
 	mustApply(t, followerOf([]*testNode{n2, n3}, leader), "after-via-follower")
+
+	// Restarted with space freed, it catches up and takes writes. (A seal cut short by the full
+	// disk used to reopen as "segment is sealed" on every append.)
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	n1b := startNode(t, "n1", tmp, raftAddr, true, nil)
+	mustApply(t, n1b, "after-restart")
+	converged(t, []*testNode{n1b, n2, n3}, leader.sm.list())
+	if err := n1b.s.Fault(); err != nil {
+		t.Fatalf("restarted node: %v", err)
+	}
 }
 
 // A fresh data dir on a disk too small for the log fails with what it needs and leaves nothing;
@@ -292,5 +307,77 @@ func leftover(t *testing.T, walDir string) {
 	_ = meta.Close()
 	if !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("raft-wal open with 64 MiB segments on 16 MiB: %v, want ENOSPC", err)
+	}
+}
+
+// A seal cut short (the index frame written after the last commit, the commit itself lost) must
+// not reopen as a sealed segment: raft-wal's recovery would refuse every append. Open clears
+// what follows the last commit; the committed entries stay.
+func TestUncommittedSealIsCleared(t *testing.T) {
+	walDir := t.TempDir()
+	_, meta, err := openWAL(walDir, walSegmentMin, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = meta.Close()
+	w, meta, err := openWAL(walDir, walSegmentMin, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs []*raft.Log
+	for i := uint64(1); i <= 10; i++ {
+		logs = append(logs, &raft.Log{Index: i, Term: 1, Data: []byte(fmt.Sprintf("entry-%d", i))})
+	}
+	if err := w.StoreLogs(logs); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Close()
+	_ = meta.Close()
+
+	// Append an index frame after the data, as a seal whose commit never made it does.
+	files, _ := segmentFiles(walDir)
+	path := filepath.Join(walDir, files[len(files)-1])
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := int64(walFileHeaderLen)
+	for end+walFrameHeaderLen <= int64(len(data)) && data[end] != 0 {
+		n := int64(binary.LittleEndian.Uint32(data[end+4 : end+8]))
+		if data[end] == walFrameCommit {
+			n = 0
+		}
+		end += walFrameHeaderLen + n + (walFrameHeaderLen-n%walFrameHeaderLen)%walFrameHeaderLen
+	}
+	frame := make([]byte, walFrameHeaderLen+40)
+	frame[0] = walFrameIndex
+	binary.LittleEndian.PutUint32(frame[4:8], 40)
+	for i := walFrameHeaderLen; i < len(frame); i++ {
+		frame[i] = 0xab
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(frame, end); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+
+	w, meta, err = openWAL(walDir, walSegmentMin, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer meta.Close()
+	defer w.Close()
+	if last, _ := w.LastIndex(); last != 10 {
+		t.Fatalf("last index %d after reopen, want 10", last)
+	}
+	if err := w.StoreLogs([]*raft.Log{{Index: 11, Term: 1, Data: []byte("entry-11")}}); err != nil {
+		t.Fatalf("append after a cut-short seal: %v", err)
+	}
+	var got raft.Log
+	if err := w.GetLog(5, &got); err != nil || string(got.Data) != "entry-5" {
+		t.Fatalf("entry 5: %q %v", got.Data, err)
 	}
 }

@@ -266,11 +266,17 @@ func (s *Store) Fault() error {
 // storageFault records the first failed write, logs it once and delivers it on Fatal.
 func (s *Store) storageFault(op string, err error) {
 	s.faultOnce.Do(func() {
-		ferr := fmt.Errorf("%w: %s in %s: %w", ErrStorageFault, op, s.logDir, err)
+		free := "unknown"
+		if n, ferr := freeBytes(s.logDir); ferr == nil {
+			free = mib(n)
+		}
+		// A failed segment rotation (raft-wal logs its cause as "rotate error") shows here as
+		// the next append's "segment is sealed".
+		ferr := fmt.Errorf("%w: %s in %s (%s free): %w", ErrStorageFault, op, s.logDir, free, err)
 		s.fault.Store(&ferr)
 		s.log.Error("raft log storage failed: this node stops and exits; free space in "+s.logDir+
 			" (or repair the disk), then systemd restarts the node and it catches up",
-			"dir", s.logDir, "op", op, "err", err)
+			"dir", s.logDir, "op", op, "err", err, "free", free)
 		s.fatalCh <- ferr
 		s.notifyChange()
 	})
