@@ -31,7 +31,8 @@ type Config struct {
 	// LogStore is the log store's format: LogStoreWAL or LogStoreBolt. Empty means the format
 	// the data dir already holds, else LogStoreWAL.
 	LogStore string
-	// WALSegmentSize is the size of one WAL segment file (preallocated); default 64 MiB. The
+	// WALSegmentSize is the size of one WAL segment file (preallocated); default an eighth of
+	// the free space in whole MiB, between 1 and 64 MiB (see "Disk space" in DESIGN.md). The
 	// log is compacted a whole segment at a time, so a smaller size keeps less behind a
 	// snapshot.
 	WALSegmentSize int
