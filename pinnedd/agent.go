@@ -154,7 +154,7 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		Quarantine: quarantine, AccessLog: cfg.accessLog,
 		Policy: pinboard.PlacementPolicy{BalanceFactor: cfg.balanceFactor}, TrustedProxies: cfg.trustedProxies,
 		ClusterCallToken: clusterCallToken,
-		Ready:            func() bool { id, _ := store.Leader(); return id != "" },
+		Ready:            func() bool { id, _ := store.Leader(); return id != "" && store.Fault() == nil },
 		Health:           func() map[string]any { return raftHealth(store) },
 		Status: func() map[string]any {
 			st := map[string]any{
@@ -284,7 +284,7 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	defer signal.Stop(hup)
 
 	var runErr error
-	leaving := false
+	leaving, storageFault := false, false
 	drainDeadline := cfg.drainDeadline
 loop:
 	for {
@@ -297,6 +297,12 @@ loop:
 			break loop
 		case err := <-serveErr:
 			runErr = fmt.Errorf("front door: %w", err)
+			break loop
+		case err := <-store.Fatal():
+			// raftstore logged what failed and what to do. Exit non-zero for systemd to
+			// restart us (the log reopens consistently from disk); no drain, deregistration
+			// or leave, which are Raft writes this node can no longer make.
+			runErr, storageFault = fmt.Errorf("raft storage: %w", err), true
 			break loop
 		case <-hup:
 			if sup == nil {
@@ -333,14 +339,14 @@ loop:
 	}
 	wcancel()
 	bg.Wait()
-	if worker != nil {
+	if worker != nil && !storageFault {
 		dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := worker.Deregister(dctx); err != nil {
 			log.Warn("deregister failed", "err", err)
 		}
 		dcancel()
 	}
-	if leaving {
+	if leaving && !storageFault {
 		// Leadership is handed over first when this node leads.
 		lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if err := store.Leave(lctx); err != nil {
