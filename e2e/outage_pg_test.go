@@ -50,7 +50,9 @@ func startThrowawayPG(t *testing.T) *throwawayPG {
 	pg := &throwawayPG{dir: filepath.Join(base, "data"), port: port}
 	pgAsPostgres(t, "initdb", "-D", pg.dir, "-A", "trust", "-U", "postgres", "--no-sync")
 	pg.start(t)
-	t.Cleanup(func() { _ = exec.Command("runuser", "-u", "postgres", "--", filepath.Join(pgBin, "pg_ctl"), "-D", pg.dir, "-m", "immediate", "-w", "stop").Run() })
+	t.Cleanup(func() {
+		_ = exec.Command("runuser", "-u", "postgres", "--", filepath.Join(pgBin, "pg_ctl"), "-D", pg.dir, "-m", "immediate", "-w", "stop").Run()
+	})
 	return pg
 }
 
