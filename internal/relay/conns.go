@@ -59,9 +59,10 @@ type Forward struct {
 	Refusal string
 	// Final: the request must not go back to net/http once routed (the
 	// Router spent something on it, such as a one-time attestation).
-	// Where the loop would give it back, it answers 503 + Retry-After
-	// itself; a pooled connection found dead is replaced by a fresh one
-	// once, for a request safe to send again (GET, HEAD, OPTIONS).
+	// Where the loop would give it back, it answers itself: 503 +
+	// Retry-After when nothing was sent, 504 (may have run) once it was;
+	// a pooled connection found dead is replaced by a fresh one once, for
+	// a request safe to send again (GET, HEAD, OPTIONS).
 	Final bool
 	// FailMsg is the error of the loop's own 503 ("owner unreachable"
 	// if empty).

@@ -9,13 +9,14 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/pinnedd/pinnedd/internal/httpx"
 )
 
 // Conns serves kept-alive client connections from one event loop (see
@@ -404,7 +405,7 @@ func (l *Conns) readRequest(c *client, buf []byte, after *[]func()) bool {
 			u := l.upstreamFor(fwd.Addr)
 			if u == nil {
 				if fwd.Final {
-					l.unavailable(c, ErrUpstreamFailed, after)
+					l.unavailable(c, notSent(ErrUpstreamFailed), after)
 					return c.state == stHead
 				}
 				l.finish(c, 0, nil, after)
@@ -514,7 +515,7 @@ func (l *Conns) readResponse(c *client, buf []byte, after *[]func()) bool {
 				l.closeUp(u)
 				c.up = nil
 				if c.fwd.Final {
-					l.unavailable(c, ErrRefused, after)
+					l.unavailable(c, notSent(ErrRefused), after) // it ran nothing
 					return c.state == stHead
 				}
 				l.finish(c, 0, nil, after)
@@ -720,6 +721,9 @@ func (l *Conns) upstreamFailed(c *client, err error, after *[]func()) {
 		c.retried = true
 		nu := l.dial(u.addr)
 		if nu == nil {
+			if !u.sent {
+				err = notSent(err)
+			}
 			l.unavailable(c, err, after)
 			return
 		}
@@ -735,23 +739,31 @@ func (l *Conns) upstreamFailed(c *client, err error, after *[]func()) {
 		l.finish(c, 0, nil, after)
 		l.giveBack(c, after)
 	default:
+		if u == nil || !u.sent {
+			err = notSent(err)
+		}
 		l.unavailable(c, err, after)
 	}
 }
 
-// unavailable answers c's request, which got no response, with 503 +
-// Retry-After; err is why (Forward.Done).
+// notSent marks err as an exchange's failure before any of its request
+// reached the upstream (httpx.ErrNotSent): it certainly did not run.
+func notSent(err error) error { return fmt.Errorf("%w: %w", httpx.ErrNotSent, err) }
+
+// unavailable answers c's request, which got no response, as
+// httpx.ClassifyUnanswered says: 503 + Retry-After if nothing of it reached
+// the upstream (err wraps httpx.ErrNotSent), else 504, the request may have
+// run. err is why (Forward.Done).
 func (l *Conns) unavailable(c *client, err error, after *[]func()) {
-	l.finish(c, 503, err, after)
-	c.in = c.in[:copy(c.in, c.in[c.reqLen:])]
-	c.reqLen = 0
 	msg := c.fwd.FailMsg
 	if msg == "" {
 		msg = "owner unreachable"
 	}
-	body := strconv.AppendQuote([]byte(`{"error":`), msg)
-	body = append(body, "}\n"...)
-	c.out = fmt.Appendf(c.out[:0], "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nCache-Control: no-store\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	u := httpx.ClassifyUnanswered(err, msg)
+	l.finish(c, u.Status, err, after)
+	c.in = c.in[:copy(c.in, c.in[c.reqLen:])]
+	c.reqLen = 0
+	c.out = u.AppendResponse(c.out[:0])
 	c.state, c.since, c.wrote = stHead, time.Now(), true
 	if l.flush(c, after) && l.draining {
 		l.closeClient(c, after)

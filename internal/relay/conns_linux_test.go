@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -503,18 +504,18 @@ func TestConnsFinal(t *testing.T) {
 	if code != 503 || h.Get("Retry-After") != "1" || h.Get("Cache-Control") != "no-store" || h.Get("X-Refused") != "" || body != `{"error":"plugin gone"}`+"\n" {
 		t.Fatalf("refused: %d %v %q", code, h, body)
 	}
-	rig.hook("done 503 " + ErrRefused.Error())
+	rig.hook("done 503 " + httpx.ErrNotSent.Error() + ": " + ErrRefused.Error()) // it ran nothing
 	if code, _, body := rig.get(c, "POST", "/finaldead/x", "x"); code != 503 || body != `{"error":"plugin gone"}`+"\n" {
 		t.Fatalf("unreachable: %d %q", code, body)
 	}
-	rig.hook("done 503 " + ErrUpstreamFailed.Error())
+	rig.hook("done 503 " + httpx.ErrNotSent.Error() + ": " + ErrUpstreamFailed.Error()) // nothing was sent
 	if got := rig.loop.HandedBack(); got != 0 {
 		t.Fatalf("%d connections handed back, want 0", got)
 	}
 
 	// The second GET goes out on the pooled connection, which dies under
 	// it: it is sent again on a fresh one. A POST is not (the upstream may
-	// have run it): 503.
+	// have run it): 504, outcome unknown, no Retry-After.
 	for _, want := range []string{"ok 1", "ok 2"} {
 		if code, _, body := rig.get(c, "GET", "/flaky/x", ""); code != 200 || body != want {
 			t.Fatalf("flaky upstream: %d %q, want %q", code, body, want)
@@ -522,10 +523,11 @@ func TestConnsFinal(t *testing.T) {
 		rig.hook("head 200 false")
 		rig.hook("done 200 <nil>")
 	}
-	if code, _, body := rig.get(c, "POST", "/flaky/y", "b"); code != 503 || body != `{"error":"plugin gone"}`+"\n" {
-		t.Fatalf("POST on a connection that dies under it: %d %q, want 503", code, body)
+	if code, h, body := rig.get(c, "POST", "/flaky/y", "b"); code != 504 || h.Get("Retry-After") != "" ||
+		body != `{"error":"owner did not answer in time; the request may have run","outcome":"unknown"}`+"\n" {
+		t.Fatalf("POST on a connection that dies under it: %d %v %q, want 504 outcome unknown", code, h, body)
 	}
-	rig.hook("done 503 " + ErrUpstreamFailed.Error())
+	rig.hook("done 504 " + ErrUpstreamFailed.Error())
 
 	// Abort ends a stream: the client's connection closes, the upstream
 	// request ends, Done says why.
@@ -559,9 +561,9 @@ func TestConnsFinal(t *testing.T) {
 	rig.hook("done 200 " + ErrAborted.Error())
 
 	// A route's own response bound: a head that does not come in time is
-	// a 503 well before the loop's own 5 s.
+	// a 504 (it was sent: it may have run) well before the loop's own 5 s.
 	start := time.Now()
-	if code, _, _ := rig.get(rig.client(), "GET", "/slow/x", ""); code != 503 || time.Since(start) > 4*time.Second {
+	if code, _, _ := rig.get(rig.client(), "GET", "/slow/x", ""); code != 504 || time.Since(start) > 4*time.Second {
 		t.Fatalf("a route bounded to 300ms: %d after %s", code, time.Since(start))
 	}
 }
