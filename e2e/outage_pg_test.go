@@ -116,6 +116,19 @@ func TestPostgresOutageIsBoundedAndReported(t *testing.T) {
 	if r := statusDo(t, n1, "GET", "/counters/kept/value"); r.Code != 200 {
 		t.Fatalf("read of a live instance during the outage: %d %s", r.Code, r.Body)
 	}
+	// A write to it answers within the store's deadline, and says it may
+	// have run (its write stays queued and lands when the store is back):
+	// 504, never a hang nor a 503 a client would retry blindly.
+	for _, n := range nodes {
+		start := time.Now()
+		r := statusDo(t, n, "POST", "/counters/kept/increment")
+		if d := time.Since(start); d > 8*time.Second {
+			t.Fatalf("an increment of a live instance during the outage answered after %s, want within the store's 5s deadline", d)
+		}
+		if r.Code != http.StatusGatewayTimeout || !strings.Contains(r.Body, `"outcome":"unknown"`) {
+			t.Fatalf("increment via %s during the outage: %d %s, want 504 outcome unknown", n.id, r.Code, r.Body)
+		}
+	}
 	for _, n := range nodes {
 		testutil.WaitFor(t, 15*time.Second, n.id+" /readyz 503 with the reason", func() bool {
 			r := statusDo(t, n, "GET", "/readyz")

@@ -13,6 +13,7 @@ package counter
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"sync"
 
@@ -54,9 +55,15 @@ func (c *counter) increment(w http.ResponseWriter, r *http.Request) {
 		err = c.inst.Durable(r.Context()) // acknowledge only what is stored
 	}
 	if err != nil {
+		// A fenced write was refused: nothing is stored. Any other failure
+		// leaves the write queued, so it may yet be stored: say so.
+		code, body := http.StatusServiceUnavailable, map[string]string{"error": err.Error()}
+		if !errors.Is(err, sdk.ErrFenced) && !errors.Is(err, sdk.ErrInvalidWrite) {
+			code, body["outcome"] = http.StatusGatewayTimeout, "unknown"
+		}
 		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+		w.WriteHeader(code)
+		_ = json.NewEncoder(w).Encode(body)
 		return
 	}
 	writeValue(w, v)

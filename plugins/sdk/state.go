@@ -21,6 +21,13 @@ var (
 	// ErrFenced: a newer activation of this id exists (it was placed
 	// elsewhere); this instance's writes are rejected and it stops.
 	ErrFenced = errors.New("fenced: a newer activation of this instance exists")
+
+	// ErrStateUnavailable: a commit of writes Durable waited for failed
+	// (the state store is down or did not answer in time). The writes stay
+	// queued and are retried, so they may still be stored: an answer built
+	// on them has an unknown outcome (pinnedd's front door says 504, "may
+	// have run"), never "nothing happened".
+	ErrStateUnavailable = errors.New("state store unavailable")
 )
 
 // TrayKey names a tray within its instance, e.g. {"log", "~"}.
@@ -50,6 +57,8 @@ type state struct {
 	enq      uint64 // writes queued so far
 	done     uint64 // writes committed so far
 	err      error  // sticky: ErrFenced
+	failures uint64 // failed commits so far (retried)
+	lastFail error  // the latest of them
 	flushing bool
 	changed  chan struct{} // closed and replaced whenever done or err moves
 }
@@ -146,6 +155,8 @@ func (st *state) flush() {
 			st.queue = st.queue[len(batch):]
 			st.done += uint64(len(batch))
 		default:
+			st.failures++
+			st.lastFail = err
 			st.inst.logger.Warn("state write failed; retrying", "err", err, "retry_in", backoff)
 		}
 		close(st.changed)
@@ -214,11 +225,19 @@ func (t *Tray) check(name string, values ...[]byte) error {
 	return nil
 }
 
-// durable waits until every write queued before the call is committed.
+// durable waits until every write queued before the call is committed, or
+// until a commit attempt made after the call fails with them still pending
+// (ErrStateUnavailable: the caller learns of an outage within one store
+// deadline instead of waiting it out; the writes stay queued).
 func (st *state) durable(ctx context.Context) error {
 	st.mu.Lock()
-	target := st.enq
+	target, failures := st.enq, st.failures
 	for st.done < target && st.err == nil {
+		if st.failures > failures {
+			err := fmt.Errorf("%w: %v", ErrStateUnavailable, st.lastFail)
+			st.mu.Unlock()
+			return err
+		}
 		ch := st.changed
 		st.mu.Unlock()
 		select {

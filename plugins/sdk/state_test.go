@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -198,5 +199,58 @@ func TestWriteLimitsAndLargeBursts(t *testing.T) {
 	}
 	if got := inst.Trays("log"); len(got) != 1 || got[0] != (sdk.TrayKey{NS: "log", ID: "~"}) {
 		t.Fatalf("Trays(log) = %v", got)
+	}
+}
+
+// outage is a real store whose commits fail while down is set, as a store
+// behind a dead connection does.
+type outage struct {
+	statestore.Store
+	down atomic.Bool
+}
+
+func (o *outage) Commit(ctx context.Context, inst statestore.InstanceKey, gen uint64, muts []statestore.Mutation) (statestore.CommitResult, error) {
+	if o.down.Load() {
+		return statestore.CommitResult{}, errors.New("connection refused")
+	}
+	return o.Store.Commit(ctx, inst, gen, muts)
+}
+
+// Durable tells its caller of a failed commit at once (ErrStateUnavailable)
+// instead of waiting out the outage; the write stays queued and is stored
+// once the store is back.
+func TestDurableReportsAnOutage(t *testing.T) {
+	store := &outage{Store: memstore.New()}
+	rt, err := sdk.NewRuntime(map[string]sdk.Host{"/things": {
+		New: func(inst *sdk.Instance) (http.Handler, error) { return http.NotFoundHandler(), nil },
+	}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.UseStore(storeClient(t, store))
+	ctx := context.Background()
+	if _, err := rt.Activate(ctx, &proto.ActivateRequest{Namespace: "/things", Id: "a", Generation: 1}); err != nil {
+		t.Fatal(err)
+	}
+	inst := rt.Instance("/things", "a")
+	store.down.Store(true)
+	if err := inst.Tray("t", "~").Set("v", 1); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := inst.Durable(wctx); !errors.Is(err, sdk.ErrStateUnavailable) || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("Durable during an outage: %v, want ErrStateUnavailable naming the cause", err)
+	}
+	store.down.Store(false)
+	// A retry that began before the store came back may still fail once.
+	for err := inst.Durable(wctx); err != nil; err = inst.Durable(wctx) {
+		if !errors.Is(err, sdk.ErrStateUnavailable) {
+			t.Fatalf("Durable after the outage: %v", err)
+		}
+	}
+	trays, err := store.Load(ctx, statestore.InstanceKey{Namespace: "/things", ID: "a"}, 1)
+	if err != nil || len(trays) != 1 || string(trays[0].Fields["v"]) != "1" {
+		t.Fatalf("the queued write after the outage: %+v, %v", trays, err)
 	}
 }
