@@ -228,7 +228,10 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	}
 	fd = pinboard.NewFrontDoor(fdc)
 	if states != nil {
-		store.RunAsLeader("scanner", func(ctx context.Context) { scanMarked(ctx, states, fd, cfg.scanInterval, log) })
+		// Bounded: a scan must not hang on a store that stopped answering.
+		store.RunAsLeader("scanner", func(ctx context.Context) {
+			scanMarked(ctx, statestore.Bounded(states, 0, nil), fd, cfg.scanInterval, log)
+		})
 	}
 	member := func(r *http.Request) bool {
 		return tokens.Allowed(r, pinboard.ScopeWorker) || tokens.Allowed(r, pinboard.ScopeOperator)
