@@ -39,36 +39,11 @@ func noteRelayed(r *http.Request, status int) {
 	}
 }
 
-// accessWriter counts what the handler wrote.
-type accessWriter struct {
-	http.ResponseWriter
-	code    int
-	written int64
-}
-
-func (w *accessWriter) WriteHeader(code int) {
-	if w.code < 200 {
-		w.code = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *accessWriter) Write(p []byte) (int, error) {
-	if w.code == 0 {
-		w.code = http.StatusOK
-	}
-	n, err := w.ResponseWriter.Write(p)
-	w.written += int64(n)
-	return n, err
-}
-
-func (w *accessWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
 // serveLogged serves r and writes its access log line.
 func (f *FrontDoor) serveLogged(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	e := &accessEntry{}
-	aw := &accessWriter{ResponseWriter: w}
+	aw := &lengthWriter{ResponseWriter: w}
 	r = r.WithContext(context.WithValue(r.Context(), accessKey{}, e))
 	defer func() {
 		status := aw.code

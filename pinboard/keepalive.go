@@ -77,8 +77,9 @@ func (f *FrontDoor) serveAdopting(w http.ResponseWriter, r *http.Request, bodyRe
 	}
 }
 
-// lengthWriter tells whether a response went out whole with a declared
-// length, so its connection can be adopted after it.
+// lengthWriter counts a response's final status and body bytes: the
+// access log reports them, and complete tells whether a response went out
+// whole with a declared length, so its connection can be adopted after it.
 type lengthWriter struct {
 	http.ResponseWriter
 	code    int
