@@ -84,13 +84,30 @@ func (s *source) exhausted() bool { return s.rng == nil && len(s.data) == 0 }
 func (s *source) pick(n int) int { return int(s.byte()) % n }
 
 // gen produces commands over a small world (4 clients, 3 sessions each,
-// 3 URLs, 2 namespaces, 6 ids, 2 envs) so that collisions are common. Time
-// never goes backwards: the lease guarantees assume clocks that agree within
-// the lease buffer.
+// 3 URLs, 2 namespaces, 6 ids, 2 envs) so that collisions are common. Its
+// clock (now) never goes backwards, but a command may be stamped up to
+// maxSkew before it: a heartbeat queued through a partition, a proposer
+// whose clock lags. The lease guarantees assume exactly that much: clocks
+// that agree within less than a TTL.
 type gen struct {
 	s    *source
 	now  int64
 	gens []Release // recent grants, to release with a matching generation
+	// sessions is the session each client last registered, so that most
+	// heartbeats renew a live session rather than miss.
+	sessions map[string]string
+	// A partition cuts one client off until healAt: its heartbeats queue in
+	// late, and arrive after it heals if they are within maxSkew of their
+	// stamp (else they are lost). Meanwhile its lease may lapse and its
+	// ids move: the late heartbeats must not revive it.
+	// seen is when the generator last renewed each client (register or
+	// heartbeat): claims mostly name one renewed lately, as a proposer
+	// picks its candidate among the live workers.
+	seen map[string]int64
+
+	partitioned string
+	healAt      int64
+	late        []Heartbeat
 }
 
 var (
@@ -98,20 +115,113 @@ var (
 	genNS      = []string{"/a", "/b"}
 )
 
+// claimKey is the key a claim asks for: during a partition, often one
+// the cut-off client was granted (requests for its ids land elsewhere).
+func (g *gen) claimKey() Key {
+	if g.partitioned != "" && g.s.pick(2) == 0 {
+		var mine []Key
+		for _, r := range g.gens {
+			if r.ClientID == g.partitioned {
+				mine = append(mine, r.Key)
+			}
+		}
+		if len(mine) > 0 {
+			return mine[g.s.pick(len(mine))]
+		}
+	}
+	return g.key()
+}
+
 func (g *gen) key() Key {
-	return Key{Env: []string{"", "pr-1"}[g.s.pick(2)], Namespace: genNS[g.s.pick(2)], ID: fmt.Sprint(g.s.pick(6))}
+	return Key{Env: []string{"", "", "", "pr-1"}[g.s.pick(4)], Namespace: genNS[g.s.pick(2)], ID: fmt.Sprint(g.s.pick(5))}
 }
 
 func (g *gen) client() string  { return genClients[g.s.pick(len(genClients))] }
 func (g *gen) session() string { return fmt.Sprint("s", g.s.pick(3)) }
 
+// url is mostly client's own advertise URL, sometimes one another client
+// may hold (a process restarted under a new client id).
+func (g *gen) url(client string) string {
+	if g.s.pick(4) != 0 {
+		return "http://" + client
+	}
+	return fmt.Sprint("http://u", g.s.pick(2))
+}
+
+// candidate is the client a claim names: mostly one renewed lately.
+func (g *gen) candidate() string {
+	var live []string
+	for _, c := range genClients {
+		if t, ok := g.seen[c]; ok && t >= g.now-ttl/2 && c != g.partitioned {
+			live = append(live, c)
+		}
+	}
+	if len(live) == 0 || g.s.pick(4) == 0 {
+		return g.client()
+	}
+	return live[g.s.pick(len(live))]
+}
+
+func (g *gen) renewed(client string, at int64) {
+	if g.seen == nil {
+		g.seen = map[string]int64{}
+	}
+	g.seen[client] = max(g.seen[client], at)
+}
+
+// sessionOf is client's last registered session, or (one in four, or
+// before any) a random one.
+func (g *gen) sessionOf(client string) string {
+	if s, ok := g.sessions[client]; ok && g.s.pick(4) != 0 {
+		return s
+	}
+	return g.session()
+}
+
 func (g *gen) tick() int64 {
-	g.now += int64(g.s.pick(8)) * 1000
+	g.now += int64(g.s.pick(6)) * 500
 	return g.now
 }
 
+// maxSkew bounds how long before its delivery a command may be stamped:
+// well under the TTL, as the lease guarantee requires.
+const maxSkew = 12_000
+
+// stamp advances the clock and returns the Now of a command delivered at
+// it: one in four is stamped early, by up to maxSkew (a lagging clock).
+func (g *gen) stamp() int64 {
+	now := g.tick()
+	if g.s.pick(4) == 0 {
+		now -= int64(g.s.pick(maxSkew/1000+1)) * 1000
+	}
+	return now
+}
+
 func (g *gen) command(inBatch bool) Command {
-	switch op := g.s.pick(16); op {
+	if !inBatch && g.partitioned != "" && g.now >= g.healAt {
+		for len(g.late) > 0 {
+			hb := g.late[0]
+			g.late = g.late[1:]
+			if hb.Now >= g.now-maxSkew {
+				return hb
+			}
+		}
+		g.partitioned = ""
+	}
+	if !inBatch && g.partitioned == "" && g.s.pick(10) == 0 {
+		// Cut off a client whose lease is about to lapse, and heal soon
+		// after it did: the heartbeat in flight when the link went down
+		// was stamped while the lease held and arrives once others may
+		// have taken its ids.
+		c := g.client()
+		if seen, ok := g.seen[c]; ok && seen+ttl >= g.now {
+			g.partitioned = c
+			g.healAt = min(g.now+maxSkew, seen+ttl+1_000+int64(g.s.pick(4))*1000)
+			g.late = append(g.late[:0], Heartbeat{ClientID: c, SessionID: g.sessionOf(c),
+				Now: g.now, TTLMs: ttl, Headroom: 1, ProbeOK: true})
+		}
+	}
+	switch op := g.s.pick(20); op {
 	case 0:
 		return Init{Secret: []byte{g.s.byte(), 1}}
 	case 1, 2:
@@ -120,163 +230,59 @@ func (g *gen) command(inBatch bool) Command {
 			live = append(live, g.key())
 		}
 		nss := genNS[:1+g.s.pick(2)]
-		return Register{ClientID: g.client(), SessionID: g.session(), NodeID: "n",
-			AdvertiseURL: fmt.Sprint("http://u", g.s.pick(3)), Namespaces: nss,
-			Headroom: int64(g.s.pick(4)), TTLMs: ttl, Now: g.tick(), LiveIDs: live}
-	case 3, 4:
-		return Heartbeat{ClientID: g.client(), SessionID: g.session(), Now: g.tick(),
+		client, session := g.client(), g.session()
+		if g.sessions == nil {
+			g.sessions = map[string]string{}
+		}
+		g.sessions[client] = session
+		g.renewed(client, g.now)
+		return Register{ClientID: client, SessionID: session, NodeID: "n",
+			AdvertiseURL: g.url(client), Namespaces: nss,
+			Headroom: int64(g.s.pick(4)), TTLMs: ttl, Now: g.stamp(), LiveIDs: live}
+	case 3, 4, 5, 6:
+		client := g.client()
+		hb := Heartbeat{ClientID: client, SessionID: g.sessionOf(client), Now: g.stamp(),
 			TTLMs: ttl, Headroom: int64(g.s.pick(4)), ProbeOK: g.s.pick(5) != 0}
-	case 5:
-		return Deregister{ClientID: g.client(), SessionID: g.session()}
-	case 6, 7, 8:
-		return Claim{Key: g.key(), ClientID: g.client(), Now: g.tick(), QuarantineMs: int64(g.s.pick(2)) * ttl}
-	case 9:
+		if client == g.partitioned && !inBatch {
+			if len(g.late) < 8 {
+				g.late = append(g.late, hb)
+			}
+			return g.command(inBatch)
+		}
+		g.renewed(client, hb.Now)
+		return hb
+	case 7:
+		client := g.client()
+		return Deregister{ClientID: client, SessionID: g.sessionOf(client)}
+	case 8, 9, 10, 11:
+		return Claim{Key: g.claimKey(), ClientID: g.candidate(), Now: g.stamp(), QuarantineMs: int64(g.s.pick(2)) * ttl}
+	case 12:
 		if len(g.gens) > 0 && g.s.pick(4) != 0 {
 			return g.gens[g.s.pick(len(g.gens))]
 		}
 		return Release{Key: g.key(), ClientID: g.client(), Generation: uint64(g.s.pick(50))}
-	case 10:
-		now := g.tick()
+	case 13:
+		now := g.stamp()
 		return DrainWorker{ClientID: g.client(), Deadline: now + int64(g.s.pick(40))*1000, Cordon: g.s.pick(3) == 0, Now: now}
-	case 11:
+	case 14, 15:
 		return UndrainWorker{ClientID: g.client()}
-	case 12:
+	case 16:
 		now := g.tick()
-		if g.s.pick(4) == 0 {
+		if g.s.pick(8) == 0 {
 			now += DrainRetention + int64(g.s.pick(3))*DefaultWorkerRetention
 			g.now = now
 		}
 		return GC{Now: now, WorkerRetentionMs: int64(g.s.pick(2)) * 60_000}
-	case 13:
+	case 17:
 		return Opaque{Code: CommandType(40 + g.s.pick(3)), Ignorable: g.s.pick(2) == 0, Payload: []byte{g.s.byte()}}
 	default:
 		if inBatch {
-			return Claim{Key: g.key(), ClientID: g.client(), Now: g.now}
+			return Claim{Key: g.key(), ClientID: g.candidate(), Now: g.now}
 		}
 		b := Batch{}
 		for range 1 + g.s.pick(8) {
 			b.Commands = append(b.Commands, g.command(true))
 		}
 		return b
-	}
-}
-
-// checker is an independent model of what workers were told. It flags a
-// grant of a key while the previous holder may still believe it owns it,
-// and generations that fail to increase per key.
-type checker struct {
-	tb      testing.TB
-	ackExp  map[string]int64 // client -> latest lease expiry acknowledged to it
-	holder  map[Key]Placement
-	lastGen map[Key]uint64
-	maxGen  uint64 // generations strictly increase across all keys
-	// clock is the latest Now seen. The lease guarantee assumes time does not
-	// go backwards; a corrupted entry can break that, and the checks that
-	// depend on it are skipped for commands dated before clock.
-	clock int64
-}
-
-// nowOf returns the time a command carries, 0 if none.
-func nowOf(c Command) int64 {
-	switch c := c.(type) {
-	case Register:
-		return c.Now
-	case Heartbeat:
-		return c.Now
-	case Claim:
-		return c.Now
-	case DrainWorker:
-		return c.Now
-	case GC:
-		return c.Now
-	case Batch:
-		var t int64
-		for _, sub := range c.Commands {
-			t = max(t, nowOf(sub))
-		}
-		return t
-	}
-	return 0
-}
-
-func newChecker(tb testing.TB) *checker {
-	return &checker{tb: tb, ackExp: map[string]int64{}, holder: map[Key]Placement{}, lastGen: map[Key]uint64{}}
-}
-
-func (c *checker) observe(index uint64, cmd Command, r Result) {
-	c.tb.Helper()
-	inOrder := nowOf(cmd) >= c.clock
-	c.clock = max(c.clock, nowOf(cmd))
-	switch cmd := cmd.(type) {
-	case Batch:
-		if r.Code != CodeOK || len(r.Results) != len(cmd.Commands) {
-			c.tb.Fatalf("batch result %v with %d results for %d commands", r.Code, len(r.Results), len(cmd.Commands))
-		}
-		for i, sub := range cmd.Commands {
-			c.observe(index, sub, r.Results[i])
-		}
-	case Register:
-		if r.Code != CodeOK {
-			return
-		}
-		c.ackExp[cmd.ClientID] = max(c.ackExp[cmd.ClientID], r.LeaseExpiry)
-		listed := map[Key]bool{}
-		for _, k := range cmd.LiveIDs {
-			listed[k] = true
-		}
-		for _, k := range r.Duplicates {
-			listed[k] = false
-		}
-		// The process runs what it listed (minus what it was told to quit);
-		// its new lease says nothing about ids it did not list.
-		for k, p := range c.holder {
-			if p.Owner == cmd.ClientID {
-				if listed[k] {
-					p.OwnerSession = cmd.SessionID
-					c.holder[k] = p
-				} else {
-					delete(c.holder, k)
-				}
-			}
-		}
-	case Heartbeat:
-		if r.Code == CodeOK {
-			// A renewal gives at most one TTL, unless the worker already held
-			// a later expiry (leases never move backwards).
-			if prev := c.ackExp[cmd.ClientID]; r.LeaseExpiry > max(prev, cmd.Now+cmd.TTLMs) {
-				c.tb.Fatalf("heartbeat at %d granted %d ms, over the TTL", cmd.Now, r.LeaseExpiry-cmd.Now)
-			}
-			c.ackExp[cmd.ClientID] = max(c.ackExp[cmd.ClientID], r.LeaseExpiry)
-		}
-	case Deregister:
-		if r.Code == CodeOK {
-			for k, p := range c.holder {
-				if p.Owner == cmd.ClientID {
-					delete(c.holder, k)
-				}
-			}
-		}
-	case Release:
-		if r.Code == CodeOK {
-			delete(c.holder, cmd.Key)
-		}
-	case Claim:
-		if r.Code != CodeGranted {
-			return
-		}
-		p := r.Placement
-		if p.Key != cmd.Key || p.Owner != cmd.ClientID || (cmd.Now > 0 && p.Generation < uint64(cmd.Now)*1000) || p.Generation <= c.maxGen {
-			c.tb.Fatalf("grant %+v for claim %+v at index %d (newest generation so far %d)", p, cmd, index, c.maxGen)
-		}
-		c.maxGen = p.Generation
-		if last := c.lastGen[p.Key]; p.Generation <= last {
-			c.tb.Fatalf("key %v granted generation %d after %d", p.Key, p.Generation, last)
-		}
-		c.lastGen[p.Key] = p.Generation
-		if prev, ok := c.holder[p.Key]; ok && inOrder && prev.Owner != p.Owner && cmd.Now <= c.ackExp[prev.Owner] {
-			c.tb.Fatalf("key %v granted to %s at %d while %s holds it until %d",
-				p.Key, p.Owner, cmd.Now, prev.Owner, c.ackExp[prev.Owner])
-		}
-		c.holder[p.Key] = p
 	}
 }

@@ -1,0 +1,500 @@
+package directory
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+)
+
+// checker is an independent model of the directory, written from the rules
+// in doc.go rather than from the code: it predicts the answer to every
+// command (revocation, Release's generation check, the drain cap, the
+// cold-start quarantine, eligibility, one grant per key per entry) and
+// fails on any difference. Beside it, it keeps what each worker process
+// believes it serves and until when, in true time (the clock at which a
+// command is delivered, which may be up to maxSkew after its stamp), and
+// fails when two processes could serve one key at the same moment: the
+// invariant the rest exists for.
+type checker struct {
+	tb testing.TB
+
+	// The directory as the rules say it must be.
+	workers    map[string]*mWorker
+	byURL      map[string]string
+	placements map[Key]Placement
+	drains     map[string]Drain
+	coldStart  int64
+	lastGen    uint64
+	secret     bool
+	entryKeys  map[Key]bool // keys granted in the entry being applied
+
+	// beliefs is what each process serves: the keys it was granted or
+	// kept at its last registration, until it learns otherwise.
+	beliefs map[string]map[Key]belief
+
+	now int64 // true time of the entry being observed (run sets it)
+}
+
+type mWorker struct {
+	session    string
+	url        string
+	namespaces []string
+	lease      int64 // the latest expiry acknowledged to the process
+	degraded   bool
+	draining   bool
+	revoked    bool
+}
+
+// belief is one key a process serves while its lease holds. lostAt is the
+// true time the directory took the key from it without its knowledge (0
+// while the placement is still its own): from then on, its lease must
+// never again reach lostAt, or it serves beside the key's next owner.
+type belief struct {
+	gen    uint64
+	lostAt int64
+}
+
+// nowOf returns the time a command carries, 0 if none.
+func nowOf(c Command) int64 {
+	switch c := c.(type) {
+	case Register:
+		return c.Now
+	case Heartbeat:
+		return c.Now
+	case Claim:
+		return c.Now
+	case DrainWorker:
+		return c.Now
+	case GC:
+		return c.Now
+	case Batch:
+		var t int64
+		for _, sub := range c.Commands {
+			t = max(t, nowOf(sub))
+		}
+		return t
+	}
+	return 0
+}
+
+func newChecker(tb testing.TB) *checker {
+	return &checker{tb: tb, workers: map[string]*mWorker{}, byURL: map[string]string{},
+		placements: map[Key]Placement{}, drains: map[string]Drain{}, entryKeys: map[Key]bool{},
+		beliefs: map[string]map[Key]belief{}}
+}
+
+// observe checks the machine's answer r to cmd, applied at index at true
+// time c.now, and advances the model.
+func (c *checker) observe(index uint64, cmd Command, r Result) {
+	c.tb.Helper()
+	clear(c.entryKeys)
+	if b, ok := cmd.(Batch); ok {
+		if r.Code != CodeOK || len(r.Results) != len(b.Commands) {
+			c.tb.Fatalf("index %d: batch answered %v with %d results for %d commands", index, r.Code, len(r.Results), len(b.Commands))
+		}
+		for i, sub := range b.Commands {
+			c.step(index, sub, r.Results[i])
+		}
+		return
+	}
+	c.step(index, cmd, r)
+}
+
+func (c *checker) step(index uint64, cmd Command, got Result) {
+	c.tb.Helper()
+	want := c.expect(cmd)
+	if d := diffResult(want, got); d != "" {
+		c.tb.Fatalf("index %d: %T %+v: %s (model %+v, machine %+v)", index, cmd, cmd, d, want, got)
+	}
+}
+
+// diffResult compares what the model predicts with the machine's answer,
+// field by field; Reason is compared only where it is part of the API.
+func diffResult(want, got Result) string {
+	switch {
+	case want.Code != got.Code:
+		return fmt.Sprintf("code %v, model says %v", got.Code, want.Code)
+	case want.Code == CodeIneligible && want.Reason != got.Reason:
+		return fmt.Sprintf("ineligible because %q, model says %q", got.Reason, want.Reason)
+	case want.Placement != got.Placement:
+		return fmt.Sprintf("placement %+v, model says %+v", got.Placement, want.Placement)
+	case want.LeaseExpiry != got.LeaseExpiry || want.ExpiresInMs != got.ExpiresInMs:
+		return fmt.Sprintf("lease %d (in %d ms), model says %d (in %d ms)", got.LeaseExpiry, got.ExpiresInMs, want.LeaseExpiry, want.ExpiresInMs)
+	case want.Draining != got.Draining || want.Drain != got.Drain:
+		return fmt.Sprintf("drain %v %+v, model says %v %+v", got.Draining, got.Drain, want.Draining, want.Drain)
+	case want.Degraded != got.Degraded:
+		return fmt.Sprintf("degraded %v", got.Degraded)
+	case want.RemainingMs != got.RemainingMs:
+		return fmt.Sprintf("quarantine remaining %d ms, model says %d", got.RemainingMs, want.RemainingMs)
+	case !slices.Equal(want.Duplicates, got.Duplicates):
+		return fmt.Sprintf("duplicates %v, model says %v", got.Duplicates, want.Duplicates)
+	case want.WorkersForgotten != got.WorkersForgotten || want.PlacementsDropped != got.PlacementsDropped || want.DrainsExpired != got.DrainsExpired:
+		return fmt.Sprintf("gc %d/%d/%d, model says %d/%d/%d", got.WorkersForgotten, got.PlacementsDropped, got.DrainsExpired,
+			want.WorkersForgotten, want.PlacementsDropped, want.DrainsExpired)
+	}
+	return ""
+}
+
+func (c *checker) expect(cmd Command) Result {
+	switch cmd := cmd.(type) {
+	case Init:
+		switch {
+		case len(cmd.Secret) == 0:
+			return Result{Code: CodeInvalid}
+		case c.secret:
+			return Result{Code: CodeExisting}
+		}
+		c.secret = true
+		return Result{Code: CodeOK}
+	case Register:
+		return c.register(cmd)
+	case Heartbeat:
+		return c.heartbeat(cmd)
+	case Deregister:
+		w := c.workers[cmd.ClientID]
+		if w == nil || w.session == "" || w.session != cmd.SessionID {
+			return Result{Code: CodeNotFound}
+		}
+		// The process itself asked: it stops serving what it held.
+		c.dropPlacementsOf(cmd.ClientID, false)
+		delete(c.beliefs, cmd.ClientID)
+		w.session = ""
+		return Result{Code: CodeOK}
+	case Claim:
+		return c.claim(cmd)
+	case Release:
+		p, ok := c.placements[cmd.Key]
+		if !ok {
+			return Result{Code: CodeNotFound}
+		}
+		// Compare-and-set: a stale release (an older generation, another
+		// owner) must not remove the placement its current owner serves.
+		if p.Owner != cmd.ClientID || p.Generation != cmd.Generation {
+			return Result{Code: CodeNotFound, Placement: p}
+		}
+		c.removePlacement(p)
+		delete(c.beliefs[p.Owner], p.Key)
+		return Result{Code: CodeOK}
+	case DrainWorker:
+		if c.workers[cmd.ClientID] == nil {
+			return Result{Code: CodeUnknownWorker}
+		}
+		d := Drain{ClientID: cmd.ClientID, Cordon: cmd.Cordon, SetAt: cmd.Now}
+		if !cmd.Cordon {
+			d.Deadline = cmd.Deadline
+		}
+		c.drains[cmd.ClientID] = d
+		r := Result{Code: CodeOK, Draining: d.Active(cmd.Now)}
+		if r.Draining {
+			r.Drain = d // the encoding carries the drain only while it is in force
+		}
+		return r
+	case UndrainWorker:
+		if _, ok := c.drains[cmd.ClientID]; ok {
+			delete(c.drains, cmd.ClientID)
+			return Result{Code: CodeOK}
+		}
+		if c.workers[cmd.ClientID] == nil {
+			return Result{Code: CodeUnknownWorker}
+		}
+		return Result{Code: CodeOK}
+	case GC:
+		keep := cmd.WorkerRetentionMs
+		if keep <= 0 {
+			keep = DefaultWorkerRetention
+		}
+		var r Result
+		for _, id := range slices.Sorted(maps.Keys(c.workers)) {
+			if cmd.Now-c.workers[id].lease > keep {
+				r.PlacementsDropped += c.forget(id)
+				r.WorkersForgotten++
+			}
+		}
+		for id, d := range c.drains {
+			if !(d.Cordon || cmd.Now <= d.Deadline+DrainRetention) {
+				delete(c.drains, id)
+				r.DrainsExpired++
+			}
+		}
+		return r
+	case Opaque:
+		if cmd.Ignorable {
+			return Result{Code: CodeUnknownCommand}
+		}
+		return Result{Code: CodeError}
+	}
+	c.tb.Fatalf("model: %T has no model yet: add it to checker.expect", cmd)
+	return Result{}
+}
+
+// activeDrain is the operator drain of id in force at now: a cordon until
+// undrained, a timed drain until DrainRetention past its deadline.
+func (c *checker) activeDrain(id string, now int64) (Drain, bool) {
+	d, ok := c.drains[id]
+	if !ok || !(d.Cordon || now <= d.Deadline+DrainRetention) {
+		return Drain{}, false
+	}
+	return d, true
+}
+
+// renew is a lease extension at now: never backwards, never past an active
+// timed drain's deadline (unless the lease was already beyond it).
+func (c *checker) renew(id string, now, ttlMs int64) Result {
+	w := c.workers[id]
+	exp := now + ttlMs
+	d, draining := c.activeDrain(id, now)
+	if draining && !d.Cordon && exp > d.Deadline {
+		exp = d.Deadline
+	}
+	w.lease = max(w.lease, exp)
+	// The process now serves what it believes it holds until w.lease: a key
+	// taken from it since must stay out of that window.
+	for k, b := range c.beliefs[id] {
+		if b.lostAt != 0 && w.lease >= b.lostAt {
+			c.tb.Fatalf("%s lost %v at %d (true time) but was then told its lease holds until %d: two owners at once",
+				id, k, b.lostAt, w.lease)
+		}
+	}
+	r := Result{Code: CodeOK, LeaseExpiry: w.lease, ExpiresInMs: max(0, w.lease-now), Draining: draining, Degraded: w.degraded}
+	if draining {
+		r.Drain = d
+	}
+	return r
+}
+
+func (c *checker) register(cmd Register) Result {
+	switch {
+	case cmd.ClientID == "" || cmd.SessionID == "" || cmd.TTLMs <= 0:
+		return Result{Code: CodeInvalid}
+	}
+	if cmd.AdvertiseURL != "" {
+		if other, ok := c.byURL[cmd.AdvertiseURL]; ok && other != cmd.ClientID {
+			if ow := c.workers[other]; ow != nil && ow.session != "" && cmd.Now <= ow.lease {
+				return Result{Code: CodeDuplicateAdvertise}
+			}
+			c.forget(other)
+		}
+	}
+	w := c.workers[cmd.ClientID]
+	if w == nil {
+		w = &mWorker{}
+		c.workers[cmd.ClientID] = w
+	}
+	if w.url != cmd.AdvertiseURL && c.byURL[w.url] == cmd.ClientID {
+		delete(c.byURL, w.url)
+	}
+	if cmd.AdvertiseURL != "" {
+		c.byURL[cmd.AdvertiseURL] = cmd.ClientID
+	}
+	w.session, w.url, w.namespaces = cmd.SessionID, cmd.AdvertiseURL, cmd.Namespaces
+	w.degraded, w.revoked, w.draining = false, false, cmd.Draining
+
+	listed := map[Key]bool{}
+	for _, k := range cmd.LiveIDs {
+		listed[k] = true
+	}
+	for _, p := range c.sortedPlacements() {
+		if p.Owner != cmd.ClientID || p.OwnerSession == cmd.SessionID {
+			continue
+		}
+		if listed[p.Key] {
+			p.OwnerSession = cmd.SessionID
+			c.placements[p.Key] = p
+		} else {
+			c.removePlacement(p)
+		}
+	}
+	// The process runs what it listed, minus what it is told to quit.
+	var dups []Key
+	beliefs := map[Key]belief{}
+	for _, k := range cmd.LiveIDs {
+		if p, ok := c.placements[k]; ok && p.Owner == cmd.ClientID {
+			beliefs[k] = belief{gen: p.Generation}
+			continue
+		}
+		if listed[k] {
+			listed[k] = false
+			dups = append(dups, k)
+		}
+	}
+	c.beliefs[cmd.ClientID] = beliefs
+	r := c.renew(cmd.ClientID, cmd.Now, cmd.TTLMs)
+	r.Duplicates = dups
+	return r
+}
+
+func (c *checker) heartbeat(cmd Heartbeat) Result {
+	w := c.workers[cmd.ClientID]
+	if w == nil || w.session == "" || w.session != cmd.SessionID {
+		return Result{Code: CodeReregister}
+	}
+	// A session that lost an id to a lapse is never renewed again, however
+	// early its heartbeat was stamped: it re-registers and learns the loss.
+	if cmd.Now > w.lease || w.revoked {
+		return Result{Code: CodeReregister}
+	}
+	if cmd.TTLMs <= 0 {
+		return Result{Code: CodeInvalid}
+	}
+	w.degraded, w.draining = !cmd.ProbeOK, cmd.Draining
+	return c.renew(cmd.ClientID, cmd.Now, cmd.TTLMs)
+}
+
+func (c *checker) claim(cmd Claim) Result {
+	if c.coldStart == 0 {
+		c.coldStart = cmd.Now
+	}
+	p, placed := c.placements[cmd.Key]
+	if placed {
+		if hw := c.workers[p.Owner]; hw != nil && hw.session == p.OwnerSession && cmd.Now <= hw.lease {
+			if p.Owner == cmd.ClientID {
+				return Result{Code: CodeExisting, Placement: p}
+			}
+			return Result{Code: CodeHeld, Placement: p}
+		}
+	}
+	if end := c.coldStart + cmd.QuarantineMs; cmd.Now < end {
+		return Result{Code: CodeQuarantine, RemainingMs: end - cmd.Now}
+	}
+	w := c.workers[cmd.ClientID]
+	if w == nil {
+		return Result{Code: CodeIneligible, Reason: ReasonUnknownWorker}
+	}
+	_, drained := c.activeDrain(cmd.ClientID, cmd.Now)
+	switch {
+	case w.session == "":
+		return Result{Code: CodeIneligible, Reason: ReasonNotRegistered}
+	case cmd.Now > w.lease:
+		return Result{Code: CodeIneligible, Reason: ReasonLeaseLapsed}
+	case !slices.Contains(w.namespaces, cmd.Key.Namespace):
+		return Result{Code: CodeIneligible, Reason: ReasonNamespace}
+	case w.degraded:
+		return Result{Code: CodeIneligible, Reason: ReasonDegraded}
+	case w.revoked:
+		return Result{Code: CodeIneligible, Reason: ReasonLeaseLapsed}
+	case w.draining || drained:
+		return Result{Code: CodeIneligible, Reason: ReasonDraining}
+	}
+	if c.entryKeys[cmd.Key] {
+		return Result{Code: CodeConflict}
+	}
+	if placed {
+		if hw := c.workers[p.Owner]; hw != nil && hw.session == p.OwnerSession && p.Owner != cmd.ClientID {
+			hw.revoked = true
+		}
+		c.removePlacement(p)
+		c.lose(p)
+	}
+	gen := c.lastGen + 1
+	if cmd.Now > 0 {
+		gen = max(gen, uint64(cmd.Now)*1000)
+	}
+	c.lastGen = gen
+	np := Placement{Key: cmd.Key, Owner: cmd.ClientID, OwnerSession: w.session, Generation: gen, PlacedAt: cmd.Now}
+	c.placements[cmd.Key] = np
+	c.entryKeys[cmd.Key] = true
+	// The new owner serves from now (true time); every other process that
+	// believes it holds the key must be past its lease by then.
+	for _, id := range slices.Sorted(maps.Keys(c.beliefs)) {
+		if _, ok := c.beliefs[id][cmd.Key]; ok && id != cmd.ClientID && c.leaseOf(id) >= c.now {
+			c.tb.Fatalf("%v granted to %s at %d (true time) while %s still serves it until %d",
+				cmd.Key, cmd.ClientID, c.now, id, c.leaseOf(id))
+		}
+	}
+	if c.beliefs[cmd.ClientID] == nil {
+		c.beliefs[cmd.ClientID] = map[Key]belief{}
+	}
+	c.beliefs[cmd.ClientID][cmd.Key] = belief{gen: gen}
+	return Result{Code: CodeGranted, Placement: np}
+}
+
+func (c *checker) leaseOf(id string) int64 {
+	if w := c.workers[id]; w != nil {
+		return w.lease
+	}
+	return 0
+}
+
+// lose records that p's owner lost its key without being told: it still
+// believes it serves it until its lease ends, which must be before now.
+func (c *checker) lose(p Placement) {
+	b, ok := c.beliefs[p.Owner][p.Key]
+	if !ok || b.gen != p.Generation {
+		return
+	}
+	if l := c.leaseOf(p.Owner); l >= c.now {
+		c.tb.Fatalf("%v taken from %s at %d (true time) while its lease holds until %d", p.Key, p.Owner, c.now, l)
+	}
+	b.lostAt = c.now
+	c.beliefs[p.Owner][p.Key] = b
+}
+
+// forget drops a worker the directory no longer knows (its lease long
+// lapsed, or its advertise URL taken by a new process); its drain stays.
+func (c *checker) forget(id string) int {
+	n := c.dropPlacementsOf(id, true)
+	if w := c.workers[id]; w != nil && c.byURL[w.url] == id {
+		delete(c.byURL, w.url)
+	}
+	delete(c.workers, id)
+	return n
+}
+
+func (c *checker) dropPlacementsOf(id string, unknowing bool) int {
+	n := 0
+	for _, p := range c.sortedPlacements() {
+		if p.Owner == id {
+			c.removePlacement(p)
+			if unknowing {
+				c.lose(p)
+			}
+			n++
+		}
+	}
+	return n
+}
+
+func (c *checker) removePlacement(p Placement) { delete(c.placements, p.Key) }
+
+func (c *checker) sortedPlacements() []Placement {
+	ps := slices.Collect(maps.Values(c.placements))
+	slices.SortFunc(ps, func(a, b Placement) int { return a.Key.Compare(b.Key) })
+	return ps
+}
+
+// compareState checks the machine's reads against the model's state.
+func (c *checker) compareState(m *Machine) {
+	c.tb.Helper()
+	ws := m.Workers()
+	if len(ws) != len(c.workers) {
+		c.tb.Fatalf("machine knows %d workers, model %d", len(ws), len(c.workers))
+	}
+	for _, w := range ws {
+		mw := c.workers[w.ClientID]
+		if mw == nil || mw.session != w.SessionID || mw.lease != w.LeaseExpiry || mw.revoked != w.Revoked ||
+			mw.degraded != w.Degraded || mw.draining != w.Draining || mw.url != w.AdvertiseURL {
+			c.tb.Fatalf("worker %+v, model %+v", w, mw)
+		}
+		for _, p := range m.PlacementsOf(w.ClientID) {
+			if c.placements[p.Key] != p {
+				c.tb.Fatalf("placement %+v, model %+v", p, c.placements[p.Key])
+			}
+		}
+	}
+	for k, p := range c.placements {
+		if got, ok := m.Placement(k); !ok || got != p {
+			c.tb.Fatalf("placement of %v: machine %+v (%v), model %+v", k, got, ok, p)
+		}
+	}
+	ds := m.Drains()
+	want := slices.Collect(maps.Values(c.drains))
+	slices.SortFunc(want, func(a, b Drain) int { return cmp.Compare(a.ClientID, b.ClientID) })
+	if !slices.Equal(ds, want) {
+		c.tb.Fatalf("drains %+v, model %+v", ds, want)
+	}
+	if m.ColdStart() != c.coldStart {
+		c.tb.Fatalf("cold start %d, model %d", m.ColdStart(), c.coldStart)
+	}
+}
