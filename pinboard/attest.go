@@ -51,7 +51,11 @@ type Attestation struct {
 // attestMAC is HMAC-SHA256 over every field and the request line, so an
 // attestation is good for one method, path and target only.
 func attestMAC(key []byte, a Attestation, method, path string) (mac [sha256.Size]byte) {
-	macs := macsFor(key)
+	return attestMACWith(macsFor(key), a, method, path)
+}
+
+// attestMACWith is attestMAC with the key's pooled HMAC states.
+func attestMACWith(macs *keyedMACs, a Attestation, method, path string) (mac [sha256.Size]byte) {
 	st := macs.Get().(*macState)
 	msg := append(st.msg[:0], "pinned-attestation-v1\n"...)
 	msg = append(append(msg, a.Target...), '\n')
@@ -87,17 +91,106 @@ type keyedMACs struct {
 	sync.Pool
 }
 
-// macCache holds the pool for the cluster secret in use: one per process,
-// replaced if the key differs (a test may use several).
-var macCache atomic.Pointer[keyedMACs]
+func newKeyedMACs(key string) *keyedMACs {
+	p := &keyedMACs{key: key}
+	p.New = func() any { return &macState{h: hmac.New(sha256.New, []byte(p.key)), msg: make([]byte, 0, 256)} }
+	return p
+}
+
+// maxCachedKeys bounds each key cache below; past it the cache starts
+// afresh (keys are few: one per live worker session and the secret).
+const maxCachedKeys = 4096
+
+// macCache holds the pools of the keys in use, by key: copied on write,
+// so the per-request lookup is one atomic load and a map read.
+var (
+	macCache   atomic.Pointer[map[string]*keyedMACs]
+	macCacheMu sync.Mutex
+)
 
 func macsFor(key []byte) *keyedMACs {
-	if p := macCache.Load(); p != nil && p.key == string(key) {
-		return p
+	if m := macCache.Load(); m != nil {
+		if p := (*m)[string(key)]; p != nil {
+			return p
+		}
 	}
-	p := &keyedMACs{key: string(key)}
-	p.New = func() any { return &macState{h: hmac.New(sha256.New, []byte(p.key)), msg: make([]byte, 0, 256)} }
-	macCache.Store(p)
+	macCacheMu.Lock()
+	defer macCacheMu.Unlock()
+	old := macCache.Load()
+	if old != nil {
+		if p := (*old)[string(key)]; p != nil {
+			return p
+		}
+	}
+	next := map[string]*keyedMACs{}
+	if old != nil && len(*old) < maxCachedKeys {
+		for k, v := range *old {
+			next[k] = v
+		}
+	}
+	p := newKeyedMACs(string(key))
+	next[p.key] = p
+	macCache.Store(&next)
+	return p
+}
+
+// WorkerKey is the key a front door signs the attestations for one worker
+// session with, and the key that session verifies them with (REGISTRY.md,
+// "Attestation"): HMAC-SHA256 keyed by the cluster secret over
+// "pinned-worker-key-v1\n" + clientId + "\n" + sessionId + "\n". Every
+// node derives it from its replica (no Raft write, and it survives leader
+// changes); the registry hands it to the worker in the register answer.
+// The cluster secret never leaves the nodes, and one session's key says
+// nothing about another's, so a worker can forge for no other worker, nor
+// for its own next session.
+func WorkerKey(secret []byte, clientID, sessionID string) []byte {
+	h := hmac.New(sha256.New, secret)
+	h.Write([]byte("pinned-worker-key-v1\n" + clientID + "\n" + sessionID + "\n"))
+	return h.Sum(nil)
+}
+
+// sessionRef names one worker session.
+type sessionRef struct{ client, session string }
+
+// sessionKeyCache holds derived session keys' pools for one cluster
+// secret, copied on write like macCache.
+type sessionKeyCache struct {
+	secret string
+	keys   map[sessionRef]*keyedMACs
+}
+
+var (
+	sessionKeys   atomic.Pointer[sessionKeyCache]
+	sessionKeysMu sync.Mutex
+)
+
+// sessionMACs is the pool for WorkerKey(secret, clientID, sessionID),
+// derived once per session.
+func sessionMACs(secret []byte, clientID, sessionID string) *keyedMACs {
+	ref := sessionRef{clientID, sessionID}
+	if c := sessionKeys.Load(); c != nil && c.secret == string(secret) {
+		if p := c.keys[ref]; p != nil {
+			return p
+		}
+	}
+	sessionKeysMu.Lock()
+	defer sessionKeysMu.Unlock()
+	old := sessionKeys.Load()
+	next := &sessionKeyCache{secret: string(secret), keys: map[sessionRef]*keyedMACs{}}
+	if old != nil && old.secret == next.secret {
+		if p := old.keys[ref]; p != nil {
+			return p
+		}
+		if len(old.keys) < maxCachedKeys {
+			for k, v := range old.keys {
+				next.keys[k] = v
+			}
+		}
+	}
+	p := newKeyedMACs(string(WorkerKey(secret, clientID, sessionID)))
+	// Copies, so the cache does not keep a request's strings alive.
+	next.keys[sessionRef{strings.Clone(clientID), strings.Clone(sessionID)}] = p
+	sessionKeys.Store(next)
 	return p
 }
 
@@ -109,8 +202,19 @@ var (
 )
 
 // Sign returns the header value attesting a for method and path (the
-// escaped instance path, query included).
+// escaped instance path, query included), MACed with key.
 func Sign(key []byte, a Attestation, method, path string) string {
+	return signWith(macsFor(key), a, method, path)
+}
+
+// SignFor is Sign for the worker session (a.Target, sessionID): MACed with
+// WorkerKey(secret, a.Target, sessionID), the key that session verifies
+// with. Every attested request a front door sends a worker is signed so.
+func SignFor(secret []byte, sessionID string, a Attestation, method, path string) string {
+	return signWith(sessionMACs(secret, a.Target, sessionID), a, method, path)
+}
+
+func signWith(macs *keyedMACs, a Attestation, method, path string) string {
 	var nonce [16]byte
 	if a.Nonce == "" {
 		b := noncePrefix
@@ -121,7 +225,7 @@ func Sign(key []byte, a Attestation, method, path string) string {
 		base64.RawURLEncoding.Encode(nonce[:], b[:])
 		a.Nonce = string(nonce[:])
 	}
-	mac := attestMAC(key, a, method, path)
+	mac := attestMACWith(macs, a, method, path)
 	// A constant capacity keeps the buffer on the stack; longer ids grow it.
 	out := make([]byte, 0, 256)
 	out = append(out, "v1."...)
@@ -138,13 +242,46 @@ func Sign(key []byte, a Attestation, method, path string) string {
 // escaped path, with the query when the signer included it). A bad one is
 // counted and answered 403; only then does it return false.
 func (f *FrontDoor) attested(w http.ResponseWriter, r *http.Request, signedPath string) (Attestation, bool) {
-	att, err := f.verifier.Verify(f.cfg.Dir.Machine().Secret(), r.Header.Get(AttestationHeader), f.selfID(), r.Method, signedPath, time.Now())
+	now := time.Now()
+	att, err := f.checkOwned(r.Header.Get(AttestationHeader), r.Method, signedPath, now)
+	if err == nil {
+		err = f.verifier.Spend(att, now)
+	}
 	if err != nil {
 		f.attestFailures.WithLabelValues(attestOutcome(err)).Inc()
 		httpx.WriteError(w, http.StatusForbidden, "invalid attestation", 0)
 		return Attestation{}, false
 	}
 	return att, true
+}
+
+// checkOwned is Verifier.Check for a request to this node's worker, under
+// the keys it accepts (Worker.attestKeys): its session's key, the previous
+// session's for one attestation window after a re-registration (front
+// doors whose replica has not applied the new session yet sign with it),
+// and, for nodes of a version that signed with it, the cluster secret
+// itself, which only nodes hold. The nonce is not spent.
+func (f *FrontDoor) checkOwned(header, method, path string, now time.Time) (Attestation, error) {
+	self := f.selfID()
+	var keys [3][]byte
+	if f.cfg.Worker != nil {
+		keys[0], keys[1] = f.cfg.Worker.attestKeys(now, f.verifier.window())
+	}
+	keys[2] = f.cfg.Dir.Machine().Secret()
+	err := ErrAttestationNoKey
+	for _, k := range keys {
+		if len(k) == 0 {
+			continue
+		}
+		var a Attestation
+		if a, err = f.verifier.Check(k, header, self, method, path, now); !errors.Is(err, ErrAttestationForged) {
+			return a, err // valid, or bad whatever the key (missing, malformed, expired)
+		}
+	}
+	if header == "" {
+		return Attestation{}, ErrAttestationMissing
+	}
+	return Attestation{}, err
 }
 
 // Verifier checks attestations and remembers nonces for the window, so a

@@ -3,7 +3,9 @@ package pinboard
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -63,11 +65,24 @@ type Ack struct {
 	DrainDeadline int64 `json:"drainDeadline,omitempty"`
 }
 
-// RegisterAck answers a registration.
+// RegisterAck answers a registration. AttestationKey is the session's
+// attestation key, WorkerKey(cluster secret, clientId, sessionId) in
+// unpadded base64url: every request a front door forwards to this session
+// is signed with it (REGISTRY.md, "Attestation").
 type RegisterAck struct {
 	Ack
-	SessionID  string        `json:"sessionId"`
-	Duplicates []InstanceKey `json:"duplicates,omitempty"`
+	SessionID      string        `json:"sessionId"`
+	AttestationKey string        `json:"attestationKey"`
+	Duplicates     []InstanceKey `json:"duplicates,omitempty"`
+}
+
+// decodeAttestationKey reads RegisterAck.AttestationKey.
+func decodeAttestationKey(s string) ([]byte, error) {
+	k, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || len(k) != sha256.Size {
+		return nil, fmt.Errorf("%w: the register answer's attestationKey is not 32 bytes of unpadded base64url", ErrBadAttestationKey)
+	}
+	return k, nil
 }
 
 // Registrar is where a worker registers: in-process for this node's own
@@ -100,12 +115,37 @@ var (
 	ErrBadRequest      = errors.New("bad request")
 	ErrChallengeFailed = errors.New("challenge failed")
 	ErrAdvertiseInUse  = errors.New("advertise URL held by another live worker")
+	// ErrNoSecret: this node's replica has no cluster secret yet, so it
+	// cannot derive the session's attestation key (answered 503).
+	ErrNoSecret = errors.New("cluster secret not replicated to this node yet")
+	// ErrBadAttestationKey: a register answer without a usable key.
+	ErrBadAttestationKey = errors.New("bad attestation key")
+	// ErrUnknownClient: no worker with this client id is registered.
+	ErrUnknownClient = errors.New("unknown client id")
+	// ErrNotYours: the placement to give back is another worker's, or
+	// this worker's under another generation (answered 409).
+	ErrNotYours = errors.New("placement not held under this generation")
 )
+
+// validClientID: 1-128 characters from A-Z a-z 0-9 - _ : @ ~. No '.' (it
+// separates an attestation's fields) and nothing a header cannot carry.
+func validClientID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("-_:@~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
 
 func validateRegister(req RegisterRequest) error {
 	switch {
-	case req.ClientID == "" || len(req.ClientID) > 128:
-		return fmt.Errorf("%w: clientId must be 1-128 characters", ErrBadRequest)
+	case !validClientID(req.ClientID):
+		return fmt.Errorf("%w: clientId must be 1-128 characters from A-Z a-z 0-9 - _ : @ ~", ErrBadRequest)
 	case req.Challenge.Challenge == "" || req.ChallengeValue == "":
 		return fmt.Errorf("%w: challenge and challengeValue are required", ErrBadRequest)
 	case req.Headroom < 0:
@@ -153,6 +193,12 @@ func (r *Registry) Register(ctx context.Context, req RegisterRequest) (RegisterA
 	if err := validateRegister(req); err != nil {
 		return RegisterAck{}, err
 	}
+	// The key is derived from the cluster secret: without it nothing is
+	// registered, rather than a session whose requests no key verifies.
+	secret, err := r.awaitSecret(ctx)
+	if err != nil {
+		return RegisterAck{}, err
+	}
 	if !r.probe(ctx, req.AdvertiseURL, req.Challenge) {
 		return RegisterAck{}, fmt.Errorf("%w: %s did not answer this worker's challenge", ErrChallengeFailed, req.AdvertiseURL)
 	}
@@ -178,11 +224,35 @@ func (r *Registry) Register(ctx context.Context, req RegisterRequest) (RegisterA
 	default:
 		return RegisterAck{}, fmt.Errorf("%w: %s %s", ErrRefused, res.Code, res.Reason)
 	}
-	ack := RegisterAck{Ack: ackOf(res), SessionID: sid}
+	ack := RegisterAck{Ack: ackOf(res), SessionID: sid,
+		AttestationKey: base64.RawURLEncoding.EncodeToString(WorkerKey(secret, req.ClientID, sid))}
 	for _, k := range res.Duplicates {
 		ack.Duplicates = append(ack.Duplicates, InstanceKey{Env: k.Env, Namespace: k.Namespace, ID: k.ID})
 	}
 	return ack, nil
+}
+
+// secretWait bounds how long a registration waits for the cluster secret
+// to reach this node's replica (the first leader creates it at once; a
+// node that just joined catches up in moments).
+const secretWait = 2 * time.Second
+
+// awaitSecret returns the cluster secret once this node's replica has it.
+func (r *Registry) awaitSecret(ctx context.Context) ([]byte, error) {
+	deadline := time.Now().Add(secretWait)
+	for {
+		if s := r.dir.Machine().Secret(); len(s) != 0 {
+			return s, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, ErrNoSecret
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // Heartbeat implements Registrar. A failed probe still renews the lease but
@@ -217,6 +287,61 @@ func (r *Registry) Heartbeat(ctx context.Context, req HeartbeatRequest) (Ack, er
 func (r *Registry) Deregister(ctx context.Context, clientID, sessionID string) error {
 	_, err := r.dir.Do(ctx, directory.Deregister{ClientID: clientID, SessionID: sessionID})
 	return err
+}
+
+// GiveBack is a worker giving back one id it holds (an instance it
+// evicted), without deregistering: the next request places the id anew.
+// Giving back a placement that is gone already is no error (released
+// false): a retry after an unknown outcome answers as the first try did.
+type GiveBack struct {
+	ClientID   string
+	SessionID  string
+	Key        InstanceKey
+	Generation uint64
+}
+
+// GiveBackResult says what a GiveBack did. Held is the placement now in
+// force when ErrNotYours is returned.
+type GiveBackResult struct {
+	Released bool
+	Held     directory.Placement
+}
+
+// GiveBack removes the placement of req.Key iff this session of
+// req.ClientID holds it under req.Generation; the directory checks the
+// session and the generation in the same command that removes it.
+func (r *Registry) GiveBack(ctx context.Context, req GiveBack) (GiveBackResult, error) {
+	switch {
+	case req.ClientID == "" || req.SessionID == "":
+		return GiveBackResult{}, fmt.Errorf("%w: clientId and sessionId are required", ErrBadRequest)
+	case plugins.ValidateNamespace(req.Key.Namespace) != nil:
+		return GiveBackResult{}, fmt.Errorf("%w: namespace must be a valid namespace such as /threads", ErrBadRequest)
+	case plugins.ValidateID(req.Key.ID) != nil:
+		return GiveBackResult{}, fmt.Errorf("%w: id must be a valid instance id", ErrBadRequest)
+	case req.Generation == 0:
+		return GiveBackResult{}, fmt.Errorf("%w: generation must be the placement's generation (a positive integer, as the attestation carries it)", ErrBadRequest)
+	}
+	res, err := r.dir.Do(ctx, directory.GiveBack{
+		Key:      directory.Key{Env: req.Key.Env, Namespace: req.Key.Namespace, ID: req.Key.ID},
+		ClientID: req.ClientID, SessionID: req.SessionID, Generation: req.Generation,
+	})
+	if err != nil {
+		return GiveBackResult{}, err
+	}
+	switch res.Code {
+	case directory.CodeOK:
+		return GiveBackResult{Released: true}, nil
+	case directory.CodeNotFound:
+		return GiveBackResult{}, nil
+	case directory.CodeHeld:
+		return GiveBackResult{Held: res.Placement}, ErrNotYours
+	case directory.CodeUnknownWorker:
+		return GiveBackResult{}, fmt.Errorf("%w %q", ErrUnknownClient, req.ClientID)
+	case directory.CodeReregister:
+		return GiveBackResult{}, ErrReregister
+	default:
+		return GiveBackResult{}, fmt.Errorf("%w: %s %s", ErrRefused, res.Code, res.Reason)
+	}
 }
 
 func ackOf(res directory.Result) Ack {

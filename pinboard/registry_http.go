@@ -3,7 +3,7 @@ package pinboard
 import (
 	"encoding/json"
 	"errors"
-
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -40,6 +40,10 @@ func (f *FrontDoor) registryError(w http.ResponseWriter, r *http.Request, err er
 		httpx.WriteError(w, http.StatusConflict, err.Error(), 0)
 	case errors.Is(err, ErrReregister):
 		httpx.WriteJSON(w, http.StatusConflict, map[string]any{"error": "session unknown or lapsed: register again", "reregister": true})
+	case errors.Is(err, ErrUnknownClient):
+		httpx.WriteError(w, http.StatusNotFound, err.Error()+": register first", 0)
+	case errors.Is(err, ErrNoSecret):
+		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error()+"; nothing was registered", time.Second)
 	case r.Context().Err() != nil:
 	default:
 		f.cfg.Logger.Warn("registry request failed", "path", r.URL.Path, "err", err)
@@ -90,6 +94,76 @@ func (f *FrontDoor) registryDeregister(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpx.WriteJSON(w, http.StatusOK, map[string]bool{"ok": true})
+}
+
+// releaseRequest is POST /registry/release: a worker gives back one id.
+type releaseRequest struct {
+	ClientID   string `json:"clientId"`
+	SessionID  string `json:"sessionId"`
+	Env        string `json:"env,omitempty"`
+	Namespace  string `json:"namespace"`
+	ID         string `json:"id"`
+	Generation uint64 `json:"generation"`
+}
+
+// registryRelease serves POST /registry/release (worker scope): 200
+// {"released": true} when the placement went, {"released": false} when
+// there was none (given back already); 409 with the placement in force
+// when it is not this session's under that generation, 409 reregister for
+// a session the directory replaced, 404 for an unknown client id.
+func (f *FrontDoor) registryRelease(w http.ResponseWriter, r *http.Request) {
+	var req releaseRequest
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	if req.Env != "" {
+		httpx.WriteError(w, http.StatusBadRequest, "env requires hostname-aware mode", 0)
+		return
+	}
+	res, err := f.cfg.Registry.GiveBack(r.Context(), GiveBack{
+		ClientID: req.ClientID, SessionID: req.SessionID, Generation: req.Generation,
+		Key: InstanceKey{Namespace: req.Namespace, ID: req.ID},
+	})
+	if errors.Is(err, ErrNotYours) {
+		held := res.Held
+		msg := fmt.Sprintf("%s/%s is placed under generation %d, not %d", req.Namespace, req.ID, held.Generation, req.Generation)
+		if held.Owner != req.ClientID {
+			msg = fmt.Sprintf("%s/%s is held by another worker", req.Namespace, req.ID)
+		}
+		httpx.WriteJSON(w, http.StatusConflict, map[string]any{
+			"error": msg + ": nothing was released", "generation": held.Generation, "yours": held.Owner == req.ClientID,
+		})
+		return
+	}
+	if err != nil {
+		f.registryError(w, r, err)
+		return
+	}
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "released": res.Released})
+}
+
+// windDownAnswer reads a worker's answer to POST /_pinned/wind_down: a
+// 200 must carry {"instances": N}, the number of instances it now winds
+// down (0 is a valid count). A 200 without it is an error naming what is
+// missing, so an outside worker that acknowledges generically is reported
+// as failed rather than counted as winding down nothing.
+func windDownAnswer(status int, body []byte) (int, error) {
+	var out struct {
+		Instances *int   `json:"instances"`
+		Error     string `json:"error"`
+	}
+	jerr := json.Unmarshal(body, &out)
+	switch {
+	case status != http.StatusOK && out.Error != "":
+		return 0, fmt.Errorf("answered %d: %s", status, out.Error)
+	case status != http.StatusOK:
+		return 0, fmt.Errorf("answered %d", status)
+	case jerr != nil || out.Instances == nil:
+		return 0, errors.New(`answered 200 without {"instances": N} (pinboard/REGISTRY.md, wind_down)`)
+	case *out.Instances < 0:
+		return 0, fmt.Errorf("answered a negative instance count %d", *out.Instances)
+	}
+	return *out.Instances, nil
 }
 
 // WorkerView is one worker as GET /registry/workers shows it.

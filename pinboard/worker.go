@@ -95,6 +95,11 @@ type Worker struct {
 	local     localDrain
 	flaps     int
 	reregs    int
+	// The session's attestation key (RegisterAck.AttestationKey), and the
+	// previous session's, replaced at prevKeySince.
+	attestKey    []byte
+	prevKey      []byte
+	prevKeySince time.Time
 
 	challenges map[string]string // recent challenge -> value
 	order      []string
@@ -182,6 +187,19 @@ func newID() string {
 
 // ClientID is minted per process start.
 func (w *Worker) ClientID() string { return w.clientID }
+
+// attestKeys are the keys attestations for this worker are checked with:
+// the session's, and the previous session's for window after the
+// re-registration replaced it (a front door whose replica has not applied
+// the new session yet still signs with that one). Either may be nil.
+func (w *Worker) attestKeys(now time.Time, window time.Duration) (cur, prev []byte) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.prevKey != nil && now.Sub(w.prevKeySince) <= window {
+		prev = w.prevKey
+	}
+	return w.attestKey, prev
+}
 
 // SessionID is the current registration's session, "" before the first.
 func (w *Worker) SessionID() string {
@@ -288,9 +306,17 @@ func (w *Worker) register(ctx context.Context) error {
 	if len(ack.Duplicates) > 0 && w.cfg.OnDuplicates != nil {
 		w.cfg.OnDuplicates(ack.Duplicates)
 	}
+	key, err := decodeAttestationKey(ack.AttestationKey)
+	if err != nil {
+		return fmt.Errorf("register: %w", err)
+	}
 	w.mu.Lock()
 	first := w.sessionID == ""
 	w.sessionID = ack.SessionID
+	if w.attestKey != nil {
+		w.prevKey, w.prevKeySince = w.attestKey, time.Now()
+	}
+	w.attestKey = key
 	if !first {
 		w.reregs++
 	}

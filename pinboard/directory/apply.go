@@ -274,6 +274,31 @@ func (m *Machine) applyRelease(c Release) Result {
 	return Result{Code: CodeOK}
 }
 
+// applyGiveBack: CodeUnknownWorker for a client id the directory does not
+// know, CodeReregister for a session that is not the worker's current one
+// (deregistered, or replaced by a later registration), CodeNotFound when
+// the key has no placement (given back already: a retry answers so),
+// CodeHeld with the placement when another worker holds it or this one
+// under another generation, else CodeOK with the placement removed.
+func (m *Machine) applyGiveBack(c GiveBack) Result {
+	w := m.st.workers[c.ClientID]
+	switch {
+	case w == nil:
+		return Result{Code: CodeUnknownWorker}
+	case w.SessionID == "" || w.SessionID != c.SessionID:
+		return Result{Code: CodeReregister, Reason: "unknown or replaced session"}
+	}
+	p, ok := m.st.placements[c.Key]
+	if !ok {
+		return Result{Code: CodeNotFound}
+	}
+	if p.Owner != c.ClientID || p.OwnerSession != c.SessionID || p.Generation != c.Generation {
+		return Result{Code: CodeHeld, Placement: p}
+	}
+	m.removePlacement(p)
+	return Result{Code: CodeOK}
+}
+
 func (m *Machine) applyDrain(c DrainWorker) Result {
 	if _, ok := m.st.workers[c.ClientID]; !ok {
 		return Result{Code: CodeUnknownWorker}

@@ -30,6 +30,7 @@ const (
 	TypeUndrain    CommandType = 8
 	TypeGC         CommandType = 9
 	TypeBatch      CommandType = 10
+	TypeGiveBack   CommandType = 11
 )
 
 // Command is one directory command. The set is closed: the concrete types in
@@ -98,6 +99,19 @@ type Release struct {
 	Generation uint64
 }
 
+// GiveBack is a worker giving back one id (POST /registry/release): it
+// removes the placement of Key iff ClientID's current session is SessionID
+// and it holds Key under Generation. Unlike Release (the front door's and
+// the node's own release, which knows no session) it checks the session in
+// the same step, so a worker acting on a session the directory replaced is
+// told to re-register instead of dropping what its new session holds.
+type GiveBack struct {
+	Key        Key
+	ClientID   string
+	SessionID  string
+	Generation uint64
+}
+
 // DrainWorker sets an operator drain on a known client id: a deadline in unix
 // ms (the proposer turns the request's relative seconds into it), or a cordon.
 type DrainWorker struct {
@@ -145,6 +159,7 @@ func (DrainWorker) Type() CommandType   { return TypeDrain }
 func (UndrainWorker) Type() CommandType { return TypeUndrain }
 func (GC) Type() CommandType            { return TypeGC }
 func (Batch) Type() CommandType         { return TypeBatch }
+func (GiveBack) Type() CommandType      { return TypeGiveBack }
 func (o Opaque) Type() CommandType      { return o.Code }
 
 func (c Init) appendPayload(b []byte) []byte {
@@ -190,6 +205,13 @@ func (c Claim) appendPayload(b []byte) []byte {
 func (c Release) appendPayload(b []byte) []byte {
 	b = appendKey(b, c.Key)
 	b = appendString(b, c.ClientID)
+	return binary.AppendUvarint(b, c.Generation)
+}
+
+func (c GiveBack) appendPayload(b []byte) []byte {
+	b = appendKey(b, c.Key)
+	b = appendString(b, c.ClientID)
+	b = appendString(b, c.SessionID)
 	return binary.AppendUvarint(b, c.Generation)
 }
 
@@ -306,6 +328,8 @@ func decodeBody(t byte, payload []byte, inBatch bool) (Command, error) {
 		c = Claim{Key: d.key(), ClientID: d.string(), Now: d.varint(), QuarantineMs: d.varint()}
 	case TypeRelease:
 		c = Release{Key: d.key(), ClientID: d.string(), Generation: d.uvarint()}
+	case TypeGiveBack:
+		c = GiveBack{Key: d.key(), ClientID: d.string(), SessionID: d.string(), Generation: d.uvarint()}
 	case TypeDrain:
 		c = DrainWorker{ClientID: d.string(), Deadline: d.varint(), Cordon: d.bool(), Now: d.varint()}
 	case TypeUndrain:

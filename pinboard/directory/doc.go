@@ -27,7 +27,8 @@
 // payload. raft may report an Apply as failed when its outcome is unknown,
 // so every command is idempotent or compare-and-set: Claim returns the
 // existing placement when the candidate already holds it, Release only
-// removes the placement with the given owner and generation, Register and
+// removes the placement with the given owner and generation (GiveBack, a
+// worker's own release, also with the given session), Register and
 // Heartbeat never move a lease backwards.
 //
 // Unknown command policy (after Nomad's fsm): a node that meets a command

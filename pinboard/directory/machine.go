@@ -127,6 +127,8 @@ func (m *Machine) exec(c Command, inBatch bool) Result {
 		return m.applyClaim(c)
 	case Release:
 		return m.applyRelease(c)
+	case GiveBack:
+		return m.applyGiveBack(c)
 	case DrainWorker:
 		return m.applyDrain(c)
 	case UndrainWorker:

@@ -13,14 +13,14 @@ const (
 	CodeOK                 Code = 0  // done (or nothing to do)
 	CodeGranted            Code = 1  // Claim: the key is now placed on the candidate
 	CodeExisting           Code = 2  // Claim: the candidate's session already holds it; Init: secret already set
-	CodeHeld               Code = 3  // Claim: another live worker holds it; Placement says who
+	CodeHeld               Code = 3  // Claim: another live worker holds it; GiveBack: not this session's under that generation; Placement says who
 	CodeIneligible         Code = 4  // Claim: the candidate cannot take placements; Reason says why
 	CodeQuarantine         Code = 5  // Claim: cold-start quarantine; RemainingMs until it ends
 	CodeConflict           Code = 6  // Claim: the key was granted earlier in this entry; retry in a new one
-	CodeReregister         Code = 7  // Heartbeat: unknown client, stale session or lapsed lease
+	CodeReregister         Code = 7  // Heartbeat: unknown client, stale session or lapsed lease; GiveBack: stale session
 	CodeDuplicateAdvertise Code = 8  // Register: another live client holds the advertise URL
-	CodeUnknownWorker      Code = 9  // Drain/Undrain: the client id never registered (API: 403)
-	CodeNotFound           Code = 10 // Release/Deregister: nothing matched (already done, or not yours)
+	CodeUnknownWorker      Code = 9  // Drain/Undrain/GiveBack: the client id never registered (API: 404)
+	CodeNotFound           Code = 10 // Release/Deregister: nothing matched (already done, or not yours); GiveBack: no placement
 	CodeUnknownCommand     Code = 11 // an ignorable command of an unknown type was skipped
 	CodeInvalid            Code = 12 // the command's arguments are invalid; Reason says which
 	CodeError              Code = 13 // undecodable, unknown non-ignorable, or stale index; nothing changed
@@ -59,7 +59,7 @@ type Result struct {
 	Code   Code
 	Reason string
 
-	Placement Placement // Claim: granted, existing or held; Release: the current one on a mismatch
+	Placement Placement // Claim: granted, existing or held; Release, GiveBack: the current one on a mismatch
 
 	LeaseExpiry int64 // Register, Heartbeat: unix ms
 	ExpiresInMs int64 // Register, Heartbeat: LeaseExpiry - Now, never negative
