@@ -78,7 +78,9 @@ func (rig *ownerRouteRig) call(t *testing.T, method, path, target string, gen ui
 }
 
 // live reports the generation (ns /misc, id) runs under in the plugin.
-func (rig *ownerRouteRig) live(id string) (uint64, bool) { return rig.local.LiveGeneration("/misc", id) }
+func (rig *ownerRouteRig) live(id string) (uint64, bool) {
+	return rig.local.LiveGeneration("/misc", id)
+}
 
 // refused checks a 421 not-owner answer that activated nothing.
 func (rig *ownerRouteRig) refused(t *testing.T, what string, code int, body, id string) {
