@@ -97,4 +97,83 @@ func TestCrashLoopDegradesOnceAndRecovers(t *testing.T) {
 	if n := degradedLines(); n != 1 {
 		t.Fatalf("%d degradation log lines, want 1", n)
 	}
+
+	// The stable run reset the count: a quick crash now is the first of a
+	// new series, even of a process younger than the stable period (a hot
+	// swap started it), and only the threshold's crash degrades again.
+	if err := s.Reload(context.Background(), "/misc"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the swapped-in process serving", func() bool {
+		st := status()
+		return st.State == StateRunning && st.PID != 0 && st.PID != pid
+	})
+	for i := 1; i <= 2; i++ {
+		pid = status().PID
+		seen = append(seen, pid)
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		testutil.WaitFor(t, 10*time.Second, "the plugin restarted", func() bool {
+			st := status()
+			return st.State == StateRunning && st.PID != 0 && st.PID != pid
+		})
+		if want := i >= 2; status().Degraded != want {
+			t.Fatalf("after crash %d of a new series: degraded %v, want %v", i, status().Degraded, want)
+		}
+	}
+	seen = append(seen, status().PID)
+}
+
+// The delay before each restart of a crash series doubles from BackoffMin:
+// the n-th restart comes no sooner than BackoffMin·2^(n-1) after the crash.
+// (TestBackoff checks the formula; this checks that restarts follow it.)
+func TestRestartBackoffGrows(t *testing.T) {
+	const lo = 100 * time.Millisecond
+	logs, logger := newLogBuffer()
+	s, err := New(Config{
+		Specs:              []Spec{{Name: "p", Path: testutil.Bin(t, "testhost"), Namespaces: []string{"/misc"}}},
+		Logger:             logger,
+		CrashLoopThreshold: 100, // never degraded here: only the delays count
+		StablePeriod:       time.Minute,
+		BackoffMin:         lo,
+		BackoffMax:         time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	seen := []int{}
+	t.Cleanup(func() {
+		s.Stop(context.Background())
+		testutil.CheckGone(t, seen)
+		checkNoPlugins(t)
+		if t.Failed() {
+			t.Logf("supervisor log:\n%s", logs)
+		}
+	})
+	status := func() PluginStatus { return s.Plugins()[0] }
+	pid := status().PID
+	seen = append(seen, pid)
+	for n := 1; n <= 5; n++ {
+		killed := time.Now()
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		testutil.WaitFor(t, 20*time.Second, "the plugin restarted", func() bool {
+			st := status()
+			return st.State == StateRunning && st.PID != 0 && st.PID != pid
+		})
+		took := time.Since(killed)
+		pid = status().PID
+		seen = append(seen, pid)
+		if want := lo << (n - 1); took < want {
+			t.Fatalf("restart %d came %s after the crash, want at least %s", n, took, want)
+		}
+	}
+	if r := status().Restarts; r != 5 {
+		t.Fatalf("%d restarts counted, want 5", r)
+	}
 }

@@ -27,39 +27,50 @@ import (
 )
 
 var (
-	buildOnce sync.Once
+	buildMu   sync.Mutex
 	buildDir  string
 	buildErr  error
+	buildDone = map[string]error{}
 )
 
+// binPkgs are the binaries Bin builds, by name.
+var binPkgs = map[string]string{
+	"pinnedd":  "./pinnedd",
+	"testhost": "./internal/testhost",
+	"counter":  "./examples/counter/cmd/counter",
+}
+
 // Bin returns the path of a binary built from the module: "pinnedd",
-// "testhost" or "counter".
+// "testhost" or "counter". Each is built once per test process, when first
+// asked for: a test of plugins alone does not need pinnedd to build.
 func Bin(t testing.TB, name string) string {
 	t.Helper()
-	buildOnce.Do(func() {
+	pkg, ok := binPkgs[name]
+	if !ok {
+		t.Fatalf("testutil.Bin: no binary %q", name)
+	}
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if buildDir == "" && buildErr == nil {
 		buildDir, buildErr = os.MkdirTemp("", "pinnedd-bin-")
-		if buildErr != nil {
-			return
-		}
-		root := moduleRoot()
-		pkgs := map[string]string{
-			"pinnedd":  "./pinnedd",
-			"testhost": "./internal/testhost",
-			"counter":  "./examples/counter/cmd/counter",
-		}
-		for out, pkg := range pkgs {
-			cmd := exec.Command("go", "build", "-o", filepath.Join(buildDir, out), pkg)
-			cmd.Dir = root
-			if b, err := cmd.CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
-				return
-			}
-		}
-	})
+	}
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
-	return filepath.Join(buildDir, name)
+	out := filepath.Join(buildDir, name)
+	err, built := buildDone[name]
+	if !built {
+		cmd := exec.Command("go", "build", "-o", out, pkg)
+		cmd.Dir = moduleRoot()
+		if b, berr := cmd.CombinedOutput(); berr != nil {
+			err = fmt.Errorf("go build %s: %w\n%s", pkg, berr, b)
+		}
+		buildDone[name] = err
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 func moduleRoot() string {
