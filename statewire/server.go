@@ -111,10 +111,13 @@ type Server struct {
 
 // clientPool is the admission state of one client: its lock serializes
 // the client's POST /frames, high is the highest admitted seq (-1: not
-// read from the tray yet).
+// read from the tray yet). unsure is the last seq of an append whose wait
+// failed: the SDK keeps such a write queued and may still store it, so
+// nothing is appended again until a Durable says it was.
 type clientPool struct {
-	mu   sync.Mutex
-	high int64
+	mu     sync.Mutex
+	high   int64
+	unsure int64
 }
 
 // New builds the server for inst and registers it so the command tray's
@@ -300,6 +303,12 @@ func (s *Server) serveFrames(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resp, err := s.admit(r.Context(), req.ClientID, cmds)
+	if errors.Is(err, sdk.ErrInvalidWrite) {
+		// A frame the store can never take (over statestore.MaxValueLen
+		// once stored): the client must change it, not retry it.
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("frames not admitted: %v", err))
+		return
+	}
 	if err != nil {
 		s.log.Warn("statewire frames not admitted", "client", req.ClientID, "err", err)
 		writeError(w, http.StatusServiceUnavailable, "not admitted: "+err.Error())
@@ -391,6 +400,15 @@ func (s *Server) admit(ctx context.Context, clientID string, cmds []storedComman
 	if p.high < 0 {
 		p.high = highWater(tray)
 	}
+	if p.unsure > 0 {
+		// Appending the resent frames again would store them twice once
+		// the earlier write lands: wait for it instead.
+		if err := s.inst.Durable(ctx); err != nil {
+			return FramesResponse{}, fmt.Errorf("an earlier admission is still being stored: %w", err)
+		}
+		p.high = max(p.high, p.unsure)
+		p.unsure = 0
+	}
 	var fresh []any
 	var resp FramesResponse
 	cancels := 0
@@ -406,6 +424,9 @@ func (s *Server) admit(ctx context.Context, clientID string, cmds []storedComman
 	}
 	if len(fresh) > 0 {
 		if _, err := tray.Append(ctx, fresh...); err != nil {
+			if !errors.Is(err, sdk.ErrInvalidWrite) && !errors.Is(err, sdk.ErrFenced) {
+				p.unsure = cmds[len(cmds)-1].Seq // queued, outcome unknown
+			}
 			return resp, fmt.Errorf("append to %s:%s: %w", CommandTray, clientID, err)
 		}
 		p.high = cmds[len(cmds)-1].Seq

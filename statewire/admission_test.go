@@ -1,0 +1,326 @@
+package statewire_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
+	"github.com/pinnedd/pinnedd/plugins/proto"
+	"github.com/pinnedd/pinnedd/plugins/sdk"
+	"github.com/pinnedd/pinnedd/statestore"
+	"github.com/pinnedd/pinnedd/statestore/faulty"
+	"github.com/pinnedd/pinnedd/statestore/memstore"
+	"github.com/pinnedd/pinnedd/statewire"
+	"github.com/pinnedd/pinnedd/supervisor"
+)
+
+const (
+	threadNS = "/threads"
+	clientID = "c1"
+)
+
+var threadKey = statestore.InstanceKey{Namespace: threadNS, ID: "t1"}
+
+// serveStore serves store over real gRPC on loopback, as pinnedd serves its
+// state store to a plugin, and returns a client for it.
+func serveStore(t *testing.T, store statestore.Store) proto.StoreClient {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	proto.RegisterStoreServer(g, supervisor.NewStoreServer(store, func(string) bool { return true }))
+	go func() { _ = g.Serve(ln) }()
+	t.Cleanup(g.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return proto.NewStoreClient(conn)
+}
+
+// activation is one process's activation of /threads/t1 with a Statewire
+// server over real HTTP: a runtime as a plugin runs it, trays in the store
+// behind client. Its "say" commands run until the instance stops, so what
+// it admitted stays pending in the tray (a run in progress).
+type activation struct {
+	rt  *sdk.Runtime
+	srv *httptest.Server
+}
+
+func activate(t *testing.T, client proto.StoreClient, gen uint64, adjust ...func(*statewire.Config)) *activation {
+	t.Helper()
+	var mu sync.Mutex
+	var server *statewire.Server
+	host := sdk.Host{
+		New: func(inst *sdk.Instance) (http.Handler, error) {
+			cfg := statewire.Config{
+				Initial:  map[string]any{},
+				Commands: map[string]statewire.CommandSpec{"say": {Run: true}},
+				Run: func(ctx context.Context, rc *statewire.RunContext) error {
+					<-ctx.Done()
+					return ctx.Err()
+				},
+			}
+			for _, f := range adjust {
+				f(&cfg)
+			}
+			s, err := statewire.New(inst, cfg)
+			mu.Lock()
+			server = s
+			mu.Unlock()
+			return s, err
+		},
+		Trays: statewire.Trays(),
+	}
+	rt, err := sdk.NewRuntime(map[string]sdk.Host{threadNS: host}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.UseStore(client)
+	t.Cleanup(rt.Close)
+	if _, err := rt.Activate(t.Context(), &proto.ActivateRequest{Namespace: threadNS, Id: threadKey.ID, Generation: gen}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	a := &activation{rt: rt, srv: httptest.NewServer(server)}
+	t.Cleanup(a.srv.Close)
+	return a
+}
+
+type framesAnswer struct {
+	code int
+	resp statewire.FramesResponse
+	body string
+	err  error
+}
+
+// post sends POST /frames with "say" frames for seqs, within d.
+func (a *activation) post(t *testing.T, d time.Duration, seqs ...int64) framesAnswer {
+	t.Helper()
+	return a.postText(t, d, "m", seqs...)
+}
+
+// postText is post with text (and the seq) in each frame.
+func (a *activation) postText(t *testing.T, d time.Duration, text string, seqs ...int64) framesAnswer {
+	t.Helper()
+	var frames []map[string]any
+	for _, s := range seqs {
+		frames = append(frames, map[string]any{"seq": s, "type": "say", "text": fmt.Sprint(text, s)})
+	}
+	b, _ := json.Marshal(map[string]any{"clientId": clientID, "frames": frames})
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "POST", a.srv.URL+"/frames", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return framesAnswer{err: err}
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	ans := framesAnswer{code: resp.StatusCode, body: string(body)}
+	if resp.StatusCode == http.StatusOK {
+		if err := json.Unmarshal(body, &ans.resp); err != nil {
+			t.Fatalf("frames answer %s: %v", body, err)
+		}
+	}
+	return ans
+}
+
+// storedSeqs is the seqs of the client's command items in the store.
+func storedSeqs(t *testing.T, store statestore.Store, gen uint64) []int64 {
+	t.Helper()
+	trays, err := store.Load(t.Context(), threadKey, gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []int64
+	for _, tr := range trays {
+		if tr.Key != (statestore.TrayKey{NS: statewire.CommandTray, ID: clientID}) {
+			continue
+		}
+		for _, it := range tr.Items {
+			var c struct{ Seq int64 }
+			if err := json.Unmarshal(it.Payload, &c); err != nil {
+				t.Fatal(err)
+			}
+			seqs = append(seqs, c.Seq)
+		}
+	}
+	return seqs
+}
+
+var appendsCommands = func(muts []statestore.Mutation) bool {
+	return faulty.Touches(muts, statewire.CommandTray, faulty.Appends)
+}
+
+// Frames are acknowledged only once the commit that stores them returned:
+// while it is held, no answer comes; once it is let go, the answer acks
+// them.
+func TestFramesAnsweredOnlyAfterTheirCommit(t *testing.T) {
+	store := faulty.New(memstore.New())
+	gate := faulty.NewGate()
+	store.SetHook(func(ctx context.Context, _ statestore.InstanceKey, _ uint64, muts []statestore.Mutation) error {
+		if appendsCommands(muts) {
+			return gate.Wait(ctx)
+		}
+		return nil
+	})
+	a := activate(t, serveStore(t, store), 5)
+
+	answered := make(chan framesAnswer, 1)
+	go func() { answered <- a.post(t, 20*time.Second, 1, 2) }()
+	select {
+	case <-gate.Entered():
+	case ans := <-answered:
+		t.Fatalf("answered before the commit was even tried: %+v", ans)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the admission's commit never reached the store")
+	}
+	// The commit is held: nothing the server does can make the frames
+	// durable now, so any answer in this window acknowledged too early.
+	// (The window bounds how long a wrong answer is waited for; a right
+	// server cannot fail it.)
+	select {
+	case ans := <-answered:
+		t.Fatalf("answered while the commit was held: %+v", ans)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if got := storedSeqs(t, store, 5); len(got) != 0 {
+		t.Fatalf("stored %v while the commit was held", got)
+	}
+	gate.Open()
+	ans := <-answered
+	if ans.code != http.StatusOK || ans.resp.Acked != 2 || ans.resp.Admitted != 2 || ans.resp.Duplicates != 0 {
+		t.Fatalf("after the commit: %+v", ans)
+	}
+	if got := storedSeqs(t, store, 5); !slices.Equal(got, []int64{1, 2}) {
+		t.Fatalf("stored %v, want [1 2]", got)
+	}
+}
+
+// A commit that fails leaves the high-water mark where it was: the frames
+// are not acknowledged, not by the failing request nor by a retry that
+// would count them as duplicates. The failed append stays queued in the
+// SDK and lands once the store is back; the retries in between must not
+// have queued copies of it, so each seq is stored once.
+func TestFailedAppendDoesNotAdvanceHighWater(t *testing.T) {
+	store := faulty.New(memstore.New())
+	errDown := errors.New("store down")
+	store.SetHook(func(_ context.Context, _ statestore.InstanceKey, _ uint64, muts []statestore.Mutation) error {
+		if appendsCommands(muts) {
+			return errDown
+		}
+		return nil
+	})
+	a := activate(t, serveStore(t, store), 5)
+
+	for i := range 3 {
+		ans := a.post(t, 2*time.Second, 1, 2)
+		if ans.err == nil && ans.code == http.StatusOK {
+			t.Fatalf("attempt %d while every append fails: acknowledged %+v", i, ans)
+		}
+		if ans.err == nil && (ans.code != http.StatusServiceUnavailable) {
+			t.Fatalf("attempt %d while every append fails: %d %s, want 503", i, ans.code, ans.body)
+		}
+	}
+	if got := storedSeqs(t, store, 5); len(got) != 0 {
+		t.Fatalf("stored %v while every append failed", got)
+	}
+
+	store.SetHook(nil)
+	var ans framesAnswer
+	testutil.WaitFor(t, 20*time.Second, "frames acknowledged once the store is back", func() bool {
+		ans = a.post(t, 5*time.Second, 1, 2, 3)
+		return ans.err == nil && ans.code == http.StatusOK
+	})
+	if ans.resp.Acked != 3 || ans.resp.Admitted+ans.resp.Duplicates != 3 {
+		t.Fatalf("after the store came back: %+v", ans)
+	}
+	if got := storedSeqs(t, store, 5); !slices.Equal(got, []int64{1, 2, 3}) {
+		t.Fatalf("stored %v, want each seq once: [1 2 3]", got)
+	}
+}
+
+// A process that stored a client's commands but died before the write of
+// its admitted mark (a separate, later commit) leaves the commands pending
+// in the tray: the next activation must count them as admitted, so the
+// client's resend is answered as duplicates and nothing is stored twice.
+func TestHighWaterCountsPendingItemsAfterACrash(t *testing.T) {
+	mem := memstore.New()
+	store := faulty.New(mem)
+	store.SetHook(func(_ context.Context, _ statestore.InstanceKey, gen uint64, muts []statestore.Mutation) error {
+		if gen == 5 && faulty.Touches(muts, statewire.CommandTray, faulty.SetsField("admitted")) {
+			return errors.New("the process died before this write")
+		}
+		return nil
+	})
+	client := serveStore(t, store)
+	first := activate(t, client, 5)
+	if ans := first.post(t, 10*time.Second, 1, 2); ans.code != http.StatusOK || ans.resp.Acked != 2 || ans.resp.Admitted != 2 {
+		t.Fatalf("first activation: %+v", ans)
+	}
+	trays, err := mem.Load(t.Context(), threadKey, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tr := range trays {
+		if _, ok := tr.Fields["admitted"]; ok {
+			t.Fatalf("the admitted mark was stored: the crash this test needs did not happen")
+		}
+	}
+
+	// Another process takes the id over (its load fences the first).
+	second := activate(t, client, 6)
+	ans := second.post(t, 10*time.Second, 1, 2)
+	if ans.code != http.StatusOK || ans.resp.Acked != 2 || ans.resp.Admitted != 0 || ans.resp.Duplicates != 2 {
+		t.Fatalf("resend to the next activation: %+v, want 2 duplicates, none admitted", ans)
+	}
+	if ans := second.post(t, 10*time.Second, 2, 3); ans.code != http.StatusOK || ans.resp.Acked != 3 || ans.resp.Admitted != 1 || ans.resp.Duplicates != 1 {
+		t.Fatalf("next frame: %+v", ans)
+	}
+	if got := storedSeqs(t, store, 6); !slices.Equal(got, []int64{1, 2, 3}) {
+		t.Fatalf("stored %v, want [1 2 3]", got)
+	}
+}
+
+// A frame the store can never take (bigger than a stored value may be,
+// under a MaxBody that lets it in) is the client's to fix: 413 with the
+// reason, nothing stored, and the high-water mark where it was, so the
+// next frame with that seq is admitted.
+func TestFrameTooLargeToStoreIsRefusedAndChangesNothing(t *testing.T) {
+	store := memstore.New()
+	a := activate(t, serveStore(t, store), 5, func(c *statewire.Config) { c.MaxBody = 4 << 20 })
+	ans := a.postText(t, 10*time.Second, strings.Repeat("x", statestore.MaxValueLen), 1)
+	if ans.code != http.StatusRequestEntityTooLarge || !strings.Contains(ans.body, "frames not admitted") {
+		t.Fatalf("oversized frame: %d %s, want 413 saying why", ans.code, ans.body)
+	}
+	if got := storedSeqs(t, store, 5); len(got) != 0 {
+		t.Fatalf("stored %v", got)
+	}
+	if ans := a.post(t, 10*time.Second, 1); ans.code != http.StatusOK || ans.resp.Admitted != 1 || ans.resp.Acked != 1 {
+		t.Fatalf("the same seq, small: %+v", ans)
+	}
+}
