@@ -15,6 +15,8 @@
 # Environment:
 #   MUTANTS_TIMEOUT  per-package bound (default 25m); a package cut short is
 #                    reported from what finished, marked partial
+#   MUTANTS_WORKERS  mutants tested at once (default 1); supervisor's tests
+#                    mostly wait on plugin processes, so 2 fit two cores
 #   MUTANTS_COEF     gremlins --timeout-coefficient (default 3): a mutant
 #                    whose tests run this many times longer than the clean
 #                    run is TIMED OUT (counted as killed by gremlins)
@@ -33,6 +35,7 @@ root=$PWD
 GREMLINS=${GREMLINS:-v0.6.0}
 timeout_per_pkg=${MUTANTS_TIMEOUT:-25m}
 coef=${MUTANTS_COEF:-3}
+workers=${MUTANTS_WORKERS:-1}
 report=${MUTANTS_REPORT:-bench/mutants/REPORT.md}
 out=${MUTANTS_OUT:-${TMPDIR:-/tmp}/pinnedd-mutants}
 if [ $# -eq 0 ]; then
@@ -64,9 +67,7 @@ for pkg in "$@"; do
   echo "mutants.sh: $pkg (bound $timeout_per_pkg, log $log)"
   start=$(date +%s)
   status=complete
-  # --workers 1: the tests of supervisor and pinboard start processes and
-  # servers of their own; two mutants at once on two cores time out.
-  cmd=(gremlins unleash --workers 1 --timeout-coefficient "$coef" -E / "./$pkg")
+  cmd=(gremlins unleash --workers "$workers" --timeout-coefficient "$coef" -E / "./$pkg")
   (cd "$snap" && timeout --kill-after=30s "$timeout_per_pkg" \
     "$gbin" "${cmd[@]:1}") >"$log" 2>&1 || {
     rc=$?
@@ -87,7 +88,7 @@ for pkg in "$@"; do
     echo
     echo "HEAD $rev, $(date -u +%Y-%m-%d), ${secs}s, $status. Command (from the module root):"
     echo
-    echo "    MUTANTS_TIMEOUT=$timeout_per_pkg scripts/mutants.sh $pkg"
+    echo "    MUTANTS_TIMEOUT=$timeout_per_pkg MUTANTS_WORKERS=$workers scripts/mutants.sh $pkg"
     echo "    # runs: ${cmd[*]}"
     echo
     echo "| killed | timed out | lived | not covered | not viable | efficacy |"
