@@ -124,7 +124,7 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		NodeID: cfg.nodeID, RaftAddr: cfg.raftAddr, AdvertiseRaftAddr: cfg.raftAdvertise,
 		APIAddr: advertise, DataDir: dataDir, Bootstrap: cfg.bootstrap, MaxVoters: cfg.maxVoters,
 		LogStore: cfg.raftLogStore,
-		Logger:   log, Token: cfg.tokens[0],
+		Logger:   log, Token: cfg.tokens[0], Registerer: reg,
 		HeartbeatTimeout: cfg.raftTimeout, ElectionTimeout: cfg.raftTimeout,
 		LeaderLeaseTimeout: cfg.raftTimeout / 2,
 	}, machine)

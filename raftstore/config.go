@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Config configures one node of the group. Zero values take the defaults documented per field
@@ -44,6 +45,8 @@ type Config struct {
 	// Logger receives raftstore's logs; raft's own INFO lines are logged at DEBUG. Default
 	// slog.Default().
 	Logger *slog.Logger
+	// Registerer receives raftstore's metrics (pinned_raft_entries_skipped_total). Optional.
+	Registerer prometheus.Registerer
 	// StreamLayer replaces the plain TCP transport (mutual TLS lands here). Optional.
 	StreamLayer raft.StreamLayer
 	// HTTPClient is used to forward RPCs to the leader. Default: a private client whose idle

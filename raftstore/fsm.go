@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"sync"
 
 	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // StateMachine is the deterministic state the log drives. Implementations must be pure:
@@ -71,14 +73,42 @@ func encodeMeta(c metaCommand) []byte {
 type fsm struct {
 	sm      StateMachine
 	onMeta  func() // called after the metadata changed (outside the lock)
+	log     *slog.Logger
+	skipped *prometheus.CounterVec // by reason
 	mu      sync.RWMutex
 	members map[string]string
 }
 
 var _ raft.FSM = (*fsm)(nil)
 
-func newFSM(sm StateMachine, onMeta func()) *fsm {
-	return &fsm{sm: sm, onMeta: onMeta, members: map[string]string{}}
+// Why an entry is skipped (pinned_raft_entries_skipped_total{reason}).
+const (
+	skipUndecodable = "undecodable"
+	skipUnknownKind = "unknown-kind"
+)
+
+func newFSM(sm StateMachine, onMeta func(), log *slog.Logger, reg prometheus.Registerer) *fsm {
+	f := &fsm{sm: sm, onMeta: onMeta, log: log, members: map[string]string{}}
+	f.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pinned_raft_entries_skipped_total",
+		Help: "Committed Raft entries this node could not decode and skipped (the same on every node of its version).",
+	}, []string{"reason"})
+	for _, r := range []string{skipUndecodable, skipUnknownKind} {
+		f.skipped.WithLabelValues(r)
+	}
+	if reg != nil {
+		reg.MustRegister(f.skipped)
+	}
+	return f
+}
+
+// skip passes over a committed entry this node cannot apply. Every node
+// of one version decides the same from the same bytes, so skipping keeps
+// them identical, where a panic would stop each one that applies the entry,
+// at every restart.
+func (f *fsm) skip(l *raft.Log, reason string, err error) {
+	f.skipped.WithLabelValues(reason).Inc()
+	f.log.Error("skipped a committed Raft entry this node cannot apply", "index", l.Index, "term", l.Term, "reason", reason, "err", err)
 }
 
 func (f *fsm) Apply(l *raft.Log) any {
@@ -91,8 +121,8 @@ func (f *fsm) Apply(l *raft.Log) any {
 	case kindMeta:
 		var c metaCommand
 		if err := json.Unmarshal(l.Data[1:], &c); err != nil {
-			// Written by raftstore itself, so this is corruption, not user input.
-			panic(fmt.Sprintf("raftstore: undecodable meta entry at index %d: %v", l.Index, err))
+			f.skip(l, skipUndecodable, err)
+			return nil
 		}
 		f.applyMeta(c)
 		return nil
@@ -100,7 +130,10 @@ func (f *fsm) Apply(l *raft.Log) any {
 		if kind&ignoreUnknownFlag != 0 {
 			return nil
 		}
-		panic(fmt.Sprintf("raftstore: unknown entry kind %#x at index %d; upgrade this node", kind, l.Index))
+		// A newer node's kind (new kinds that older nodes may skip carry
+		// ignoreUnknownFlag; others need every node upgraded first).
+		f.skip(l, skipUnknownKind, fmt.Errorf("entry kind %#x: upgrade this node", kind))
+		return nil
 	}
 }
 

@@ -209,7 +209,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	rc.ShutdownOnRemove = true
 	rc.NoLegacyTelemetry = true
 
-	s.fsm = newFSM(sm, s.metaChanged)
+	s.fsm = newFSM(sm, s.metaChanged, s.log, cfg.Registerer)
 	s.raft, err = raft.NewRaft(rc, s.fsm, logs, stable, snaps, s.trans)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: starting raft: %w", err)
