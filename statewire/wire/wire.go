@@ -120,6 +120,18 @@ func SetValue(doc any, path Path, v any) (any, error) {
 	if len(path) == 0 {
 		return v, nil
 	}
+	// Check before creating anything, so a refused op changes nothing:
+	// missing members become objects, so from the first missing one on
+	// every element (the last included) must be a key.
+	if at, err := find(doc, path[:len(path)-1]); errors.Is(err, errMissing) {
+		for _, el := range path[at:] {
+			if _, ok := el.(string); !ok {
+				return doc, fmt.Errorf("%w: %v: object key must be a string", ErrBadPath, path)
+			}
+		}
+	} else if err != nil {
+		return doc, err
+	}
 	parent, err := walk(doc, path[:len(path)-1], true)
 	if err != nil {
 		return doc, err
@@ -192,6 +204,33 @@ var errMissing = fmt.Errorf("%w: missing", ErrBadPath)
 func Lookup(doc any, path Path) (any, bool) {
 	v, err := walk(doc, path, false)
 	return v, err == nil
+}
+
+// find follows path without changing anything and reports where it
+// failed: the index of the first missing member with errMissing.
+func find(doc any, path Path) (int, error) {
+	cur := doc
+	for n, el := range path {
+		switch c := cur.(type) {
+		case map[string]any:
+			k, ok := el.(string)
+			if !ok {
+				return n, fmt.Errorf("%w: %v: object key must be a string", ErrBadPath, path[:n+1])
+			}
+			if cur = c[k]; cur == nil {
+				return n, errMissing
+			}
+		case []any:
+			i, ok := el.(int)
+			if !ok || i >= len(c) {
+				return n, fmt.Errorf("%w: %v: array index out of range", ErrBadPath, path[:n+1])
+			}
+			cur = c[i]
+		default:
+			return n, fmt.Errorf("%w: %v: not a container", ErrBadPath, path[:n+1])
+		}
+	}
+	return len(path), nil
 }
 
 // walk follows path; with create, missing object members become objects.
