@@ -95,11 +95,9 @@ type Worker struct {
 	local     localDrain
 	flaps     int
 	reregs    int
-	// The session's attestation key (RegisterAck.AttestationKey), and the
-	// previous session's, replaced at prevKeySince.
-	attestKey    []byte
-	prevKey      []byte
-	prevKeySince time.Time
+	// keys are the attestation keys (attestKeys), read on every owner-side
+	// request without w.mu.
+	keys atomic.Pointer[workerKeys]
 
 	challenges map[string]string // recent challenge -> value
 	order      []string
@@ -188,17 +186,26 @@ func newID() string {
 // ClientID is minted per process start.
 func (w *Worker) ClientID() string { return w.clientID }
 
+// workerKeys are the session's attestation key (RegisterAck.AttestationKey)
+// and the previous session's, replaced at prevSince.
+type workerKeys struct {
+	cur, prev []byte
+	prevSince time.Time
+}
+
 // attestKeys are the keys attestations for this worker are checked with:
 // the session's, and the previous session's for window after the
 // re-registration replaced it (a front door whose replica has not applied
 // the new session yet still signs with that one). Either may be nil.
 func (w *Worker) attestKeys(now time.Time, window time.Duration) (cur, prev []byte) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.prevKey != nil && now.Sub(w.prevKeySince) <= window {
-		prev = w.prevKey
+	k := w.keys.Load()
+	if k == nil {
+		return nil, nil
 	}
-	return w.attestKey, prev
+	if k.prev != nil && now.Sub(k.prevSince) <= window {
+		prev = k.prev
+	}
+	return k.cur, prev
 }
 
 // SessionID is the current registration's session, "" before the first.
@@ -313,10 +320,11 @@ func (w *Worker) register(ctx context.Context) error {
 	w.mu.Lock()
 	first := w.sessionID == ""
 	w.sessionID = ack.SessionID
-	if w.attestKey != nil {
-		w.prevKey, w.prevKeySince = w.attestKey, time.Now()
+	next := &workerKeys{cur: key}
+	if old := w.keys.Load(); old != nil {
+		next.prev, next.prevSince = old.cur, time.Now()
 	}
-	w.attestKey = key
+	w.keys.Store(next)
 	if !first {
 		w.reregs++
 	}
