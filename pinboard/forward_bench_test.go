@@ -48,7 +48,8 @@ func newForwardRigWith(tb testing.TB, serve http.HandlerFunc) *forwardRig {
 		if r.URL.RawQuery != "" {
 			signed += "?" + r.URL.RawQuery
 		}
-		if _, err := verifier.Verify(secret, r.Header.Get(AttestationHeader), "owner", r.Method, signed, time.Now()); err != nil {
+		// Front doors sign with the owner session's key (SignFor).
+		if _, err := verifier.Verify(WorkerKey(secret, "owner", "s1"), r.Header.Get(AttestationHeader), "owner", r.Method, signed, time.Now()); err != nil {
 			forged.Add(1)
 			http.Error(w, err.Error(), http.StatusForbidden)
 			return

@@ -271,6 +271,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		f.mux.HandleFunc("POST /registry/register", f.RequireScope(ScopeWorker, f.registryRegister))
 		f.mux.HandleFunc("POST /registry/heartbeat", f.RequireScope(ScopeWorker, f.registryHeartbeat))
 		f.mux.HandleFunc("POST /registry/deregister", f.RequireScope(ScopeWorker, f.registryDeregister))
+		f.mux.HandleFunc("POST /registry/release", f.RequireScope(ScopeWorker, f.registryRelease))
 	}
 	f.mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		httpx.WriteError(w, http.StatusNotFound, "unknown namespace", 0)

@@ -260,7 +260,7 @@ func (f *FrontDoor) routeOwned(h *relay.ReqHead, path, query string) (relay.Forw
 	if lease := f.cfg.Worker.Lease(now); lease != LeaseHealthy && lease != LeaseUnhealthy {
 		return relay.Forward{}, false
 	}
-	att, err := f.verifier.Check(f.cfg.Dir.Machine().Secret(), header, f.selfID(), h.Method, h.Target, now)
+	att, err := f.checkOwned(header, h.Method, h.Target, now)
 	if err != nil {
 		return relay.Forward{}, false // net/http refuses it, and counts why
 	}

@@ -229,22 +229,14 @@ func (f *FrontDoor) windDownOn(ctx context.Context, wk directory.Worker, ns, id 
 		return 0, err
 	}
 	gen := max(f.cfg.Dir.Machine().AppliedIndex(), 1)
-	req.Header.Set(AttestationHeader, Sign(f.cfg.Dir.Machine().Secret(), Attestation{Target: wk.ClientID, Caller: f.selfID(), Generation: gen, At: time.Now()}, http.MethodPost, windDownPath))
+	req.Header.Set(AttestationHeader, SignFor(f.cfg.Dir.Machine().Secret(), wk.SessionID, Attestation{Target: wk.ClientID, Caller: f.selfID(), Generation: gen, At: time.Now()}, http.MethodPost, windDownPath))
 	resp, err := f.client.Do(req)
 	if err != nil {
 		return 0, err
 	}
 	defer resp.Body.Close()
-	var out struct {
-		Instances int    `json:"instances"`
-		Error     string `json:"error"`
-	}
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	_ = json.Unmarshal(b, &out)
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("%s: %s", resp.Status, out.Error)
-	}
-	return out.Instances, nil
+	return windDownAnswer(resp.StatusCode, b)
 }
 
 func (f *FrontDoor) localWindDown(ns, id string, atMs int64) int {

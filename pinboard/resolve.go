@@ -367,7 +367,7 @@ func (f *FrontDoor) forward(w http.ResponseWriter, r *http.Request, rt *route, p
 func (f *FrontDoor) attestFor(secret []byte, p directory.Placement, owner directory.Worker, method, rest, query string, now time.Time) (path, signed, att string) {
 	path = ownerRoutePrefix + p.Key.Namespace + "/" + p.Key.ID + rest
 	signed = withQuery(path, query)
-	return path, signed, Sign(secret, Attestation{Target: owner.ClientID, Caller: f.selfID(), Generation: p.Generation, At: now}, method, signed)
+	return path, signed, SignFor(secret, owner.SessionID, Attestation{Target: owner.ClientID, Caller: f.selfID(), Generation: p.Generation, At: now}, method, signed)
 }
 
 // newProxy builds the node-to-node proxy: streams flush through, Upgrade

@@ -59,7 +59,7 @@ func (f *FrontDoor) registryStats(w http.ResponseWriter, r *http.Request) {
 		go func() {
 			defer wg.Done()
 			entry := map[string]any{}
-			err := f.fetchStats(ctx, secret, gen, wk.ClientID, wk.AdvertiseURL, &entry)
+			err := f.fetchStats(ctx, secret, gen, wk.ClientID, wk.SessionID, wk.AdvertiseURL, &entry)
 			if err != nil {
 				entry = map[string]any{"error": err.Error()}
 			}
@@ -77,7 +77,7 @@ func (f *FrontDoor) registryStats(w http.ResponseWriter, r *http.Request) {
 	httpx.WriteJSON(w, http.StatusOK, map[string]any{"workers": out})
 }
 
-func (f *FrontDoor) fetchStats(ctx context.Context, secret []byte, gen uint64, target, advertise string, into *map[string]any) error {
+func (f *FrontDoor) fetchStats(ctx context.Context, secret []byte, gen uint64, target, session, advertise string, into *map[string]any) error {
 	if len(secret) == 0 {
 		return fmt.Errorf("no cluster secret yet")
 	}
@@ -85,7 +85,7 @@ func (f *FrontDoor) fetchStats(ctx context.Context, secret []byte, gen uint64, t
 	if err != nil {
 		return err
 	}
-	req.Header.Set(AttestationHeader, Sign(secret, Attestation{Target: target, Caller: f.selfID(), Generation: gen, At: time.Now()}, http.MethodGet, statsPath))
+	req.Header.Set(AttestationHeader, SignFor(secret, session, Attestation{Target: target, Caller: f.selfID(), Generation: gen, At: time.Now()}, http.MethodGet, statsPath))
 	resp, err := f.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("unreachable: %w", err)

@@ -44,7 +44,7 @@ func (f *FrontDoor) Wake(ctx context.Context, key directory.Key) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	req.Header.Set(AttestationHeader, Sign(secret, Attestation{Target: owner.ClientID, Caller: f.selfID(), Generation: p.Generation, At: time.Now()}, http.MethodPost, path))
+	req.Header.Set(AttestationHeader, SignFor(secret, owner.SessionID, Attestation{Target: owner.ClientID, Caller: f.selfID(), Generation: p.Generation, At: time.Now()}, http.MethodPost, path))
 	resp, err := f.client.Do(req)
 	if err != nil {
 		return false, fmt.Errorf("wake %s on %s: %w", key, owner.AdvertiseURL, err)
