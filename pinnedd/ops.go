@@ -94,7 +94,7 @@ func opsCommands() []*cli.Command {
 				}
 				fmt.Fprintf(c.App.Writer, "%d instance(s) winding down\n", out.Instances)
 				if len(out.Failed) > 0 {
-					return fmt.Errorf("some owners did not answer: %s", strings.Join(out.Failed, "; "))
+					return fmt.Errorf("some owners failed the wind-down: %s", strings.Join(out.Failed, "; "))
 				}
 				return nil
 			},
