@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 
 	"github.com/pinnedd/pinnedd/plugins/proto"
@@ -19,10 +20,37 @@ const (
 	// plugin rather than by instance code; its value says why (Refusal*).
 	HeaderRefusal = "X-Pinned-Refusal"
 	// HeaderClusterCall marks a request an instance makes through its own
-	// node's front door (a cluster call); its value is the node's
-	// EnvClusterCallToken.
+	// node's front door (a cluster call); its value is ClusterCallValue:
+	// the calling instance's namespace and its process's cluster-call
+	// credential (DescribeRequest.cluster_call_token).
 	HeaderClusterCall = "X-Pinned-Cluster-Call"
+	// HeaderSocketSecret carries the plugin process's data-socket secret
+	// (DescribeRequest.socket_secret) on every request pinnedd writes to
+	// the data socket; the SDK refuses a request without it and strips it.
+	HeaderSocketSecret = "X-Pinned-Socket-Secret"
 )
+
+// ErrClusterCallMalformed: an X-Pinned-Cluster-Call value that is not
+// "<namespace> <credential>".
+var ErrClusterCallMalformed = errors.New("malformed " + HeaderClusterCall + ": want \"<namespace> <credential>\"")
+
+// ClusterCallValue is the HeaderClusterCall value for a call from an
+// instance of namespace ns holding credential token.
+func ClusterCallValue(ns, token string) string { return ns + " " + token }
+
+// ParseClusterCall splits a HeaderClusterCall value into the calling
+// namespace and the credential. The front door then asks the supervisor
+// whether the credential is live and covers that namespace.
+func ParseClusterCall(v string) (ns, token string, err error) {
+	ns, token, ok := strings.Cut(v, " ")
+	if !ok || token == "" || strings.ContainsAny(token, " \t") {
+		return "", "", ErrClusterCallMalformed
+	}
+	if err := ValidateNamespace(ns); err != nil {
+		return "", "", fmt.Errorf("%w: %w", ErrClusterCallMalformed, err)
+	}
+	return ns, token, nil
+}
 
 // In-band refusal reasons (HeaderRefusal values), shared by the plugin SDK,
 // the supervisor and the front door.

@@ -2,6 +2,7 @@ package plugins
 
 import (
 	"context"
+	"strings"
 
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
@@ -17,7 +18,13 @@ import (
 //	   Shutdown, Events); instance HTTP over the plugin's unix socket; Data
 //	   service (gRPC streaming) kept as the measured alternative; Store
 //	   service served by pinnedd over the broker (id in DescribeRequest).
-const ProtocolVersion = 1
+//	2: least privilege. DescribeRequest carries the process's data-socket
+//	   secret (every data-socket request must carry it in
+//	   HeaderSocketSecret: a plugin refuses any other with 403) and its
+//	   cluster-call credential (no longer EnvClusterCallToken). The
+//	   environment is an allow-list (AllowedEnv). A version-1 plugin would
+//	   serve its socket to anyone, so pinnedd refuses to start it.
+const ProtocolVersion = 2
 
 // Handshake is shared by pinnedd and every plugin. The cookie is not a
 // security measure: it makes a plugin binary run by hand say it must be
@@ -41,12 +48,59 @@ const (
 	EnvParentPID = "PINNEDD_PARENT_PID"
 	// EnvPluginName tags the plugin's own logs.
 	EnvPluginName = "PINNEDD_PLUGIN_NAME"
-	// EnvFrontDoor is the URL of the node's own front door, and
-	// EnvClusterCallToken the token that marks a request to it as a
-	// cluster call from one of its instances.
-	EnvFrontDoor        = "PINNEDD_URL"
+	// EnvFrontDoor is the URL of the node's own front door, where
+	// instances make cluster calls.
+	EnvFrontDoor = "PINNEDD_URL"
+	// EnvClusterCallToken was protocol 1's cluster-call token, shared by
+	// every plugin of a node.
+	//
+	// Deprecated: the credential is per process and arrives in
+	// DescribeRequest.cluster_call_token; pinnedd never passes this
+	// variable to a plugin.
 	EnvClusterCallToken = "PINNEDD_CLUSTER_CALL_TOKEN"
 )
+
+// AllowedEnv names what a plugin inherits from pinnedd's own environment:
+// nothing else does (no PINBOARD_*, no DATABASE_URL, no pinnedd secret).
+// Names ending in "*" are prefixes. pinnedd adds the variables it sets
+// itself (the Env* above, go-plugin's cookie and PLUGIN_* settings) and
+// what the operator passes per plugin.
+var AllowedEnv = []string{"PATH", "HOME", "LANG", "LC_*", "TZ", "TMPDIR"}
+
+// Allowed reports whether the variable name is in AllowedEnv.
+func Allowed(name string) bool {
+	for _, a := range AllowedEnv {
+		if p, ok := strings.CutSuffix(a, "*"); ok && strings.HasPrefix(name, p) || a == name {
+			return true
+		}
+	}
+	return false
+}
+
+// ReservedEnv says why the variable name may not be passed to a plugin by
+// an operator setting, or "" if it may: PINBOARD_* and DATABASE_URL are
+// pinnedd's secrets, PINNEDD_* and PLUGIN_* (and the handshake cookie) are
+// set by pinnedd and go-plugin, and systemd's NOTIFY_SOCKET, socket
+// activation and credentials belong to the agent.
+func ReservedEnv(name string) string {
+	switch {
+	case SecretEnv(name):
+		return "pinnedd's secrets never reach plugins"
+	case name == Handshake.MagicCookieKey || strings.HasPrefix(name, "PINNEDD_") || strings.HasPrefix(name, "PLUGIN_"):
+		return "set by pinnedd itself"
+	}
+	switch name {
+	case "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "CREDENTIALS_DIRECTORY":
+		return "belongs to the pinnedd agent, not its plugins"
+	}
+	return ""
+}
+
+// SecretEnv reports whether the variable holds a pinnedd secret: pinnedd
+// drops it from anything it hands a plugin, whoever asked.
+func SecretEnv(name string) bool {
+	return strings.HasPrefix(name, "PINBOARD_") || name == "DATABASE_URL" || name == EnvClusterCallToken
+}
 
 // Server is what a plugin process implements (the SDK does it for host authors).
 type Server interface {

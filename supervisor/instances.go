@@ -661,8 +661,9 @@ func (s *Supervisor) serve(sw *statusWriter, r *http.Request, in *instance, rest
 			out.Header.Del(h)
 		}
 	}
-	out.Header.Set(plugins.HeaderNamespace, k.Namespace)
-	out.Header.Set(plugins.HeaderID, k.ID)
+	for _, f := range pluginFields(in.inc, k) {
+		out.Header.Set(f.name, f.value)
+	}
 	if p, err := url.PathUnescape(rest); err == nil && p != rest {
 		out.URL.Path, out.URL.RawPath = p, rest
 	} else {

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -32,7 +31,11 @@ type Spec struct {
 	Name string
 	Path string
 	Args []string
-	Env  []string
+	// Env is this plugin's own environment (KEY=VALUE), on top of the
+	// allow-listed part of pinnedd's (plugins.AllowedEnv): what the
+	// operator passes per plugin (ParsePluginEnv, ApplyPluginEnv). A
+	// pinnedd secret in it (PINBOARD_*, DATABASE_URL) is dropped, logged.
+	Env []string
 	// Namespaces the operator expects this binary to serve (from
 	// --plugin /ns=path). Empty: whatever it describes.
 	Namespaces []string
@@ -66,7 +69,11 @@ type incarnation struct {
 	fast    *httpx.SyncTransport // everything else
 	started time.Time
 	cancel  context.CancelFunc // ends the Events stream
-	dead    chan struct{}      // closed once the process is gone
+
+	// Per-process secrets, handed over in Describe (see privilege.go).
+	socketSecret string
+	callToken    string
+	dead         chan struct{} // closed once the process is gone
 
 	// A hot swap retires an incarnation: no new activations, its
 	// instances wind down by retireBy, then it is stopped on purpose.
@@ -145,15 +152,11 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 	socket := filepath.Join(s.runtimeDir, fmt.Sprintf("%s-%d.sock", p.spec.Name, seq))
 	bin := statBinary(p.spec.Path)
 	cmd := exec.Command(p.spec.Path, p.spec.Args...)
-	cmd.Env = append(os.Environ(), p.spec.Env...)
-	cmd.Env = append(cmd.Env,
-		plugins.EnvDataSocket+"="+socket,
-		plugins.EnvParentPID+"="+strconv.Itoa(os.Getpid()),
-		plugins.EnvPluginName+"="+p.spec.Name,
-		// go-plugin's own sockets (control, broker) go beside the data
-		// socket, where the next start sweeps them after a kill -9.
-		goplugin.EnvUnixSocketDir+"="+s.runtimeDir,
-	)
+	env, dropped := pluginEnv(os.Environ(), p.spec.Env, p.pinnedEnv(socket))
+	if len(dropped) > 0 {
+		p.logger.Warn("not passed to the plugin: pinnedd's secrets never reach plugins", "variables", dropped)
+	}
+	cmd.Env = env
 	// The child gets SIGKILL when the thread that forked it dies; the
 	// spawning goroutine is locked to its thread below, and Go never ends
 	// an unlocked thread, so in practice this fires when pinnedd dies.
@@ -161,9 +164,11 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 
 	logger := p.logger.With("incarnation", seq)
 	client := goplugin.NewClient(&goplugin.ClientConfig{
-		HandshakeConfig:  plugins.Handshake,
-		Plugins:          plugins.PluginSet(nil),
-		Cmd:              cmd,
+		HandshakeConfig: plugins.Handshake,
+		Plugins:         plugins.PluginSet(nil),
+		Cmd:             cmd,
+		// go-plugin would otherwise add all of os.Environ() to cmd.Env.
+		SkipHostEnv:      true,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		StartTimeout:     s.cfg.HandshakeTimeout,
 		Logger:           hclogAdapter(logger),
@@ -183,8 +188,11 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 	}
 	conn := raw.(*plugins.Conn)
 	storeID := s.serveStore(conn, logger)
+	socketSecret, callToken := newSecret(), newSecret()
 	dctx, cancel := context.WithTimeout(ctx, s.cfg.HandshakeTimeout)
-	desc, err := conn.Control.Describe(dctx, &proto.DescribeRequest{StoreBrokerId: storeID})
+	desc, err := conn.Control.Describe(dctx, &proto.DescribeRequest{
+		StoreBrokerId: storeID, SocketSecret: socketSecret, ClusterCallToken: callToken,
+	})
 	cancel()
 	if err != nil {
 		client.Kill()
@@ -208,7 +216,9 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 	inc := &incarnation{
 		proc: p, seq: seq, client: client, conn: conn, pid: int(desc.Pid), bin: bin,
 		socket: desc.DataSocket, hosts: hosts, started: time.Now(), dead: make(chan struct{}),
+		socketSecret: socketSecret, callToken: callToken,
 	}
+	s.calls.add(callToken, inc)
 	inc.tr = &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
@@ -240,6 +250,7 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 	}
 	if err != nil {
 		ecancel()
+		s.calls.remove(callToken)
 		client.Kill()
 		return nil, fmt.Errorf("plugin %s events: %w", p.spec.Name, err)
 	}
@@ -288,6 +299,7 @@ func (p *pluginProc) watch(inc *incarnation, events proto.Control_EventsClient) 
 	if !inc.client.Exited() {
 		inc.client.Kill()
 	}
+	p.sup.calls.remove(inc.callToken)
 	inc.tr.CloseIdleConnections()
 	inc.fast.Close()
 	_ = os.Remove(inc.socket)

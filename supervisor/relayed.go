@@ -55,7 +55,7 @@ func (s *Supervisor) Relay(ns, id string, gen uint64, h *relay.ReqHead, target s
 
 	start := time.Now()
 	wire := relay.WireBuffer()
-	*wire = appendPluginRequest(*wire, h, k, target, trusted)
+	*wire = appendPluginRequest(*wire, h, pluginFields(in.inc, k), target, trusted)
 	return relay.Forward{
 		Addr:    in.inc.socket,
 		Wire:    *wire,
@@ -105,10 +105,11 @@ func closed(ch chan struct{}) bool {
 }
 
 // appendPluginRequest writes h for the plugin as ServeInstance's proxy
-// does: the instance named in X-Pinned-* fields (any others the request
-// carried dropped), hop-by-hop fields dropped, X-Forwarded-* set (the
-// trusted peer's extended by its address), a length for every body.
-func appendPluginRequest(dst []byte, h *relay.ReqHead, k Key, target string, trusted bool) []byte {
+// does: pinned's fields (pluginFields: the instance, the socket secret;
+// any X-Pinned-* the request carried dropped), hop-by-hop fields dropped,
+// X-Forwarded-* set (the trusted peer's extended by its address), a length
+// for every body.
+func appendPluginRequest(dst []byte, h *relay.ReqHead, pinned [3]pluginField, target string, trusted bool) []byte {
 	dst = httpx.AppendRequestLine(dst, h.Method, target, h.Host)
 	var xfh, xfp string
 	xff := make([]string, 0, 4) // the peer's X-Forwarded-For fields (one, from pinnedd)
@@ -142,8 +143,9 @@ func appendPluginRequest(dst []byte, h *relay.ReqHead, k Key, target string, tru
 	if trailers {
 		dst = append(dst, "Te: trailers\r\n"...)
 	}
-	dst = httpx.AppendField(dst, plugins.HeaderNamespace, k.Namespace)
-	dst = httpx.AppendField(dst, plugins.HeaderID, k.ID)
+	for _, f := range pinned {
+		dst = httpx.AppendField(dst, f.name, f.value)
+	}
 	if ip, _, err := net.SplitHostPort(h.RemoteAddr); err == nil {
 		xff = append(xff, ip)
 	}

@@ -67,6 +67,10 @@ type Config struct {
 	// re-activates on its next request.
 	OnEvicted func(k Key, generation uint64, release bool)
 
+	// FrontDoorURL is the node's own front door, where instances make
+	// cluster calls (plugins.EnvFrontDoor in their environment).
+	FrontDoorURL string
+
 	// KeepPlacementsOnIdle keeps every id placed here across idle eviction,
 	// whatever its host says: with a node-local state store, its state is
 	// here, and the next activation must be here too.
@@ -128,6 +132,8 @@ type Supervisor struct {
 	started   bool
 
 	bufs httpx.BufferPool // proxy copy buffers, shared by every plugin
+
+	calls callCredentials // live plugin processes' cluster-call credentials
 
 	// storeHealth judges the state store (nil without one): every call
 	// through cfg.Store reports to it, and Start runs its probe.

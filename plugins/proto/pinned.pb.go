@@ -147,8 +147,20 @@ type DescribeRequest struct {
 	// go-plugin broker id on which pinnedd serves the Store service for this
 	// plugin; 0 when the node has no state store.
 	StoreBrokerId uint32 `protobuf:"varint,1,opt,name=store_broker_id,json=storeBrokerId,proto3" json:"store_broker_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// This process's data-socket secret (protocol 2): pinnedd sends it in
+	// X-Pinned-Socket-Secret on every request it writes to the data socket,
+	// and the plugin answers 403, running nothing, to any request without it
+	// (and to every request before Describe). The plugin strips the field
+	// before instance code sees the request. New for every process.
+	SocketSecret string `protobuf:"bytes,2,opt,name=socket_secret,json=socketSecret,proto3" json:"socket_secret,omitempty"`
+	// This process's cluster-call credential (protocol 2): instance code
+	// sends "<its namespace> <credential>" in X-Pinned-Cluster-Call when it
+	// calls the cluster through the node's front door (PINNEDD_URL). Good only
+	// for the namespaces this process serves on this node, and only while
+	// this process lives.
+	ClusterCallToken string `protobuf:"bytes,3,opt,name=cluster_call_token,json=clusterCallToken,proto3" json:"cluster_call_token,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *DescribeRequest) Reset() {
@@ -186,6 +198,20 @@ func (x *DescribeRequest) GetStoreBrokerId() uint32 {
 		return x.StoreBrokerId
 	}
 	return 0
+}
+
+func (x *DescribeRequest) GetSocketSecret() string {
+	if x != nil {
+		return x.SocketSecret
+	}
+	return ""
+}
+
+func (x *DescribeRequest) GetClusterCallToken() string {
+	if x != nil {
+		return x.ClusterCallToken
+	}
+	return ""
 }
 
 type DescribeResponse struct {
@@ -2007,9 +2033,11 @@ var File_pinned_proto protoreflect.FileDescriptor
 
 const file_pinned_proto_rawDesc = "" +
 	"\n" +
-	"\fpinned.proto\x12\x11pinnedd.plugin.v1\"9\n" +
+	"\fpinned.proto\x12\x11pinnedd.plugin.v1\"\x8c\x01\n" +
 	"\x0fDescribeRequest\x12&\n" +
-	"\x0fstore_broker_id\x18\x01 \x01(\rR\rstoreBrokerId\"\x99\x01\n" +
+	"\x0fstore_broker_id\x18\x01 \x01(\rR\rstoreBrokerId\x12#\n" +
+	"\rsocket_secret\x18\x02 \x01(\tR\fsocketSecret\x12,\n" +
+	"\x12cluster_call_token\x18\x03 \x01(\tR\x10clusterCallToken\"\x99\x01\n" +
 	"\x10DescribeResponse\x121\n" +
 	"\x05hosts\x18\x01 \x03(\v2\x1b.pinnedd.plugin.v1.HostInfoR\x05hosts\x12\x1f\n" +
 	"\vdata_socket\x18\x02 \x01(\tR\n" +

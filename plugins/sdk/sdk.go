@@ -100,8 +100,11 @@ type Instance struct {
 
 	requestEviction func()
 	onFenced        func()
-	attached        sync.Map // see Attach
-	fenceOnce       sync.Once
+	// clusterToken is the process's cluster-call credential (from
+	// Describe), "" outside pinnedd.
+	clusterToken func() string
+	attached     sync.Map // see Attach
+	fenceOnce    sync.Once
 
 	state *state
 }
@@ -245,17 +248,23 @@ func (i *Instance) Stop() {
 
 // ClusterClient returns an HTTP client for calling other instances through
 // this node's front door: it resolves paths like "/counters/alice/value"
-// against the node's URL and marks the requests as cluster calls, so an id
-// placed by such a call prefers this node. Outside pinnedd it calls
+// against the node's URL and marks the requests as cluster calls from this
+// instance's namespace, so an id placed by such a call prefers this node.
+// The mark carries the plugin process's own credential, which pinnedd
+// honours for this process's namespaces only. Outside pinnedd it calls
 // nothing (requests fail).
 func (i *Instance) ClusterClient() *http.Client {
+	var token string
+	if i.clusterToken != nil {
+		token = i.clusterToken()
+	}
 	return &http.Client{Transport: clusterTransport{
-		base:  strings.TrimRight(os.Getenv(plugins.EnvFrontDoor), "/"),
-		token: os.Getenv(plugins.EnvClusterCallToken),
+		base: strings.TrimRight(os.Getenv(plugins.EnvFrontDoor), "/"),
+		ns:   i.ns, token: token,
 	}}
 }
 
-type clusterTransport struct{ base, token string }
+type clusterTransport struct{ base, ns, token string }
 
 func (c clusterTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if c.base == "" {
@@ -267,6 +276,8 @@ func (c clusterTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	r2 := r.Clone(r.Context())
 	r2.URL, r2.Host = u, ""
-	r2.Header.Set(plugins.HeaderClusterCall, c.token)
+	if c.token != "" {
+		r2.Header.Set(plugins.HeaderClusterCall, plugins.ClusterCallValue(c.ns, c.token))
+	}
 	return http.DefaultTransport.RoundTrip(r2)
 }

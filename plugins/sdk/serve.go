@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-plugin"
@@ -66,6 +68,13 @@ type Runtime struct {
 
 	socket string
 	srv    *http.Server
+
+	// secured: requests must carry socketSecret (set by ListenUnix: the
+	// data socket is reachable by other local processes). Until Describe
+	// hands the secret over, every request is refused.
+	secured      atomic.Bool
+	socketSecret atomic.Pointer[string]
+	clusterToken atomic.Pointer[string]
 
 	events chan *proto.Event
 
@@ -135,6 +144,7 @@ func (rt *Runtime) ListenUnix(path string) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", path, err)
 	}
+	rt.secured.Store(true)
 	rt.socket = path
 	rt.srv = &http.Server{Handler: rt, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
@@ -153,8 +163,21 @@ func (rt *Runtime) Close() {
 	rt.deactivateAll(context.Background(), 0)
 }
 
+// RequireSocketSecret makes ServeHTTP refuse (403) every request that does
+// not carry secret in plugins.HeaderSocketSecret, as a data socket opened
+// by ListenUnix does with the secret pinnedd gives in Describe. For tests
+// that serve the runtime another way.
+func (rt *Runtime) RequireSocketSecret(secret string) {
+	rt.socketSecret.Store(&secret)
+	rt.secured.Store(true)
+}
+
 // ServeHTTP is the data plane: pinnedd names the instance in headers.
 func (rt *Runtime) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !rt.admit(r) {
+		http.Error(w, `{"error":"not from pinnedd: missing or wrong `+plugins.HeaderSocketSecret+`"}`, http.StatusForbidden)
+		return
+	}
 	k := key{r.Header.Get(plugins.HeaderNamespace), r.Header.Get(plugins.HeaderID)}
 	rt.mu.Lock()
 	l := rt.instances[k]
@@ -167,6 +190,20 @@ func (rt *Runtime) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Header.Del(plugins.HeaderNamespace)
 	r.Header.Del(plugins.HeaderID)
 	serveRecovering(w, r, l)
+}
+
+// admit checks the data-socket secret and strips it, so instance code
+// never sees it. A secured runtime without a secret yet (Describe has not
+// run) admits nothing: any local process can reach the socket.
+func (rt *Runtime) admit(r *http.Request) bool {
+	got := r.Header.Values(plugins.HeaderSocketSecret)
+	r.Header.Del(plugins.HeaderSocketSecret)
+	if !rt.secured.Load() {
+		return true
+	}
+	want := rt.socketSecret.Load()
+	return want != nil && *want != "" && len(got) == 1 &&
+		subtle.ConstantTimeCompare([]byte(got[0]), []byte(*want)) == 1
 }
 
 // serveRecovering keeps a panicking handler from taking the plugin down with
@@ -224,6 +261,12 @@ func (rt *Runtime) Describe(_ context.Context, req *proto.DescribeRequest) (*pro
 		rt.store = proto.NewStoreClient(conn)
 		rt.brokerMu.Unlock()
 	}
+	if req.SocketSecret != "" {
+		rt.socketSecret.Store(&req.SocketSecret)
+	}
+	if req.ClusterCallToken != "" {
+		rt.clusterToken.Store(&req.ClusterCallToken)
+	}
 	resp := &proto.DescribeResponse{DataSocket: rt.socket, SdkVersion: Version, Pid: int32(os.Getpid())}
 	for ns, h := range rt.hosts {
 		resp.Hosts = append(resp.Hosts, &proto.HostInfo{
@@ -253,6 +296,7 @@ func (rt *Runtime) Activate(ctx context.Context, req *proto.ActivateRequest) (*p
 	inst := newInstance(req.Namespace, req.Id, req.Generation, rt.logger)
 	inst.requestEviction = func() { rt.emit(inst, proto.EventKind_EVENT_KIND_EVICT_ME) }
 	inst.onFenced = func() { go rt.dropFenced(k, inst) }
+	inst.clusterToken = rt.clusterCallToken
 	var loaded []*proto.TrayData
 	store := rt.storeClient()
 	if store != nil {
@@ -285,6 +329,13 @@ func (rt *Runtime) Activate(ctx context.Context, req *proto.ActivateRequest) (*p
 	inst.state.redeliver()
 	inst.logger.Debug("instance activated", "generation", req.Generation)
 	return &proto.ActivateResponse{}, nil
+}
+
+func (rt *Runtime) clusterCallToken() string {
+	if t := rt.clusterToken.Load(); t != nil {
+		return *t
+	}
+	return ""
 }
 
 // emit queues an event for pinnedd.
