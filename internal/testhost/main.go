@@ -134,7 +134,18 @@ func main() {
 		},
 		// /misc: panics, crashes, streams, upgrades.
 		"/misc": {New: func(inst *sdk.Instance) (http.Handler, error) { return misc(inst), nil }},
+		// /tally: an in-memory count per instance (POST /inc, GET /value),
+		// so a test can tell whether a request ran.
+		"/tally": {New: func(*sdk.Instance) (http.Handler, error) { return tally(), nil }},
 	})
+}
+
+func tally() http.Handler {
+	var n atomic.Int64
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /inc", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintf(w, `{"value":%d}`, n.Add(1)) })
+	mux.HandleFunc("GET /value", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintf(w, `{"value":%d}`, n.Load()) })
+	return mux
 }
 
 // echo answers with what the instance saw of the request.

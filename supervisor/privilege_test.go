@@ -1,0 +1,309 @@
+package supervisor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
+	"github.com/pinnedd/pinnedd/plugins"
+)
+
+func TestPluginEnvAllowList(t *testing.T) {
+	parent := []string{"PATH=/bin", "HOME=/h", "LANG=C", "LC_ALL=C.UTF-8", "TZ=UTC", "TMPDIR=/t",
+		"PINBOARD_TOKEN=secret", "PINBOARD_PASSPORT={}", "DATABASE_URL=postgres://x", "AWS_SECRET_ACCESS_KEY=k",
+		"PINNEDD_CLUSTER_CALL_TOKEN=old", "NOTIFY_SOCKET=/run/notify", "LCX=1"}
+	spec := []string{"OPERATOR_SET=1", "PINBOARD_TOKEN=again", "DATABASE_URL=postgres://y", "PINNEDD_CLUSTER_CALL_TOKEN=t", "PINNEDD_URL=http://fd"}
+	env, dropped := pluginEnv(parent, spec, []string{"PINNEDD_DATA_SOCKET=/s"})
+	want := []string{"PATH=/bin", "HOME=/h", "LANG=C", "LC_ALL=C.UTF-8", "TZ=UTC", "TMPDIR=/t",
+		"OPERATOR_SET=1", "PINNEDD_URL=http://fd", "PINNEDD_DATA_SOCKET=/s"}
+	if !slices.Equal(env, want) {
+		t.Errorf("env = %q\nwant  %q", env, want)
+	}
+	if want := []string{"PINBOARD_TOKEN", "DATABASE_URL", "PINNEDD_CLUSTER_CALL_TOKEN"}; !slices.Equal(dropped, want) {
+		t.Errorf("dropped = %q, want %q", dropped, want)
+	}
+}
+
+func TestParsePluginEnv(t *testing.T) {
+	for in, want := range map[string]PluginEnvSetting{
+		"GOMAXPROCS":            {Key: "GOMAXPROCS", Pass: true},
+		"CHAT_WORD_DELAY=5ms":   {Key: "CHAT_WORD_DELAY", Value: "5ms"},
+		"EMPTY=":                {Key: "EMPTY"},
+		"/threads=OPENAI_KEY":   {Namespace: "/threads", Key: "OPENAI_KEY", Pass: true},
+		"/threads=MODE=a=b":     {Namespace: "/threads", Key: "MODE", Value: "a=b"},
+		"/threads=_X1=with sp ": {Namespace: "/threads", Key: "_X1", Value: "with sp "},
+	} {
+		got, err := ParsePluginEnv(in)
+		if err != nil || got != want {
+			t.Errorf("ParsePluginEnv(%q) = %+v, %v; want %+v", in, got, err, want)
+		}
+	}
+	for in, why := range map[string]string{
+		"PINBOARD_TOKEN":             "pinnedd's secrets never reach plugins",
+		"/threads=PINBOARD_PASSPORT": "pinnedd's secrets never reach plugins",
+		"DATABASE_URL=postgres://x":  "pinnedd's secrets never reach plugins",
+		"PINNEDD_DATA_SOCKET=/tmp/x": "set by pinnedd itself",
+		"PLUGIN_MIN_PORT=1":          "set by pinnedd itself",
+		"NOTIFY_SOCKET":              "belongs to the pinnedd agent",
+		"":                           "is not a variable name",
+		"1X=2":                       "is not a variable name",
+		"A-B=1":                      "is not a variable name",
+		"/threads":                   "want /ns=KEY",
+		"/Threads=X=1":               "invalid namespace",
+	} {
+		_, err := ParsePluginEnv(in)
+		if !errors.Is(err, ErrPluginEnv) || !strings.Contains(err.Error(), why) {
+			t.Errorf("ParsePluginEnv(%q) = %v, want ErrPluginEnv saying %q", in, err, why)
+		}
+	}
+}
+
+func TestApplyPluginEnv(t *testing.T) {
+	specs := []Spec{{Name: "chat", Namespaces: []string{"/threads"}}, {Name: "counter", Namespaces: []string{"/counters"}}}
+	var sets []PluginEnvSetting
+	for _, s := range []string{"LOG_STYLE=plain", "/threads=API_KEY", "/counters=STEP=2", "UNSET_HERE"} {
+		set, err := ParsePluginEnv(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sets = append(sets, set)
+	}
+	lookup := func(k string) (string, bool) {
+		v, ok := map[string]string{"API_KEY": "k1"}[k]
+		return v, ok
+	}
+	if err := ApplyPluginEnv(specs, sets, lookup); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := specs[0].Env, []string{"LOG_STYLE=plain", "API_KEY=k1"}; !slices.Equal(got, want) {
+		t.Errorf("chat env = %q, want %q", got, want)
+	}
+	if got, want := specs[1].Env, []string{"LOG_STYLE=plain", "STEP=2"}; !slices.Equal(got, want) {
+		t.Errorf("counter env = %q, want %q", got, want)
+	}
+	set, _ := ParsePluginEnv("/jobs=X=1")
+	if err := ApplyPluginEnv(specs, []PluginEnvSetting{set}, lookup); !errors.Is(err, ErrPluginEnv) || !strings.Contains(err.Error(), "no plugin serves /jobs") {
+		t.Errorf("a namespace no plugin serves: %v", err)
+	}
+}
+
+// startPrivileged runs testhost twice, as plugin "p" serving /misc and
+// plugin "q" serving /tally, with fdURL as the node's front door.
+func startPrivileged(t *testing.T, fdURL string, env []string) (*Supervisor, *httptest.Server) {
+	t.Helper()
+	bin := testutil.Bin(t, "testhost")
+	s, err := New(Config{
+		Specs: []Spec{
+			{Name: "p", Path: bin, Namespaces: []string{"/misc"}, Env: env},
+			{Name: "q", Path: bin, Namespaces: []string{"/tally"}},
+		},
+		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+		FrontDoorURL: fdURL,
+		BackoffMin:   10 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		parts := strings.SplitN(r.URL.Path, "/", 4)
+		s.ServeInstance(w, r, "/"+parts[1], parts[2], 1, "/"+parts[3])
+	}))
+	var pids []int
+	for _, p := range s.Plugins() {
+		pids = append(pids, p.PID)
+	}
+	t.Cleanup(func() {
+		srv.Close()
+		for _, p := range s.Plugins() {
+			pids = append(pids, p.PID)
+		}
+		s.Stop(context.Background())
+		testutil.CheckGone(t, pids)
+		checkNoPlugins(t)
+	})
+	return s, srv
+}
+
+func current(t *testing.T, s *Supervisor, name string) *incarnation {
+	t.Helper()
+	for _, p := range s.procs {
+		if p.spec.Name == name {
+			inc, err := p.current()
+			if err != nil {
+				t.Fatalf("plugin %s: %v", name, err)
+			}
+			return inc
+		}
+	}
+	t.Fatalf("no plugin %s", name)
+	return nil
+}
+
+// A plugin process's environment holds the allow-list, the operator's
+// settings and pinnedd's own variables: none of pinnedd's secrets, and
+// neither of its per-process secrets (they come over the control channel).
+func TestPluginProcessEnvironment(t *testing.T) {
+	t.Setenv("PINBOARD_TOKEN", "pinboard-token-that-must-not-leak-0123456789")
+	t.Setenv("DATABASE_URL", "postgres://must-not-leak@127.0.0.1/x")
+	t.Setenv("UNRELATED_SECRET", "must-not-leak-either")
+	t.Setenv("TZ", "UTC")
+	s, _ := startPrivileged(t, "http://127.0.0.1:1", []string{"OPERATOR_SET=yes", "PINBOARD_TOKEN=via-spec"})
+	inc := current(t, s, "p")
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", inc.pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{}
+	for _, kv := range strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00") {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	for _, k := range []string{"PINBOARD_TOKEN", "DATABASE_URL", "UNRELATED_SECRET", plugins.EnvClusterCallToken} {
+		if v, ok := env[k]; ok {
+			t.Errorf("plugin environment has %s=%s", k, v)
+		}
+	}
+	for k, v := range env {
+		if v == inc.socketSecret || v == inc.callToken || strings.Contains(v, "must-not-leak") {
+			t.Errorf("plugin environment carries a secret in %s", k)
+		}
+	}
+	for k, want := range map[string]string{"OPERATOR_SET": "yes", "TZ": "UTC", "PATH": os.Getenv("PATH"),
+		plugins.EnvFrontDoor: "http://127.0.0.1:1", plugins.Handshake.MagicCookieKey: plugins.Handshake.MagicCookieValue} {
+		if env[k] != want {
+			t.Errorf("plugin environment: %s=%q, want %q", k, env[k], want)
+		}
+	}
+}
+
+// A process that writes to a plugin's data socket itself, without the
+// process's secret, is refused and runs nothing; pinnedd's own requests
+// carry the secret, and instance code never sees it.
+func TestDataSocketNeedsSecret(t *testing.T) {
+	s, srv := startPrivileged(t, "", nil)
+	ctx := context.Background()
+	if r, err := testutil.Do(ctx, "POST", srv.URL+"/tally/a/inc", "", nil); err != nil || r.Body != `{"value":1}` {
+		t.Fatalf("increment through pinnedd: %v %+v", err, r)
+	}
+	inc := current(t, s, "q")
+	raw := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", inc.socket)
+	}}}
+	defer raw.CloseIdleConnections()
+	for name, secret := range map[string]string{"none": "", "wrong": strings.Repeat("0", len(inc.socketSecret)), "another process's": current(t, s, "p").socketSecret} {
+		req, _ := http.NewRequest("POST", "http://plugin/inc", nil)
+		req.Header.Set(plugins.HeaderNamespace, "/tally")
+		req.Header.Set(plugins.HeaderID, "a")
+		if secret != "" {
+			req.Header.Set(plugins.HeaderSocketSecret, secret)
+		}
+		resp, err := raw.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden || !bytes.Contains(body, []byte(plugins.HeaderSocketSecret)) {
+			t.Errorf("raw write with %s secret: %d %s, want 403 naming %s", name, resp.StatusCode, body, plugins.HeaderSocketSecret)
+		}
+	}
+	if r, err := testutil.Do(ctx, "GET", srv.URL+"/tally/a/value", "", nil); err != nil || r.Body != `{"value":1}` {
+		t.Errorf("after the raw writes: %v %+v, want the count unchanged at 1", err, r)
+	}
+	// The echo host answers with the headers it saw.
+	r, err := testutil.Do(ctx, "GET", srv.URL+"/misc/e/echo", "", map[string]string{plugins.HeaderSocketSecret: "client-sent"})
+	if err != nil || r.Code != 200 {
+		t.Fatalf("echo: %v %+v", err, r)
+	}
+	if strings.Contains(r.Body, "Socket-Secret") || strings.Contains(r.Body, current(t, s, "p").socketSecret) {
+		t.Errorf("instance code saw the socket secret: %s", r.Body)
+	}
+}
+
+// Each process's cluster-call credential reaches its instance code over
+// the control channel, speaks for that process's namespaces only, and dies
+// with the process.
+func TestClusterCallCredential(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	fd := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Get(plugins.HeaderClusterCall))
+		mu.Unlock()
+		fmt.Fprint(w, "ok")
+	}))
+	defer fd.Close()
+	s, srv := startPrivileged(t, fd.URL, nil)
+	call := func() (ns, token string) {
+		t.Helper()
+		r, err := testutil.Do(context.Background(), "GET", srv.URL+"/misc/c/call?target=/tally/x/inc", "", nil)
+		if err != nil || r.Code != 200 {
+			t.Fatalf("cluster call: %v %+v", err, r)
+		}
+		mu.Lock()
+		v := seen[len(seen)-1]
+		mu.Unlock()
+		ns, token, err = plugins.ParseClusterCall(v)
+		if err != nil {
+			t.Fatalf("%s %q: %v", plugins.HeaderClusterCall, v, err)
+		}
+		return ns, token
+	}
+	ns, token := call()
+	if ns != "/misc" {
+		t.Errorf("cluster call names namespace %s, want /misc", ns)
+	}
+	if got, ok := s.VerifyClusterCall(token); !ok || !slices.Equal(got, []string{"/misc"}) {
+		t.Errorf("VerifyClusterCall(p's credential) = %q, %v; want [/misc] (not q's /tally)", got, ok)
+	}
+	q := current(t, s, "q")
+	if got, ok := s.VerifyClusterCall(q.callToken); !ok || !slices.Equal(got, []string{"/tally"}) {
+		t.Errorf("VerifyClusterCall(q's credential) = %q, %v; want [/tally]", got, ok)
+	}
+	for _, bad := range []string{"", "nope", q.socketSecret, token[:len(token)-1]} {
+		if got, ok := s.VerifyClusterCall(bad); ok {
+			t.Errorf("VerifyClusterCall(%q) = %q, accepted", bad, got)
+		}
+	}
+
+	// The process dies: its credential with it; the next one has its own.
+	old := current(t, s, "p")
+	_, _ = testutil.Do(context.Background(), "GET", srv.URL+"/misc/c/crash", "", nil)
+	testutil.WaitFor(t, 10*time.Second, "plugin p restarted", func() bool {
+		inc, err := s.procs[0].current()
+		return err == nil && inc != old
+	})
+	if got, ok := s.VerifyClusterCall(token); ok {
+		t.Errorf("a dead process's credential still verifies: %q", got)
+	}
+	s.calls.mu.RLock()
+	held := len(s.calls.m)
+	s.calls.mu.RUnlock()
+	if held != 2 {
+		t.Errorf("%d credentials held for 2 live processes", held)
+	}
+	_, token2 := call()
+	if token2 == token {
+		t.Error("the new process got the same credential")
+	}
+	if _, ok := s.VerifyClusterCall(token2); !ok {
+		t.Error("the new process's credential does not verify")
+	}
+}
