@@ -7,12 +7,13 @@ import (
 )
 
 func TestRead(t *testing.T) {
-	// Burn CPU until this process has used 150 ms of it (counted, not
-	// timed: on a loaded machine a wall-clock spin gets less), so the
-	// percentage and CPUOf have something to show.
+	// Burn CPU until this process has used 150 ms more of it (counted,
+	// not timed: on a loaded machine a wall-clock spin gets less; and
+	// more, not in all: with -count or -cpu each run must spin), so the
+	// percentage since the previous Read and CPUOf have something to show.
 	deadline := time.Now().Add(time.Minute)
 	x := 0
-	for cpuTime() < 150*time.Millisecond && time.Now().Before(deadline) {
+	for base := cpuTime(); cpuTime()-base < 150*time.Millisecond && time.Now().Before(deadline); {
 		for i := 0; i < 1e5; i++ {
 			x++
 		}
