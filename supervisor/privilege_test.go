@@ -11,14 +11,19 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/pinnedd/pinnedd/internal/testutil"
 	"github.com/pinnedd/pinnedd/plugins"
+	"github.com/pinnedd/pinnedd/plugins/proto"
 )
 
 func TestPluginEnvAllowList(t *testing.T) {
@@ -305,5 +310,43 @@ func TestClusterCallCredential(t *testing.T) {
 	}
 	if _, ok := s.VerifyClusterCall(token2); !ok {
 		t.Error("the new process's credential does not verify")
+	}
+}
+
+// go-plugin's control socket lies beside the data socket, reachable by
+// any process of pinnedd's user: without pinnedd's client certificate a
+// process can neither call Describe there (to swap in a socket secret of
+// its own) nor anything else.
+func TestControlSocketNeedsPinneddCertificate(t *testing.T) {
+	s, srv := startPrivileged(t, "", nil)
+	entries, err := os.ReadDir(s.runtimeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var control []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "plugin") {
+			control = append(control, filepath.Join(s.runtimeDir, e.Name()))
+		}
+	}
+	if len(control) == 0 {
+		t.Fatalf("no go-plugin sockets in %s: %v", s.runtimeDir, entries)
+	}
+	for _, path := range control {
+		conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err = proto.NewControlClient(conn).Describe(ctx, &proto.DescribeRequest{SocketSecret: "mine"})
+		cancel()
+		conn.Close()
+		if err == nil {
+			t.Errorf("Describe on %s without pinnedd's certificate succeeded", path)
+		}
+	}
+	// Nothing changed: pinnedd's own requests still get through.
+	if r, err := testutil.Do(context.Background(), "POST", srv.URL+"/tally/a/inc", "", nil); err != nil || r.Body != `{"value":1}` {
+		t.Errorf("increment through pinnedd: %v %+v", err, r)
 	}
 }

@@ -168,7 +168,12 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 		Plugins:         plugins.PluginSet(nil),
 		Cmd:             cmd,
 		// go-plugin would otherwise add all of os.Environ() to cmd.Env.
-		SkipHostEnv:      true,
+		SkipHostEnv: true,
+		// The control and broker sockets sit in a directory other
+		// processes of pinnedd's user can reach: with mutual TLS (a key
+		// made per process, never in the environment) only pinnedd can
+		// call Describe, Activate or the Store service there.
+		AutoMTLS:         true,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		StartTimeout:     s.cfg.HandshakeTimeout,
 		Logger:           hclogAdapter(logger),

@@ -163,15 +163,6 @@ func (rt *Runtime) Close() {
 	rt.deactivateAll(context.Background(), 0)
 }
 
-// RequireSocketSecret makes ServeHTTP refuse (403) every request that does
-// not carry secret in plugins.HeaderSocketSecret, as a data socket opened
-// by ListenUnix does with the secret pinnedd gives in Describe. For tests
-// that serve the runtime another way.
-func (rt *Runtime) RequireSocketSecret(secret string) {
-	rt.socketSecret.Store(&secret)
-	rt.secured.Store(true)
-}
-
 // ServeHTTP is the data plane: pinnedd names the instance in headers.
 func (rt *Runtime) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !rt.admit(r) {
@@ -261,11 +252,13 @@ func (rt *Runtime) Describe(_ context.Context, req *proto.DescribeRequest) (*pro
 		rt.store = proto.NewStoreClient(conn)
 		rt.brokerMu.Unlock()
 	}
+	// The first Describe's secrets hold for the life of the process: pinnedd
+	// describes each process once, so a later one is not pinnedd's.
 	if req.SocketSecret != "" {
-		rt.socketSecret.Store(&req.SocketSecret)
+		rt.socketSecret.CompareAndSwap(nil, &req.SocketSecret)
 	}
 	if req.ClusterCallToken != "" {
-		rt.clusterToken.Store(&req.ClusterCallToken)
+		rt.clusterToken.CompareAndSwap(nil, &req.ClusterCallToken)
 	}
 	resp := &proto.DescribeResponse{DataSocket: rt.socket, SdkVersion: Version, Pid: int32(os.Getpid())}
 	for ns, h := range rt.hosts {

@@ -89,6 +89,16 @@ func TestDataSocketSecret(t *testing.T) {
 	if sawSecret.Load() {
 		t.Error("instance code saw the socket secret")
 	}
+	// pinnedd describes a process once: a second Describe changes nothing.
+	if _, err := rt.Describe(ctx, &proto.DescribeRequest{SocketSecret: "another"}); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := do("another"); code != http.StatusForbidden {
+		t.Errorf("a second Describe's secret: %d, want 403", code)
+	}
+	if code, _ := do(secret); code != 200 {
+		t.Errorf("the first secret after a second Describe: %d, want 200", code)
+	}
 }
 
 // ClusterClient marks calls with the instance's namespace and the
