@@ -507,28 +507,62 @@ func (l *logBuffer) find(subs []string) (string, bool) {
 // a port the kernel hands out for :0 and is then released can be taken by
 // any outgoing connection before the node binds it (seen in CI as "address
 // already in use"), while ports below the range are only ever taken by an
-// explicit bind. Ports are not handed out twice by one test process.
+// explicit bind. A port is handed out once across every test process on
+// the machine (go test runs packages in parallel): FreeAddr holds a lock
+// on a file named after it under os.TempDir until the process ends.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	lo := ephemeralLow()
+	addr, err := freeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+func freeAddr() (string, error) {
+	lo, hi := freePorts()
 	freeMu.Lock()
 	defer freeMu.Unlock()
 	for range 1000 {
-		port := freeFloor + rand.IntN(lo-freeFloor)
-		if freeGiven[port] {
+		port := lo + rand.IntN(hi-lo)
+		if freeHeld[port] != nil {
 			continue
+		}
+		lock, ok := lockPort(port)
+		if !ok {
+			continue // another test process has it
 		}
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
+			lock.Close()
 			continue // someone else's
 		}
 		ln.Close()
-		freeGiven[port] = true
-		return addr
+		freeHeld[port] = lock
+		return addr, nil
 	}
-	t.Fatalf("no free port in [%d, %d) after 1000 tries", freeFloor, lo)
-	return ""
+	return "", fmt.Errorf("testutil: no free port in [%d, %d) after 1000 tries", lo, hi)
+}
+
+// lockPort takes the machine-wide claim on port: an exclusive flock on
+// its file, which the kernel drops when this process ends however it ends.
+// The files stay (removing one would let two processes lock two files of
+// one name).
+func lockPort(port int) (*os.File, bool) {
+	dir := filepath.Join(os.TempDir(), "pinnedd-test-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return nil, false
+	}
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return nil, false
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, false
+	}
+	return f, true
 }
 
 // freeFloor is the lowest port FreeAddr hands out (above the well-known
@@ -536,8 +570,10 @@ func FreeAddr(t testing.TB) string {
 const freeFloor = 20000
 
 var (
-	freeMu    sync.Mutex
-	freeGiven = map[int]bool{}
+	freeMu   sync.Mutex
+	freeHeld = map[int]*os.File{} // port -> its lock, held until exit
+	// freePorts is the range FreeAddr picks from, [lo, hi).
+	freePorts = func() (int, int) { return freeFloor, ephemeralLow() }
 )
 
 // ephemeralLow is the bottom of the kernel's range for ports it picks
