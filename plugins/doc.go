@@ -13,6 +13,28 @@
 // there with its namespace and id in headers. Streaming both ways, SSE
 // flush-through and Upgrade (WebSocket) come with net/http for free.
 //
+// # Least privilege (protocol 2)
+//
+// A plugin runs instance code, not the node, and gets only what that needs:
+//
+//   - Its environment is built, not inherited: AllowedEnv from pinnedd's
+//     own (PATH, HOME, LANG, LC_*, TZ, TMPDIR), what the operator passes
+//     per plugin (pinnedd agent --plugin-env), and what pinnedd and
+//     go-plugin set (Env*, the handshake cookie, PLUGIN_*). Never
+//     PINBOARD_*, DATABASE_URL (SecretEnv) or a cluster-call token.
+//   - go-plugin's control and broker sockets run mutual TLS (AutoMTLS):
+//     only the pinnedd that started the process can call it.
+//   - DescribeRequest hands each process two random secrets, new for every
+//     process: socket_secret, which pinnedd sends in HeaderSocketSecret on
+//     every request it writes to the data socket (the SDK answers any
+//     request without it 403, before routing, and strips it), and
+//     cluster_call_token, which instance code sends as
+//     ClusterCallValue(namespace, token) in HeaderClusterCall; the front
+//     door honours it only for a namespace that process serves on the node,
+//     and only while it lives.
+//   - Sockets live in a 0700 directory of pinnedd's (the data dir's run/ or
+//     $RUNTIME_DIRECTORY).
+//
 // # Why HTTP over a unix socket, not gRPC streams
 //
 // Measured with BenchmarkDataPlane (package supervisor) on this project's
