@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -292,11 +293,26 @@ func TestLeaseLossRefusesByItself(t *testing.T) {
 // clear 4xx and changes nothing.
 func TestRegistryBadInput(t *testing.T) {
 	t.Parallel()
-	// Heartbeats every 2 s (the lease is 3 s): none lands between the two
-	// reads of the applied index below, which must differ only by what the
-	// bad input wrote.
+	// Heartbeats every 2 s (the lease is 3 s).
 	n1 := newNode(t, "n1", "--bootstrap", "--heartbeat-interval", "2s").start(t, true)
 	applied := func() float64 { v, _ := health(t, n1)["appliedIndex"].(float64); return v }
+	// What bad input could change in the directory: its workers (lapsed
+	// ones too) by identity, and its placements. Heartbeats, which may land
+	// at any time, move none of it.
+	directory := func() string {
+		r := n1.a.MustDo("GET", "/registry/workers?all=1", "")
+		var out struct {
+			Workers []struct {
+				ClientID     string   `json:"clientId"`
+				SessionID    string   `json:"sessionId"`
+				AdvertiseURL string   `json:"advertiseUrl"`
+				Namespaces   []string `json:"namespaces"`
+				RegisteredAt int64    `json:"registeredAt"`
+			} `json:"workers"`
+		}
+		r.JSON(t, &out)
+		return fmt.Sprintf("%+v placements %v", out.Workers, health(t, n1)["placements"])
+	}
 	// Ready is before the node's own worker registers (a write of its own).
 	testutil.WaitFor(t, 10*time.Second, "the node's own worker registered", func() bool { return len(liveWorkers(t, n1)) == 1 })
 	workersBefore := len(liveWorkers(t, n1))
@@ -325,7 +341,7 @@ func TestRegistryBadInput(t *testing.T) {
 		return fmt.Sprintf(`{"clientId":%q,"advertiseUrl":%q,"namespaces":["/counters"],"headroom":5,"challenge":"c-%s","challengeValue":"v-%s"}`,
 			client, fake.URL, client, client)
 	}
-	before := applied()
+	before, dirBefore, start := applied(), directory(), time.Now()
 	for _, c := range []struct {
 		path, token, body string
 		code              int
@@ -351,8 +367,14 @@ func TestRegistryBadInput(t *testing.T) {
 			t.Errorf("POST %s %s: %d %s, want %d", c.path, c.body, r.Code, r.Body, c.code)
 		}
 	}
-	if after := applied(); after != before {
-		t.Fatalf("bad input changed the directory: applied index %v -> %v", before, after)
+	if after := directory(); after != dirBefore {
+		t.Fatalf("bad input changed the directory:\n%s\n->\n%s", dirBefore, after)
+	}
+	// Nor did it write to the log: the entries applied meanwhile are the
+	// node's own heartbeats, at most one per interval begun (each bad
+	// request writing one would be 14).
+	if after, most := applied(), before+math.Ceil(time.Since(start).Seconds()/2)+1; after > most {
+		t.Fatalf("bad input wrote to the directory's log: applied index %v -> %v, heartbeats explain at most %v", before, after, most)
 	}
 
 	// Go's profiles are an operator's: no token or an unknown one 401.
