@@ -615,14 +615,22 @@ func TestStatewireProtocol(t *testing.T) {
 		}
 	})
 
-	// Last, since it stops the agent: a drain evicts the instance under an
-	// open stream (fin evicted, reconnect true); the session reconnects to
-	// the restarted node and starts over from a fresh snapshot.
+	// Last, since it stops the agent (which comes back on the same address,
+	// so the subtests before it may run alone, or after it): a drain evicts
+	// the instance under an open stream (fin evicted, reconnect true); the
+	// session reconnects to the restarted node and starts over from a fresh
+	// snapshot holding what the thread held. Its own thread, written here:
+	// no subtest depends on another's.
 	t.Run("FinOnEvictionThenFreshSnapshot", func(t *testing.T) {
-		c := client.New(a.URL + "/threads/dedup")
+		c := client.New(a.URL + "/threads/fin")
 		s := c.Attach(ctx)
 		defer s.Close()
-		before := waitThread(t, s, 10*time.Second, "attached", func(th chatThread) bool { return th.status() == "idle" })
+		if _, err := c.Send(ctx, "send", map[string]any{"message": map[string]any{"parts": []any{map[string]any{"type": "text", "text": "kept"}}}}); err != nil {
+			t.Fatal(err)
+		}
+		before := waitThread(t, s, 20*time.Second, "the reply", func(th chatThread) bool {
+			return th.status() == "idle" && th.line() == "user: kept | assistant: echo: kept"
+		})
 		epoch := s.Stats().Epoch
 		a.Signal(syscall.SIGTERM)
 		if err := s.Wait(ctx, func(s *client.Session) bool { return len(s.Stats().Fins) > 0 }); err != nil {
