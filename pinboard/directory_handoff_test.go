@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pinnedd/pinnedd/internal/testutil"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/raftstore"
 )
@@ -18,13 +19,44 @@ func claim(id string) directory.Claim {
 	return directory.Claim{Key: directory.Key{Namespace: "/b", ID: id}, ClientID: "w1", Now: time.Now().UnixMilli()}
 }
 
+// roles waits for the cluster to have a leader and returns it and a
+// follower. Leadership may move later (three nodes on two loaded cores
+// hold elections): the tests below count on no particular node leading.
+func roles(t *testing.T, nodes []*benchNode) (leader, follower *benchNode) {
+	t.Helper()
+	testutil.WaitFor(t, 20*time.Second, "a leader", func() bool {
+		leader, follower = nil, nil
+		for _, n := range nodes {
+			if n.store.IsLeader() {
+				leader = n
+			} else if follower == nil {
+				follower = n
+			}
+		}
+		return leader != nil && follower != nil
+	})
+	return leader, follower
+}
+
+// handedIn counts the commands the nodes but one took through their
+// hand-off routes.
+func handedIn(nodes []*benchNode, but *benchNode) int64 {
+	var n int64
+	for _, nd := range nodes {
+		if nd != but {
+			n += nd.dir.handedIn.Load()
+		}
+	}
+	return n
+}
+
 // A follower's claims reach the leader's group commit through the
 // hand-off; a batch handed to a node is never handed on (two nodes that
 // each think the other leads cannot pass it back and forth); bad batches
 // are refused without touching the directory.
 func TestDirectoryHandOff(t *testing.T) {
 	nodes := startBenchCluster(t, 3)
-	leader, follower := nodes[0], nodes[1]
+	_, follower := roles(t, nodes)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
@@ -32,7 +64,8 @@ func TestDirectoryHandOff(t *testing.T) {
 	if err != nil || res.Code != directory.CodeGranted {
 		t.Fatalf("claim through a follower: %v %v %s", err, res.Code, res.Reason)
 	}
-	if got := leader.dir.handedIn.Load(); got != 1 {
+	// Counted over every node but the follower: whichever leads took it.
+	if got := handedIn(nodes, follower); got != 1 {
 		t.Fatalf("the leader took %d handed-off commands, want 1", got)
 	}
 
@@ -48,18 +81,26 @@ func TestDirectoryHandOff(t *testing.T) {
 	if err != nil || len(out.Results) != 1 || out.Results[0].Code != directory.CodeGranted {
 		t.Fatalf("batch handed to the follower answered %+v, %v", out, err)
 	}
-	if got := leader.dir.handedIn.Load(); got != 1 {
-		t.Fatalf("a handed-off batch was handed on: the leader took %d commands, want still 1", got)
+	if got := handedIn(nodes, follower); got != 1 {
+		t.Fatalf("a handed-off batch was handed on: the other nodes took %d commands, want still 1", got)
 	}
 
 	// A leader running a release without the route (a rolling upgrade):
-	// the follower's batch goes through Raft forwarding instead.
-	leader.noHandOffRoute.Store(true)
+	// the follower's batch goes through Raft forwarding instead. Every
+	// node but the follower is that release, whichever leads.
+	for _, n := range nodes {
+		n.noHandOffRoute.Store(n != follower)
+	}
 	if res, err := follower.dir.Do(ctx, claim("old-leader")); err != nil || res.Code != directory.CodeGranted {
 		t.Fatalf("claim through a follower of a leader without the hand-off route: %v %v %s", err, res.Code, res.Reason)
 	}
-	leader.noHandOffRoute.Store(false)
+	for _, n := range nodes {
+		n.noHandOffRoute.Store(false)
+	}
 
+	// Placements read on the leader: a claim is applied there before it is
+	// answered, so nothing still in flight moves the count.
+	leader, _ := roles(t, nodes)
 	_, before := leader.dir.Machine().Len()
 	for name, body := range map[string][]byte{
 		"garbage":      []byte("not a command"),
@@ -83,22 +124,39 @@ func TestDirectoryHandOff(t *testing.T) {
 // the batch timeout; the follower's next batch reaches the new leader.
 func TestHandOffToSilencedLeaderEndsOnLeaderChange(t *testing.T) {
 	nodes := startBenchCluster(t, 3)
-	leader, follower := nodes[0], nodes[1]
+	_, follower := roles(t, nodes)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	leader.silent.Store(true)
+	// Every node but the follower swallows batches: the one the batch
+	// reaches is the leader, whichever that is by then.
+	var others []*benchNode
+	for _, n := range nodes {
+		if n != follower {
+			n.silent.Store(true)
+			others = append(others, n)
+		}
+	}
 	done := make(chan error, 1)
 	go func() {
 		_, err := follower.dir.Do(ctx, claim("into-the-silence"))
 		done <- err
 	}()
+	var leader *benchNode
 	select {
-	case <-leader.swallowed:
+	case <-others[0].swallowed:
+		leader = others[0]
+	case <-others[1].swallowed:
+		leader = others[1]
 	case err := <-done:
 		t.Fatalf("claim answered before reaching the leader: %v", err)
 	case <-ctx.Done():
 		t.Fatal("the follower never handed its batch to the leader")
+	}
+	for _, n := range others {
+		if n != leader {
+			n.silent.Store(false) // the next leader answers
+		}
 	}
 	// The leader steps down (its HTTP side still swallows the batch).
 	if err := leader.store.Close(ctx); err != nil {
