@@ -30,7 +30,7 @@ import (
 
 const chatWordDelay = "20ms"
 
-var chatEnv = []string{"CHAT_WORD_DELAY=" + chatWordDelay, "PINBOARD_TOKEN=" + testutil.Token}
+var chatEnv = []string{"CHAT_WORD_DELAY=" + chatWordDelay, "PINNEDD_PLUGIN_ENV=CHAT_WORD_DELAY", "PINBOARD_TOKEN=" + testutil.Token}
 
 var (
 	chatBuildOnce sync.Once

@@ -81,7 +81,7 @@ func TestAppliedWorkResumesAfterAgentKill9(t *testing.T) {
 	if _, err := a.Wait(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	b := testutil.StartAgent(t, []string{"TESTHOST_EVENTS=" + events}, append([]string{"--dev"}, args...)...)
+	b := testutil.StartAgent(t, []string{"TESTHOST_EVENTS=" + events, "PINNEDD_PLUGIN_ENV=TESTHOST_EVENTS"}, append([]string{"--dev"}, args...)...)
 	if err := testutil.Eventually(15*time.Second, func() bool { return countEvents(t, events, "done second") == 1 }); err != nil {
 		t.Fatalf("not resumed by the scanner; events %q", eventLines(t, events))
 	}

@@ -79,7 +79,7 @@ func testhostAgent(t *testing.T, extra ...string) (*testutil.Agent, string) {
 	for _, ns := range []string{"/hooks", "/keep", "/slow", "/fail", "/misc"} {
 		args = append(args, "--plugin", ns+"="+bin)
 	}
-	a := testutil.StartAgent(t, []string{"TESTHOST_EVENTS=" + events}, append(args, extra...)...)
+	a := testutil.StartAgent(t, []string{"TESTHOST_EVENTS=" + events, "PINNEDD_PLUGIN_ENV=TESTHOST_EVENTS"}, append(args, extra...)...)
 	return a, events
 }
 

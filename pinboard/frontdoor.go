@@ -123,9 +123,11 @@ type FrontDoorConfig struct {
 	WindDown func(ns, id string, deadline time.Time) int
 	// Reload hot-swaps the plugin serving ns ("" all).
 	Reload func(ctx context.Context, ns string) error
-	// ClusterCallToken authenticates ClusterCallHeader; it is handed to
-	// this node's plugins only (PINNEDD_CLUSTER_CALL_TOKEN).
-	ClusterCallToken string
+	// ClusterCalls names the namespaces a cluster-call credential (from
+	// plugins.HeaderClusterCall) speaks for, ok false for one no live
+	// plugin process of this node holds (supervisor.VerifyClusterCall).
+	// nil: no cluster calls.
+	ClusterCalls func(token string) (namespaces []string, ok bool)
 	// AttestationWindow bounds an attestation's age and the replay cache
 	// (default DefaultAttestationWindow).
 	AttestationWindow time.Duration

@@ -3,7 +3,6 @@ package pinboard
 import (
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -43,7 +43,11 @@ type route struct {
 // there: locally, or forwarded to the owner.
 func (f *FrontDoor) resolve(w http.ResponseWriter, r *http.Request, key directory.Key, rest string) {
 	rt := &route{key: key, rest: rest}
-	if f.clusterCall(r) {
+	switch ok, err := f.clusterCall(r); {
+	case err != nil:
+		httpx.WriteError(w, http.StatusForbidden, err.Error(), 0)
+		return
+	case ok:
 		rt.caller = f.selfID()
 	}
 	switch {
@@ -621,17 +625,28 @@ func attestOutcome(err error) string {
 // clusterCall reports whether r is a cluster call: a request an instance on
 // this node makes through its own front door (plugins/sdk's
 // Instance.ClusterClient marks it). A new placement then prefers this node's
-// worker, as the seed's attested cluster calls do. The header carries the
-// node's cluster-call token, which only its plugins are given; it never
-// leaves the front door.
-func (f *FrontDoor) clusterCall(r *http.Request) bool {
-	tok := r.Header.Get(plugins.HeaderClusterCall)
-	if tok == "" {
-		return false
+// worker, as the seed's attested cluster calls do. The header names the
+// calling namespace and carries its plugin process's credential, good only
+// for that process's namespaces while it lives; it never leaves the front
+// door. A header that does not prove that is refused (err), not ignored.
+func (f *FrontDoor) clusterCall(r *http.Request) (bool, error) {
+	v := r.Header.Get(plugins.HeaderClusterCall)
+	if v == "" {
+		return false, nil
 	}
 	r.Header.Del(plugins.HeaderClusterCall)
-	return f.cfg.ClusterCallToken != "" && f.cfg.Worker != nil &&
-		subtle.ConstantTimeCompare([]byte(tok), []byte(f.cfg.ClusterCallToken)) == 1
+	ns, tok, err := plugins.ParseClusterCall(v)
+	if err != nil {
+		return false, err
+	}
+	if f.cfg.ClusterCalls == nil || f.cfg.Worker == nil {
+		return false, fmt.Errorf("%s: this node runs no plugins", plugins.HeaderClusterCall)
+	}
+	nss, ok := f.cfg.ClusterCalls(tok)
+	if !ok || !slices.Contains(nss, ns) {
+		return false, fmt.Errorf("%s: the credential is not good for cluster calls from %s on this node", plugins.HeaderClusterCall, ns)
+	}
+	return true, nil
 }
 
 func (f *FrontDoor) affinityKey(r *http.Request) *string {

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,7 +26,6 @@ import (
 	"github.com/pinnedd/pinnedd/internal/sdnotify"
 	"github.com/pinnedd/pinnedd/pinboard"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
-	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/raftstore"
 	"github.com/pinnedd/pinnedd/statestore"
 	"github.com/pinnedd/pinnedd/statestore/boltstore"
@@ -87,14 +84,6 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		return err
 	}
 
-	callToken := make([]byte, 16)
-	_, _ = rand.Read(callToken)
-	clusterCallToken := hex.EncodeToString(callToken)
-	for i := range cfg.specs {
-		cfg.specs[i].Env = append(cfg.specs[i].Env,
-			plugins.EnvFrontDoor+"="+advertise, plugins.EnvClusterCallToken+"="+clusterCallToken)
-	}
-
 	var fd *pinboard.FrontDoor
 	var sup *supervisor.Supervisor
 	var states statestore.Store
@@ -105,7 +94,7 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		}
 		defer states.Close()
 		sup, err = supervisor.New(supervisor.Config{
-			Specs: cfg.specs, Logger: log, Registerer: reg, Store: states, RuntimeDir: runtimeDir(dataDir),
+			Specs: cfg.specs, Logger: log, Registerer: reg, Store: states, RuntimeDir: runtimeDir(dataDir), FrontDoorURL: advertise,
 			DetachedTimeout: cfg.detachedTimeout, StopGrace: cfg.stopGrace, StablePeriod: cfg.stablePeriod,
 			SwapDeadline: cfg.swapDeadline, KeepPlacementsOnIdle: cfg.databaseURL == "",
 			OnEvicted: func(k supervisor.Key, gen uint64, release bool) { fd.Released(k.Namespace, k.ID, gen, release) },
@@ -153,9 +142,8 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Logger: log, Registerer: reg,
 		Quarantine: quarantine, AccessLog: cfg.accessLog,
 		Policy: pinboard.PlacementPolicy{BalanceFactor: cfg.balanceFactor}, TrustedProxies: cfg.trustedProxies,
-		ClusterCallToken: clusterCallToken,
-		Ready:            func() bool { id, _ := store.Leader(); return id != "" && store.Fault() == nil },
-		Health:           func() map[string]any { return raftHealth(store) },
+		Ready:  func() bool { id, _ := store.Leader(); return id != "" && store.Fault() == nil },
+		Health: func() map[string]any { return raftHealth(store) },
 		Status: func() map[string]any {
 			st := map[string]any{
 				"nodeId": cfg.nodeID, "version": version, "dev": cfg.dev, "advertiseUrl": advertise, "pid": os.Getpid(),
@@ -166,6 +154,9 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 			}
 			return st
 		},
+	}
+	if sup != nil {
+		fdc.ClusterCalls = sup.VerifyClusterCall
 	}
 	var worker *pinboard.Worker
 	if sup != nil {

@@ -40,6 +40,7 @@ func agentCommand() *cli.Command {
 			&cli.IntFlag{Name: "max-voters", Value: 3, Usage: "Raft voters (3 or 5); members joining beyond it are nonvoters", EnvVars: []string{"PINNEDD_MAX_VOTERS"}},
 			&cli.DurationFlag{Name: "raft-timeout", Usage: "Raft heartbeat and election timeout (default: hashicorp/raft's 1s)", EnvVars: []string{"PINNEDD_RAFT_TIMEOUT"}, Hidden: true},
 			&cli.StringSliceFlag{Name: "plugin", Usage: "serve `/NS=PATH`: namespace NS from the plugin binary at PATH (repeatable)", EnvVars: []string{"PINNEDD_PLUGINS"}},
+			&cli.StringSliceFlag{Name: "plugin-env", Usage: "pass `[/NS=]KEY` (pinnedd's own value) or set `[/NS=]KEY=VALUE` in plugins' environments, every plugin's or the one serving NS (repeatable); plugins get nothing else of pinnedd's environment but PATH, HOME, LANG, LC_*, TZ, TMPDIR", EnvVars: []string{"PINNEDD_PLUGIN_ENV"}},
 			&cli.BoolFlag{Name: "watch-plugins", Usage: "hot-swap a plugin when its binary is replaced (default: on with --dev, off otherwise)", EnvVars: []string{"PINNEDD_WATCH_PLUGINS"}},
 			&cli.StringFlag{Name: "database-url", Usage: "Postgres for instance state, shared by the fleet, so any node can restore any id", EnvVars: []string{"DATABASE_URL"}},
 			&cli.BoolFlag{Name: "local-state", Usage: "keep instance state in --data-dir instead of a shared --database-url: an id stays on its node while that node lives, but one that moves (a drain, a restart, the node's death) starts EMPTY on its new node", EnvVars: []string{"PINNEDD_LOCAL_STATE"}},
@@ -216,6 +217,17 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 		// Under --dev the built-in hosts are pinnedd's own binary:
 		// rebuilding pinnedd hot-swaps them too.
 		specs[i].Watch = watch
+	}
+	var envSets []supervisor.PluginEnvSetting
+	for _, f := range c.StringSlice("plugin-env") {
+		set, err := supervisor.ParsePluginEnv(f)
+		if err != nil {
+			return cfg, fmt.Errorf("--plugin-env: %w", err)
+		}
+		envSets = append(envSets, set)
+	}
+	if err := supervisor.ApplyPluginEnv(specs, envSets, os.LookupEnv); err != nil {
+		return cfg, err
 	}
 	cfg.specs = specs
 	if len(cfg.specs) == 0 {
