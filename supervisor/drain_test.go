@@ -1,7 +1,9 @@
 package supervisor
 
 import (
+	"bufio"
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -32,6 +34,31 @@ func busy(t *testing.T, s *Supervisor, srv *httptest.Server, id string) <-chan e
 		return false
 	})
 	return done
+}
+
+// streamed opens a stream on /misc/<id>, reads its first event, and
+// returns once the stream is over and the instance has no connection.
+func streamed(t *testing.T, s *Supervisor, srv *httptest.Server, id string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/misc/"+id+"/sse", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	resp.Body.Close()
+	testutil.WaitFor(t, 10*time.Second, "the stream on /misc/"+id+" over", func() bool {
+		for _, in := range s.Instances() {
+			if in.Namespace == "/misc" && in.ID == id {
+				return in.Connections == 0
+			}
+		}
+		return false
+	})
 }
 
 // activateIdle serves one request on ns/id and returns once it ended: an
@@ -107,6 +134,9 @@ func TestDrainEarliestOfTwoSourcesWins(t *testing.T) {
 func TestDrainEvictsBusyInstanceAtEarliestDeadline(t *testing.T) {
 	s, srv := startSupervisor(t, DataPlaneUnix, testutil.Bin(t, "testhost"), "/misc")
 	activateIdle(t, srv, "/misc", "idle")
+	// The busy instance served a stream before, now ended: streams are
+	// counted down as they end, so its plain request alone keeps it.
+	streamed(t, s, srv, "busy")
 	done := busy(t, s, srv, "busy")
 
 	deadline := time.Now().Add(1500 * time.Millisecond)
@@ -165,5 +195,22 @@ func TestWindDownEvictsBusyInstanceAtDeadline(t *testing.T) {
 	})
 	if !s.Live("/slowstop", "other") {
 		t.Fatal("a wind-down of /misc evicted an instance of /slowstop")
+	}
+}
+
+// A wind-down of one id touches that instance only, not its namespace.
+func TestWindDownOfOneID(t *testing.T) {
+	s, srv := startSupervisor(t, DataPlaneUnix, testutil.Bin(t, "testhost"), "/misc")
+	activateIdle(t, srv, "/misc", "one")
+	activateIdle(t, srv, "/misc", "two")
+	if n := s.WindDown("/misc", "one", time.Now().Add(time.Minute)); n != 1 {
+		t.Fatalf("wind-down of /misc/one touched %d instances, want 1", n)
+	}
+	goneAt(t, s, "/misc", "one", 5*time.Second)
+	if !s.Live("/misc", "two") {
+		t.Fatal("a wind-down of /misc/one evicted /misc/two")
+	}
+	if n := s.WindDown("/misc", "absent", time.Now().Add(time.Minute)); n != 0 {
+		t.Fatalf("wind-down of an id not live here touched %d instances", n)
 	}
 }
