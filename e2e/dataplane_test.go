@@ -52,14 +52,8 @@ func ownerOf(t *testing.T, nodes []*node, ns, id string) *node {
 		if n.a == nil {
 			continue
 		}
-		if r, err := n.a.Do("GET", "/_pinned/status", ""); err == nil && r.Code == 200 {
-			var st status
-			r.JSON(t, &st)
-			for _, in := range st.Instances {
-				if in.Namespace == ns && in.ID == id {
-					return n
-				}
-			}
+		if st, err := statusOf(n.a); err == nil && st.runs(ns, id) {
+			return n
 		}
 	}
 	return nil
@@ -77,9 +71,7 @@ func TestAnyNodeServesAnyID(t *testing.T) {
 	// Exactly one node runs alice.
 	count := 0
 	for _, n := range nodes {
-		var st status
-		n.a.MustDo("GET", "/_pinned/status", "").JSON(t, &st)
-		for _, in := range st.Instances {
+		for _, in := range getStatus(t, n.a).Instances {
 			if in.ID == "alice" {
 				count++
 			}

@@ -442,10 +442,7 @@ func TestLocalStateKeepsIdleIDsOnTheirNode(t *testing.T) {
 		return false
 	})
 	gen := func() uint64 {
-		var st struct {
-			Instances []struct{ Generation uint64 }
-		}
-		owner.a.MustDo("GET", "/_pinned/status", "").JSON(t, &st)
+		st := getStatus(t, owner.a)
 		if len(st.Instances) != 1 {
 			t.Fatalf("%s serves %d instances, want 1", owner.id, len(st.Instances))
 		}

@@ -18,37 +18,6 @@ import (
 	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
-type status struct {
-	Worker struct {
-		ClientID string `json:"clientId"`
-		Lease    string `json:"lease"`
-	} `json:"worker"`
-	Plugins []struct {
-		Name       string   `json:"name"`
-		PID        int      `json:"pid"`
-		State      string   `json:"state"`
-		Restarts   int      `json:"restarts"`
-		Degraded   bool     `json:"degraded"`
-		Namespaces []string `json:"namespaces"`
-	} `json:"plugins"`
-	Instances []struct {
-		Namespace  string `json:"namespace"`
-		ID         string `json:"id"`
-		Generation uint64 `json:"generation"`
-	} `json:"instances"`
-}
-
-func getStatus(t *testing.T, a *testutil.Agent) status {
-	t.Helper()
-	r := a.MustDo(http.MethodGet, "/_pinned/status", "")
-	if r.Code != http.StatusOK {
-		t.Fatalf("status: %d %s", r.Code, r.Body)
-	}
-	var st status
-	r.JSON(t, &st)
-	return st
-}
-
 func pluginPID(t *testing.T, a *testutil.Agent, name string) int {
 	t.Helper()
 	for _, p := range getStatus(t, a).Plugins {
@@ -388,17 +357,8 @@ func TestStreamsFlushThrough(t *testing.T) {
 }
 
 func getStatusRaw(a *testutil.Agent) []string {
-	r, err := a.Do("GET", "/_pinned/status", "")
+	st, err := statusOf(a)
 	if err != nil {
-		return nil
-	}
-	var st struct {
-		Instances []struct {
-			ID          string `json:"id"`
-			Connections int    `json:"connections"`
-		} `json:"instances"`
-	}
-	if r.JSONErr(&st) != nil {
 		return nil
 	}
 	var out []string

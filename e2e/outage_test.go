@@ -28,17 +28,6 @@ func outageDoShort(a *testutil.Agent, method, path string) (testutil.Response, e
 	return testutil.Do(ctx, method, a.URL+path, "", map[string]string{"Authorization": "Bearer " + testutil.Token})
 }
 
-// outageCounterValue parses {"value":N}.
-func outageCounterValue(r testutil.Response) (int64, error) {
-	var v struct {
-		Value *int64 `json:"value"`
-	}
-	if err := json.Unmarshal([]byte(r.Body), &v); err != nil || v.Value == nil {
-		return 0, fmt.Errorf("not a counter value: %q (%v)", strings.TrimSpace(r.Body), err)
-	}
-	return *v.Value, nil
-}
-
 // outageJSONError reports whether body is a JSON object with a non-empty "error"
 // (or "message") string: a clear error, not a stack trace or nothing.
 func outageJSONError(body string) bool {
@@ -93,7 +82,7 @@ func outageStartIncrementLoop(a *testutil.Agent, id string) *outageIncrementLoop
 				l.unknown++
 				l.errCodes["transport: "+outageShortErr(err)]++
 			case r.Code == http.StatusOK:
-				v, perr := outageCounterValue(r)
+				v, perr := counterValue(r.Body)
 				if perr != nil {
 					l.bad = append(l.bad, fmt.Sprintf("200 %v", perr))
 					break
@@ -229,7 +218,7 @@ func TestPostgresOutageNoHalfWrites(t *testing.T) {
 		if err != nil || r.Code != http.StatusOK {
 			t.Fatalf("increment %s: %v %d %s", id, err, r.Code, r.Body)
 		}
-		if v, err := outageCounterValue(r); err != nil || v != want {
+		if v, err := counterValue(r.Body); err != nil || v != want {
 			t.Fatalf("increment %s = %s, want %d", id, strings.TrimSpace(r.Body), want)
 		}
 	}
@@ -301,7 +290,7 @@ func TestPostgresOutageNoHalfWrites(t *testing.T) {
 	if err != nil || r.Code != http.StatusOK {
 		t.Fatalf("final value: %v %d %s", err, r.Code, r.Body)
 	}
-	final, err := outageCounterValue(r)
+	final, err := counterValue(r.Body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +353,7 @@ func TestPostgresOutageNoHalfWrites(t *testing.T) {
 	if err != nil || r.Code != http.StatusOK {
 		t.Fatalf("value after restart: %v %d %s", err, r.Code, r.Body)
 	}
-	if v, err := outageCounterValue(r); err != nil || v != final {
+	if v, err := counterValue(r.Body); err != nil || v != final {
 		t.Errorf("value after restart = %s, want %d", strings.TrimSpace(r.Body), final)
 	}
 	for _, method := range []string{http.MethodGet, http.MethodPost, http.MethodGet} {

@@ -149,7 +149,7 @@ func TestPartitionedOwnerNeverServesAlongsideItsSuccessor(t *testing.T) {
 	}
 	testutil.WaitFor(t, 20*time.Second, old.id+" healthy without p1", func() bool {
 		st, ok := h.lastStatus(oi)
-		return ok && st.Worker.Lease == "healthy" && st.gen("p1") == 0
+		return ok && st.Worker.Lease == "healthy" && st.gen("/counters", "p1") == 0
 	})
 	testutil.WaitFor(t, 20*time.Second, "p1 served through the healed node", func() bool {
 		return h.count(func(s serve) bool {
@@ -167,8 +167,8 @@ func TestPartitionedOwnerNeverServesAlongsideItsSuccessor(t *testing.T) {
 		if err != nil || r.Code != 200 {
 			t.Fatalf("final read via %s: %v %d %s", n.id, err, r.Code, r.Body)
 		}
-		v, ok := counterValue(r.Body)
-		if !ok || (final >= 0 && v != final) {
+		v, err := counterValue(r.Body)
+		if err != nil || (final >= 0 && v != final) {
 			t.Fatalf("final read via %s = %s, others %d", n.id, r.Body, final)
 		}
 		final = v
@@ -278,28 +278,7 @@ type serve struct {
 type statusSample struct {
 	node       int
 	send, recv time.Time
-	st         partStatus
-}
-
-type partStatus struct {
-	Worker struct {
-		Lease string `json:"lease"`
-	} `json:"worker"`
-	Instances []struct {
-		Namespace  string `json:"namespace"`
-		ID         string `json:"id"`
-		Generation uint64 `json:"generation"`
-	} `json:"instances"`
-}
-
-// gen is the generation of /counters/<id> here, 0 if not running.
-func (s partStatus) gen(id string) uint64 {
-	for _, in := range s.Instances {
-		if in.Namespace == "/counters" && in.ID == id {
-			return in.Generation
-		}
-	}
-	return 0
+	st         status
 }
 
 // partitionHistory drives the load and the status pollers and keeps what
@@ -398,8 +377,8 @@ func (h *partitionHistory) request(i int, op string) {
 	} else {
 		s.code, s.body = code, strings.TrimSpace(body)
 		if code == 200 {
-			v, ok := counterValue(body)
-			if !ok {
+			v, err := counterValue(body)
+			if err != nil {
 				s.code, s.body = -1, "unparsable 200: "+body
 			}
 			s.value = v
@@ -458,7 +437,7 @@ func (h *partitionHistory) summary(pred func(serve) bool) string {
 }
 
 // lastStatus is node i's latest status sample.
-func (h *partitionHistory) lastStatus(i int) (partStatus, bool) {
+func (h *partitionHistory) lastStatus(i int) (status, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for j := len(h.statuses) - 1; j >= 0; j-- {
@@ -466,7 +445,7 @@ func (h *partitionHistory) lastStatus(i int) (partStatus, bool) {
 			return h.statuses[j].st, true
 		}
 	}
-	return partStatus{}, false
+	return status{}, false
 }
 
 // holder is the node (other than skip) whose latest status lists p1, and
@@ -476,21 +455,11 @@ func (h *partitionHistory) holder(skip int) (int, uint64) {
 		if i == skip {
 			continue
 		}
-		if st, ok := h.lastStatus(i); ok && st.gen("p1") > 0 {
-			return i, st.gen("p1")
+		if st, ok := h.lastStatus(i); ok && st.gen("/counters", "p1") > 0 {
+			return i, st.gen("/counters", "p1")
 		}
 	}
 	return -1, 0
-}
-
-func counterValue(body string) (int64, bool) {
-	var v struct {
-		Value *int64 `json:"value"`
-	}
-	if json.Unmarshal([]byte(body), &v) != nil || v.Value == nil {
-		return 0, false
-	}
-	return *v.Value, true
 }
 
 // check judges the whole history. oi is the isolated owner; the partition
@@ -626,19 +595,19 @@ func (h *partitionHistory) check(t *testing.T, oi int, cutFrom, cutAt, healFrom,
 	// p1, is two servers at once.
 	var newHeld statusSample
 	for _, s := range statuses {
-		if s.node != oi && s.st.gen("p1") > 0 && !s.send.Before(cutAt) && (newHeld.recv.IsZero() || s.recv.Before(newHeld.recv)) {
+		if s.node != oi && s.st.gen("/counters", "p1") > 0 && !s.send.Before(cutAt) && (newHeld.recv.IsZero() || s.recv.Before(newHeld.recv)) {
 			newHeld = s
 		}
 	}
 	var oldServable statusSample
 	for _, s := range statuses {
-		if s.node == oi && s.st.gen("p1") > 0 && (s.st.Worker.Lease == "healthy" || s.st.Worker.Lease == "unhealthy") {
+		if s.node == oi && s.st.gen("/counters", "p1") > 0 && (s.st.Worker.Lease == "healthy" || s.st.Worker.Lease == "unhealthy") {
 			if s.send.After(oldServable.send) {
 				oldServable = s
 			}
 			if !newHeld.recv.IsZero() && s.send.After(newHeld.recv) {
 				t.Errorf("status: %s runs p1 (generation %d) with lease %s at %s, after %s ran it (generation %d) at %s",
-					h.nodes[oi].id, s.st.gen("p1"), s.st.Worker.Lease, rel(s.send), h.nodes[newHeld.node].id, newHeld.st.gen("p1"), rel(newHeld.recv))
+					h.nodes[oi].id, s.st.gen("/counters", "p1"), s.st.Worker.Lease, rel(s.send), h.nodes[newHeld.node].id, newHeld.st.gen("/counters", "p1"), rel(newHeld.recv))
 			}
 		}
 	}

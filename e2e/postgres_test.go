@@ -117,16 +117,5 @@ func TestFrozenOwnerNeverServesStale(t *testing.T) {
 // instanceGen is the generation counter id runs under on n, 0 if not live.
 func instanceGen(t *testing.T, n *node, id string) uint64 {
 	t.Helper()
-	r, err := n.a.Do("GET", "/_pinned/status", "")
-	if err != nil || r.Code != 200 {
-		t.Fatalf("status of %s: %v %d", n.id, err, r.Code)
-	}
-	var st status
-	r.JSON(t, &st)
-	for _, in := range st.Instances {
-		if in.Namespace == "/counters" && in.ID == id {
-			return in.Generation
-		}
-	}
-	return 0
+	return getStatus(t, n.a).gen("/counters", id)
 }
