@@ -223,6 +223,9 @@ func (g *gen) command(inBatch bool) Command {
 	}
 	switch op := g.s.pick(20); op {
 	case 0:
+		if g.s.pick(8) == 0 {
+			return Init{} // invalid: no secret
+		}
 		return Init{Secret: []byte{g.s.byte(), 1}}
 	case 1, 2:
 		var live []Key
@@ -236,13 +239,26 @@ func (g *gen) command(inBatch bool) Command {
 		}
 		g.sessions[client] = session
 		g.renewed(client, g.now)
-		return Register{ClientID: client, SessionID: session, NodeID: "n",
+		r := Register{ClientID: client, SessionID: session, NodeID: "n",
 			AdvertiseURL: g.url(client), Namespaces: nss,
 			Headroom: int64(g.s.pick(4)), TTLMs: ttl, Now: g.stamp(), LiveIDs: live}
+		switch g.s.pick(24) {
+		// Bad input: answered CodeInvalid, nothing changes.
+		case 0:
+			r.ClientID = ""
+		case 1:
+			r.SessionID = ""
+		case 2:
+			r.TTLMs = -int64(g.s.pick(2))
+		}
+		return r
 	case 3, 4, 5, 6:
 		client := g.client()
 		hb := Heartbeat{ClientID: client, SessionID: g.sessionOf(client), Now: g.stamp(),
 			TTLMs: ttl, Headroom: int64(g.s.pick(4)), ProbeOK: g.s.pick(5) != 0}
+		if g.s.pick(24) == 0 {
+			hb.TTLMs = 0 // bad input
+		}
 		if client == g.partitioned && !inBatch {
 			if len(g.late) < 8 {
 				g.late = append(g.late, hb)

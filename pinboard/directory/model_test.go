@@ -497,4 +497,32 @@ func (c *checker) compareState(m *Machine) {
 	if m.ColdStart() != c.coldStart {
 		c.tb.Fatalf("cold start %d, model %d", m.ColdStart(), c.coldStart)
 	}
+	// The reads the front door places with: who may take a new id now.
+	for _, ns := range genNS {
+		var want []string
+		served := false
+		for _, id := range slices.Sorted(maps.Keys(c.workers)) {
+			w := c.workers[id]
+			served = served || slices.Contains(w.namespaces, ns)
+			_, drained := c.activeDrain(id, c.now)
+			if w.session != "" && c.now <= w.lease && slices.Contains(w.namespaces, ns) && !w.degraded && !w.revoked && !w.draining && !drained {
+				want = append(want, id)
+			}
+		}
+		var got []string
+		for _, w := range m.Candidates(ns, c.now) {
+			got = append(got, w.ClientID)
+		}
+		if !slices.Equal(got, want) {
+			c.tb.Fatalf("candidates for %s at %d: %v, model %v", ns, c.now, got, want)
+		}
+		if m.NamespaceServed(ns) != served {
+			c.tb.Fatalf("namespace %s served: %v, model %v", ns, m.NamespaceServed(ns), served)
+		}
+	}
+	if c.coldStart != 0 {
+		if got, want := m.QuarantineMs(c.now, ttl), max(0, c.coldStart+ttl-c.now); got != want {
+			c.tb.Fatalf("quarantine left at %d: %d ms, model %d", c.now, got, want)
+		}
+	}
 }
