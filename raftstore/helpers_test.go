@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
 // listSM is the state machine under test: an append-only list of commands. Apply returns the
@@ -187,22 +189,6 @@ func (n *testNode) kill() {
 	}
 }
 
-// eventually polls cond until it returns nil or the deadline passes.
-func eventually(t testing.TB, d time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within %v: %v", what, d, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func ctxTimeout(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
@@ -240,7 +226,7 @@ func newClusterSM(t testing.TB, size int, mod func(*Config), newSM func() *listS
 func leaderOf(t testing.TB, nodes []*testNode) *testNode {
 	t.Helper()
 	var leader *testNode
-	eventually(t, 10*time.Second, "a single leader", func() error {
+	testutil.WaitForErr(t, 10*time.Second, "a single leader", func() error {
 		leader = nil
 		for _, n := range nodes {
 			if n.s.closed.Load() || !n.s.IsLeader() {
@@ -273,7 +259,7 @@ func followerOf(nodes []*testNode, leader *testNode) *testNode {
 func converged(t testing.TB, nodes []*testNode, want []string) {
 	t.Helper()
 	for _, n := range nodes {
-		eventually(t, 10*time.Second, n.id+" caught up", func() error {
+		testutil.WaitForErr(t, 10*time.Second, n.id+" caught up", func() error {
 			if got := n.sm.list(); !slices.Equal(got, want) {
 				return fmt.Errorf("%s has %d entries, want %d", n.id, len(got), len(want))
 			}

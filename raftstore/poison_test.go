@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
 // A committed entry no node can decode (the bytes a forged AppendEntries
@@ -29,7 +31,7 @@ func TestPoisonEntriesAreSkippedEverywhere(t *testing.T) {
 	}
 	mustApply(t, leader, "after-poison")
 	for _, n := range nodes {
-		eventually(t, 5*time.Second, n.id+" applied past the poison", func() error {
+		testutil.WaitForErr(t, 5*time.Second, n.id+" applied past the poison", func() error {
 			if !strings.Contains(strings.Join(n.sm.list(), ","), "after-poison") {
 				return fmt.Errorf("entries %v", n.sm.list())
 			}
@@ -54,7 +56,7 @@ func TestPoisonEntriesAreSkippedEverywhere(t *testing.T) {
 	f.close()
 	back := startNode(t, f.id, f.dir, addr, false, nil)
 	mustApply(t, leader, "after-restart")
-	eventually(t, 10*time.Second, f.id+" applies after its restart", func() error {
+	testutil.WaitForErr(t, 10*time.Second, f.id+" applies after its restart", func() error {
 		if !strings.Contains(strings.Join(back.sm.list(), ","), "after-restart") {
 			return fmt.Errorf("entries %v", back.sm.list())
 		}

@@ -19,6 +19,8 @@ import (
 	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
 // mountTmpfs mounts a tmpfs of size bytes on a fresh directory, unmounted at cleanup (after
@@ -169,7 +171,7 @@ func TestFollowerFullDiskIsFatal(t *testing.T) {
 		t.Fatalf("leader has %d entries, %d acknowledged", len(want), len(acked))
 	}
 	converged(t, []*testNode{n1, n3}, want)
-	eventually(t, 20*time.Second, "n2 caught up", func() error {
+	testutil.WaitForErr(t, 20*time.Second, "n2 caught up", func() error {
 		if got := n2b.sm.list(); len(got) != len(want) {
 			return fmt.Errorf("n2 has %d entries, want %d", len(got), len(want))
 		}

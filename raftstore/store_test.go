@@ -56,7 +56,7 @@ func TestSingleNodeBootstrapApplyReopen(t *testing.T) {
 	waitLeader(t, n2)
 	// Raft's applied index runs ahead of the state machine (it counts entries
 	// handed to it), so the replay is judged by the state itself.
-	eventually(t, 5*time.Second, "log replayed", func() error {
+	testutil.WaitForErr(t, 5*time.Second, "log replayed", func() error {
 		if got := n2.sm.list(); !slices.Equal(got, []string{"a", "b", "c"}) {
 			return fmt.Errorf("state %v", got)
 		}
@@ -72,7 +72,7 @@ func TestSingleNodeBootstrapApplyReopen(t *testing.T) {
 		t.Fatal("reopened node is not leader")
 	}
 	// The new API URL replaced the old one in the replicated metadata.
-	eventually(t, 5*time.Second, "api address updated", func() error {
+	testutil.WaitForErr(t, 5*time.Second, "api address updated", func() error {
 		if _, api := n2.s.Leader(); api != n2.srv.URL {
 			return fmt.Errorf("leader api %q, want %q", api, n2.srv.URL)
 		}
@@ -81,7 +81,7 @@ func TestSingleNodeBootstrapApplyReopen(t *testing.T) {
 	n2.close()
 
 	// Everything Open started is gone after Close.
-	eventually(t, 5*time.Second, "no goroutine leak", func() error {
+	testutil.WaitForErr(t, 5*time.Second, "no goroutine leak", func() error {
 		if now, _ := goroutines(); now > before {
 			return fmt.Errorf("%d goroutines, %d before", now, before)
 		}
@@ -106,7 +106,7 @@ func TestClusterJoinForwardLeave(t *testing.T) {
 	if !n1.s.IsLeader() {
 		t.Fatal("bootstrap node lost leadership during joins")
 	}
-	eventually(t, 5*time.Second, "3 voters with api addresses", func() error {
+	testutil.WaitForErr(t, 5*time.Second, "3 voters with api addresses", func() error {
 		ms := membersByID(t, n2) // a follower's view
 		for _, n := range nodes {
 			m, ok := ms[n.id]
@@ -196,7 +196,7 @@ func TestClusterJoinForwardLeave(t *testing.T) {
 		t.Fatalf("n4 leave: %v", err)
 	}
 	n4.close()
-	eventually(t, 5*time.Second, "n4 gone", func() error {
+	testutil.WaitForErr(t, 5*time.Second, "n4 gone", func() error {
 		if ms := membersByID(t, n2); len(ms) != 3 {
 			return fmt.Errorf("members %v", ms)
 		}
@@ -213,7 +213,7 @@ func TestClusterJoinForwardLeave(t *testing.T) {
 	n1.close()
 	rest := []*testNode{n2, n3}
 	leader := leaderOf(t, rest)
-	eventually(t, 5*time.Second, "n1 gone", func() error {
+	testutil.WaitForErr(t, 5*time.Second, "n1 gone", func() error {
 		ms := membersByID(t, leader)
 		if _, ok := ms["n1"]; ok || len(ms) != 2 {
 			return fmt.Errorf("members %v", ms)
@@ -254,7 +254,7 @@ func TestLeaderKilledFailoverAndRestart(t *testing.T) {
 	leader := leaderOf(t, rest)
 	t.Logf("new leader %s after %v", leader.id, time.Since(start))
 	for _, n := range rest {
-		eventually(t, 10*time.Second, "followers see the new leader", func() error {
+		testutil.WaitForErr(t, 10*time.Second, "followers see the new leader", func() error {
 			if id, api := n.s.Leader(); id != leader.id || api == "" {
 				return fmt.Errorf("%s sees leader %q %q", n.id, id, api)
 			}
@@ -274,7 +274,7 @@ func TestLeaderKilledFailoverAndRestart(t *testing.T) {
 	}
 	all := append(rest, back)
 	converged(t, all, want)
-	eventually(t, 10*time.Second, "same applied index", func() error {
+	testutil.WaitForErr(t, 10*time.Second, "same applied index", func() error {
 		li := leader.s.AppliedIndex()
 		if bi := back.s.AppliedIndex(); bi != li {
 			return fmt.Errorf("restarted node applied %d, leader %d", bi, li)
@@ -282,7 +282,7 @@ func TestLeaderKilledFailoverAndRestart(t *testing.T) {
 		return nil
 	})
 	// It recorded its new API URL, and a write through it is forwarded.
-	eventually(t, 10*time.Second, "new api address recorded", func() error {
+	testutil.WaitForErr(t, 10*time.Second, "new api address recorded", func() error {
 		if m := membersByID(t, leader)[back.id]; m.APIAddr != back.srv.URL || !m.Voter {
 			return fmt.Errorf("member %+v, want api %s", m, back.srv.URL)
 		}
@@ -319,7 +319,7 @@ func TestSnapshotRestoreOnRestart(t *testing.T) {
 		t.Fatal("member metadata missing after restore")
 	}
 	waitLeader(t, back)
-	eventually(t, 5*time.Second, "state restored", func() error {
+	testutil.WaitForErr(t, 5*time.Second, "state restored", func() error {
 		if got := back.sm.list(); !slices.Equal(got, want) {
 			return fmt.Errorf("got %d entries, want %d", len(got), len(want))
 		}
@@ -400,7 +400,7 @@ func TestRunAsLeader(t *testing.T) {
 		return on, total
 	}
 	leader := leaderOf(t, nodes)
-	eventually(t, 5*time.Second, "leader work on the leader only", func() error {
+	testutil.WaitForErr(t, 5*time.Second, "leader work on the leader only", func() error {
 		if on, total := runningOn(); total != 1 || on[0] != leader.id {
 			return fmt.Errorf("running on %v (total %d), leader %s", on, total, leader.id)
 		}
@@ -411,7 +411,7 @@ func TestRunAsLeader(t *testing.T) {
 	if err := leader.s.raft.LeadershipTransfer().Error(); err != nil {
 		t.Fatalf("transfer: %v", err)
 	}
-	eventually(t, 5*time.Second, "old leader's work cancelled", func() error {
+	testutil.WaitForErr(t, 5*time.Second, "old leader's work cancelled", func() error {
 		mu.Lock()
 		defer mu.Unlock()
 		if cancelled[leader.id] < 1 || running[leader.id] != 0 {
@@ -423,7 +423,7 @@ func TestRunAsLeader(t *testing.T) {
 	if newLeader == leader {
 		t.Fatal("leadership did not move")
 	}
-	eventually(t, 5*time.Second, "leader work on the new leader only", func() error {
+	testutil.WaitForErr(t, 5*time.Second, "leader work on the new leader only", func() error {
 		if on, total := runningOn(); total != 1 || on[0] != newLeader.id {
 			return fmt.Errorf("running on %v (total %d), leader %s", on, total, newLeader.id)
 		}
@@ -432,7 +432,7 @@ func TestRunAsLeader(t *testing.T) {
 
 	// Close stops leader work too.
 	newLeader.close()
-	eventually(t, 5*time.Second, "closed leader's work cancelled", func() error {
+	testutil.WaitForErr(t, 5*time.Second, "closed leader's work cancelled", func() error {
 		mu.Lock()
 		defer mu.Unlock()
 		if running[newLeader.id] != 0 {
@@ -481,7 +481,7 @@ func TestApplyOutcomeErrors(t *testing.T) {
 	}
 	var calls atomic.Int32
 	solo.s.RunAsLeader("late", func(ctx context.Context) { calls.Add(1) })
-	eventually(t, 5*time.Second, "late registration runs", func() error {
+	testutil.WaitForErr(t, 5*time.Second, "late registration runs", func() error {
 		if calls.Load() != 1 {
 			return fmt.Errorf("ran %d times", calls.Load())
 		}
@@ -515,7 +515,7 @@ func TestRemoveDeadMember(t *testing.T) {
 			t.Fatalf("remove %s (not a member): %v, want ErrUnknownMember", id, err)
 		}
 	}
-	eventually(t, 5*time.Second, "dead member gone everywhere", func() error {
+	testutil.WaitForErr(t, 5*time.Second, "dead member gone everywhere", func() error {
 		ms, err := MembersVia(ctx, nil, asker.srv.URL, "secret")
 		if err != nil {
 			return err
@@ -570,7 +570,7 @@ func TestCloseUnderLoadLeaksNothing(t *testing.T) {
 			}
 		}()
 	}
-	eventually(t, 10*time.Second, "writes flowing", func() error {
+	testutil.WaitForErr(t, 10*time.Second, "writes flowing", func() error {
 		if applied.Load() < 100 {
 			return fmt.Errorf("%d applied", applied.Load())
 		}
@@ -578,7 +578,7 @@ func TestCloseUnderLoadLeaksNothing(t *testing.T) {
 	})
 	n.close()
 	wg.Wait()
-	eventually(t, 5*time.Second, "no goroutine leak", func() error {
+	testutil.WaitForErr(t, 5*time.Second, "no goroutine leak", func() error {
 		now, dropped := goroutines()
 		dropped -= droppedBefore
 		if now > before {
@@ -679,7 +679,7 @@ func TestCloseBoundedWhenRaftIsStuck(t *testing.T) {
 		}
 		mu.Unlock()
 	}()
-	eventually(t, 10*time.Second, "the leader's replication reaches the silent peer", func() error {
+	testutil.WaitForErr(t, 10*time.Second, "the leader's replication reaches the silent peer", func() error {
 		mu.Lock()
 		defer mu.Unlock()
 		if len(held) == 0 {
@@ -718,7 +718,7 @@ func TestCloseEndsWhenRaftDropsQueuedEntries(t *testing.T) {
 	for round := range 8 {
 		hold := make(chan struct{})
 		n := startNodeSM(t, "n1", dir, "", true, nil, &listSM{holdCmd: "held", hold: hold})
-		eventually(t, 10*time.Second, "the leader's barrier committed behind the held entry", func() error {
+		testutil.WaitForErr(t, 10*time.Second, "the leader's barrier committed behind the held entry", func() error {
 			if !testutil.GoroutineWith("raftstore.(*Store).leaderBarrier") {
 				return errors.New("the leader loop is not waiting for a barrier")
 			}
@@ -731,7 +731,7 @@ func TestCloseEndsWhenRaftDropsQueuedEntries(t *testing.T) {
 			_, err := n.s.Apply(actx, []byte("queued"))
 			applied <- err
 		}()
-		eventually(t, 10*time.Second, "the apply committed behind the held entry", func() error {
+		testutil.WaitForErr(t, 10*time.Second, "the apply committed behind the held entry", func() error {
 			// This test's apply, not the registrar's (the API address is new each round).
 			if !testutil.GoroutineWith("raftstore.(*Store).applyLocal", "raftstore.(*Store).await", "TestCloseEndsWhenRaftDropsQueuedEntries") {
 				return errors.New("the apply is not waiting for raft")
@@ -744,7 +744,7 @@ func TestCloseEndsWhenRaftDropsQueuedEntries(t *testing.T) {
 			defer cancel()
 			closed <- n.s.Close(ctx)
 		}()
-		eventually(t, 10*time.Second, "raft shutting down", func() error {
+		testutil.WaitForErr(t, 10*time.Second, "raft shutting down", func() error {
 			if st := n.s.raft.State(); st != raft.Shutdown {
 				return fmt.Errorf("raft is %v", st)
 			}

@@ -378,6 +378,17 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
+// WaitForErr is WaitFor for a condition that says why it does not hold
+// yet: it polls until cond returns nil, and the failure names cond's last
+// error.
+func WaitForErr(t testing.TB, timeout time.Duration, what string, cond func() error) {
+	t.Helper()
+	var last error
+	if err := Eventually(timeout, func() bool { last = cond(); return last == nil }); err != nil {
+		t.Fatalf("%s: %v: %v", what, err, last)
+	}
+}
+
 // Response is a finished HTTP exchange.
 type Response struct {
 	Code   int
