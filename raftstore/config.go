@@ -47,12 +47,18 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives raftstore's metrics (pinned_raft_entries_skipped_total). Optional.
 	Registerer prometheus.Registerer
-	// StreamLayer replaces the plain TCP transport (mutual TLS lands here). Optional.
+	// TLS runs the transport over mutual TLS under the cluster CA (see "Mutual TLS" in
+	// DESIGN.md): listening on RaftAddr, a peer is accepted only with a certificate from the
+	// CA whose node id is a member. nil: plain TCP, which anyone who reaches RaftAddr can
+	// drive.
+	TLS *TLSConfig
+	// StreamLayer replaces the plain TCP transport with another one. Optional; excludes TLS.
 	StreamLayer raft.StreamLayer
 	// HTTPClient is used to forward RPCs to the leader. Default: a private client whose idle
 	// connections are closed by Close.
 	HTTPClient *http.Client
-	// Token is sent as "Authorization: Bearer <Token>" on forwarded RPCs. Optional.
+	// Token is sent as "Authorization: Bearer <Token>" on forwarded RPCs. Optional. With TLS
+	// and the cluster's own CA it also pins the CA a joining node accepts.
 	Token string
 
 	// Raft timing. Defaults are hashicorp/raft's (1s, 1s, 500ms, 50ms), sized for a LAN.

@@ -40,4 +40,10 @@ var (
 	ErrInsufficientSpace = errors.New("raftstore: not enough disk space for the raft log")
 	// ErrUnknownMember means a node id is not in the Raft configuration.
 	ErrUnknownMember = errors.New("raftstore: unknown member")
+	// ErrUntrustedCA means a joining node refused the CA or certificate a member sent: it is not
+	// the CA the deployment token pins, or the certificate does not chain to it.
+	ErrUntrustedCA = errors.New("raftstore: untrusted cluster CA")
+	// ErrNoClusterCA means this member cannot issue a certificate: the cluster runs without
+	// TLS, uses the operator's own PKI, or has not recorded its CA yet.
+	ErrNoClusterCA = errors.New("raftstore: no cluster CA to issue from")
 )

@@ -12,6 +12,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pinnedd/pinnedd/internal/clustertls"
 )
 
 // StateMachine is the deterministic state the log drives. Implementations must be pure:
@@ -44,14 +46,18 @@ const (
 
 // metaCommand is the raftstore-internal command that maintains member metadata.
 type metaCommand struct {
-	Op      string `json:"op"` // "set" or "delete"
-	ID      string `json:"id"`
+	Op      string `json:"op"` // "set", "delete" or "ca"
+	ID      string `json:"id,omitempty"`
 	APIAddr string `json:"api_addr,omitempty"`
+	// The cluster CA (op "ca"), PEM: recorded once, by the node that created it.
+	CACert string `json:"ca_cert,omitempty"`
+	CAKey  string `json:"ca_key,omitempty"`
 }
 
 const (
 	metaSet    = "set"
 	metaDelete = "delete"
+	metaCA     = "ca"
 )
 
 func encodeUser(cmd []byte) []byte {
@@ -75,11 +81,24 @@ type fsm struct {
 	onMeta  func() // called after the metadata changed (outside the lock)
 	log     *slog.Logger
 	skipped *prometheus.CounterVec // by reason
-	mu      sync.RWMutex
-	members map[string]string
+	// onConfiguration is called with every committed Raft configuration. Optional.
+	onConfiguration func(raft.Configuration)
+	mu              sync.RWMutex
+	members         map[string]string
+	ca              *clustertls.CA // the cluster CA, once recorded
 }
 
-var _ raft.FSM = (*fsm)(nil)
+var (
+	_ raft.FSM                = (*fsm)(nil)
+	_ raft.ConfigurationStore = (*fsm)(nil)
+)
+
+// StoreConfiguration is raft's hook for a committed configuration entry.
+func (f *fsm) StoreConfiguration(_ uint64, c raft.Configuration) {
+	if f.onConfiguration != nil {
+		f.onConfiguration(c)
+	}
+}
 
 // Why an entry is skipped (pinned_raft_entries_skipped_total{reason}).
 const (
@@ -138,6 +157,10 @@ func (f *fsm) Apply(l *raft.Log) any {
 }
 
 func (f *fsm) applyMeta(c metaCommand) {
+	if c.Op == metaCA {
+		f.applyCA(c.CACert, c.CAKey)
+		return
+	}
 	f.mu.Lock()
 	switch c.Op {
 	case metaSet:
@@ -149,6 +172,30 @@ func (f *fsm) applyMeta(c metaCommand) {
 	if f.onMeta != nil {
 		f.onMeta()
 	}
+}
+
+// applyCA records the cluster CA if none is recorded: the first one stays, so a second
+// bootstrap's CA (a mistake) cannot replace the one every certificate chains to. An unusable
+// CA is skipped like any entry this node cannot apply.
+func (f *fsm) applyCA(certPEM, keyPEM string) {
+	ca, err := clustertls.ParseCA([]byte(certPEM), []byte(keyPEM))
+	if err != nil {
+		f.skipped.WithLabelValues(skipUndecodable).Inc()
+		f.log.Error("skipped a cluster CA entry this node cannot use", "err", err)
+		return
+	}
+	f.mu.Lock()
+	if f.ca == nil {
+		f.ca = ca
+	}
+	f.mu.Unlock()
+}
+
+// clusterCA is the recorded cluster CA, or nil.
+func (f *fsm) clusterCA() *clustertls.CA {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.ca
 }
 
 func (f *fsm) apiAddr(id string) string {
@@ -172,10 +219,16 @@ var snapshotMagic = []byte("PNDRS\x00\x00\x01")
 
 type snapshotMeta struct {
 	Members map[string]string `json:"members"`
+	CACert  string            `json:"ca_cert,omitempty"`
+	CAKey   string            `json:"ca_key,omitempty"`
 }
 
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
-	meta, err := json.Marshal(snapshotMeta{Members: f.metaCopy()})
+	sm := snapshotMeta{Members: f.metaCopy()}
+	if ca := f.clusterCA(); ca != nil {
+		sm.CACert, sm.CAKey = string(ca.CertPEM()), string(ca.KeyPEM())
+	}
+	meta, err := json.Marshal(sm)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: snapshot meta: %w", err)
 	}
@@ -214,8 +267,19 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if meta.Members == nil {
 		meta.Members = map[string]string{}
 	}
+	var ca *clustertls.CA
+	if meta.CACert != "" {
+		c, err := clustertls.ParseCA([]byte(meta.CACert), []byte(meta.CAKey))
+		if err != nil {
+			// As an entry this node cannot apply: skipped, never fatal.
+			f.skipped.WithLabelValues(skipUndecodable).Inc()
+			f.log.Error("skipped the snapshot's cluster CA: this node cannot use it", "err", err)
+		}
+		ca = c
+	}
 	f.mu.Lock()
 	f.members = meta.Members
+	f.ca = ca
 	f.mu.Unlock()
 	if f.onMeta != nil {
 		f.onMeta()

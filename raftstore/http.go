@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"strings"
+
+	"github.com/pinnedd/pinnedd/internal/clustertls"
 )
 
 // HandlerPrefix is the path prefix Handler serves; mount it as mux.Handle(HandlerPrefix, h).
@@ -26,6 +28,24 @@ type joinRequest struct {
 	ID       string `json:"id"`
 	RaftAddr string `json:"raft_addr"`
 	APIAddr  string `json:"api_addr,omitempty"`
+}
+
+// certRequest asks a member to sign a joining node's certificate request.
+type certRequest struct {
+	ID  string `json:"id"`
+	CSR string `json:"csr"`
+}
+
+// certAnswer is the signed certificate and the CA it chains to, PEM.
+type certAnswer struct {
+	Cert string `json:"cert"`
+	CA   string `json:"ca"`
+}
+
+// caAnswer is the cluster CA certificate and its pin under the deployment token.
+type caAnswer struct {
+	CA  string `json:"ca"`
+	Pin string `json:"pin"`
 }
 
 type removeRequest struct {
@@ -52,6 +72,7 @@ const (
 	codeUnauthorized   = "unauthorized"
 	codeLastVoter      = "last_voter"
 	codeUnknownMember  = "unknown_member"
+	codeNoClusterCA    = "no_cluster_ca"
 	codeInternal       = "internal"
 )
 
@@ -62,6 +83,8 @@ const (
 //	POST /_raft/remove   {"id"} -> 204
 //	POST /_raft/meta     {"id","api_addr"} -> 204 (raftstore-internal)
 //	GET  /_raft/members  -> 200 [Member...]
+//	GET  /_raft/ca       -> 200 {"ca","pin"}: the cluster CA and its pin (no authorization: both are public)
+//	POST /_raft/certificate {"id","csr"} -> 200 {"cert","ca"}: a joining node's certificate
 //
 // Errors are JSON {"error","code"} with a 4xx/5xx status; code not_leader, no_leader or closed
 // means nothing was started, outcome_unknown that it may have been. A request from a follower
@@ -75,8 +98,13 @@ func (s *Store) Handler(authorize func(*http.Request) bool) http.Handler {
 	mux.HandleFunc("POST "+HandlerPrefix+"remove", s.handleRemove)
 	mux.HandleFunc("POST "+HandlerPrefix+"meta", s.handleMeta)
 	mux.HandleFunc("GET "+HandlerPrefix+"members", s.handleMembers)
+	mux.HandleFunc("POST "+HandlerPrefix+"certificate", s.handleCertificate)
+	mux.HandleFunc("GET "+HandlerPrefix+"ca", s.handleCA)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if authorize != nil && !authorize(r) {
+		// The CA certificate is public and its pin reveals nothing of the token: a joining
+		// node reads both before it sends the token anywhere.
+		open := r.Method == http.MethodGet && r.URL.Path == HandlerPrefix+"ca"
+		if !open && authorize != nil && !authorize(r) {
 			writeError(w, fmt.Errorf("%w: missing or wrong bearer token for %s", ErrUnauthorized, r.URL.Path))
 			return
 		}
@@ -185,6 +213,63 @@ func (s *Store) handleMembers(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(ms)
 }
 
+// issuer is the CA this node issues from: the one recorded in the log, else the one it created
+// (a bootstrap node before its CA entry commits).
+func (s *Store) issuer() (*clustertls.CA, error) {
+	switch {
+	case s.ident == nil:
+		return nil, fmt.Errorf("%w: this cluster runs Raft without TLS (--insecure-cluster); start the joining node with --insecure-cluster too", ErrNoClusterCA)
+	case s.cfg.TLS.own():
+		return nil, fmt.Errorf("%w: this cluster uses its own PKI; give the joining node --tls-ca, --tls-cert and --tls-key", ErrNoClusterCA)
+	}
+	if ca := s.fsm.clusterCA(); ca != nil {
+		return ca, nil
+	}
+	if s.localCA != nil {
+		return s.localCA, nil
+	}
+	return nil, fmt.Errorf("%w: this member has not received the cluster CA yet; retry", ErrNoClusterCA)
+}
+
+func (s *Store) handleCA(w http.ResponseWriter, r *http.Request) {
+	ca, err := s.issuer()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	pin, err := clustertls.Pin(s.cfg.Token, ca.CertPEM())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(caAnswer{CA: string(ca.CertPEM()), Pin: pin})
+}
+
+func (s *Store) handleCertificate(w http.ResponseWriter, r *http.Request) {
+	var req certRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	if req.ID == "" || req.CSR == "" {
+		writeError(w, fmt.Errorf("%w: certificate needs id and csr (a PEM CERTIFICATE REQUEST)", ErrBadRequest))
+		return
+	}
+	ca, err := s.issuer()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	cert, err := ca.SignCSR([]byte(req.CSR), req.ID)
+	if err != nil {
+		writeError(w, fmt.Errorf("%w: %w", ErrBadRequest, err))
+		return
+	}
+	s.log.Info("issued a cluster certificate", "member", req.ID, "remote", r.RemoteAddr)
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(certAnswer{Cert: string(cert), CA: string(ca.CertPEM())})
+}
+
 func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxJSONBody))
 	dec.DisallowUnknownFields()
@@ -222,6 +307,8 @@ func writeError(w http.ResponseWriter, err error) {
 		status, code = http.StatusConflict, codeLastVoter
 	case errors.Is(err, ErrUnknownMember):
 		status, code = http.StatusNotFound, codeUnknownMember
+	case errors.Is(err, ErrNoClusterCA):
+		status, code = http.StatusConflict, codeNoClusterCA
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -350,6 +437,8 @@ func remoteError(op, baseURL string, status int, data []byte) *RemoteError {
 		e.sentinel = ErrLastVoter
 	case codeUnknownMember:
 		e.sentinel = ErrUnknownMember
+	case codeNoClusterCA:
+		e.sentinel = ErrNoClusterCA
 	}
 	return e
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/pinnedd/pinnedd/internal/clustertls"
 	"github.com/pinnedd/pinnedd/internal/httpx"
 )
 
@@ -44,6 +45,11 @@ type Store struct {
 	logDir    string // where the log lives, for the storage fault's message
 	lock      *os.File
 	trans     *raft.NetworkTransport
+	stream    *tlsStream           // the mutual TLS stream layer, when Config.TLS is set
+	ident     *clustertls.Identity // this node's TLS identity, when Config.TLS is set
+	tlsDir    string               // <DataDir>/tls with the cluster's own CA
+	localCA   *clustertls.CA       // the CA this node created (bootstrap), to record in the log
+	raftUp    chan struct{}        // closed once s.raft is set
 	advertise string
 	existing  bool
 	client    *http.Client
@@ -104,6 +110,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		raftDone: make(chan struct{}),
 		fatalCh:  make(chan error, 1),
 		failing:  map[raft.ServerID]time.Time{},
+		raftUp:   make(chan struct{}),
 	}
 	s.baseCtx, s.baseCancel = context.WithCancel(context.Background())
 	var cleanups []func()
@@ -166,14 +173,48 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		return nil, fmt.Errorf("raftstore: snapshot store: %w", err)
 	}
 
-	if cfg.StreamLayer != nil {
+	s.existing, err = raft.HasExistingState(logs, stable, snaps)
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: checking existing state: %w", err)
+	}
+
+	switch {
+	case cfg.TLS != nil:
+		if cfg.StreamLayer != nil {
+			return nil, fmt.Errorf("%w: TLS and StreamLayer exclude each other", ErrInvalidConfig)
+		}
+		if err := s.setupTLS(); err != nil {
+			return nil, err
+		}
+		ln, err := net.Listen("tcp", cfg.RaftAddr)
+		if err != nil {
+			return nil, fmt.Errorf("raftstore: raft transport on %s: %w", cfg.RaftAddr, err)
+		}
+		adv := ln.Addr()
+		if cfg.AdvertiseRaftAddr != "" {
+			if adv, err = net.ResolveTCPAddr("tcp", cfg.AdvertiseRaftAddr); err != nil {
+				_ = ln.Close()
+				return nil, fmt.Errorf("%w: AdvertiseRaftAddr %q: %w", ErrInvalidConfig, cfg.AdvertiseRaftAddr, err)
+			}
+		} else if tcp, ok := adv.(*net.TCPAddr); ok && tcp.IP.IsUnspecified() {
+			_ = ln.Close()
+			return nil, fmt.Errorf("%w: RaftAddr %s binds every interface: set AdvertiseRaftAddr", ErrInvalidConfig, cfg.RaftAddr)
+		}
+		s.stream = newTLSStream(ln, adv, s.ident, s.allowPeer, s.log.With("component", "raft-tls"))
+		s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+			Stream:  s.stream,
+			MaxPool: 3,
+			Timeout: cfg.TransportTimeout,
+			Logger:  hlog.Named("transport"),
+		})
+	case cfg.StreamLayer != nil:
 		s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 			Stream:  cfg.StreamLayer,
 			MaxPool: 3,
 			Timeout: cfg.TransportTimeout,
 			Logger:  hlog.Named("transport"),
 		})
-	} else {
+	default:
 		var adv net.Addr
 		if cfg.AdvertiseRaftAddr != "" {
 			if adv, err = net.ResolveTCPAddr("tcp", cfg.AdvertiseRaftAddr); err != nil {
@@ -187,11 +228,6 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	}
 	cleanups = append(cleanups, func() { _ = s.trans.Close() })
 	s.advertise = string(s.trans.LocalAddr())
-
-	s.existing, err = raft.HasExistingState(logs, stable, snaps)
-	if err != nil {
-		return nil, fmt.Errorf("raftstore: checking existing state: %w", err)
-	}
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
@@ -210,9 +246,14 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	rc.NoLegacyTelemetry = true
 
 	s.fsm = newFSM(sm, s.metaChanged, s.log, cfg.Registerer)
+	s.fsm.onConfiguration = s.configurationCommitted
 	s.raft, err = raft.NewRaft(rc, s.fsm, logs, stable, snaps, s.trans)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: starting raft: %w", err)
+	}
+	close(s.raftUp)
+	if s.localCA != nil {
+		s.leaderFns = append(s.leaderFns, leaderFn{name: "cluster-ca", fn: s.proposeCA})
 	}
 	cleanups = append(cleanups, func() { _ = s.raft.Shutdown().Error() })
 

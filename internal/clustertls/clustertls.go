@@ -1,0 +1,458 @@
+// Package clustertls is the cluster's PKI: it creates the cluster CA (ECDSA P-256), issues node
+// certificates (directly, or from a node's certificate request), keeps them in a directory,
+// pins a CA to the deployment token, and holds a node's live identity for its TLS
+// configurations. A node's id is its certificate's CommonName.
+//
+// It never opens a connection and never decides who is a member: the Raft transport
+// (raftstore) does that with the configurations built here.
+package clustertls
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+)
+
+// Sentinel errors; returned errors wrap them.
+var (
+	// ErrBadPEM means a file or field does not hold the PEM block expected.
+	ErrBadPEM = errors.New("clustertls: bad PEM")
+	// ErrBadCSR means a certificate request is malformed, badly signed or names another node.
+	ErrBadCSR = errors.New("clustertls: bad certificate request")
+	// ErrPinMismatch means a CA did not come with the pin the deployment token gives it.
+	ErrPinMismatch = errors.New("clustertls: CA pin mismatch")
+	// ErrUntrusted means a certificate does not chain to the cluster CA (or does not fit its key).
+	ErrUntrusted = errors.New("clustertls: certificate not from the cluster CA")
+	// ErrNoIdentity means the node has no certificate yet.
+	ErrNoIdentity = errors.New("clustertls: this node has no cluster certificate yet")
+)
+
+// Validity of what this package issues. There is no rotation yet: long-lived, as the CA.
+const (
+	CAValidity   = 10 * 365 * 24 * time.Hour
+	NodeValidity = 10 * 365 * 24 * time.Hour
+)
+
+// File names in a node's TLS directory (<data-dir>/tls).
+const (
+	CAFile    = "ca.pem"
+	CAKeyFile = "ca-key.pem" // only where the CA was created (the bootstrap node, `pinnedd tls ca create`)
+	CertFile  = "node.pem"
+	KeyFile   = "node-key.pem"
+)
+
+// CA is a certificate authority: its certificate and private key.
+type CA struct {
+	Cert    *x509.Certificate
+	Key     *ecdsa.PrivateKey
+	certPEM []byte
+	keyPEM  []byte
+}
+
+// NewCA creates a self-signed CA named name.
+func NewCA(name string) (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("clustertls: CA key: %w", err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: name, Organization: []string{"pinnedd"}},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(CAValidity),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, fmt.Errorf("clustertls: CA certificate: %w", err)
+	}
+	keyPEM, err := encodeKey(key)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCA(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), keyPEM)
+}
+
+// ParseCA reads a CA from its PEM certificate and PEM private key.
+func ParseCA(certPEM, keyPEM []byte) (*CA, error) {
+	cert, err := ParseCert(certPEM)
+	if err != nil {
+		return nil, err
+	}
+	if !cert.IsCA {
+		return nil, fmt.Errorf("%w: %s is not a CA certificate", ErrUntrusted, cert.Subject.CommonName)
+	}
+	key, err := ParseKey(keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	if !key.PublicKey.Equal(cert.PublicKey) {
+		return nil, fmt.Errorf("%w: the CA key does not match the CA certificate", ErrUntrusted)
+	}
+	return &CA{Cert: cert, Key: key, certPEM: certPEM, keyPEM: keyPEM}, nil
+}
+
+// CertPEM is the CA certificate, PEM-encoded.
+func (ca *CA) CertPEM() []byte { return ca.certPEM }
+
+// KeyPEM is the CA private key, PEM-encoded.
+func (ca *CA) KeyPEM() []byte { return ca.keyPEM }
+
+// Issue makes a key and a certificate for nodeID (its CommonName), valid for client and server
+// authentication, with hosts (IPs or DNS names) as SANs.
+func (ca *CA) Issue(nodeID string, hosts []string) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("clustertls: node key: %w", err)
+	}
+	dns, ips := splitHosts(hosts)
+	certPEM, err = ca.sign(nodeID, key.Public(), dns, ips)
+	if err != nil {
+		return nil, nil, err
+	}
+	keyPEM, err = encodeKey(key)
+	return certPEM, keyPEM, err
+}
+
+// SignCSR checks a PEM certificate request (its signature, and that it names nodeID) and issues
+// the certificate for its key, keeping its DNS and IP SANs.
+func (ca *CA) SignCSR(csrPEM []byte, nodeID string) ([]byte, error) {
+	b, _ := pem.Decode(csrPEM)
+	if b == nil || b.Type != "CERTIFICATE REQUEST" {
+		return nil, fmt.Errorf("%w: want a PEM CERTIFICATE REQUEST", ErrBadCSR)
+	}
+	csr, err := x509.ParseCertificateRequest(b.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadCSR, err)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadCSR, err)
+	}
+	if csr.Subject.CommonName != nodeID {
+		return nil, fmt.Errorf("%w: it names node %q, the join names %q", ErrBadCSR, csr.Subject.CommonName, nodeID)
+	}
+	if _, ok := csr.PublicKey.(*ecdsa.PublicKey); !ok {
+		return nil, fmt.Errorf("%w: want an ECDSA key", ErrBadCSR)
+	}
+	if len(csr.DNSNames)+len(csr.IPAddresses) > 16 {
+		return nil, fmt.Errorf("%w: more than 16 names", ErrBadCSR)
+	}
+	return ca.sign(nodeID, csr.PublicKey, csr.DNSNames, csr.IPAddresses)
+}
+
+func (ca *CA) sign(nodeID string, pub crypto.PublicKey, dns []string, ips []net.IP) ([]byte, error) {
+	if nodeID == "" {
+		return nil, fmt.Errorf("%w: empty node id", ErrBadCSR)
+	}
+	now := time.Now()
+	notAfter := now.Add(NodeValidity)
+	if notAfter.After(ca.Cert.NotAfter) {
+		notAfter = ca.Cert.NotAfter
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: nodeID, Organization: []string{"pinnedd"}},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     notAfter,
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		DNSNames:     dns,
+		IPAddresses:  ips,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
+	if err != nil {
+		return nil, fmt.Errorf("clustertls: signing %s: %w", nodeID, err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
+}
+
+// NewKey makes a node's private key, PEM-encoded.
+func NewKey() ([]byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("clustertls: node key: %w", err)
+	}
+	return encodeKey(key)
+}
+
+// NewCSR makes a PEM certificate request for nodeID with the PEM key.
+func NewCSR(keyPEM []byte, nodeID string, hosts []string) ([]byte, error) {
+	key, err := ParseKey(keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	dns, ips := splitHosts(hosts)
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		Subject: pkix.Name{CommonName: nodeID}, DNSNames: dns, IPAddresses: ips,
+	}, key)
+	if err != nil {
+		return nil, fmt.Errorf("clustertls: certificate request: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), nil
+}
+
+// Pin is what the deployment token says about a CA: hex HMAC-SHA256 keyed by token over the CA
+// certificate. A joining node that holds the token checks it before it trusts a CA, so a CA
+// that someone in between substituted is refused without the token ever being sent.
+func Pin(token string, caPEM []byte) (string, error) {
+	cert, err := ParseCert(caPEM)
+	if err != nil {
+		return "", err
+	}
+	m := hmac.New(sha256.New, []byte(token))
+	m.Write([]byte("pinnedd cluster CA\x00"))
+	m.Write(cert.Raw)
+	return hex.EncodeToString(m.Sum(nil)), nil
+}
+
+// CheckPin verifies pin against token and caPEM.
+func CheckPin(token string, caPEM []byte, pin string) error {
+	want, err := Pin(token, caPEM)
+	if err != nil {
+		return err
+	}
+	if !hmac.Equal([]byte(want), []byte(pin)) {
+		return ErrPinMismatch
+	}
+	return nil
+}
+
+// ParseCert reads the first PEM CERTIFICATE block.
+func ParseCert(certPEM []byte) (*x509.Certificate, error) {
+	b, _ := pem.Decode(certPEM)
+	if b == nil || b.Type != "CERTIFICATE" {
+		return nil, fmt.Errorf("%w: want a PEM CERTIFICATE", ErrBadPEM)
+	}
+	cert, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadPEM, err)
+	}
+	return cert, nil
+}
+
+// ParseKey reads a PEM ECDSA private key (SEC 1 "EC PRIVATE KEY" or PKCS #8).
+func ParseKey(keyPEM []byte) (*ecdsa.PrivateKey, error) {
+	b, _ := pem.Decode(keyPEM)
+	if b == nil {
+		return nil, fmt.Errorf("%w: want a PEM private key", ErrBadPEM)
+	}
+	switch b.Type {
+	case "EC PRIVATE KEY":
+		k, err := x509.ParseECPrivateKey(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadPEM, err)
+		}
+		return k, nil
+	case "PRIVATE KEY":
+		k, err := x509.ParsePKCS8PrivateKey(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadPEM, err)
+		}
+		if ek, ok := k.(*ecdsa.PrivateKey); ok {
+			return ek, nil
+		}
+		return nil, fmt.Errorf("%w: want an ECDSA key, got %T", ErrBadPEM, k)
+	}
+	return nil, fmt.Errorf("%w: unexpected PEM block %q", ErrBadPEM, b.Type)
+}
+
+func encodeKey(key *ecdsa.PrivateKey) ([]byte, error) {
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("clustertls: encoding key: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
+}
+
+func serial() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	return n
+}
+
+func splitHosts(hosts []string) (dns []string, ips []net.IP) {
+	for _, h := range hosts {
+		if h == "" {
+			continue
+		}
+		if ip := net.ParseIP(h); ip != nil {
+			ips = append(ips, ip)
+		} else {
+			dns = append(dns, h)
+		}
+	}
+	return dns, ips
+}
+
+// WriteFile writes data to path atomically (a temporary file renamed over it) with mode.
+func WriteFile(path string, data []byte, mode os.FileMode) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("clustertls: %w", err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
+	if err != nil {
+		return fmt.Errorf("clustertls: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return fmt.Errorf("clustertls: %w", err)
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("clustertls: writing %s: %w", path, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("clustertls: writing %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("clustertls: writing %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("clustertls: %w", err)
+	}
+	return nil
+}
+
+// Identity is a node's live TLS identity: the cluster CA it trusts and its own certificate. It
+// may start empty (a node waiting for its certificate from a join) and be set later; TLS
+// configurations built from it read the current value at every handshake.
+type Identity struct {
+	cur atomic.Pointer[material]
+}
+
+type material struct {
+	cert   tls.Certificate
+	leaf   *x509.Certificate
+	pool   *x509.CertPool
+	caPEM  []byte
+	nodeID string
+}
+
+// Set installs a CA and this node's certificate and key (all PEM), after checking that the
+// certificate chains to the CA and fits the key.
+func (id *Identity) Set(caPEM, certPEM, keyPEM []byte) error {
+	ca, err := ParseCert(caPEM)
+	if err != nil {
+		return fmt.Errorf("CA: %w", err)
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUntrusted, err)
+	}
+	leaf := pair.Leaf
+	if leaf == nil {
+		if leaf, err = x509.ParseCertificate(pair.Certificate[0]); err != nil {
+			return fmt.Errorf("%w: %w", ErrBadPEM, err)
+		}
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}}); err != nil {
+		return fmt.Errorf("%w: %w", ErrUntrusted, err)
+	}
+	if leaf.Subject.CommonName == "" {
+		return fmt.Errorf("%w: the certificate names no node (empty CommonName)", ErrUntrusted)
+	}
+	id.cur.Store(&material{cert: pair, leaf: leaf, pool: pool, caPEM: caPEM, nodeID: leaf.Subject.CommonName})
+	return nil
+}
+
+// Ready reports whether a certificate is installed.
+func (id *Identity) Ready() bool { return id.cur.Load() != nil }
+
+// NodeID is the installed certificate's node id, or "".
+func (id *Identity) NodeID() string {
+	if m := id.cur.Load(); m != nil {
+		return m.nodeID
+	}
+	return ""
+}
+
+// CAPEM is the installed CA certificate, or nil.
+func (id *Identity) CAPEM() []byte {
+	if m := id.cur.Load(); m != nil {
+		return m.caPEM
+	}
+	return nil
+}
+
+// ServerConfig accepts only TLS 1.3 clients that present a certificate from the cluster CA.
+// Until a certificate is installed every handshake fails.
+func (id *Identity) ServerConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			m := id.cur.Load()
+			if m == nil {
+				return nil, ErrNoIdentity
+			}
+			return &tls.Config{
+				MinVersion:   tls.VersionTLS13,
+				Certificates: []tls.Certificate{m.cert},
+				ClientAuth:   tls.RequireAndVerifyClientCert,
+				ClientCAs:    m.pool,
+			}, nil
+		},
+	}
+}
+
+// ClientConfig presents this node's certificate and accepts only a server certificate from the
+// cluster CA. Node addresses come from the Raft configuration, not from names, so no host name
+// is checked: the CA is the trust, the certificate's CommonName the node.
+func (id *Identity) ClientConfig() (*tls.Config, error) {
+	m := id.cur.Load()
+	if m == nil {
+		return nil, ErrNoIdentity
+	}
+	return &tls.Config{
+		MinVersion:         tls.VersionTLS13,
+		Certificates:       []tls.Certificate{m.cert},
+		InsecureSkipVerify: true, // replaced by VerifyConnection: the chain, not the name
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			return verifyChain(cs, m.pool, x509.ExtKeyUsageServerAuth)
+		},
+	}, nil
+}
+
+func verifyChain(cs tls.ConnectionState, pool *x509.CertPool, usage x509.ExtKeyUsage) error {
+	if len(cs.PeerCertificates) == 0 {
+		return fmt.Errorf("%w: the peer sent no certificate", ErrUntrusted)
+	}
+	inter := x509.NewCertPool()
+	for _, c := range cs.PeerCertificates[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+		return fmt.Errorf("%w: %w", ErrUntrusted, err)
+	}
+	return nil
+}
+
+// PeerNodeID is the node id of a verified TLS peer (its certificate's CommonName).
+func PeerNodeID(cs tls.ConnectionState) string {
+	if len(cs.PeerCertificates) == 0 {
+		return ""
+	}
+	return cs.PeerCertificates[0].Subject.CommonName
+}

@@ -1,0 +1,436 @@
+package raftstore
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/pinnedd/pinnedd/internal/clustertls"
+)
+
+// TLSConfig turns on mutual TLS for the Raft transport (see "Mutual TLS" in DESIGN.md).
+type TLSConfig struct {
+	// CAFile, CertFile and KeyFile bring the operator's own PKI: the CA this node trusts and
+	// its certificate (CommonName = NodeID) and key, PEM. All three or none. With none, the
+	// cluster runs its own CA: created by the bootstrap node, replicated in the log so any
+	// leader can issue, and a joining node gets its certificate through JoinCluster; all of
+	// it lives in <DataDir>/tls.
+	CAFile, CertFile, KeyFile string
+}
+
+func (c *TLSConfig) own() bool { return c != nil && (c.CAFile != "" || c.CertFile != "" || c.KeyFile != "") }
+
+// handshakeTimeout bounds an inbound TLS handshake (and its membership check), so a peer that
+// connects and sends nothing holds a goroutine this long at most.
+const handshakeTimeout = 5 * time.Second
+
+// maxPendingHandshakes bounds inbound handshakes under way; beyond it a connection is closed
+// at once.
+const maxPendingHandshakes = 64
+
+// tlsStream is a raft.StreamLayer over mutual TLS. Accept hands raft only connections whose
+// handshake succeeded with a certificate from the cluster CA and whose node passed allow; the
+// rest are closed before raft reads a byte.
+type tlsStream struct {
+	ln        net.Listener
+	advertise net.Addr
+	id        *clustertls.Identity
+	allow     func(nodeID string) error
+	log       *slog.Logger
+
+	conns   chan net.Conn
+	pending chan struct{}
+	done    chan struct{}
+	once    sync.Once
+
+	mu       sync.Mutex
+	accepted map[*peerConn]string // live inbound connections by peer node id
+}
+
+var _ raft.StreamLayer = (*tlsStream)(nil)
+
+func newTLSStream(ln net.Listener, advertise net.Addr, id *clustertls.Identity, allow func(string) error, log *slog.Logger) *tlsStream {
+	s := &tlsStream{
+		ln: ln, advertise: advertise, id: id, allow: allow, log: log,
+		conns:    make(chan net.Conn),
+		pending:  make(chan struct{}, maxPendingHandshakes),
+		done:     make(chan struct{}),
+		accepted: map[*peerConn]string{},
+	}
+	go s.acceptLoop()
+	return s
+}
+
+func (s *tlsStream) acceptLoop() {
+	cfg := s.id.ServerConfig()
+	for {
+		raw, err := s.ln.Accept()
+		if err != nil {
+			select {
+			case <-s.done:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			s.log.Error("raft listener failed", "err", err)
+			s.Close()
+			return
+		}
+		select {
+		case s.pending <- struct{}{}:
+			go s.handshake(raw, cfg)
+		default:
+			s.log.Warn("refused a raft connection: too many handshakes under way", "remote", raw.RemoteAddr().String())
+			_ = raw.Close()
+		}
+	}
+}
+
+func (s *tlsStream) handshake(raw net.Conn, cfg *tls.Config) {
+	defer func() { <-s.pending }()
+	_ = raw.SetDeadline(time.Now().Add(handshakeTimeout))
+	conn := tls.Server(raw, cfg)
+	err := conn.Handshake()
+	var node string
+	if err == nil {
+		node = clustertls.PeerNodeID(conn.ConnectionState())
+		err = s.allow(node)
+	}
+	if err != nil {
+		s.log.Warn("refused a raft connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
+		_ = raw.Close()
+		return
+	}
+	_ = raw.SetDeadline(time.Time{})
+	pc := &peerConn{Conn: conn, stream: s}
+	s.mu.Lock()
+	s.accepted[pc] = node
+	s.mu.Unlock()
+	select {
+	case s.conns <- pc:
+	case <-s.done:
+		_ = pc.Close()
+	}
+}
+
+// Accept returns the next authenticated inbound connection.
+func (s *tlsStream) Accept() (net.Conn, error) {
+	select {
+	case c := <-s.conns:
+		return c, nil
+	case <-s.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close stops accepting and closes the listener; connections already handed out are raft's.
+func (s *tlsStream) Close() error {
+	var err error
+	s.once.Do(func() {
+		close(s.done)
+		err = s.ln.Close()
+	})
+	return err
+}
+
+// Addr is the advertised address.
+func (s *tlsStream) Addr() net.Addr { return s.advertise }
+
+// Dial connects to a member, presenting this node's certificate and accepting only a server
+// certificate from the cluster CA.
+func (s *tlsStream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	cfg, err := s.id.ClientConfig()
+	if err != nil {
+		return nil, err
+	}
+	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: timeout}, Config: cfg}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return d.DialContext(ctx, "tcp", string(address))
+}
+
+// sweep closes inbound connections from nodes that keep is false for: a node removed from the
+// configuration loses the connections it opened before, not only new ones.
+func (s *tlsStream) sweep(keep func(nodeID string) bool) {
+	s.mu.Lock()
+	var drop []*peerConn
+	for c, node := range s.accepted {
+		if !keep(node) {
+			drop = append(drop, c)
+		}
+	}
+	s.mu.Unlock()
+	for _, c := range drop {
+		s.log.Info("closing a raft connection from a node no longer a member", "node", s.nodeOf(c))
+		_ = c.Close()
+	}
+}
+
+func (s *tlsStream) nodeOf(c *peerConn) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.accepted[c]
+}
+
+type peerConn struct {
+	net.Conn
+	stream *tlsStream
+	once   sync.Once
+}
+
+func (c *peerConn) Close() error {
+	c.once.Do(func() {
+		c.stream.mu.Lock()
+		delete(c.stream.accepted, c)
+		c.stream.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// setupTLS prepares this node's identity before the transport starts: the operator's files, or
+// the cluster's own CA in <DataDir>/tls (created here when this node bootstraps a new cluster;
+// otherwise the certificate a join stored, or none yet).
+func (s *Store) setupTLS() error {
+	c := s.cfg.TLS
+	s.ident = &clustertls.Identity{}
+	if c.own() {
+		if c.CAFile == "" || c.CertFile == "" || c.KeyFile == "" {
+			return fmt.Errorf("%w: TLS needs the CA, certificate and key files together (got ca %q, cert %q, key %q)", ErrInvalidConfig, c.CAFile, c.CertFile, c.KeyFile)
+		}
+		ca, cert, key, err := readAll(c.CAFile, c.CertFile, c.KeyFile)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		if err := s.ident.Set(ca, cert, key); err != nil {
+			return fmt.Errorf("%w: %s, %s: %w", ErrInvalidConfig, c.CertFile, c.CAFile, err)
+		}
+		if got := s.ident.NodeID(); got != s.cfg.NodeID {
+			return fmt.Errorf("%w: %s is for node %q, this node is %q", ErrInvalidConfig, c.CertFile, got, s.cfg.NodeID)
+		}
+		return nil
+	}
+	s.tlsDir = filepath.Join(s.cfg.DataDir, "tls")
+	caPEM, certPEM, keyPEM, err := readAll(
+		filepath.Join(s.tlsDir, clustertls.CAFile), filepath.Join(s.tlsDir, clustertls.CertFile), filepath.Join(s.tlsDir, clustertls.KeyFile))
+	switch {
+	case err == nil:
+		if err := s.ident.Set(caPEM, certPEM, keyPEM); err != nil {
+			return fmt.Errorf("raftstore: the certificate in %s: %w", s.tlsDir, err)
+		}
+		if got := s.ident.NodeID(); got != s.cfg.NodeID {
+			return fmt.Errorf("%w: %s holds the certificate of node %q, this node is %q (a data dir of another node?)", ErrInvalidConfig, s.tlsDir, got, s.cfg.NodeID)
+		}
+		s.log.Info("cluster certificate loaded", "dir", s.tlsDir)
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("raftstore: %w", err)
+	case s.cfg.Bootstrap && !s.existing:
+		ca, err := clustertls.NewCA("pinnedd cluster CA " + s.cfg.NodeID)
+		if err != nil {
+			return err
+		}
+		cert, key, err := ca.Issue(s.cfg.NodeID, s.hosts())
+		if err != nil {
+			return err
+		}
+		// The CA key first: a crash between the two leaves a CA to issue from again.
+		if err := clustertls.WriteFile(filepath.Join(s.tlsDir, clustertls.CAKeyFile), ca.KeyPEM(), 0o600); err != nil {
+			return err
+		}
+		for name, data := range map[string][]byte{clustertls.CAFile: ca.CertPEM(), clustertls.KeyFile: key, clustertls.CertFile: cert} {
+			if err := clustertls.WriteFile(filepath.Join(s.tlsDir, name), data, 0o600); err != nil {
+				return err
+			}
+		}
+		if err := s.ident.Set(ca.CertPEM(), cert, key); err != nil {
+			return err
+		}
+		s.log.Info("created the cluster CA and this node's certificate", "dir", s.tlsDir)
+	case s.existing:
+		return fmt.Errorf("%w: this data dir holds Raft state but %s holds no cluster certificate: restart with --join <member url> to get one, or start this node with --insecure-cluster", ErrInvalidConfig, s.tlsDir)
+	default:
+		s.log.Info("no cluster certificate yet: a join gets one", "dir", s.tlsDir)
+	}
+	// The bootstrap node keeps the CA key; it proposes the CA into the log once it leads.
+	if keyPEM, err := os.ReadFile(filepath.Join(s.tlsDir, clustertls.CAKeyFile)); err == nil {
+		if s.localCA, err = clustertls.ParseCA(s.ident.CAPEM(), keyPEM); err != nil {
+			return fmt.Errorf("raftstore: the CA in %s: %w", s.tlsDir, err)
+		}
+	}
+	return nil
+}
+
+func (s *Store) hosts() []string {
+	var hs []string
+	for _, a := range []string{s.cfg.AdvertiseRaftAddr, s.cfg.RaftAddr} {
+		if h, _, err := net.SplitHostPort(a); err == nil && h != "" && !slicesContains(hs, h) {
+			hs = append(hs, h)
+		}
+	}
+	return hs
+}
+
+func slicesContains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func readAll(paths ...string) (caPEM, certPEM, keyPEM []byte, err error) {
+	out := make([][]byte, len(paths))
+	for i, p := range paths {
+		if out[i], err = os.ReadFile(p); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	return out[0], out[1], out[2], nil
+}
+
+// allowPeer is the membership check on an authenticated inbound connection: the peer's node
+// id must be in this node's latest Raft configuration. A node with no configuration yet (new,
+// waiting to be joined) accepts any cluster certificate: the leader adding it must get through.
+func (s *Store) allowPeer(nodeID string) error {
+	select {
+	case <-s.raftUp:
+	case <-time.After(handshakeTimeout):
+		return errors.New("raft is not running yet")
+	}
+	servers := s.raft.GetConfiguration().Configuration().Servers
+	if len(servers) == 0 {
+		return nil
+	}
+	for _, srv := range servers {
+		if string(srv.ID) == nodeID {
+			return nil
+		}
+	}
+	return fmt.Errorf("node %q is not a member of the Raft configuration (removed, or never joined)", nodeID)
+}
+
+// configurationCommitted sweeps connections from nodes a committed configuration no longer
+// holds.
+func (s *Store) configurationCommitted(c raft.Configuration) {
+	if s.stream == nil || len(c.Servers) == 0 {
+		return
+	}
+	ids := make(map[string]bool, len(c.Servers))
+	for _, srv := range c.Servers {
+		ids[string(srv.ID)] = true
+	}
+	s.stream.sweep(func(id string) bool { return ids[id] })
+}
+
+// proposeCA is leader work on the node that created the cluster CA: it records the CA in the
+// log (once; the first recorded CA stays) so that any later leader can issue certificates.
+func (s *Store) proposeCA(ctx context.Context) {
+	if s.localCA == nil || s.fsm.clusterCA() != nil {
+		return
+	}
+	cmd := metaCommand{Op: metaCA, CACert: string(s.localCA.CertPEM()), CAKey: string(s.localCA.KeyPEM())}
+	for delay := 50 * time.Millisecond; ctx.Err() == nil && s.fsm.clusterCA() == nil; delay = min(2*delay, 2*time.Second) {
+		if _, err := s.applyLocal(ctx, encodeMeta(cmd)); err == nil {
+			s.log.Info("recorded the cluster CA in the log: any leader can issue certificates to joining nodes")
+			return
+		} else if ctx.Err() == nil {
+			s.log.Warn("recording the cluster CA failed; retrying", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(delay):
+		}
+	}
+}
+
+// ClusterTLS reports how this node's Raft transport is secured: "mutual-tls" with the
+// cluster's own CA, "mutual-tls (own PKI)", or "insecure".
+func (s *Store) ClusterTLS() string {
+	switch {
+	case s.ident == nil:
+		return "insecure"
+	case s.cfg.TLS.own():
+		return "mutual-tls (own PKI)"
+	}
+	return "mutual-tls"
+}
+
+// JoinCluster asks the member at memberURL (any member) to add this node, as JoinVia does, and
+// first, when the transport runs the cluster's own CA and this node has no certificate yet,
+// gets one: it fetches the CA, checks its pin against Config.Token (so a CA substituted by
+// someone in between is refused before the token is sent), sends a certificate request for a
+// key it made, checks the certificate it gets, and stores all of it in <DataDir>/tls.
+func (s *Store) JoinCluster(ctx context.Context, client *http.Client, memberURL string) error {
+	if s.ident != nil && !s.ident.Ready() {
+		if err := s.fetchCertificate(ctx, client, memberURL); err != nil {
+			return err
+		}
+	}
+	return JoinVia(ctx, client, memberURL, s.cfg.Token, s.cfg.NodeID, s.advertise, s.cfg.APIAddr)
+}
+
+func (s *Store) fetchCertificate(ctx context.Context, client *http.Client, memberURL string) error {
+	if s.cfg.Token == "" {
+		return fmt.Errorf("%w: joining with the cluster's own CA needs the deployment token (it pins the CA)", ErrInvalidConfig)
+	}
+	var ca caAnswer
+	if err := callJSON(ctx, client, memberURL, "", "ca", nil, &ca, false); err != nil {
+		return fmt.Errorf("raftstore: fetching the cluster CA: %w", err)
+	}
+	if err := clustertls.CheckPin(s.cfg.Token, []byte(ca.CA), ca.Pin); err != nil {
+		return fmt.Errorf("%w: the CA from %s is not vouched for by this node's PINBOARD_TOKEN (another cluster, another token, or someone in between): %w", ErrUntrustedCA, memberURL, err)
+	}
+	keyPath := filepath.Join(s.tlsDir, clustertls.KeyFile)
+	key, err := os.ReadFile(keyPath)
+	if errors.Is(err, os.ErrNotExist) {
+		if key, err = clustertls.NewKey(); err == nil {
+			err = clustertls.WriteFile(keyPath, key, 0o600)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("raftstore: node key: %w", err)
+	}
+	csr, err := clustertls.NewCSR(key, s.cfg.NodeID, s.hosts())
+	if err != nil {
+		return err
+	}
+	var ans certAnswer
+	if err := callJSON(ctx, client, memberURL, s.cfg.Token, "certificate", certRequest{ID: s.cfg.NodeID, CSR: string(csr)}, &ans, false); err != nil {
+		return fmt.Errorf("raftstore: getting this node's certificate: %w", err)
+	}
+	if ans.CA != ca.CA {
+		return fmt.Errorf("%w: %s answered the certificate request with another CA than the pinned one", ErrUntrustedCA, memberURL)
+	}
+	// Set checks that the certificate chains to the pinned CA and fits this node's key.
+	probe := &clustertls.Identity{}
+	if err := probe.Set([]byte(ca.CA), []byte(ans.Cert), key); err != nil {
+		return fmt.Errorf("%w: the certificate from %s: %w", ErrUntrustedCA, memberURL, err)
+	}
+	if probe.NodeID() != s.cfg.NodeID {
+		return fmt.Errorf("%w: %s issued a certificate for %q", ErrUntrustedCA, memberURL, probe.NodeID())
+	}
+	if err := clustertls.WriteFile(filepath.Join(s.tlsDir, clustertls.CAFile), []byte(ca.CA), 0o600); err != nil {
+		return err
+	}
+	if err := clustertls.WriteFile(filepath.Join(s.tlsDir, clustertls.CertFile), []byte(ans.Cert), 0o600); err != nil {
+		return err
+	}
+	if err := s.ident.Set([]byte(ca.CA), []byte(ans.Cert), key); err != nil {
+		return err
+	}
+	s.log.Info("got this node's cluster certificate", "via", memberURL, "dir", s.tlsDir)
+	return nil
+}

@@ -1,0 +1,307 @@
+package raftstore
+
+import (
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/pinnedd/pinnedd/internal/clustertls"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
+)
+
+func newTestCA(t testing.TB, name string) *clustertls.CA {
+	t.Helper()
+	ca, err := clustertls.NewCA(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+func identityFrom(t testing.TB, ca *clustertls.CA, node string) *clustertls.Identity {
+	t.Helper()
+	cert, key, err := ca.Issue(node, []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := &clustertls.Identity{}
+	if err := id.Set(ca.CertPEM(), cert, key); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// refused dials addr with cfg (nil: plain TCP), writes, and expects the server to close the
+// connection without answering: the handshake fails, or the first read does.
+func refused(t *testing.T, addr string, cfg *tls.Config) error {
+	t.Helper()
+	raw, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	_ = raw.SetDeadline(time.Now().Add(5 * time.Second))
+	var c net.Conn = raw
+	if cfg != nil {
+		tc := tls.Client(raw, cfg)
+		if err := tc.Handshake(); err != nil {
+			return err
+		}
+		c = tc
+	}
+	if _, err := c.Write([]byte("\x00forged append entries")); err != nil {
+		return err
+	}
+	_, err = c.Read(make([]byte, 1))
+	if err == nil {
+		t.Fatalf("%s answered a peer it should have refused", addr)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("%s kept the connection open: %v", addr, err)
+	}
+	return err
+}
+
+// The stream layer hands raft only connections with a certificate from the cluster CA whose
+// node passes the membership check: a peer without TLS, without a client certificate, with a
+// certificate from another CA or of a non-member is closed before raft reads a byte.
+func TestTLSStreamAcceptsOnlyClusterMembers(t *testing.T) {
+	ca := newTestCA(t, "cluster")
+	server := identityFrom(t, ca, "server")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	member := func(id string) error {
+		if id == "member" {
+			return nil
+		}
+		return fmt.Errorf("node %q is not a member", id)
+	}
+	st := newTLSStream(ln, ln.Addr(), server, member, testLogger())
+	defer st.Close()
+	addr := ln.Addr().String()
+
+	accepted := make(chan net.Conn, 8)
+	go func() {
+		for {
+			c, err := st.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+
+	noCert := &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true}
+	// A member's name from another CA; it trusts any server, so only the server can refuse.
+	evilCert, evilKey, err := newTestCA(t, "evil").Issue("member", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evilPair, err := tls.X509KeyPair(evilCert, evilKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherCA := &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true,
+		// Sent whatever CAs the server asks for (Go's client would otherwise send none).
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &evilPair, nil }}
+	removed, err := identityFrom(t, ca, "removed").ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, cfg := range map[string]*tls.Config{"plain tcp": nil, "no certificate": noCert, "another CA": otherCA, "a non-member": removed} {
+		err := refused(t, addr, cfg)
+		t.Logf("%s: refused: %v", name, err)
+	}
+	select {
+	case c := <-accepted:
+		t.Fatalf("raft was handed a refused connection from %s", c.RemoteAddr())
+	default:
+	}
+
+	// A member's certificate gets through, both ways verified (Dial checks the server's).
+	good := &tlsStream{id: identityFrom(t, ca, "member")}
+	c, err := good.Dial(raft.ServerAddress(addr), 2*time.Second)
+	if err != nil {
+		t.Fatalf("member dial: %v", err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	var in net.Conn
+	select {
+	case in = <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the member's connection was not accepted")
+	}
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(in, buf); err != nil || string(buf) != "hello" {
+		t.Fatalf("read %q, %v", buf, err)
+	}
+
+	// The server's side too: a dialer refuses a server whose certificate is from another CA.
+	evilLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	evil := newTLSStream(evilLn, evilLn.Addr(), identityFrom(t, newTestCA(t, "evil"), "evil"), func(string) error { return nil }, testLogger())
+	defer evil.Close()
+	if c, err := good.Dial(raft.ServerAddress(evilLn.Addr().String()), 2*time.Second); err == nil {
+		c.Close()
+		t.Fatal("dialed a server with a certificate from another CA")
+	}
+
+	// A membership change closes what a removed node opened before.
+	st.sweep(func(id string) bool { return id != "member" })
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("a swept connection still delivers")
+	}
+}
+
+func tlsOn(c *Config) { c.TLS = &TLSConfig{} }
+
+// joinTLS joins n through the member at url as the agent does: with the cluster's own CA, the
+// node first gets its certificate (pinned by the token).
+func joinTLS(t testing.TB, url string, n *testNode) {
+	t.Helper()
+	ctx := ctxTimeout(t, 20*time.Second)
+	for {
+		err := n.s.JoinCluster(ctx, nil, url)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, ErrOutcomeUnknown) || ctx.Err() != nil {
+			t.Fatalf("join %s via %s: %v", n.id, url, err)
+		}
+	}
+}
+
+// The common path: the bootstrap node creates the CA, joining nodes get certificates through
+// the join, the group replicates over mutual TLS; a forged AppendEntries from raft's own TCP
+// transport is refused and changes no leader; a removed node's certificate is refused; a
+// restarted node reuses its stored certificate.
+func TestTLSClusterBootstrapJoinRefuse(t *testing.T) {
+	n1 := startNode(t, "n1", t.TempDir(), "", true, tlsOn)
+	waitLeader(t, n1)
+	nodes := []*testNode{n1}
+	for _, id := range []string{"n2", "n3"} {
+		n := startNode(t, id, t.TempDir(), "", false, tlsOn)
+		joinTLS(t, n1.srv.URL, n)
+		nodes = append(nodes, n)
+	}
+	for _, n := range nodes {
+		waitLeader(t, n)
+		if got := n.s.ClusterTLS(); got != "mutual-tls" {
+			t.Fatalf("%s: ClusterTLS %q", n.id, got)
+		}
+	}
+	mustApply(t, n1, "a")
+	converged(t, nodes, []string{"a"})
+	for _, n := range nodes {
+		testutil.WaitForErr(t, 5*time.Second, n.id+" holds the cluster CA", func() error {
+			if ca := n.s.fsm.clusterCA(); ca == nil || !bytes.Equal(ca.CertPEM(), n1.s.ident.CAPEM()) {
+				return errors.New("not recorded")
+			}
+			return nil
+		})
+	}
+	if _, err := os.Stat(filepath.Join(nodes[1].dir, "tls", clustertls.CAKeyFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a joined node has the CA key file: %v", err)
+	}
+
+	leader := leaderOf(t, nodes)
+	follower := followerOf(nodes, leader)
+	term := leader.s.raft.CurrentTerm()
+
+	// hashicorp/raft's own transport, no certificate: the AppendEntries that once made a
+	// follower follow "evil".
+	forger, err := raft.NewTCPTransport("127.0.0.1:0", nil, 1, 2*time.Second, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer forger.Close()
+	var resp raft.AppendEntriesResponse
+	err = forger.AppendEntries("evil", raft.ServerAddress(follower.s.RaftAddr()), &raft.AppendEntriesRequest{
+		RPCHeader: raft.RPCHeader{ID: []byte("evil"), Addr: []byte(forger.LocalAddr())},
+		Term:      term + 1, PrevLogEntry: follower.s.AppliedIndex(), PrevLogTerm: term,
+		Entries: []*raft.Log{{Type: raft.LogCommand, Data: []byte{kindUser, 'x'}}},
+	}, &resp)
+	if err == nil {
+		t.Fatalf("the forged AppendEntries was answered: %+v", resp)
+	}
+	mustApply(t, leader, "b")
+	converged(t, nodes, []string{"a", "b"})
+	if id, _ := follower.s.Leader(); id != leader.id || leader.s.raft.CurrentTerm() != term {
+		t.Fatalf("after the forgery: %s follows %q at term %d, want %s at %d", follower.id, id, leader.s.raft.CurrentTerm(), leader.id, term)
+	}
+
+	// A removed node's certificate no longer opens a connection.
+	gone := nodes[2]
+	if gone == leader {
+		gone = nodes[1]
+	}
+	goneCfg, err := gone.s.ident.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.s.Remove(ctxTimeout(t, 10*time.Second), gone.id); err != nil {
+		t.Fatal(err)
+	}
+	gone.close()
+	if err := refused(t, leader.s.RaftAddr(), goneCfg); err == nil {
+		t.Fatal("no error")
+	}
+
+	// A restart reuses the stored certificate.
+	var restart *testNode
+	for _, n := range nodes {
+		if n != leader && n != gone {
+			restart = n
+		}
+	}
+	certPath := filepath.Join(restart.dir, "tls", clustertls.CertFile)
+	before, err := os.ReadFile(certPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := restart.s.RaftAddr()
+	restart.close()
+	back := startNode(t, restart.id, restart.dir, addr, false, tlsOn)
+	mustApply(t, leader, "c")
+	converged(t, []*testNode{leader, back}, []string{"a", "b", "c"})
+	after, err := os.ReadFile(certPath)
+	if err != nil || !bytes.Equal(before, after) {
+		t.Fatalf("the certificate changed on restart (%v)", err)
+	}
+}
+
+// A joining node refuses a CA its token does not vouch for, before it sends the token.
+func TestTLSJoinRefusesACAOfAnotherToken(t *testing.T) {
+	n1 := startNode(t, "n1", t.TempDir(), "", true, tlsOn)
+	waitLeader(t, n1)
+	n2 := startNode(t, "n2", t.TempDir(), "", false, func(c *Config) { tlsOn(c); c.Token = "another" })
+	err := n2.s.JoinCluster(ctxTimeout(t, 10*time.Second), nil, n1.srv.URL)
+	if !errors.Is(err, ErrUntrustedCA) {
+		t.Fatalf("join with another token: %v, want ErrUntrustedCA", err)
+	}
+	if n2.s.ident.Ready() {
+		t.Fatal("n2 installed a certificate")
+	}
+	if ms := membersByID(t, n1); len(ms) != 1 {
+		t.Fatalf("members %v", ms)
+	}
+}
