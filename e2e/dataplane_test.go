@@ -34,15 +34,8 @@ func startFleet(t *testing.T, extra ...string) []*node {
 	n1 := newNode(t, "n1", append([]string{"--bootstrap"}, extra...)...).start(t, true)
 	n2 := newNode(t, "n2", append([]string{"--join", n1.url()}, extra...)...).start(t, true)
 	n3 := newNode(t, "n3", append([]string{"--join", n1.url()}, extra...)...).start(t, true)
-	nodes := []*node{n1, n2, n3}
-	for _, n := range nodes {
-		testutil.WaitFor(t, 10*time.Second, n.id+" sees 3 workers", func() bool { return len(liveWorkers(t, n)) == 3 })
-	}
-	testutil.WaitFor(t, 10*time.Second, "quarantine over", func() bool {
-		r := n1.a.MustDo("GET", "/counters/warmup/value", "")
-		return r.Code == 200
-	})
-	return nodes
+	testutil.WaitFleet(t, 10*time.Second, n1.a, n2.a, n3.a)
+	return []*node{n1, n2, n3}
 }
 
 // ownerOf asks a node's status which node runs an instance.
@@ -52,7 +45,7 @@ func ownerOf(t *testing.T, nodes []*node, ns, id string) *node {
 		if n.a == nil {
 			continue
 		}
-		if st, err := statusOf(n.a); err == nil && st.runs(ns, id) {
+		if st, err := statusOf(n.a); err == nil && st.Runs(ns, id) {
 			return n
 		}
 	}

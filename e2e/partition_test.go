@@ -149,7 +149,7 @@ func TestPartitionedOwnerNeverServesAlongsideItsSuccessor(t *testing.T) {
 	}
 	testutil.WaitFor(t, 20*time.Second, old.id+" healthy without p1", func() bool {
 		st, ok := h.lastStatus(oi)
-		return ok && st.Worker.Lease == "healthy" && st.gen("/counters", "p1") == 0
+		return ok && st.Worker.Lease == "healthy" && st.Gen("/counters", "p1") == 0
 	})
 	testutil.WaitFor(t, 20*time.Second, "p1 served through the healed node", func() bool {
 		return h.count(func(s serve) bool {
@@ -455,8 +455,8 @@ func (h *partitionHistory) holder(skip int) (int, uint64) {
 		if i == skip {
 			continue
 		}
-		if st, ok := h.lastStatus(i); ok && st.gen("/counters", "p1") > 0 {
-			return i, st.gen("/counters", "p1")
+		if st, ok := h.lastStatus(i); ok && st.Gen("/counters", "p1") > 0 {
+			return i, st.Gen("/counters", "p1")
 		}
 	}
 	return -1, 0
@@ -595,19 +595,19 @@ func (h *partitionHistory) check(t *testing.T, oi int, cutFrom, cutAt, healFrom,
 	// p1, is two servers at once.
 	var newHeld statusSample
 	for _, s := range statuses {
-		if s.node != oi && s.st.gen("/counters", "p1") > 0 && !s.send.Before(cutAt) && (newHeld.recv.IsZero() || s.recv.Before(newHeld.recv)) {
+		if s.node != oi && s.st.Gen("/counters", "p1") > 0 && !s.send.Before(cutAt) && (newHeld.recv.IsZero() || s.recv.Before(newHeld.recv)) {
 			newHeld = s
 		}
 	}
 	var oldServable statusSample
 	for _, s := range statuses {
-		if s.node == oi && s.st.gen("/counters", "p1") > 0 && (s.st.Worker.Lease == "healthy" || s.st.Worker.Lease == "unhealthy") {
+		if s.node == oi && s.st.Gen("/counters", "p1") > 0 && (s.st.Worker.Lease == "healthy" || s.st.Worker.Lease == "unhealthy") {
 			if s.send.After(oldServable.send) {
 				oldServable = s
 			}
 			if !newHeld.recv.IsZero() && s.send.After(newHeld.recv) {
 				t.Errorf("status: %s runs p1 (generation %d) with lease %s at %s, after %s ran it (generation %d) at %s",
-					h.nodes[oi].id, s.st.gen("/counters", "p1"), s.st.Worker.Lease, rel(s.send), h.nodes[newHeld.node].id, newHeld.st.gen("/counters", "p1"), rel(newHeld.recv))
+					h.nodes[oi].id, s.st.Gen("/counters", "p1"), s.st.Worker.Lease, rel(s.send), h.nodes[newHeld.node].id, newHeld.st.Gen("/counters", "p1"), rel(newHeld.recv))
 			}
 		}
 	}

@@ -117,5 +117,5 @@ func TestFrozenOwnerNeverServesStale(t *testing.T) {
 // instanceGen is the generation counter id runs under on n, 0 if not live.
 func instanceGen(t *testing.T, n *node, id string) uint64 {
 	t.Helper()
-	return getStatus(t, n.a).gen("/counters", id)
+	return getStatus(t, n.a).Gen("/counters", id)
 }

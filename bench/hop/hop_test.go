@@ -188,40 +188,8 @@ func startFleet(b testing.TB, bin string) *fleet {
 	}
 	n1 := testutil.StartAgentBin(b, bin, env, node("n1", "--bootstrap")...)
 	n2 := testutil.StartAgentBin(b, bin, env, node("n2", "--join", n1.URL)...)
-	for _, n := range []*testutil.Agent{n1, n2} {
-		if err := testutil.Eventually(15*time.Second, func() bool { return liveWorkers(n) == 2 }); err != nil {
-			b.Fatalf("fleet: two live workers: %v", err)
-		}
-	}
-	if err := testutil.Eventually(15*time.Second, func() bool {
-		r, err := n1.Do("GET", "/counters/warmup/value", "")
-		return err == nil && r.Code == 200
-	}); err != nil {
-		b.Fatalf("fleet: cold-start quarantine did not end: %v", err)
-	}
+	testutil.WaitFleet(b, 15*time.Second, n1, n2)
 	return &fleet{entry: n1, owner: n2}
-}
-
-func liveWorkers(a *testutil.Agent) int {
-	r, err := a.Do("GET", "/registry/workers", "")
-	if err != nil || r.Code != 200 {
-		return 0
-	}
-	var out struct {
-		Workers []struct {
-			Live bool `json:"live"`
-		} `json:"workers"`
-	}
-	if r.JSONErr(&out) != nil {
-		return 0
-	}
-	n := 0
-	for _, w := range out.Workers {
-		if w.Live {
-			n++
-		}
-	}
-	return n
 }
 
 // place activates ids in ns through the owner node, posing as a new client
@@ -246,20 +214,11 @@ func (f *fleet) place(b testing.TB, ns, path string) string {
 // runs reports whether a's /_pinned/status lists the instance.
 func runs(b testing.TB, a *testutil.Agent, ns, id string) bool {
 	b.Helper()
-	r := a.MustDo("GET", "/_pinned/status", "")
-	var st struct {
-		Instances []struct {
-			Namespace string `json:"namespace"`
-			ID        string `json:"id"`
-		} `json:"instances"`
+	st, err := a.Status()
+	if err != nil {
+		b.Fatal(err)
 	}
-	r.JSON(b, &st)
-	for _, in := range st.Instances {
-		if in.Namespace == ns && in.ID == id {
-			return true
-		}
-	}
-	return false
+	return st.Runs(ns, id)
 }
 
 // row is one line of the table.
