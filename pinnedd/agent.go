@@ -51,6 +51,10 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		tokens.AllowLoopbackAnonymous()
 	}
 
+	if cfg.insecureCluster {
+		log.Warn("INSECURE CLUSTER: Raft runs without mutual TLS (--insecure-cluster); anyone who reaches --raft-addr can take this cluster over or destroy it")
+	}
+
 	dataDir := cfg.dataDir
 	if dataDir == "" { // --dev only
 		// A dev agent ended by kill -9 could not remove its own.
@@ -112,8 +116,8 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	store, err := raftstore.Open(ctx, raftstore.Config{
 		NodeID: cfg.nodeID, RaftAddr: cfg.raftAddr, AdvertiseRaftAddr: cfg.raftAdvertise,
 		APIAddr: advertise, DataDir: dataDir, Bootstrap: cfg.bootstrap, MaxVoters: cfg.maxVoters,
-		LogStore: cfg.raftLogStore,
-		Logger:   log, Token: cfg.tokens[0], Registerer: reg,
+		LogStore: cfg.raftLogStore, TLS: cfg.raftTLS(),
+		Logger: log, Token: cfg.tokens[0], Registerer: reg,
 		HeartbeatTimeout: cfg.raftTimeout, ElectionTimeout: cfg.raftTimeout,
 		LeaderLeaseTimeout: cfg.raftTimeout / 2,
 	}, machine)
@@ -141,13 +145,15 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		Dir: dir, Tokens: tokens, Registry: registry,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Logger: log, Registerer: reg,
 		Quarantine: quarantine, AccessLog: cfg.accessLog,
+		MetricsPublic: cfg.metricsPublic, BodyReadTimeout: cfg.bodyReadTimeout,
+		MaxConnsPerIP: cfg.maxConnsPerIP, MaxConns: cfg.maxConns, PeerAddrs: func() []string { return memberAPIAddrs(store) },
 		Policy: pinboard.PlacementPolicy{BalanceFactor: cfg.balanceFactor}, TrustedProxies: cfg.trustedProxies,
 		Ready:  func() bool { id, _ := store.Leader(); return id != "" && store.Fault() == nil },
 		Health: func() map[string]any { return raftHealth(store) },
 		Status: func() map[string]any {
 			st := map[string]any{
 				"nodeId": cfg.nodeID, "version": version, "dev": cfg.dev, "advertiseUrl": advertise, "pid": os.Getpid(),
-				"raft": raftHealth(store),
+				"raft": raftHealth(store), "clusterTLS": store.ClusterTLS(), "insecureCluster": cfg.insecureCluster,
 			}
 			if sup != nil {
 				st["plugins"], st["instances"] = sup.Plugins(), sup.Instances()
@@ -236,9 +242,13 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	// node (Consul and Nomad expose them behind an operator ACL too).
 	fd.Handle("/_pinned/debug/pprof/", fd.RequireScope(pinboard.ScopeOperator, servePprof))
 
-	srv := &http.Server{Handler: fd, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	// No ReadTimeout: its deadline also fires in net/http's background
+	// read and cancels held streams; request bodies get the front door's
+	// own deadline (--http-body-timeout).
+	srv := &http.Server{Handler: fd, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.idleTimeout,
+		MaxHeaderBytes: pinboard.MaxHeaderBytes, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	go func() { serveErr <- srv.Serve(fd.Listener(ln)) }()
 	// Connections the kept-alive forwarding loop gives back to net/http
 	// (Shutdown closes this listener with the other).
 	go func() { _ = srv.Serve(fd.HandBackListener()) }()
@@ -362,6 +372,22 @@ loop:
 	}
 	log.Info("stopped")
 	return runErr
+}
+
+// memberAPIAddrs lists the Raft members' front-door addresses (the per-IP
+// connection cap exempts them).
+func memberAPIAddrs(store *raftstore.Store) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	ms, err := store.Members(ctx)
+	if err != nil {
+		return nil
+	}
+	out := make([]string, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, m.APIAddr)
+	}
+	return out
 }
 
 // advertiseURL is the flag's value, or http://<bound address> when that

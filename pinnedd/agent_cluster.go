@@ -65,13 +65,15 @@ func raftHealth(store *raftstore.Store) map[string]any {
 func joinUntilDone(ctx context.Context, url, token string, store *raftstore.Store, log *slog.Logger) {
 	client := &http.Client{Timeout: 15 * time.Second}
 	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 10*time.Second) {
-		err := raftstore.JoinVia(ctx, client, url, token, store.NodeID(), store.RaftAddr(), store.APIAddr())
+		err := store.JoinCluster(ctx, client, url)
 		if err == nil {
 			log.Info("joined the cluster", "via", url)
 			return
 		}
 		if errors.Is(err, raftstore.ErrUnauthorized) {
 			log.Error("join refused: the member does not accept this node's token; every node of a cluster needs the same PINBOARD_TOKEN", "via", url, "retry_in", delay)
+		} else if errors.Is(err, raftstore.ErrUntrustedCA) || errors.Is(err, raftstore.ErrNoClusterCA) {
+			log.Error("join failed: no trusted cluster certificate", "via", url, "err", err, "retry_in", delay)
 		} else {
 			log.Warn("join failed; retrying", "via", url, "err", err, "retry_in", delay)
 		}
@@ -104,7 +106,7 @@ func joinHandler(tokens *pinboard.Tokens, cfg agentConfig, store *raftstore.Stor
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 		defer cancel()
-		err := raftstore.JoinVia(ctx, &http.Client{}, req.URL, cfg.tokens[0], store.NodeID(), store.RaftAddr(), store.APIAddr())
+		err := store.JoinCluster(ctx, &http.Client{}, req.URL)
 		if err != nil {
 			log.Warn("join failed", "via", req.URL, "err", err)
 			httpx.WriteError(w, http.StatusBadGateway, "join via "+req.URL+": "+err.Error(), 0)

@@ -16,6 +16,7 @@ import (
 	"github.com/pinnedd/pinnedd/examples"
 	"github.com/pinnedd/pinnedd/pinboard"
 	"github.com/pinnedd/pinnedd/plugins"
+	"github.com/pinnedd/pinnedd/raftstore"
 	"github.com/pinnedd/pinnedd/supervisor"
 )
 
@@ -37,6 +38,10 @@ func agentCommand() *cli.Command {
 			&cli.BoolFlag{Name: "bootstrap", Usage: "start a new cluster with this node as its only voter (a no-op once the data dir holds Raft state)", EnvVars: []string{"PINNEDD_BOOTSTRAP"}},
 			&cli.StringFlag{Name: "join", Usage: "join the cluster through the member at `URL` (any member; repeated harmlessly on restart)", EnvVars: []string{"PINNEDD_JOIN"}},
 			&cli.StringFlag{Name: "raft-log-store", Usage: "Raft log format for a new data dir: wal (one fsync per batch) or bolt; an existing data dir keeps its own", EnvVars: []string{"PINNEDD_RAFT_LOG_STORE"}},
+			&cli.BoolFlag{Name: "insecure-cluster", Usage: "run Raft between nodes WITHOUT mutual TLS: anyone who reaches --raft-addr can take the cluster over (default: mutual TLS under the cluster's CA)", EnvVars: []string{"PINNEDD_INSECURE_CLUSTER"}},
+			&cli.StringFlag{Name: "tls-ca", Usage: "your own cluster CA certificate (PEM) for Raft's mutual TLS, with --tls-cert and --tls-key (default: the CA the bootstrap node creates)", EnvVars: []string{"PINNEDD_TLS_CA"}},
+			&cli.StringFlag{Name: "tls-cert", Usage: "this node's certificate (PEM, CommonName = --node-id) from --tls-ca", EnvVars: []string{"PINNEDD_TLS_CERT"}},
+			&cli.StringFlag{Name: "tls-key", Usage: "this node's private key (PEM) for --tls-cert", EnvVars: []string{"PINNEDD_TLS_KEY"}},
 			&cli.IntFlag{Name: "max-voters", Value: 3, Usage: "Raft voters (3 or 5); members joining beyond it are nonvoters", EnvVars: []string{"PINNEDD_MAX_VOTERS"}},
 			&cli.DurationFlag{Name: "raft-timeout", Usage: "Raft heartbeat and election timeout (default: hashicorp/raft's 1s)", EnvVars: []string{"PINNEDD_RAFT_TIMEOUT"}, Hidden: true},
 			&cli.StringSliceFlag{Name: "plugin", Usage: "serve `/NS=PATH`: namespace NS from the plugin binary at PATH (repeatable)", EnvVars: []string{"PINNEDD_PLUGINS"}},
@@ -57,6 +62,11 @@ func agentCommand() *cli.Command {
 			&cli.Float64Flag{Name: "affinity-balance-factor", Value: pinboard.DefaultBalanceFactor, Usage: "keep a client's preferred worker while its headroom is at least the best / this", EnvVars: []string{"PINBOARD_AFFINITY_BALANCE_FACTOR"}},
 			&cli.StringFlag{Name: "trusted-proxies", Usage: "comma-separated IPs/CIDRs whose X-Forwarded-For/Forwarded name the client", EnvVars: []string{"PINBOARD_TRUSTED_PROXIES"}},
 			&cli.BoolFlag{Name: "access-log", Usage: "log one line per front-door request (method, path, status, bytes, duration, where it was served); turns the kept-alive forwarding loop off", EnvVars: []string{"PINNEDD_ACCESS_LOG"}},
+			&cli.IntFlag{Name: "max-conns-per-ip", Value: pinboard.DefaultMaxConnsPerIP, Usage: "client connections one IP may hold open on the front door (the TCP peer's; the fleet's nodes and --trusted-proxies are exempt); one more is answered 503 and closed; 0: no cap", EnvVars: []string{"PINNEDD_MAX_CONNS_PER_IP"}},
+			&cli.IntFlag{Name: "max-conns", Value: pinboard.DefaultMaxConns, Usage: "client connections the front door holds open in all; one more is answered 503 and closed; 0: no cap", EnvVars: []string{"PINNEDD_MAX_CONNS"}},
+			&cli.DurationFlag{Name: "http-idle-timeout", Value: pinboard.DefaultIdleTimeout, Usage: "close a kept-alive client connection idle this long between requests", EnvVars: []string{"PINNEDD_HTTP_IDLE_TIMEOUT"}},
+			&cli.DurationFlag{Name: "http-body-timeout", Value: pinboard.DefaultBodyReadTimeout, Usage: "close a client connection whose request body sends nothing for this long (held response streams are not affected)", EnvVars: []string{"PINNEDD_HTTP_BODY_TIMEOUT"}},
+			&cli.BoolFlag{Name: "metrics-public", Usage: "serve GET /metrics without a token, for a scraper on a trusted network (otherwise it needs the operator token); anyone who reaches the port then reads namespaces, load and node state", EnvVars: []string{"PINNEDD_METRICS_PUBLIC"}},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", EnvVars: []string{"LOG_LEVEL"}},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", EnvVars: []string{"PINNEDD_LOG_FORMAT"}},
 		},
@@ -84,6 +94,11 @@ type agentConfig struct {
 	trustedProxies  []netip.Prefix
 	dev             bool
 	accessLog       bool
+	metricsPublic   bool
+	maxConnsPerIP   int
+	maxConns        int
+	idleTimeout     time.Duration
+	bodyReadTimeout time.Duration
 	localState      bool
 	noHosts         bool
 	raftAddr        string
@@ -93,6 +108,10 @@ type agentConfig struct {
 	maxVoters       int
 	raftLogStore    string
 	raftTimeout     time.Duration
+	insecureCluster bool
+	tlsCA           string
+	tlsCert         string
+	tlsKey          string
 	nodeID          string
 	httpAddr        string
 	advertiseURL    string
@@ -115,6 +134,11 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 	cfg := agentConfig{
 		dev:             c.Bool("dev"),
 		accessLog:       c.Bool("access-log"),
+		metricsPublic:   c.Bool("metrics-public"),
+		maxConnsPerIP:   c.Int("max-conns-per-ip"),
+		maxConns:        c.Int("max-conns"),
+		idleTimeout:     c.Duration("http-idle-timeout"),
+		bodyReadTimeout: c.Duration("http-body-timeout"),
 		localState:      c.Bool("local-state"),
 		noHosts:         c.Bool("no-hosts"),
 		raftAddr:        c.String("raft-addr"),
@@ -124,6 +148,10 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 		maxVoters:       c.Int("max-voters"),
 		raftLogStore:    c.String("raft-log-store"),
 		raftTimeout:     c.Duration("raft-timeout"),
+		insecureCluster: c.Bool("insecure-cluster"),
+		tlsCA:           c.String("tls-ca"),
+		tlsCert:         c.String("tls-cert"),
+		tlsKey:          c.String("tls-key"),
 		nodeID:          c.String("node-id"),
 		httpAddr:        c.String("http-addr"),
 		advertiseURL:    c.String("advertise-url"),
@@ -149,6 +177,12 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 	cfg.scanInterval = c.Duration("scan-interval")
 	if cfg.trustedProxies, err = pinboard.ParseTrustedProxies(c.String("trusted-proxies")); err != nil {
 		return cfg, fmt.Errorf("--trusted-proxies: %w", err)
+	}
+	if cfg.maxConnsPerIP < 0 || cfg.maxConns < 0 {
+		return cfg, fmt.Errorf("--max-conns-per-ip (%d) and --max-conns (%d) must be 0 (no cap) or more", cfg.maxConnsPerIP, cfg.maxConns)
+	}
+	if cfg.idleTimeout < 0 || cfg.bodyReadTimeout < 0 {
+		return cfg, errors.New("--http-idle-timeout and --http-body-timeout must not be negative (0: no bound)")
 	}
 	if cfg.heartbeat >= cfg.leaseTTL {
 		return cfg, fmt.Errorf("--heartbeat-interval (%s) must be shorter than --lease-ttl (%s)", cfg.heartbeat, cfg.leaseTTL)
@@ -188,6 +222,9 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 	}
 	if cfg.bootstrap && cfg.join != "" {
 		return cfg, errors.New("--bootstrap and --join exclude each other: bootstrap one node, join the rest")
+	}
+	if err := cfg.checkClusterTLS(); err != nil {
+		return cfg, err
 	}
 	if cfg.maxVoters != 3 && cfg.maxVoters != 5 && cfg.maxVoters != 1 {
 		return cfg, fmt.Errorf("--max-voters %d: use 3 or 5 (1 for a single node)", cfg.maxVoters)
@@ -234,6 +271,27 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 		return cfg, errors.New("no hosts to serve: give --plugin /ns=path (or --dev for the built-in examples, or --no-hosts for a pure front door)")
 	}
 	return cfg, nil
+}
+
+// checkClusterTLS: --tls-ca, --tls-cert and --tls-key go together, and not with
+// --insecure-cluster.
+func (cfg agentConfig) checkClusterTLS() error {
+	own := cfg.tlsCA != "" || cfg.tlsCert != "" || cfg.tlsKey != ""
+	switch {
+	case own && cfg.insecureCluster:
+		return errors.New("--insecure-cluster turns Raft's TLS off: it excludes --tls-ca, --tls-cert and --tls-key")
+	case own && (cfg.tlsCA == "" || cfg.tlsCert == "" || cfg.tlsKey == ""):
+		return errors.New("your own PKI needs --tls-ca, --tls-cert and --tls-key together (make them with `pinnedd tls ca create` and `pinnedd tls cert create`)")
+	}
+	return nil
+}
+
+// raftTLS is the Raft transport's TLS for raftstore: nil with --insecure-cluster.
+func (cfg agentConfig) raftTLS() *raftstore.TLSConfig {
+	if cfg.insecureCluster {
+		return nil
+	}
+	return &raftstore.TLSConfig{CAFile: cfg.tlsCA, CertFile: cfg.tlsCert, KeyFile: cfg.tlsKey}
 }
 
 // devAllowed refuses --dev in production, as the seed's local mode does.

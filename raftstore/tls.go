@@ -28,7 +28,9 @@ type TLSConfig struct {
 	CAFile, CertFile, KeyFile string
 }
 
-func (c *TLSConfig) own() bool { return c != nil && (c.CAFile != "" || c.CertFile != "" || c.KeyFile != "") }
+func (c *TLSConfig) own() bool {
+	return c != nil && (c.CAFile != "" || c.CertFile != "" || c.KeyFile != "")
+}
 
 // handshakeTimeout bounds an inbound TLS handshake (and its membership check), so a peer that
 // connects and sends nothing holds a goroutine this long at most.

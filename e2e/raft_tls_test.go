@@ -1,0 +1,209 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/pinnedd/pinnedd/internal/clustertls"
+	"github.com/pinnedd/pinnedd/internal/testutil"
+)
+
+// tlsDialer is a raft.StreamLayer that only dials, with cfg: hashicorp/raft's own transport
+// driven by an attacker holding some certificate.
+type tlsDialer struct{ cfg *tls.Config }
+
+func (d tlsDialer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	return tls.DialWithDialer(&net.Dialer{Timeout: timeout}, "tcp", string(addr), d.cfg)
+}
+func (tlsDialer) Accept() (net.Conn, error) { return nil, net.ErrClosed }
+func (tlsDialer) Close() error              { return nil }
+func (tlsDialer) Addr() net.Addr            { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1} }
+
+// forgeAppend sends the AppendEntries that once made a follower follow "evil" (a higher term,
+// a log entry) to addr over trans, and returns raft's error (nil: it was answered).
+func forgeAppend(trans raft.Transport, addr string, term uint64) error {
+	var resp raft.AppendEntriesResponse
+	return trans.AppendEntries("evil", raft.ServerAddress(addr), &raft.AppendEntriesRequest{
+		RPCHeader: raft.RPCHeader{ID: []byte("evil"), Addr: []byte("127.0.0.1:1")},
+		Term:      term + 1, PrevLogEntry: 1, PrevLogTerm: term,
+		Entries: []*raft.Log{{Type: raft.LogCommand, Data: []byte{0x02, 'x'}}},
+	}, &resp)
+}
+
+// certFrom is a client config presenting certPEM/keyPEM whatever CA the server asks for, and
+// trusting any server: only the server's checks stand between it and raft.
+func certFrom(t *testing.T, certPEM, keyPEM []byte) *tls.Config {
+	t.Helper()
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &pair, nil }}
+}
+
+// raftLeader is the leader and term via's /registry/health reports.
+func raftLeader(t *testing.T, via *node) (string, uint64) {
+	t.Helper()
+	h := health(t, via)
+	id, _ := h["leader"].(string)
+	term, _ := strconv.ParseUint(fmt.Sprint(h["term"]), 10, 64)
+	return id, term
+}
+
+// Issue 17's Raft hole, closed: a fleet formed by the common path (bootstrap + join, no
+// manual PKI) runs Raft over mutual TLS; a forged AppendEntries with hashicorp/raft's own
+// transport and no certificate, or with a certificate from another CA, is refused and the
+// fleet serves on under the same leader; a removed node's certificate is refused; a restart
+// reuses the stored certificate.
+func TestRaftMutualTLS(t *testing.T) {
+	t.Parallel()
+	n1 := newNode(t, "n1", "--bootstrap").start(t, true)
+	n2 := newNode(t, "n2", "--join", n1.url()).start(t, true)
+	n3 := newNode(t, "n3", "--join", n1.url()).start(t, true)
+	testutil.WaitFor(t, 15*time.Second, "3 voters", func() bool {
+		s := memberSummary(members(t, n1))
+		return strings.Count(s, "n") == 3 && strings.Count(s, "*") == 1 && !strings.Contains(s, "nonvoter")
+	})
+	var st struct {
+		ClusterTLS      string `json:"clusterTLS"`
+		InsecureCluster bool   `json:"insecureCluster"`
+	}
+	n2.a.MustDo("GET", "/_pinned/status", "").JSON(t, &st)
+	if !strings.Contains(n1.a.Logs(), "created the cluster CA") {
+		t.Fatal("the bootstrap node did not create the cluster CA")
+	}
+	if st.ClusterTLS != "mutual-tls" || st.InsecureCluster {
+		t.Fatalf("status: %+v", st)
+	}
+	for _, n := range []*node{n1, n2, n3} {
+		if _, err := os.Stat(filepath.Join(n.dir, "tls", clustertls.CertFile)); err != nil {
+			t.Fatalf("%s has no stored certificate: %v", n.id, err)
+		}
+	}
+	byID := map[string]*node{"n1": n1, "n2": n2, "n3": n3}
+	var leader string
+	var term uint64
+	testutil.WaitFor(t, 10*time.Second, "one leader for all", func() bool {
+		leader, term = raftLeader(t, n1)
+		for _, n := range byID {
+			if l, tm := raftLeader(t, n); l != leader || tm != term {
+				return false
+			}
+		}
+		return byID[leader] != nil
+	})
+	// The forgeries go to a follower, and the removal takes another.
+	var follower, gone *node
+	for _, id := range []string{"n1", "n2", "n3"} {
+		switch {
+		case id == leader:
+		case follower == nil:
+			follower = byID[id]
+		default:
+			gone = byID[id]
+		}
+	}
+
+	plain, err := raft.NewTCPTransport("127.0.0.1:0", nil, 1, 3*time.Second, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	evilCA, err := clustertls.NewCA("evil")
+	if err != nil {
+		t.Fatal(err)
+	}
+	evilCert, evilKey, err := evilCA.Issue("n1", []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherCA := raft.NewNetworkTransport(tlsDialer{certFrom(t, evilCert, evilKey)}, 1, 3*time.Second, io.Discard)
+	defer otherCA.Close()
+	for name, trans := range map[string]raft.Transport{"no certificate": plain, "another CA's certificate": otherCA} {
+		if err := forgeAppend(trans, follower.raft, term); err == nil {
+			t.Fatalf("%s: the forged AppendEntries was answered", name)
+		} else {
+			t.Logf("%s: refused: %v", name, err)
+		}
+	}
+	// The fleet serves on, under the same leader, and the follower never followed a stranger.
+	testutil.WaitFor(t, 20*time.Second, "the fleet serves", func() bool {
+		r, err := testutil.Do(context.Background(), "POST", follower.url()+"/counters/tls/increment", "", nil)
+		return err == nil && r.Code == 200
+	})
+	if l, tm := raftLeader(t, follower); l != leader || tm != term {
+		t.Fatalf("after the forgeries: leader %q term %v, want %s term %v", l, tm, leader, term)
+	}
+	if strings.Contains(follower.a.Logs(), `"leader":"evil"`) {
+		t.Fatal("the follower logged evil as its leader")
+	}
+	if _, err := follower.a.WaitLog(5*time.Second, "refused a raft connection"); err != nil {
+		t.Fatalf("the follower does not log the refusals: %v", err)
+	}
+
+	// A node leaves; its certificate (from the cluster CA, still valid) opens nothing.
+	if out, err := testutil.CLI(t, "leave", "--addr", gone.url(), "--deadline", "0"); err != nil {
+		t.Fatalf("pinnedd leave: %v\n%s", err, out)
+	}
+	if code, err := gone.a.Wait(30 * time.Second); err != nil || code != 0 {
+		t.Fatalf("%s exit %d: %v", gone.id, code, err)
+	}
+	testutil.WaitFor(t, 10*time.Second, gone.id+" gone", func() bool {
+		return !strings.Contains(memberSummary(members(t, follower)), gone.id)
+	})
+	certG, err := os.ReadFile(filepath.Join(gone.dir, "tls", clustertls.CertFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyG, err := os.ReadFile(filepath.Join(gone.dir, "tls", clustertls.KeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed := raft.NewNetworkTransport(tlsDialer{certFrom(t, certG, keyG)}, 1, 3*time.Second, io.Discard)
+	defer removed.Close()
+	for _, n := range []*node{byID[leader], follower} {
+		if err := forgeAppend(removed, n.raft, term); err == nil {
+			t.Fatalf("%s answered the removed node %s", n.id, gone.id)
+		}
+		if _, err := n.a.WaitLog(5*time.Second, "refused a raft connection", `is not a member`, `"node":"`+gone.id+`"`); err != nil {
+			t.Fatalf("%s does not say why it refused %s: %v", n.id, gone.id, err)
+		}
+	}
+
+	// A restart reuses the stored certificate (and the fleet takes it back).
+	certPath := filepath.Join(follower.dir, "tls", clustertls.CertFile)
+	before, err := os.ReadFile(certPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	follower.a.Signal(syscall.SIGTERM)
+	if _, err := follower.a.Wait(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	follower.start(t, true)
+	if _, err := follower.a.WaitLog(5*time.Second, "cluster certificate loaded"); err != nil {
+		t.Fatalf("follower did not load its certificate: %v", err)
+	}
+	after, err := os.ReadFile(certPath)
+	if err != nil || !bytes.Equal(before, after) {
+		t.Fatalf("follower's certificate changed on restart (%v)", err)
+	}
+	testutil.WaitFor(t, 15*time.Second, "the restarted node follows a leader again", func() bool {
+		l, _ := raftLeader(t, follower)
+		return l != "" && byID[l] != nil && l != gone.id
+	})
+}
