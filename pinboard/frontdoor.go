@@ -135,6 +135,21 @@ type FrontDoorConfig struct {
 	// status, bytes, duration, served here or forwarded to which node).
 	// It keeps every connection in net/http: the kept-alive loop is off.
 	AccessLog bool
+	// MetricsPublic serves /metrics without a token (a scraper on a
+	// trusted network); otherwise it needs operator scope.
+	MetricsPublic bool
+	// BodyReadTimeout cuts a request whose body goes this long without
+	// a byte (each read of it must return within it); 0: no bound.
+	BodyReadTimeout time.Duration
+	// MaxConnsPerIP and MaxConns cap the client connections Listener
+	// keeps open, from one IP and in all (0: no cap). The fleet's own
+	// nodes (PeerAddrs, workers' advertise URLs) and TrustedProxies are
+	// exempt from the per-IP cap.
+	MaxConnsPerIP, MaxConns int
+	// PeerAddrs lists the front-door addresses (URL or host:port) of the
+	// other Raft members, for the per-IP cap's exemption. It may block
+	// briefly; it is called at most once a second, off the accept path.
+	PeerAddrs func() []string
 }
 
 // FrontDoor is the node's HTTP entry point.
@@ -153,6 +168,8 @@ type FrontDoor struct {
 	keepAliveOn atomic.Bool
 	loopBases   sync.Map // advertise URL -> loopBase (Route)
 	verifier    Verifier
+	limiter     *ConnLimiter
+	peers       peerSet
 
 	resolutions     *prometheus.CounterVec
 	forwardFailures *prometheus.CounterVec
@@ -207,6 +224,8 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 	})
 	f.resolvedForwarded = f.resolutions.WithLabelValues(outcomeForwarded)
 	f.resolvedLocal = f.resolutions.WithLabelValues(outcomeLocal)
+	f.limiter = NewConnLimiter(ConnLimits{PerIP: cfg.MaxConnsPerIP, Total: cfg.MaxConns, Exempt: f.exemptFromIPCap},
+		cfg.Logger, cfg.Registerer)
 	f.handBack = relay.NewHandBack()
 	f.conns = relay.NewConns(cfg.Logger, f, f.handBack.Give, ownerHeaderTimeout)
 	if cfg.Registerer != nil {
@@ -257,8 +276,12 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 	}
 	f.mux.HandleFunc("GET /healthz", f.healthz)
 	f.mux.HandleFunc("GET /readyz", f.readyz)
-	if cfg.Metrics != nil {
+	if cfg.Metrics != nil && cfg.MetricsPublic {
 		f.mux.Handle("GET /metrics", cfg.Metrics)
+	} else if cfg.Metrics != nil {
+		// As the seed's: metrics name namespaces, nodes and load, an
+		// operator's business (--metrics-public opts out).
+		f.mux.HandleFunc("GET /metrics", f.RequireScope(ScopeOperator, cfg.Metrics.ServeHTTP))
 	}
 	f.mux.HandleFunc("GET /_pinned/status", f.RequireScope(ScopeOperator, f.status))
 	if cfg.Worker != nil {
@@ -313,7 +336,19 @@ func (f *FrontDoor) SetStopping() {
 	f.conns.Drain()
 }
 
+// Listener wraps the front door's listener with its connection caps
+// (MaxConnsPerIP, MaxConns): a connection over one is answered 503 +
+// Retry-After and closed.
+func (f *FrontDoor) Listener(ln net.Listener) net.Listener { return f.limiter.Listener(ln) }
+
 func (f *FrontDoor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.cfg.BodyReadTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
+		// Every route: a body that stalls is cut (BodyReadTimeout), a
+		// held response after it is not.
+		b := newBodyDeadline(w, r.Body, f.cfg.BodyReadTimeout)
+		r.Body = b
+		defer b.stop()
+	}
 	if f.cfg.AccessLog {
 		f.serveLogged(w, r)
 		return
@@ -376,6 +411,17 @@ func (f *FrontDoor) healthz(w http.ResponseWriter, _ *http.Request) {
 // A node without hosts (--no-hosts) has no lease: it is ready when Ready
 // says so (it follows a leader).
 func (f *FrontDoor) readyz(w http.ResponseWriter, _ *http.Request) {
+	body := f.readiness()
+	code := http.StatusOK
+	if body["ready"] != true || f.stopping.Load() {
+		code = http.StatusServiceUnavailable
+	}
+	httpx.WriteJSON(w, code, body)
+}
+
+// readiness is /readyz's body: "ready", and why not (lease, stateStore,
+// reason).
+func (f *FrontDoor) readiness() map[string]any {
 	ready := f.cfg.Ready == nil || f.cfg.Ready()
 	body := map[string]any{}
 	if f.cfg.Worker != nil {
@@ -389,11 +435,7 @@ func (f *FrontDoor) readyz(w http.ResponseWriter, _ *http.Request) {
 		body["reason"] = err.Error()
 	}
 	body["ready"] = ready
-	code := http.StatusOK
-	if !ready || f.stopping.Load() {
-		code = http.StatusServiceUnavailable
-	}
-	httpx.WriteJSON(w, code, body)
+	return body
 }
 
 func (f *FrontDoor) status(w http.ResponseWriter, _ *http.Request) {

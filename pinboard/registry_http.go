@@ -225,11 +225,29 @@ func (f *FrontDoor) registryWorkers(w http.ResponseWriter, r *http.Request) {
 	httpx.WriteJSON(w, http.StatusOK, map[string]any{"workers": out})
 }
 
-// registryHealth reports the directory as this node sees it: the cold-start
-// quarantine remainder, counts, and the consensus view the agent adds.
-func (f *FrontDoor) registryHealth(w http.ResponseWriter, _ *http.Request) {
+// registryHealth reports the directory as this node sees it. Without a
+// token it answers what a load balancer or a client waiting out the
+// cold-start quarantine needs, and nothing an attacker could use: ok,
+// ready and quarantineMs. With operator scope it adds the counts, the
+// applied index and the consensus view the agent adds (term, leader, its
+// address). A token that is sent but unknown gets 401, as anywhere.
+func (f *FrontDoor) registryHealth(w http.ResponseWriter, r *http.Request) {
 	m := f.cfg.Dir.Machine()
 	now := time.Now().UnixMilli()
+	body := map[string]any{
+		"ok":           true,
+		"quarantineMs": m.QuarantineMs(now, f.cfg.Quarantine.Milliseconds()),
+		"ready":        f.readiness()["ready"],
+	}
+	err := f.cfg.Tokens.Check(r, ScopeOperator)
+	switch {
+	case errors.Is(err, ErrMissingScope), errors.Is(err, ErrMissingToken) && r.Header.Get("Authorization") == "":
+		httpx.WriteJSON(w, http.StatusOK, body)
+		return
+	case err != nil:
+		WriteAuthError(w, err)
+		return
+	}
 	workers, placements := m.Len()
 	live := 0
 	for _, wk := range m.Workers() {
@@ -237,14 +255,8 @@ func (f *FrontDoor) registryHealth(w http.ResponseWriter, _ *http.Request) {
 			live++
 		}
 	}
-	body := map[string]any{
-		"ok":           true,
-		"quarantineMs": m.QuarantineMs(now, f.cfg.Quarantine.Milliseconds()),
-		"workers":      workers,
-		"liveWorkers":  live,
-		"placements":   placements,
-		"appliedIndex": m.AppliedIndex(),
-	}
+	body["workers"], body["liveWorkers"], body["placements"] = workers, live, placements
+	body["appliedIndex"] = m.AppliedIndex()
 	if f.cfg.Health != nil {
 		for k, v := range f.cfg.Health() {
 			body[k] = v

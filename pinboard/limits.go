@@ -1,0 +1,410 @@
+package pinboard
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pinnedd/pinnedd/internal/httpx"
+)
+
+// Connection bounds of the front door. net/http's own (idle timeout,
+// header size) are the http.Server's; these are the parts net/http has
+// none for: a cap on the connections a client IP and all clients hold
+// open, and a read deadline on request bodies that does not touch held
+// response streams.
+
+// Defaults of the agent's flags.
+const (
+	DefaultMaxConnsPerIP   = 256
+	DefaultMaxConns        = 10000
+	DefaultIdleTimeout     = 120 * time.Second
+	DefaultBodyReadTimeout = 30 * time.Second
+	// MaxHeaderBytes bounds a request head on net/http's side (a larger
+	// one gets 431).
+	MaxHeaderBytes = 64 << 10
+)
+
+// Reasons of pinboard_connections_refused_total.
+const (
+	connRefusedPerIP = "per-ip"
+	connRefusedTotal = "total"
+)
+
+var connRefusedReasons = []string{connRefusedPerIP, connRefusedTotal}
+
+// refuseRetryAfter is the Retry-After of a refused connection.
+const refuseRetryAfter = time.Second
+
+// maxRefusing bounds the refusals answered at once; past it a refused
+// connection is closed unanswered, so a flood costs no more goroutines.
+const maxRefusing = 64
+
+// ConnLimits caps the connections a listener keeps open: PerIP from one
+// client IP (the TCP peer's, never a forwarding header), Total from all.
+// 0 is no cap.
+type ConnLimits struct {
+	PerIP int
+	Total int
+	// Exempt reports IPs the per-IP cap does not apply to (the fleet's
+	// own nodes and trusted proxies: each carries many clients'
+	// requests). They still count toward Total. Nil: none.
+	Exempt func(netip.Addr) bool
+}
+
+// ConnLimiter counts the live connections of the listeners it wraps,
+// per client IP and in total. A connection's slot is held from Accept
+// until the connection is closed; whoever takes its socket out of the
+// net.Conn (Detach) takes the slot along.
+type ConnLimiter struct {
+	limits   ConnLimits
+	log      *slog.Logger
+	mu       sync.Mutex
+	perIP    map[netip.Addr]int
+	total    int
+	refusing atomic.Int32
+	refused  *prometheus.CounterVec
+}
+
+// NewConnLimiter returns a limiter for limits; reg (if not nil) gets
+// pinboard_connections and pinboard_connections_refused_total.
+func NewConnLimiter(limits ConnLimits, logger *slog.Logger, reg prometheus.Registerer) *ConnLimiter {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	l := &ConnLimiter{limits: limits, log: logger, perIP: map[netip.Addr]int{},
+		refused: newCounterVec("pinboard_connections_refused_total",
+			"Client connections refused at accept for a connection cap, by which: per-ip (--max-conns-per-ip), total (--max-conns).",
+			"reason", connRefusedReasons)}
+	if reg != nil {
+		reg.MustRegister(l.refused, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "pinboard_connections", Help: "Client connections open on the front door now (what --max-conns caps).",
+		}, func() float64 { return float64(l.Total()) }))
+	}
+	return l
+}
+
+// Total is the number of connections holding a slot.
+func (l *ConnLimiter) Total() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.total
+}
+
+// From is the number of connections from ip holding a slot.
+func (l *ConnLimiter) From(ip netip.Addr) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.perIP[ip]
+}
+
+// Listener wraps ln: each accepted connection takes a slot, or, over a
+// cap, is answered 503 + Retry-After and closed (Accept goes on to the
+// next one).
+func (l *ConnLimiter) Listener(ln net.Listener) net.Listener {
+	return &limitListener{Listener: ln, l: l}
+}
+
+// acquire takes a slot for ip, or says which cap is full ("" if none).
+func (l *ConnLimiter) acquire(ip netip.Addr, ok bool) (reason string) {
+	perIP := l.limits.PerIP > 0 && ok && (l.limits.Exempt == nil || !l.limits.Exempt(ip))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.limits.Total > 0 && l.total >= l.limits.Total {
+		return connRefusedTotal
+	}
+	if perIP && l.perIP[ip] >= l.limits.PerIP {
+		return connRefusedPerIP
+	}
+	l.total++
+	if ok {
+		l.perIP[ip]++
+	}
+	return ""
+}
+
+func (l *ConnLimiter) release(ip netip.Addr, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.total--
+	if ok {
+		if l.perIP[ip]--; l.perIP[ip] <= 0 {
+			delete(l.perIP, ip)
+		}
+	}
+}
+
+type limitListener struct {
+	net.Listener
+	l *ConnLimiter
+}
+
+func (ll *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := ll.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ip, ok := peerIP(c.RemoteAddr())
+		reason := ll.l.acquire(ip, ok)
+		if reason == "" {
+			lc := &limitedConn{Conn: c}
+			lc.release = func() { ll.l.release(ip, ok) }
+			return lc, nil
+		}
+		ll.l.refused.WithLabelValues(reason).Inc()
+		msg := "too many connections to this node"
+		if reason == connRefusedPerIP {
+			msg = "too many connections from " + ip.String()
+		}
+		if ll.l.refusing.Add(1) > maxRefusing {
+			ll.l.refusing.Add(-1)
+			_ = c.Close()
+			continue
+		}
+		go func() {
+			defer ll.l.refusing.Add(-1)
+			refuseConn(c, msg)
+		}()
+	}
+}
+
+// peerIP is the TCP peer's IP (IPv4-mapped IPv6 unmapped).
+func peerIP(a net.Addr) (netip.Addr, bool) {
+	if t, ok := a.(*net.TCPAddr); ok {
+		ip, ok := netip.AddrFromSlice(t.IP)
+		return ip.Unmap(), ok
+	}
+	ap, err := netip.ParseAddrPort(a.String())
+	return ap.Addr().Unmap(), err == nil
+}
+
+// refuseConn answers c 503 + Retry-After with msg and closes it. The
+// request is read and dropped after the answer (for up to a second), so
+// closing does not reset the connection before the client reads it.
+func refuseConn(c net.Conn, msg string) {
+	defer c.Close()
+	body := fmt.Sprintf("{\"error\":%s}\n", strconv.Quote(msg))
+	resp := "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n" +
+		"Retry-After: " + httpx.RetryAfterSeconds(refuseRetryAfter) + "\r\nConnection: close\r\n" +
+		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := io.WriteString(c, resp); err != nil {
+		return
+	}
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
+}
+
+// limitedConn holds its listener's slot until Close, or until Detach
+// hands the slot to whoever took the socket.
+type limitedConn struct {
+	net.Conn
+	mu      sync.Mutex
+	release func()
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.mu.Lock()
+	rel := c.release
+	c.release = nil
+	c.mu.Unlock()
+	if rel != nil {
+		rel()
+	}
+	return err
+}
+
+// Detach is for code that takes the socket out of this net.Conn and keeps
+// it open after closing the conn (the kept-alive loop duplicates the
+// descriptor): Close no longer gives the slot back; the caller must call
+// release, once, when the socket it took is finally closed. A second
+// Detach returns a release that does nothing.
+func (c *limitedConn) Detach() (release func()) {
+	c.mu.Lock()
+	rel := c.release
+	c.release = nil
+	c.mu.Unlock()
+	if rel == nil {
+		return func() {}
+	}
+	var once sync.Once
+	return func() { once.Do(rel) }
+}
+
+// SyscallConn exposes the socket (the kept-alive loop takes its
+// descriptor; net/http's sendfile path uses it).
+func (c *limitedConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, fmt.Errorf("pinboard: %T has no descriptor", c.Conn)
+	}
+	return sc.SyscallConn()
+}
+
+// CloseWrite half-closes a TCP connection (net/http does on a lingering
+// close).
+func (c *limitedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
+}
+
+// ReadFrom keeps net/http's sendfile path (http.ServeContent of a file)
+// on the socket.
+func (c *limitedConn) ReadFrom(r io.Reader) (int64, error) {
+	if rf, ok := c.Conn.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(c.Conn, r)
+}
+
+// Unwrap returns the connection underneath.
+func (c *limitedConn) Unwrap() net.Conn { return c.Conn }
+
+// bodyDeadline bounds how long a request body may go without progress:
+// each Read must return within timeout, and once the body is read to its
+// end the deadline is cleared, so the rest of the exchange (a held
+// response stream, net/http's background read that watches for the client
+// leaving) runs with none. http.Server.ReadTimeout cannot do this: its
+// deadline also fires in that background read, which cancels a long
+// handler's context. A connection hijacked later (the relay hand-off) is
+// unaffected: Hijack clears deadlines, and the loops use the descriptor,
+// not Go's deadlines.
+type bodyDeadline struct {
+	io.ReadCloser
+	rc      *http.ResponseController
+	timeout time.Duration
+	mu      sync.Mutex
+	done    bool // the handler returned: the connection is net/http's again
+	eof     bool // read to its end: net/http's background read may be under way
+	set     bool
+}
+
+func newBodyDeadline(w http.ResponseWriter, body io.ReadCloser, timeout time.Duration) *bodyDeadline {
+	return &bodyDeadline{ReadCloser: body, rc: http.NewResponseController(w), timeout: timeout}
+}
+
+func (b *bodyDeadline) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	if !b.done && !b.eof {
+		// Set per Read, not once: a handler may hold the request a while
+		// (a placement, an activation) before it reads the body. Never
+		// after the end: the deadline would land on the background read.
+		b.set = b.rc.SetReadDeadline(time.Now().Add(b.timeout)) == nil
+	}
+	b.mu.Unlock()
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.clear()
+	}
+	return n, err
+}
+
+// clear lifts the deadline once the body is read (net/http clears it too
+// as it starts its background read; this does not depend on that).
+func (b *bodyDeadline) clear() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.eof = true
+	if b.set && !b.done {
+		_ = b.rc.SetReadDeadline(time.Time{})
+		b.set = false
+	}
+}
+
+// stop runs when the handler returns: from then on the connection's
+// deadlines are net/http's (a body left unread keeps the last one while
+// net/http discards the rest, so a stalled one is still cut).
+func (b *bodyDeadline) stop() {
+	b.mu.Lock()
+	b.done = true
+	b.mu.Unlock()
+}
+
+// peerRefreshEvery is how stale the per-IP cap's view of the fleet's own
+// nodes may get.
+const peerRefreshEvery = time.Second
+
+// peerSet is the IPs of the fleet's own front doors, refreshed off the
+// accept path.
+type peerSet struct {
+	ips     atomic.Pointer[map[netip.Addr]bool]
+	last    atomic.Int64 // UnixNano of the last refresh's start
+	running atomic.Bool
+}
+
+// exemptFromIPCap: ip is a trusted proxy or one of the fleet's nodes,
+// whose connections carry many clients' requests.
+func (f *FrontDoor) exemptFromIPCap(ip netip.Addr) bool {
+	for _, p := range f.cfg.TrustedProxies {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	now := time.Now().UnixNano()
+	if now-f.peers.last.Load() >= int64(peerRefreshEvery) && f.peers.running.CompareAndSwap(false, true) {
+		f.peers.last.Store(now)
+		go func() {
+			defer f.peers.running.Store(false)
+			m := f.peerIPs()
+			f.peers.ips.Store(&m)
+		}()
+	}
+	m := f.peers.ips.Load()
+	return m != nil && (*m)[ip]
+}
+
+// peerIPs resolves the workers' advertise URLs and the members' front-door
+// addresses to IPs.
+func (f *FrontDoor) peerIPs() map[netip.Addr]bool {
+	var addrs []string
+	if f.cfg.Dir != nil {
+		for _, wk := range f.cfg.Dir.Machine().Workers() {
+			addrs = append(addrs, wk.AdvertiseURL)
+		}
+	}
+	if f.cfg.PeerAddrs != nil {
+		addrs = append(addrs, f.cfg.PeerAddrs()...)
+	}
+	out := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		host := a
+		if u, err := url.Parse(a); err == nil && u.Host != "" {
+			host = u.Host
+		}
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		if ip, err := netip.ParseAddr(host); err == nil {
+			out[ip.Unmap()] = true
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, ip := range ips {
+			out[ip.Unmap()] = true
+		}
+	}
+	return out
+}
