@@ -51,6 +51,10 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		tokens.AllowLoopbackAnonymous()
 	}
 
+	if cfg.insecureCluster {
+		log.Warn("INSECURE CLUSTER: Raft runs without mutual TLS (--insecure-cluster); anyone who reaches --raft-addr can take this cluster over or destroy it")
+	}
+
 	dataDir := cfg.dataDir
 	if dataDir == "" { // --dev only
 		// A dev agent ended by kill -9 could not remove its own.
@@ -112,8 +116,8 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	store, err := raftstore.Open(ctx, raftstore.Config{
 		NodeID: cfg.nodeID, RaftAddr: cfg.raftAddr, AdvertiseRaftAddr: cfg.raftAdvertise,
 		APIAddr: advertise, DataDir: dataDir, Bootstrap: cfg.bootstrap, MaxVoters: cfg.maxVoters,
-		LogStore: cfg.raftLogStore,
-		Logger:   log, Token: cfg.tokens[0], Registerer: reg,
+		LogStore: cfg.raftLogStore, TLS: cfg.raftTLS(),
+		Logger: log, Token: cfg.tokens[0], Registerer: reg,
 		HeartbeatTimeout: cfg.raftTimeout, ElectionTimeout: cfg.raftTimeout,
 		LeaderLeaseTimeout: cfg.raftTimeout / 2,
 	}, machine)
@@ -149,7 +153,7 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 		Status: func() map[string]any {
 			st := map[string]any{
 				"nodeId": cfg.nodeID, "version": version, "dev": cfg.dev, "advertiseUrl": advertise, "pid": os.Getpid(),
-				"raft": raftHealth(store),
+				"raft": raftHealth(store), "clusterTLS": store.ClusterTLS(), "insecureCluster": cfg.insecureCluster,
 			}
 			if sup != nil {
 				st["plugins"], st["instances"] = sup.Plugins(), sup.Instances()

@@ -16,6 +16,7 @@ import (
 	"github.com/pinnedd/pinnedd/examples"
 	"github.com/pinnedd/pinnedd/pinboard"
 	"github.com/pinnedd/pinnedd/plugins"
+	"github.com/pinnedd/pinnedd/raftstore"
 	"github.com/pinnedd/pinnedd/supervisor"
 )
 
@@ -37,6 +38,10 @@ func agentCommand() *cli.Command {
 			&cli.BoolFlag{Name: "bootstrap", Usage: "start a new cluster with this node as its only voter (a no-op once the data dir holds Raft state)", EnvVars: []string{"PINNEDD_BOOTSTRAP"}},
 			&cli.StringFlag{Name: "join", Usage: "join the cluster through the member at `URL` (any member; repeated harmlessly on restart)", EnvVars: []string{"PINNEDD_JOIN"}},
 			&cli.StringFlag{Name: "raft-log-store", Usage: "Raft log format for a new data dir: wal (one fsync per batch) or bolt; an existing data dir keeps its own", EnvVars: []string{"PINNEDD_RAFT_LOG_STORE"}},
+			&cli.BoolFlag{Name: "insecure-cluster", Usage: "run Raft between nodes WITHOUT mutual TLS: anyone who reaches --raft-addr can take the cluster over (default: mutual TLS under the cluster's CA)", EnvVars: []string{"PINNEDD_INSECURE_CLUSTER"}},
+			&cli.StringFlag{Name: "tls-ca", Usage: "your own cluster CA certificate (PEM) for Raft's mutual TLS, with --tls-cert and --tls-key (default: the CA the bootstrap node creates)", EnvVars: []string{"PINNEDD_TLS_CA"}},
+			&cli.StringFlag{Name: "tls-cert", Usage: "this node's certificate (PEM, CommonName = --node-id) from --tls-ca", EnvVars: []string{"PINNEDD_TLS_CERT"}},
+			&cli.StringFlag{Name: "tls-key", Usage: "this node's private key (PEM) for --tls-cert", EnvVars: []string{"PINNEDD_TLS_KEY"}},
 			&cli.IntFlag{Name: "max-voters", Value: 3, Usage: "Raft voters (3 or 5); members joining beyond it are nonvoters", EnvVars: []string{"PINNEDD_MAX_VOTERS"}},
 			&cli.DurationFlag{Name: "raft-timeout", Usage: "Raft heartbeat and election timeout (default: hashicorp/raft's 1s)", EnvVars: []string{"PINNEDD_RAFT_TIMEOUT"}, Hidden: true},
 			&cli.StringSliceFlag{Name: "plugin", Usage: "serve `/NS=PATH`: namespace NS from the plugin binary at PATH (repeatable)", EnvVars: []string{"PINNEDD_PLUGINS"}},
@@ -103,6 +108,10 @@ type agentConfig struct {
 	maxVoters       int
 	raftLogStore    string
 	raftTimeout     time.Duration
+	insecureCluster bool
+	tlsCA           string
+	tlsCert         string
+	tlsKey          string
 	nodeID          string
 	httpAddr        string
 	advertiseURL    string
@@ -139,6 +148,10 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 		maxVoters:       c.Int("max-voters"),
 		raftLogStore:    c.String("raft-log-store"),
 		raftTimeout:     c.Duration("raft-timeout"),
+		insecureCluster: c.Bool("insecure-cluster"),
+		tlsCA:           c.String("tls-ca"),
+		tlsCert:         c.String("tls-cert"),
+		tlsKey:          c.String("tls-key"),
 		nodeID:          c.String("node-id"),
 		httpAddr:        c.String("http-addr"),
 		advertiseURL:    c.String("advertise-url"),
@@ -210,6 +223,9 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 	if cfg.bootstrap && cfg.join != "" {
 		return cfg, errors.New("--bootstrap and --join exclude each other: bootstrap one node, join the rest")
 	}
+	if err := cfg.checkClusterTLS(); err != nil {
+		return cfg, err
+	}
 	if cfg.maxVoters != 3 && cfg.maxVoters != 5 && cfg.maxVoters != 1 {
 		return cfg, fmt.Errorf("--max-voters %d: use 3 or 5 (1 for a single node)", cfg.maxVoters)
 	}
@@ -255,6 +271,27 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 		return cfg, errors.New("no hosts to serve: give --plugin /ns=path (or --dev for the built-in examples, or --no-hosts for a pure front door)")
 	}
 	return cfg, nil
+}
+
+// checkClusterTLS: --tls-ca, --tls-cert and --tls-key go together, and not with
+// --insecure-cluster.
+func (cfg agentConfig) checkClusterTLS() error {
+	own := cfg.tlsCA != "" || cfg.tlsCert != "" || cfg.tlsKey != ""
+	switch {
+	case own && cfg.insecureCluster:
+		return errors.New("--insecure-cluster turns Raft's TLS off: it excludes --tls-ca, --tls-cert and --tls-key")
+	case own && (cfg.tlsCA == "" || cfg.tlsCert == "" || cfg.tlsKey == ""):
+		return errors.New("your own PKI needs --tls-ca, --tls-cert and --tls-key together (make them with `pinnedd tls ca create` and `pinnedd tls cert create`)")
+	}
+	return nil
+}
+
+// raftTLS is the Raft transport's TLS for raftstore: nil with --insecure-cluster.
+func (cfg agentConfig) raftTLS() *raftstore.TLSConfig {
+	if cfg.insecureCluster {
+		return nil
+	}
+	return &raftstore.TLSConfig{CAFile: cfg.tlsCA, CertFile: cfg.tlsCert, KeyFile: cfg.tlsKey}
 }
 
 // devAllowed refuses --dev in production, as the seed's local mode does.
