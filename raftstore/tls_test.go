@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -303,5 +304,50 @@ func TestTLSJoinRefusesACAOfAnotherToken(t *testing.T) {
 	}
 	if ms := membersByID(t, n1); len(ms) != 1 {
 		t.Fatalf("members %v", ms)
+	}
+}
+
+// Bring-your-own PKI: nodes given the CA, certificate and key files form a group over mutual
+// TLS without the cluster's own CA (none is recorded, none issued); a certificate that names
+// another node is refused at Open.
+func TestTLSOwnPKI(t *testing.T) {
+	ca := newTestCA(t, "own")
+	files := t.TempDir()
+	write := func(name string, data []byte) string {
+		p := filepath.Join(files, name)
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	caFile := write("ca.pem", ca.CertPEM())
+	own := func(node string) func(*Config) {
+		cert, key, err := ca.Issue(node, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, k := write(node+".pem", cert), write(node+"-key.pem", key)
+		return func(cfg *Config) { cfg.TLS = &TLSConfig{CAFile: caFile, CertFile: c, KeyFile: k} }
+	}
+	n1 := startNode(t, "n1", t.TempDir(), "", true, own("n1"))
+	waitLeader(t, n1)
+	n2 := startNode(t, "n2", t.TempDir(), "", false, own("n2"))
+	joinTLS(t, n1.srv.URL, n2)
+	mustApply(t, n1, "a")
+	converged(t, []*testNode{n1, n2}, []string{"a"})
+	if n1.s.fsm.clusterCA() != nil || n1.s.ClusterTLS() != "mutual-tls (own PKI)" {
+		t.Fatalf("own PKI recorded a CA (%v) or reports %q", n1.s.fsm.clusterCA() != nil, n1.s.ClusterTLS())
+	}
+	if _, err := os.Stat(filepath.Join(n1.dir, "tls")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("own PKI made %s/tls: %v", n1.dir, err)
+	}
+	wrong := own("n9")
+	cfg := fastConfig(Config{NodeID: "n3", RaftAddr: "127.0.0.1:0", APIAddr: "http://127.0.0.1:1", DataDir: t.TempDir()})
+	wrong(&cfg)
+	if s, err := Open(t.Context(), cfg, &listSM{}); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), `"n9"`) {
+		if s != nil {
+			_ = s.Close(t.Context())
+		}
+		t.Fatalf("a certificate of another node: %v", err)
 	}
 }
