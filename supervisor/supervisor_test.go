@@ -21,11 +21,20 @@ import (
 // /<ns>/<id>/<rest> through it on a loopback HTTP server.
 func startSupervisor(t testing.TB, plane DataPlane, bin string, nss ...string) (*Supervisor, *httptest.Server) {
 	t.Helper()
-	s, err := New(Config{
+	return serveSupervisor(t, Config{
 		Specs:     []Spec{{Name: "p", Path: bin, Namespaces: nss}},
-		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 		DataPlane: plane,
 	})
+}
+
+// serveSupervisor is startSupervisor with a Config of the test's own (a
+// nil Logger discards).
+func serveSupervisor(t testing.TB, cfg Config) (*Supervisor, *httptest.Server) {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
