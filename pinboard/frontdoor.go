@@ -312,6 +312,7 @@ func (f *FrontDoor) Handle(pattern string, h http.Handler) { f.mux.Handle(patter
 // then closes its pooled connections to owners. Call it after the server
 // stopped serving.
 func (f *FrontDoor) Close() error {
+	f.peers.close()
 	_ = f.conns.Close()
 	_ = f.handBack.Close()
 	err := f.relay.Close()
@@ -339,7 +340,12 @@ func (f *FrontDoor) SetStopping() {
 // Listener wraps the front door's listener with its connection caps
 // (MaxConnsPerIP, MaxConns): a connection over one is answered 503 +
 // Retry-After and closed.
-func (f *FrontDoor) Listener(ln net.Listener) net.Listener { return f.limiter.Listener(ln) }
+func (f *FrontDoor) Listener(ln net.Listener) net.Listener {
+	if f.cfg.MaxConnsPerIP > 0 {
+		f.peers.run(f.peerIPs) // until Close
+	}
+	return f.limiter.Listener(ln)
+}
 
 func (f *FrontDoor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if f.cfg.BodyReadTimeout > 0 && r.Body != nil && r.Body != http.NoBody {

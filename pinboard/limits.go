@@ -342,12 +342,47 @@ func (b *bodyDeadline) stop() {
 // nodes may get.
 const peerRefreshEvery = time.Second
 
-// peerSet is the IPs of the fleet's own front doors, refreshed off the
-// accept path.
+// peerSet is the IPs of the fleet's own front doors, refreshed every
+// peerRefreshEvery by a goroutine of its own, off the accept path.
 type peerSet struct {
-	ips     atomic.Pointer[map[netip.Addr]bool]
-	last    atomic.Int64 // UnixNano of the last refresh's start
-	running atomic.Bool
+	ips   atomic.Pointer[map[netip.Addr]bool]
+	start sync.Once
+	stop  chan struct{}
+	end   sync.Once
+}
+
+// run refreshes the set from list until close.
+func (p *peerSet) run(list func() map[netip.Addr]bool) {
+	p.start.Do(func() {
+		p.stop = make(chan struct{})
+		go func() {
+			t := time.NewTicker(peerRefreshEvery)
+			defer t.Stop()
+			for {
+				m := list()
+				p.ips.Store(&m)
+				select {
+				case <-p.stop:
+					return
+				case <-t.C:
+				}
+			}
+		}()
+	})
+}
+
+func (p *peerSet) close() {
+	p.start.Do(func() {}) // a set never run has nothing to stop
+	p.end.Do(func() {
+		if p.stop != nil {
+			close(p.stop)
+		}
+	})
+}
+
+func (p *peerSet) has(ip netip.Addr) bool {
+	m := p.ips.Load()
+	return m != nil && (*m)[ip]
 }
 
 // exemptFromIPCap: ip is a trusted proxy or one of the fleet's nodes,
@@ -358,17 +393,7 @@ func (f *FrontDoor) exemptFromIPCap(ip netip.Addr) bool {
 			return true
 		}
 	}
-	now := time.Now().UnixNano()
-	if now-f.peers.last.Load() >= int64(peerRefreshEvery) && f.peers.running.CompareAndSwap(false, true) {
-		f.peers.last.Store(now)
-		go func() {
-			defer f.peers.running.Store(false)
-			m := f.peerIPs()
-			f.peers.ips.Store(&m)
-		}()
-	}
-	m := f.peers.ips.Load()
-	return m != nil && (*m)[ip]
+	return f.peers.has(ip)
 }
 
 // peerIPs resolves the workers' advertise URLs and the members' front-door

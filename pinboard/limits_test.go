@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/testutil"
+	"github.com/pinnedd/pinnedd/pinboard/directory"
 )
 
 // dialFrom opens a TCP connection to addr from the local IP from.
@@ -281,5 +282,44 @@ func TestMetricsNeedOperator(t *testing.T) {
 	pub := newDoorRig(t, func(_ *doorRig, cfg *FrontDoorConfig) { cfg.Metrics, cfg.MetricsPublic = metrics, true })
 	if code, body, _ := pub.call(t, "GET", "/metrics", "", ""); code != 200 || body != "m 1\n" {
 		t.Fatalf("public: %d %s", code, body)
+	}
+}
+
+// The per-IP cap exempts the fleet's own nodes (members' front doors and
+// workers' advertise URLs) and trusted proxies; they still count in all.
+func TestFrontDoorListenerExemptsFleet(t *testing.T) {
+	rig := newDoorRig(t, func(_ *doorRig, cfg *FrontDoorConfig) {
+		cfg.MaxConnsPerIP = 1
+		cfg.PeerAddrs = func() []string { return []string{"http://127.0.0.8:8080"} }
+		cfg.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("127.0.0.9/32")}
+	})
+	res, err := rig.f.cfg.Dir.Do(t.Context(), directory.Register{
+		ClientID: "w10", SessionID: "s-w10", NodeID: "n10", AdvertiseURL: "http://127.0.0.10:8080",
+		Namespaces: []string{"/counters"}, Headroom: 10, TTLMs: time.Hour.Milliseconds(), Now: time.Now().UnixMilli(),
+	})
+	if err != nil || res.Code != directory.CodeOK {
+		t.Fatalf("register: %v %v", err, res.Code)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: rig.f}
+	go func() { _ = srv.Serve(rig.f.Listener(ln)) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	addr := ln.Addr().String()
+	testutil.WaitFor(t, 5*time.Second, "the fleet's IPs known", func() bool {
+		return rig.f.exemptFromIPCap(netip.MustParseAddr("127.0.0.8")) && rig.f.exemptFromIPCap(netip.MustParseAddr("127.0.0.10"))
+	})
+	for _, ip := range []string{"127.0.0.8", "127.0.0.9", "127.0.0.10"} {
+		for i := range 3 {
+			if resp, _ := get(t, dialFrom(t, ip, addr), "/healthz"); resp.StatusCode != 200 {
+				t.Fatalf("connection %d from %s: %d", i+1, ip, resp.StatusCode)
+			}
+		}
+	}
+	get(t, dialFrom(t, "127.0.0.11", addr), "/healthz")
+	if resp, _ := get(t, dialFrom(t, "127.0.0.11", addr), "/healthz"); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("second connection from a client IP: %d, want 503", resp.StatusCode)
 	}
 }
