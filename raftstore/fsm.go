@@ -189,6 +189,9 @@ func (f *fsm) applyCA(certPEM, keyPEM string) {
 		f.ca = ca
 	}
 	f.mu.Unlock()
+	if f.onMeta != nil {
+		f.onMeta() // wakes a certificate request waiting for the CA
+	}
 }
 
 // clusterCA is the recorded cluster CA, or nil.

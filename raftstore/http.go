@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/pinnedd/pinnedd/internal/clustertls"
 )
@@ -213,6 +214,9 @@ func (s *Store) handleMembers(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(ms)
 }
 
+// errNoCAYet: this member has not received the cluster CA (it is joining itself).
+var errNoCAYet = errors.New("this member has not received the cluster CA yet (is it a member? see `pinnedd members`); retry")
+
 // issuer is the CA this node issues from: the one recorded in the log, else the one it created
 // (a bootstrap node before its CA entry commits).
 func (s *Store) issuer() (*clustertls.CA, error) {
@@ -228,11 +232,38 @@ func (s *Store) issuer() (*clustertls.CA, error) {
 	if s.localCA != nil {
 		return s.localCA, nil
 	}
-	return nil, fmt.Errorf("%w: this member has not received the cluster CA yet; retry", ErrNoClusterCA)
+	return nil, fmt.Errorf("%w: %w", ErrNoClusterCA, errNoCAYet)
 }
 
+// issuerWait is issuer, waiting (up to ctx, at most caWait) for a member that has not yet
+// replicated the cluster CA, as a join through a member that is itself still joining waits for
+// its leader.
+func (s *Store) issuerWait(ctx context.Context) (*clustertls.CA, error) {
+	ctx, cancel := context.WithTimeout(ctx, caWait)
+	defer cancel()
+	for {
+		changed := s.changes()
+		ca, err := s.issuer()
+		if err == nil || !errors.Is(err, errNoCAYet) {
+			return ca, err
+		}
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		}
+		t.Stop()
+	}
+}
+
+// caWait bounds how long a CA or certificate request waits for this member to receive the CA.
+const caWait = 10 * time.Second
+
 func (s *Store) handleCA(w http.ResponseWriter, r *http.Request) {
-	ca, err := s.issuer()
+	ca, err := s.issuerWait(r.Context())
 	if err != nil {
 		writeError(w, err)
 		return
@@ -255,7 +286,7 @@ func (s *Store) handleCertificate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("%w: certificate needs id and csr (a PEM CERTIFICATE REQUEST)", ErrBadRequest))
 		return
 	}
-	ca, err := s.issuer()
+	ca, err := s.issuerWait(r.Context())
 	if err != nil {
 		writeError(w, err)
 		return

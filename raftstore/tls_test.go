@@ -353,3 +353,20 @@ func TestTLSOwnPKI(t *testing.T) {
 		t.Fatalf("a certificate of another node: %v", err)
 	}
 }
+
+// A join through a member that is still joining itself waits for that member to receive the
+// CA (as its forward waits for a leader), as the README's `pinnedd join` through n2 does.
+func TestTLSJoinThroughAJoiningMember(t *testing.T) {
+	n1 := startNode(t, "n1", t.TempDir(), "", true, tlsOn)
+	waitLeader(t, n1)
+	n2 := startNode(t, "n2", t.TempDir(), "", false, tlsOn)
+	n3 := startNode(t, "n3", t.TempDir(), "", false, tlsOn)
+	done := make(chan error, 1)
+	go func() { done <- n3.s.JoinCluster(ctxTimeout(t, 20*time.Second), nil, n2.srv.URL) }()
+	joinTLS(t, n1.srv.URL, n2)
+	if err := <-done; err != nil {
+		t.Fatalf("join through n2: %v", err)
+	}
+	mustApply(t, n1, "a")
+	converged(t, []*testNode{n1, n2, n3}, []string{"a"})
+}
