@@ -1,8 +1,8 @@
 // Package raftstore runs this node's member of the pinnedd Raft group.
 //
 // It owns everything between a deterministic [StateMachine] and hashicorp/raft: the on-disk log
-// and stable store (raft-wal, or raft-boltdb for data dirs created with it), snapshots, the transport (TCP or a supplied
-// [raft.StreamLayer], so mutual TLS can be plugged in), membership (bootstrap, join, leave,
+// and stable store (raft-wal, or raft-boltdb for data dirs created with it), snapshots, the transport (mutual TLS under the cluster CA, plain
+// TCP, or a supplied [raft.StreamLayer]) with the cluster CA and certificates it needs, membership (bootstrap, join, leave,
 // remove, voters and nonvoters), forwarding of writes and membership changes from followers to
 // the leader over HTTP, and the leader loop that runs leader-only work.
 //
