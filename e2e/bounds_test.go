@@ -124,6 +124,32 @@ func TestBoundedConnections(t *testing.T) {
 		}
 	})
 
+	t.Run("slow but steady body read whole", func(t *testing.T) {
+		// The deadline is on progress, not on the whole body (as
+		// http.Server.ReadTimeout is): 2.4 s of body in 0.4 s steps.
+		body := `{"namespace":"/counters","id":"nobody","deadline":0}`
+		c := dialFrom(t, a, "127.0.0.1")
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		if _, err := fmt.Fprintf(c, "POST /registry/wind_down HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", len(body)); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < len(body); i += 9 {
+			time.Sleep(400 * time.Millisecond)
+			if _, err := io.WriteString(c, body[i:min(i+9, len(body))]); err != nil {
+				t.Fatalf("body at %d: %v", i, err)
+			}
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		// The whole JSON was read: the answer is about the id it names.
+		if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(got), "no placement for /counters/nobody") {
+			t.Fatalf("a body sent over 2.4s in 0.4s steps: %d %s", resp.StatusCode, got)
+		}
+	})
+
 	t.Run("oversized head gets 431", func(t *testing.T) {
 		c := dialFrom(t, a, "127.0.0.1")
 		resp, _ := roundTrip(t, c, bufio.NewReader(c),

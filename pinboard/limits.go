@@ -280,13 +280,15 @@ func (c *limitedConn) Unwrap() net.Conn { return c.Conn }
 
 // bodyDeadline bounds how long a request body may go without progress:
 // each Read must return within timeout, and once the body is read to its
-// end the deadline is cleared, so the rest of the exchange (a held
-// response stream, net/http's background read that watches for the client
-// leaving) runs with none. http.Server.ReadTimeout cannot do this: its
-// deadline also fires in that background read, which cancels a long
-// handler's context. A connection hijacked later (the relay hand-off) is
-// unaffected: Hijack clears deadlines, and the loops use the descriptor,
-// not Go's deadlines.
+// end the deadline is cleared and never set again, so the rest of the
+// exchange (a held response stream, net/http's background read that
+// watches for the client leaving and cancels the request's context when
+// a read fails) runs with none. http.Server.ReadTimeout is not this: it
+// bounds the whole request from its first byte, so a slow but steady
+// upload, or a body read after a long placement or activation, would be
+// cut. A connection hijacked later (the relay hand-off) is unaffected:
+// Hijack clears deadlines, and the loops use the descriptor, not Go's
+// deadlines.
 type bodyDeadline struct {
 	io.ReadCloser
 	rc      *http.ResponseController

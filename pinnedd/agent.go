@@ -242,9 +242,10 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	// node (Consul and Nomad expose them behind an operator ACL too).
 	fd.Handle("/_pinned/debug/pprof/", fd.RequireScope(pinboard.ScopeOperator, servePprof))
 
-	// No ReadTimeout: its deadline also fires in net/http's background
-	// read and cancels held streams; request bodies get the front door's
-	// own deadline (--http-body-timeout).
+	// No ReadTimeout: it bounds a whole request from its first byte (a
+	// slow but steady upload, a body read after a long activation);
+	// request bodies get the front door's deadline on progress instead
+	// (--http-body-timeout).
 	srv := &http.Server{Handler: fd, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.idleTimeout,
 		MaxHeaderBytes: pinboard.MaxHeaderBytes, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	serveErr := make(chan error, 1)
