@@ -58,6 +58,7 @@ func newApp() *cli.App {
 			statusCommand(),
 			versionCommand(),
 			tokenCommand(),
+			tlsCommand(),
 			completionCommand(),
 			pluginHostCommand(),
 		}, append(clusterCommands(), opsCommands()...)...),
