@@ -55,7 +55,7 @@ func tlsCommand() *cli.Command {
 					Name:  "create",
 					Usage: "write <node>.pem and <node>-key.pem, signed by the CA, for --tls-cert and --tls-key",
 					Flags: []cli.Flag{
-						&cli.StringFlag{Name: "node", Usage: "the node's --node-id (the certificate's CommonName)", Required: true},
+						&cli.StringFlag{Name: "node", Usage: "the node's --node-id (the certificate's CommonName); required"},
 						&cli.StringFlag{Name: "ca", Value: "pinnedd-ca.pem", Usage: "the CA certificate"},
 						&cli.StringFlag{Name: "ca-key", Value: "pinnedd-ca-key.pem", Usage: "the CA key"},
 						&cli.StringSliceFlag{Name: "host", Usage: "an IP or DNS name of the node, added to the certificate (repeatable)"},
@@ -64,6 +64,9 @@ func tlsCommand() *cli.Command {
 					Action: func(c *cli.Context) error {
 						if c.NArg() > 0 {
 							return usagef("pinnedd tls cert create takes no arguments, got %q (the node goes in --node)", c.Args().First())
+						}
+						if c.String("node") == "" {
+							return usagef("pinnedd tls cert create needs --node <node id>")
 						}
 						certPEM, err := os.ReadFile(c.String("ca"))
 						if err != nil {
