@@ -2,15 +2,18 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/testutil"
+	"github.com/pinnedd/pinnedd/statestore"
 	"github.com/pinnedd/pinnedd/statestore/memstore"
 )
 
@@ -74,5 +77,45 @@ func TestResumedWorkLogged(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "the resumed job done", happened("done j1"))
 	if n := len(restored()); n != 1 {
 		t.Fatalf("%d restore lines, want 1 (the quiet instance and first activations say nothing)", n)
+	}
+}
+
+// loadFails is a memory store whose Load fails while fail is set, as a
+// store that does not answer does.
+type loadFails struct {
+	statestore.Store
+	fail atomic.Bool
+}
+
+var errStoreDown = errors.New("store down (test)")
+
+func (l *loadFails) Load(ctx context.Context, inst statestore.InstanceKey, gen uint64) ([]statestore.Tray, error) {
+	if l.fail.Load() {
+		return nil, errStoreDown
+	}
+	return l.Store.Load(ctx, inst, gen)
+}
+
+// An activation whose state did not load answers 503 + Retry-After naming
+// the store (nothing ran: safe to retry), not 500, and leaves nothing
+// live; once the store answers, the same id activates.
+func TestActivationWithoutStateIs503(t *testing.T) {
+	store := &loadFails{Store: memstore.New()}
+	store.fail.Store(true)
+	s, srv := serveSupervisor(t, Config{
+		Specs: []Spec{{Name: "p", Path: testutil.Bin(t, "testhost"), Namespaces: []string{"/jobs"}}},
+		Store: store,
+	})
+	r, err := testutil.Do(context.Background(), "POST", srv.URL+"/jobs/j/submit?name=a", "", nil)
+	if err != nil || r.Code != http.StatusServiceUnavailable || r.Header.Get("Retry-After") == "" || !strings.Contains(r.Body, "state store unavailable") {
+		t.Fatalf("activation with the store down: %v %+v, want 503 + Retry-After 'state store unavailable'", err, r)
+	}
+	if s.Live("/jobs", "j") {
+		t.Fatal("an activation whose state did not load left the instance live")
+	}
+	store.fail.Store(false)
+	r, err = testutil.Do(context.Background(), "POST", srv.URL+"/jobs/j/submit?name=a", "", nil)
+	if err != nil || r.Code != http.StatusAccepted {
+		t.Fatalf("activation with the store back: %v %+v, want 202", err, r)
 	}
 }
