@@ -106,7 +106,14 @@ func TestCordonAndUndrain(t *testing.T) {
 	})
 	for i := 0; i < 20; i++ {
 		id := fmt.Sprintf("new%d", i)
-		if r := doAs(t, target, "POST", "/counters/"+id+"/increment", fmt.Sprintf("10.1.0.%d", i)); r.Code != 200 {
+		// A 503 + Retry-After (a leader election under load) means nothing
+		// ran: retried, as a client honouring it does.
+		var r testutil.Response
+		testutil.WaitFor(t, 15*time.Second, "new id "+id+" through the cordoned node", func() bool {
+			r = doAs(t, target, "POST", "/counters/"+id+"/increment", fmt.Sprintf("10.1.0.%d", i))
+			return r.Code != 503 || r.Header.Get("Retry-After") == ""
+		})
+		if r.Code != 200 {
 			t.Fatalf("new id through the cordoned node: %d %s", r.Code, r.Body)
 		}
 		if ownerOf(t, nodes, "/counters", id) == target {
