@@ -297,6 +297,14 @@ func (t *thread) run(ctx context.Context, rc *statewire.RunContext) error {
 	if user == nil {
 		return errors.New("a run without a user message")
 	}
+	// A reply stored whole before the process died (its batch not yet
+	// settled) is finished: say so, do not stream it again.
+	if last := conv[len(conv)-1]; last.Role == "assistant" && len(last.Parts) > 0 && last.Parts[0].State == "done" {
+		if err := t.srv.Doc().Set(pathStatus, "idle"); err != nil {
+			return err
+		}
+		return t.persist()
+	}
 	if err := t.srv.Doc().Set(pathStatus, "streaming"); err != nil {
 		return err
 	}
@@ -354,13 +362,19 @@ stream:
 		}
 		timer.Reset(t.opts.WordDelay)
 	}
-	err = t.srv.Doc().Update(func(tx *statewire.Tx) error {
-		if err := tx.Set(msgPath(replyID, "parts", 0, "state"), "done"); err != nil {
-			return err
-		}
-		return tx.Set(pathStatus, "idle")
-	})
-	if err != nil {
+	// The finished reply is durable before any client sees the thread
+	// idle: a crash after "idle" never brings the reply back to stream
+	// again.
+	if err := t.srv.Doc().Set(msgPath(replyID, "parts", 0, "state"), "done"); err != nil {
+		return err
+	}
+	if err := t.persist(); err != nil {
+		return err
+	}
+	if err := t.inst.Durable(ctx); err != nil {
+		return err
+	}
+	if err := t.srv.Doc().Set(pathStatus, "idle"); err != nil {
 		return err
 	}
 	return t.persist()
