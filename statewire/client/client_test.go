@@ -35,7 +35,6 @@ func newServer(t *testing.T) (*statewire.Server, *sdk.Instance) {
 			}
 			return nil
 		}}},
-		KeepAlive: time.Hour,
 	})
 	if err != nil {
 		t.Fatal(err)
