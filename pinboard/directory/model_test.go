@@ -40,11 +40,16 @@ type checker struct {
 type mWorker struct {
 	session    string
 	url        string
+	node       string
 	namespaces []string
 	lease      int64 // the latest expiry acknowledged to the process
 	degraded   bool
 	draining   bool
 	revoked    bool
+	// What operators see of it (GET /registry/workers).
+	headroom      int64 // as last reported, minus one per grant since
+	registeredAt  int64 // Now of the registration that began the session
+	lastHeartbeat int64 // the latest Now a renewal carried
 }
 
 // belief is one key a process serves while its lease holds. lostAt is the
@@ -249,6 +254,7 @@ func (c *checker) renew(id string, now, ttlMs int64) Result {
 		exp = d.Deadline
 	}
 	w.lease = max(w.lease, exp)
+	w.lastHeartbeat = max(w.lastHeartbeat, now)
 	// The process now serves what it believes it holds until w.lease: a key
 	// taken from it since must stay out of that window.
 	for k, b := range c.beliefs[id] {
@@ -288,7 +294,10 @@ func (c *checker) register(cmd Register) Result {
 	if cmd.AdvertiseURL != "" {
 		c.byURL[cmd.AdvertiseURL] = cmd.ClientID
 	}
-	w.session, w.url, w.namespaces = cmd.SessionID, cmd.AdvertiseURL, cmd.Namespaces
+	if w.session != cmd.SessionID {
+		w.registeredAt = cmd.Now
+	}
+	w.session, w.url, w.node, w.namespaces, w.headroom = cmd.SessionID, cmd.AdvertiseURL, cmd.NodeID, cmd.Namespaces, cmd.Headroom
 	w.degraded, w.revoked, w.draining = false, false, cmd.Draining
 
 	listed := map[Key]bool{}
@@ -338,7 +347,7 @@ func (c *checker) heartbeat(cmd Heartbeat) Result {
 	if cmd.TTLMs <= 0 {
 		return Result{Code: CodeInvalid}
 	}
-	w.degraded, w.draining = !cmd.ProbeOK, cmd.Draining
+	w.degraded, w.draining, w.headroom = !cmd.ProbeOK, cmd.Draining, cmd.Headroom
 	return c.renew(cmd.ClientID, cmd.Now, cmd.TTLMs)
 }
 
@@ -395,6 +404,9 @@ func (c *checker) claim(cmd Claim) Result {
 	np := Placement{Key: cmd.Key, Owner: cmd.ClientID, OwnerSession: w.session, Generation: gen, PlacedAt: cmd.Now}
 	c.placements[cmd.Key] = np
 	c.entryKeys[cmd.Key] = true
+	if w.headroom > 0 {
+		w.headroom-- // until the next report
+	}
 	// The new owner serves from now (true time); every other process that
 	// believes it holds the key must be past its lease by then.
 	for _, id := range slices.Sorted(maps.Keys(c.beliefs)) {
@@ -474,7 +486,9 @@ func (c *checker) compareState(m *Machine) {
 	for _, w := range ws {
 		mw := c.workers[w.ClientID]
 		if mw == nil || mw.session != w.SessionID || mw.lease != w.LeaseExpiry || mw.revoked != w.Revoked ||
-			mw.degraded != w.Degraded || mw.draining != w.Draining || mw.url != w.AdvertiseURL {
+			mw.degraded != w.Degraded || mw.draining != w.Draining || mw.url != w.AdvertiseURL || mw.node != w.NodeID ||
+			!slices.Equal(mw.namespaces, w.Namespaces) || mw.headroom != w.Headroom || mw.registeredAt != w.RegisteredAt ||
+			mw.lastHeartbeat != w.LastHeartbeat {
 			c.tb.Fatalf("worker %+v, model %+v", w, mw)
 		}
 		for _, p := range m.PlacementsOf(w.ClientID) {
