@@ -325,3 +325,135 @@ func TestFrameTooLargeToStoreIsRefusedAndChangesNothing(t *testing.T) {
 		t.Fatalf("the same seq, small: %+v", ans)
 	}
 }
+
+// postAs sends POST /frames for client with the given raw frames.
+func (a *activation) postAs(t *testing.T, client string, frames ...string) framesAnswer {
+	t.Helper()
+	b := []byte(`{"clientId":"` + client + `","frames":[` + strings.Join(frames, ",") + `]}`)
+	resp, err := http.Post(a.srv.URL+"/frames", "application/json", bytes.NewReader(b))
+	if err != nil {
+		return framesAnswer{err: err}
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	ans := framesAnswer{code: resp.StatusCode, body: string(body)}
+	if resp.StatusCode == http.StatusOK {
+		if err := json.Unmarshal(body, &ans.resp); err != nil {
+			t.Fatalf("frames answer %s: %v", body, err)
+		}
+	}
+	return ans
+}
+
+// A frame whose seq skips one never admitted is refused (409 naming the
+// next seq) and admits nothing: acknowledging it would move the mark past
+// the missing seq, whose frame would later be counted a duplicate and
+// dropped while the client was told it was handled.
+func TestSeqGapIsRefusedAndAdmitsNothing(t *testing.T) {
+	store := memstore.New()
+	a := activate(t, serveStore(t, store), 5)
+	if ans := a.post(t, 10*time.Second, 1); ans.code != http.StatusOK || ans.resp.Acked != 1 {
+		t.Fatalf("seq 1: %+v", ans)
+	}
+	for _, tc := range []struct {
+		seqs     []int64
+		expected int64
+	}{{[]int64{5}, 2}, {[]int64{3}, 2}, {[]int64{2, 4}, 3}, {[]int64{1, 3}, 2}} {
+		seqs := tc.seqs
+		ans := a.post(t, 10*time.Second, seqs...)
+		var body struct {
+			Error    string
+			Expected int64
+		}
+		_ = json.Unmarshal([]byte(ans.body), &body)
+		if ans.code != http.StatusConflict || body.Expected != tc.expected || !strings.Contains(body.Error, "next seq") {
+			t.Fatalf("seqs %v after 1: %d %s, want 409 expecting %d", seqs, ans.code, ans.body, tc.expected)
+		}
+	}
+	if got := storedSeqs(t, store, 5); !slices.Equal(got, []int64{1}) {
+		t.Fatalf("stored %v after refused gaps, want [1]", got)
+	}
+	ans := a.post(t, 10*time.Second, 1, 2, 3)
+	if ans.code != http.StatusOK || ans.resp.Acked != 3 || ans.resp.Admitted != 2 || ans.resp.Duplicates != 1 {
+		t.Fatalf("seqs 1-3: %+v", ans)
+	}
+	if got := storedSeqs(t, store, 5); !slices.Equal(got, []int64{1, 2, 3}) {
+		t.Fatalf("stored %v, want [1 2 3]", got)
+	}
+	// The bound is 2^53-1 (exact in a JSON number in every language).
+	for _, seq := range []string{"9007199254740992", "1152921504606846976", "18446744073709551616"} {
+		ans := a.postAs(t, "big", `{"seq":`+seq+`,"type":"say","text":"x"}`)
+		if ans.code != http.StatusBadRequest || !strings.Contains(ans.body, "9007199254740991") {
+			t.Fatalf("seq %s: %d %s, want 400 naming the bound", seq, ans.code, ans.body)
+		}
+	}
+}
+
+// A cancel stops only the runs of the client that sent it: another
+// client's cancel is admitted and changes nothing; the owner's own cancel
+// stops its run, and one sent while its batch waits behind another
+// client's run stops that batch before it starts.
+func TestCancelStopsOnlyTheSendersRun(t *testing.T) {
+	type event struct {
+		client  string
+		stopped bool
+	}
+	started := make(chan string, 4)
+	ended := make(chan event, 4)
+	a := activate(t, serveStore(t, memstore.New()), 5, func(c *statewire.Config) {
+		c.Run = func(ctx context.Context, rc *statewire.RunContext) error {
+			started <- rc.ClientID
+			select {
+			case <-rc.StopRequested():
+				ended <- event{rc.ClientID, true}
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	})
+	say := `{"seq":1,"type":"say","text":"x"}`
+	if ans := a.postAs(t, "alice", say); ans.code != http.StatusOK {
+		t.Fatalf("alice say: %+v", ans)
+	}
+	if got := recv(t, started); got != "alice" {
+		t.Fatalf("run of %s started, want alice", got)
+	}
+	if ans := a.postAs(t, "bob", say); ans.code != http.StatusOK {
+		t.Fatalf("bob say: %+v", ans)
+	}
+	if ans := a.postAs(t, "bob", `{"seq":2,"type":"cancel"}`); ans.code != http.StatusOK || ans.resp.Admitted != 1 {
+		t.Fatalf("bob cancel: %+v", ans)
+	}
+	// Bob's cancel stopped his own queued batch, not alice's run: nothing
+	// ends until alice cancels, then her run ends stopped, and bob's
+	// starts already stopped.
+	select {
+	case e := <-ended:
+		t.Fatalf("bob's cancel ended %s's run", e.client)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if ans := a.postAs(t, "alice", `{"seq":2,"type":"cancel"}`); ans.code != http.StatusOK {
+		t.Fatalf("alice cancel: %+v", ans)
+	}
+	if e := recv(t, ended); e != (event{"alice", true}) {
+		t.Fatalf("first end %+v, want alice stopped", e)
+	}
+	if got := recv(t, started); got != "bob" {
+		t.Fatalf("then %s started, want bob", got)
+	}
+	if e := recv(t, ended); e != (event{"bob", true}) {
+		t.Fatalf("then %+v, want bob stopped (his cancel came while he waited)", e)
+	}
+}
+
+func recv[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing within 10s")
+		panic("unreachable")
+	}
+}

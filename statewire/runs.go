@@ -71,21 +71,39 @@ func (rc *RunContext) Stopping() bool {
 
 func (rc *RunContext) requestStop() { rc.once.Do(func() { close(rc.stop) }) }
 
-// runManager runs one batch at a time per instance and knows the run in
-// progress, so an admitted cancel can stop it.
+// runManager runs one batch at a time per instance and knows the runs in
+// progress or waiting for their turn, so an admitted cancel can stop its
+// own client's.
 type runManager struct {
-	slot   chan struct{} // holds a token while a run is in progress
-	mu     sync.Mutex
-	active *RunContext
+	slot chan struct{} // holds a token while a run is in progress
+	mu   sync.Mutex
+	runs map[*RunContext]struct{}
+	// cancelled is each client's highest admitted cancel seq: a run of
+	// commands admitted before it is stopped, even if it registers after
+	// the cancel (its tray's handler had not started yet).
+	cancelled map[string]int64
 }
 
-func (m *runManager) init() { m.slot = make(chan struct{}, 1) }
+func (m *runManager) init() {
+	m.slot = make(chan struct{}, 1)
+	m.runs = map[*RunContext]struct{}{}
+	m.cancelled = map[string]int64{}
+}
 
-func (m *runManager) requestStop() {
+// requestStop stops the runs of clientID's commands admitted before seq: a
+// client cancels only what it started, never another client's run.
+func (m *runManager) requestStop(clientID string, seq int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.active != nil {
-		m.active.requestStop()
+	m.cancelled[clientID] = max(m.cancelled[clientID], seq)
+	for rc := range m.runs {
+		m.stopIfCancelledLocked(rc)
+	}
+}
+
+func (m *runManager) stopIfCancelledLocked(rc *RunContext) {
+	if len(rc.Commands) > 0 && rc.Commands[0].Seq < m.cancelled[rc.ClientID] {
+		rc.requestStop()
 	}
 }
 
@@ -140,21 +158,24 @@ func handleCommands(ctx context.Context, run *sdk.Run) error {
 	return nil
 }
 
-// do runs rc once the slot is free.
+// do runs rc once the slot is free. It is known to cancels from before it
+// waits: a cancel admitted while another client's run holds the slot still
+// stops it.
 func (m *runManager) do(ctx context.Context, fn RunFunc, rc *RunContext) error {
+	m.mu.Lock()
+	m.runs[rc] = struct{}{}
+	m.stopIfCancelledLocked(rc)
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.runs, rc)
+		m.mu.Unlock()
+	}()
 	select {
 	case m.slot <- struct{}{}:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 	defer func() { <-m.slot }()
-	m.mu.Lock()
-	m.active = rc
-	m.mu.Unlock()
-	defer func() {
-		m.mu.Lock()
-		m.active = nil
-		m.mu.Unlock()
-	}()
 	return fn(ctx, rc)
 }

@@ -25,7 +25,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -40,8 +39,14 @@ import (
 // per client id, whose work items are that client's admitted commands.
 const CommandTray = "client_commands"
 
-// CancelCommand is the built-in command that stops the run in progress.
+// CancelCommand is the built-in command that stops the sending client's
+// run: the one in progress or queued for a batch of its own commands.
 const CancelCommand = "cancel"
+
+// MaxSeq is the largest sequence number: 2^53-1, the largest integer a
+// JSON number carries exactly in every language (JavaScript's
+// Number.MAX_SAFE_INTEGER).
+const MaxSeq = 1<<53 - 1
 
 // Defaults.
 const (
@@ -89,6 +94,15 @@ type Config struct {
 	StreamBuffer int
 	// MaxBody bounds a POST /frames body, in bytes.
 	MaxBody int64
+	// Admit, if set, sees the frames of a request that are about to be
+	// admitted (not duplicates), in order, before anything is stored; an
+	// error refuses the whole request with 409 and its message, and admits
+	// nothing. It is for rules that depend on the instance rather than on
+	// the frame alone (Validate): the chat refuses a message id already
+	// taken. Calls are serialized per instance. A request refused later
+	// (the store failed) was seen by Admit all the same, and its client
+	// resends the same frames.
+	Admit func(cmds []Command) error
 }
 
 // Server serves one instance's Statewire routes:
@@ -105,6 +119,8 @@ type Server struct {
 
 	clientsMu sync.Mutex
 	clients   map[string]*clientPool
+
+	admitMu sync.Mutex // serializes Config.Admit
 
 	runs runManager
 }
@@ -125,6 +141,10 @@ type clientPool struct {
 func New(inst *sdk.Instance, cfg Config) (*Server, error) {
 	if cfg.KeepAlive <= 0 {
 		cfg.KeepAlive = DefaultKeepAlive
+	}
+	if cfg.KeepAlive > DefaultKeepAlive {
+		// Clients give up on a stream silent for three default periods.
+		return nil, fmt.Errorf("statewire: KeepAlive %v over %v: clients would take the stream for dead", cfg.KeepAlive, DefaultKeepAlive)
 	}
 	if cfg.StreamBuffer <= 0 {
 		cfg.StreamBuffer = DefaultStreamBuffer
@@ -167,12 +187,17 @@ func (s *Server) Instance() *sdk.Instance { return s.inst }
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
 func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSONError(w, code, map[string]any{"error": msg})
+}
+
+// writeJSONError writes an error body; a 503 always says when to retry.
+func writeJSONError(w http.ResponseWriter, code int, body map[string]any) {
 	w.Header().Set("Content-Type", "application/json")
 	if code == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "1")
 	}
 	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
+	_ = json.NewEncoder(w).Encode(body)
 }
 
 func (s *Server) serveState(w http.ResponseWriter, _ *http.Request) {
@@ -189,9 +214,33 @@ func (s *Server) serveState(w http.ResponseWriter, _ *http.Request) {
 // frame by frame, until the client leaves, the instance stops or the
 // stream falls behind.
 func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
-	// The body is optional ({"clientId": ...} for logs); drain a little of
-	// it so a client that sent one is not answered mid-upload.
-	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, 4096))
+	// The body is optional ({"clientId": ...}, for logs); read whole before
+	// answering so a client is not answered mid-upload, and held to the
+	// same rule as frames: an unknown field is refused, not ignored.
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 4096))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "stream body: at most 4096 bytes, {\"clientId\": \"...\"} or empty")
+		return
+	}
+	if len(bytes.TrimSpace(body)) > 0 {
+		var req struct {
+			ClientID string `json:"clientId"`
+		}
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		err := dec.Decode(&req)
+		if err == nil && dec.More() {
+			err = errors.New("trailing data after the JSON object")
+		}
+		if err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("stream body must be empty or {\"clientId\": \"...\"}: %v", err))
+			return
+		}
+		if req.ClientID != "" && !clientIDPattern.MatchString(req.ClientID) {
+			writeError(w, http.StatusBadRequest, "clientId must be 1-64 characters of A-Z a-z 0-9 . _ : -")
+			return
+		}
+	}
 	snap, sub, err := s.doc.subscribe()
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
@@ -303,6 +352,15 @@ func (s *Server) serveFrames(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resp, err := s.admit(r.Context(), req.ClientID, cmds)
+	var gap *SeqGapError
+	if errors.As(err, &gap) {
+		writeJSONError(w, http.StatusConflict, map[string]any{"error": err.Error(), "expected": gap.Expected})
+		return
+	}
+	if errors.Is(err, errRefused) {
+		writeError(w, http.StatusConflict, err.Error())
+		return
+	}
 	if errors.Is(err, sdk.ErrInvalidWrite) {
 		// A frame the store can never take (over statestore.MaxValueLen
 		// once stored): the client must change it, not retry it.
@@ -349,8 +407,8 @@ func (s *Server) parseFrames(body []byte) (framesRequest, []storedCommand, error
 		}
 		// A bare JSON integer: not "1", not 1.0, not 1e3.
 		seq, err := strconv.ParseInt(string(head.Seq), 10, 64)
-		if err != nil || seq <= 0 || seq > math.MaxInt64/2 {
-			return req, nil, fmt.Errorf("frame %d: seq must be a positive integer", i)
+		if err != nil || seq <= 0 || seq > MaxSeq {
+			return req, nil, fmt.Errorf("frame %d: seq must be an integer from 1 to %d", i, int64(MaxSeq))
 		}
 		if seq <= prev {
 			return req, nil, fmt.Errorf("frame %d: seq %d after %d; seqs must increase", i, seq, prev)
@@ -390,8 +448,26 @@ func (s *Server) pool(clientID string) *clientPool {
 	return p
 }
 
+// SeqGapError refuses a frame whose seq skips over one never admitted:
+// acknowledging it would move the high-water mark past the missing seq,
+// whose frame would then be taken for a duplicate and dropped.
+type SeqGapError struct {
+	Frame    int   // index in the request
+	Seq      int64 // what the frame carried
+	Expected int64 // the next seq the client must send
+}
+
+func (e *SeqGapError) Error() string {
+	return fmt.Sprintf("frame %d: seq %d skips %d, the next seq this client must send; nothing admitted (send the frames in order)",
+		e.Frame, e.Seq, e.Expected)
+}
+
+// errRefused marks a refusal by Config.Admit.
+var errRefused = errors.New("refused")
+
 // admit appends the commands above the client's high-water mark to its
-// tray, durably, and only then acts on admitted cancels.
+// tray, durably, and only then acts on admitted cancels. The new commands
+// must continue the mark without a gap.
 func (s *Server) admit(ctx context.Context, clientID string, cmds []storedCommand) (FramesResponse, error) {
 	p := s.pool(clientID)
 	p.mu.Lock()
@@ -410,16 +486,31 @@ func (s *Server) admit(ctx context.Context, clientID string, cmds []storedComman
 		p.unsure = 0
 	}
 	var fresh []any
+	var freshCmds []Command
 	var resp FramesResponse
-	cancels := 0
-	for _, c := range cmds {
+	var cancel int64 // the last cancel's seq
+	next := p.high + 1
+	for i, c := range cmds {
 		if c.Seq <= p.high {
 			resp.Duplicates++
 			continue
 		}
+		if c.Seq != next {
+			return FramesResponse{Acked: p.high}, &SeqGapError{Frame: i, Seq: c.Seq, Expected: next}
+		}
+		next++
 		fresh = append(fresh, c)
+		freshCmds = append(freshCmds, c.command())
 		if c.Type == CancelCommand {
-			cancels++
+			cancel = c.Seq
+		}
+	}
+	if len(fresh) > 0 && s.cfg.Admit != nil {
+		s.admitMu.Lock()
+		err := s.cfg.Admit(freshCmds)
+		s.admitMu.Unlock()
+		if err != nil {
+			return FramesResponse{Acked: p.high}, fmt.Errorf("%w: %w", errRefused, err)
 		}
 	}
 	if len(fresh) > 0 {
@@ -437,11 +528,31 @@ func (s *Server) admit(ctx context.Context, clientID string, cmds []storedComman
 		}
 		resp.Admitted = len(fresh)
 	}
-	if cancels > 0 {
-		s.runs.requestStop()
+	if cancel > 0 {
+		s.runs.requestStop(clientID, cancel)
 	}
 	resp.Acked = p.high
 	return resp, nil
+}
+
+func (c storedCommand) command() Command {
+	return Command{ClientID: c.ClientID, Seq: c.Seq, Type: c.Type, Frame: c.Frame}
+}
+
+// Pending returns the admitted commands of every client that have not
+// settled yet (queued, or in a run), in tray order: what a host's Admit
+// rule must count besides the document after a restart.
+func (s *Server) Pending() []Command {
+	var out []Command
+	for _, k := range s.inst.Trays(CommandTray) {
+		for _, it := range s.inst.Tray(k.NS, k.ID).Items() {
+			var c storedCommand
+			if json.Unmarshal(it.Payload, &c) == nil {
+				out = append(out, c.command())
+			}
+		}
+	}
+	return out
 }
 
 // highWater is the highest seq a client's tray has admitted: its field, or

@@ -50,12 +50,84 @@ type Frame struct {
 	Reconnect *bool `json:"reconnect,omitempty"`
 }
 
-// Op is one change to the document.
+// Op is one change to the document. On the wire each op carries exactly
+// its fields: "op" and "path" always, "value" for set, "text" for append;
+// a missing one is an error (not null, not ""), so every client applies
+// the same op. Unknown fields are ignored, so ops may gain optional ones.
 type Op struct {
 	Op    string          `json:"op"`
 	Path  Path            `json:"path"`
 	Value json.RawMessage `json:"value,omitempty"` // set
 	Text  string          `json:"text,omitempty"`  // append
+}
+
+// ErrBadOp: an op lacks a field its kind needs, or has an unknown kind.
+var ErrBadOp = errors.New("bad op")
+
+// MarshalJSON writes the fields of the op's kind, and only those.
+func (o Op) MarshalJSON() ([]byte, error) {
+	path := o.Path
+	if path == nil {
+		path = Path{}
+	}
+	switch o.Op {
+	case OpSet:
+		v := o.Value
+		if len(v) == 0 {
+			v = json.RawMessage("null")
+		}
+		return json.Marshal(struct {
+			Op    string          `json:"op"`
+			Path  []any           `json:"path"`
+			Value json.RawMessage `json:"value"`
+		}{o.Op, path, v})
+	case OpAppend:
+		return json.Marshal(struct {
+			Op   string `json:"op"`
+			Path []any  `json:"path"`
+			Text string `json:"text"`
+		}{o.Op, path, o.Text})
+	}
+	return json.Marshal(struct {
+		Op   string `json:"op"`
+		Path []any  `json:"path"`
+	}{o.Op, path})
+}
+
+// UnmarshalJSON requires the fields of the op's kind.
+func (o *Op) UnmarshalJSON(b []byte) error {
+	var raw struct {
+		Op    *string         `json:"op"`
+		Path  *Path           `json:"path"`
+		Value json.RawMessage `json:"value"`
+		Text  *string         `json:"text"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return fmt.Errorf("op: %w", err)
+	}
+	if raw.Op == nil {
+		return fmt.Errorf("%w: missing \"op\"", ErrBadOp)
+	}
+	if raw.Path == nil {
+		return fmt.Errorf("%w: %s without \"path\"", ErrBadOp, *raw.Op)
+	}
+	*o = Op{Op: *raw.Op, Path: *raw.Path}
+	switch *raw.Op {
+	case OpSet:
+		if len(raw.Value) == 0 {
+			return fmt.Errorf("%w: set without \"value\"", ErrBadOp)
+		}
+		o.Value = raw.Value
+	case OpAppend:
+		if raw.Text == nil {
+			return fmt.Errorf("%w: append without \"text\"", ErrBadOp)
+		}
+		o.Text = *raw.Text
+	case OpDelete:
+	default:
+		return fmt.Errorf("%w: unknown op %q", ErrBadOp, *raw.Op)
+	}
+	return nil
 }
 
 // Path addresses a value: object keys are strings, array indexes ints.
@@ -64,6 +136,9 @@ type Path []any
 
 // UnmarshalJSON accepts strings and non-negative integers only.
 func (p *Path) UnmarshalJSON(b []byte) error {
+	if bytes.Equal(bytes.TrimSpace(b), []byte("null")) {
+		return fmt.Errorf("path: null, want an array")
+	}
 	var raw []json.RawMessage
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return fmt.Errorf("path: %w", err)
@@ -161,7 +236,7 @@ func SetValue(doc any, path Path, v any) (any, error) {
 
 func deleteValue(doc any, path Path) (any, error) {
 	if len(path) == 0 {
-		return nil, nil
+		return doc, fmt.Errorf("%w: delete of the whole document", ErrBadPath)
 	}
 	parent, err := walk(doc, path[:len(path)-1], false)
 	if err != nil {

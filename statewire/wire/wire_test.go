@@ -110,7 +110,7 @@ func TestApply(t *testing.T) {
 		{"delete the last element", `{"l":[1,2,3]}`, Op{Op: OpDelete, Path: Path{"l", 2}}, `{"l":[1,2]}`},
 		{"delete past the end", `{"l":[1]}`, Op{Op: OpDelete, Path: Path{"l", 1}}, ""},
 		{"delete under a missing member", `{}`, Op{Op: OpDelete, Path: Path{"a", "b"}}, ""},
-		{"delete the whole document", `{"a":1}`, Op{Op: OpDelete, Path: Path{}}, `null`},
+		{"delete the whole document", `{"a":1}`, Op{Op: OpDelete, Path: Path{}}, ""},
 		{"append to text", `{"t":"ab"}`, Op{Op: OpAppend, Path: Path{"t"}, Text: "cd"}, `{"t":"abcd"}`},
 		{"append starts missing text", `{"m":{}}`, Op{Op: OpAppend, Path: Path{"m", "t"}, Text: "x"}, `{"m":{"t":"x"}}`},
 		{"append to null starts text", `{"t":null}`, Op{Op: OpAppend, Path: Path{"t"}, Text: "x"}, `{"t":"x"}`},
