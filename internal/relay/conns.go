@@ -138,19 +138,74 @@ var (
 	ErrAborted = errors.New("exchange aborted")
 )
 
-// parseRequest parses the request head at the start of in. n is the
-// length of head and body when the request is whole in in; need > 0 says
-// more bytes are needed first; ok false: not one for the loop (malformed,
-// or anything but the plain case), net/http takes it.
-func parseRequest(in []byte, h *ReqHead) (n int, need bool, ok bool) {
-	h.expect = false
-	end := headEnd(in)
-	if end < 0 {
-		return 0, len(in) <= maxHead, len(in) <= maxHead
+// headScan is how far the search for a head's end got in bytes that grow
+// read by read: each byte is looked at once however the head trickles in
+// (a search from byte 0 after every read costs work quadratic in a head
+// sent a byte at a time). The zero value starts a new head; reset it when
+// the bytes it scanned are consumed.
+type headScan struct {
+	off   int  // in[:off] holds neither the head's end nor a bare LF
+	end   int  // where the CRLF CRLF ending the head starts, once found
+	found bool // end is set
+	// n is the request's whole length (head and body) once its head
+	// parsed and its body is still coming (0 before): the head is not
+	// parsed again until the body is in.
+	n      int
+	expect bool
+	// scanned counts the bytes looked at, searching and parsing: work the
+	// loop spent on heads (for its tests).
+	scanned int
+}
+
+// find returns where the CRLF CRLF ending the head in in starts (-1: not
+// there yet), searching only the bytes after the last search and only the
+// first limit bytes. bad: a bare LF came first (a line ending no head the
+// loop accepts has), or limit bytes hold no head end.
+func (s *headScan) find(in []byte, limit int) (end int, bad bool) {
+	if s.found {
+		return s.end, false
 	}
-	if end+4 > maxHead {
+	top := min(len(in), limit)
+	for s.off < top {
+		j := bytes.IndexByte(in[s.off:top], '\n')
+		if j < 0 {
+			s.scanned += top - s.off
+			s.off = top
+			break
+		}
+		i := s.off + j
+		s.scanned += j + 1
+		s.off = i + 1
+		if i == 0 || in[i-1] != '\r' {
+			return -1, true
+		}
+		if i >= 3 && in[i-2] == '\n' && in[i-3] == '\r' {
+			s.found, s.end = true, i-3
+			return i - 3, false
+		}
+	}
+	return -1, len(in) >= limit
+}
+
+// parseRequest parses the request head at the start of in, resuming the
+// search for its end where s left it. n is the length of head and body
+// when the request is whole in in; need says more bytes are needed first;
+// ok false: not one for the loop (malformed, a bare LF, or anything but
+// the plain case), net/http takes it.
+func parseRequest(in []byte, s *headScan, h *ReqHead) (n int, need bool, ok bool) {
+	if s.n > 0 && len(in) < s.n {
+		h.expect = s.expect // the head parsed already: its body is coming
+		return 0, true, true
+	}
+	h.expect = false
+	end, bad := s.find(in, maxHead)
+	if bad {
 		return 0, false, false
 	}
+	if end < 0 {
+		return 0, true, true
+	}
+	s.scanned += end + 4
 	// One string for the whole head; every name and value is a piece of
 	// it (one allocation a request, not two a field).
 	head := string(in[:end+2])
@@ -226,27 +281,11 @@ func parseRequest(in []byte, h *ReqHead) (n int, need bool, ok bool) {
 	}
 	n = end + 4 + max(clen, 0)
 	if len(in) < n {
+		s.n, s.expect = n, h.expect
 		return 0, true, true
 	}
 	h.Body = in[end+4 : n]
 	return n, false, true
-}
-
-// headEnd is where the first CRLF CRLF in in starts, or -1. Lines end in
-// LF, so it looks at each LF (IndexByte is the fast search) rather than
-// for the four bytes.
-func headEnd(in []byte) int {
-	for i := 0; ; {
-		j := bytes.IndexByte(in[i:], '\n')
-		if j < 0 {
-			return -1
-		}
-		i += j
-		if i >= 3 && in[i-1] == '\r' && in[i-2] == '\n' && in[i-3] == '\r' {
-			return i - 3
-		}
-		i++
-	}
 }
 
 // cutLine cuts the line before the first LF of s, which must end in CRLF
@@ -259,20 +298,14 @@ func cutLine(s string) (line, rest string, ok bool) {
 	return s[:i-1], s[i+1:], true
 }
 
-// cutCRLF is bytes.Cut(s, "\r\n") without the found flag, searching by
-// LF (IndexByte is the fast search); a bare LF stays in its line.
-func cutCRLF(s []byte) (line, rest []byte) {
-	for i := 0; ; {
-		j := bytes.IndexByte(s[i:], '\n')
-		if j < 0 {
-			return s, nil
-		}
-		i += j
-		if i > 0 && s[i-1] == '\r' {
-			return s[:i-1], s[i+1:]
-		}
-		i++
+// cutCRLF cuts the line before the first LF of s, which must end in
+// CRLF (s is a head ending in CRLF). A bare LF is malformed: ok false.
+func cutCRLF(s []byte) (line, rest []byte, ok bool) {
+	i := bytes.IndexByte(s, '\n')
+	if i < 1 || s[i-1] != '\r' {
+		return nil, nil, false
 	}
+	return s[:i-1], s[i+1:], true
 }
 
 // decimal is the value of up to 18 digits (checked by digits).
@@ -306,17 +339,23 @@ type response struct {
 	head    []byte
 }
 
-// parseResponse parses the response head at the start of in, and renders
-// the head to send on (hop-by-hop fields dropped, as a proxy must). need:
-// not whole yet; ok false: not relayable.
-func parseResponse(in []byte, refusal string, dst []byte) (r response, need bool, ok bool) {
-	end := headEnd(in)
-	if end < 0 {
-		return r, len(in) <= maxRespHead, len(in) <= maxRespHead
+// parseResponse parses the response head at the start of in, resuming
+// the search for its end where s left it, and renders the head to send on
+// (hop-by-hop fields dropped, as a proxy must). need: not whole yet; ok
+// false: not relayable (a bare LF, a control byte in a value, framing a
+// proxy cannot trust).
+func parseResponse(in []byte, s *headScan, refusal string, dst []byte) (r response, need bool, ok bool) {
+	end, bad := s.find(in, maxRespHead)
+	if bad {
+		return r, false, false
 	}
+	if end < 0 {
+		return r, true, true
+	}
+	s.scanned += end + 4
 	r.headLen = end + 4
-	line, rest := cutCRLF(in[:end+2])
-	if len(line) < 12 || string(line[:9]) != "HTTP/1.1 " || !digits(line[9:12]) || len(line) > 12 && line[12] != ' ' {
+	line, rest, ok := cutCRLF(in[:end+2])
+	if !ok || len(line) < 12 || string(line[:9]) != "HTTP/1.1 " || !digits(line[9:12]) || len(line) > 12 && line[12] != ' ' {
 		return r, false, false
 	}
 	r.status = int(decimal(line[9:12]))
@@ -325,12 +364,17 @@ func parseResponse(in []byte, refusal string, dst []byte) (r response, need bool
 	var connTokens []byte
 	for len(rest) > 0 {
 		var fl []byte
-		fl, rest = cutCRLF(rest)
+		if fl, rest, ok = cutCRLF(rest); !ok {
+			return r, false, false
+		}
 		colon := bytes.IndexByte(fl, ':')
 		if colon <= 0 || !token(fl[:colon]) {
 			return r, false, false
 		}
 		name, value := fl[:colon], trimOWS(fl[colon+1:])
+		if !fieldValue(value) {
+			return r, false, false // a bare CR or NUL passed on could split the client's view
+		}
 		switch {
 		case equalFold(name, "Content-Length"):
 			if r.clen >= 0 || len(value) == 0 || len(value) > 18 || !digits(value) {
@@ -428,7 +472,7 @@ func visible(b string) bool {
 // fieldValue: no control bytes but tab. Eight bytes at a time where none
 // is below a space or DEL (the attestation alone is 150 bytes a hop), one
 // at a time where one might be.
-func fieldValue(b string) bool {
+func fieldValue[T []byte | string](b T) bool {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
 	i := 0
 	for ; i+8 <= len(b); i += 8 {
@@ -444,7 +488,7 @@ func fieldValue(b string) bool {
 }
 
 // fieldBytes is fieldValue's rule, a byte at a time.
-func fieldBytes(b string) bool {
+func fieldBytes[T []byte | string](b T) bool {
 	for i := 0; i < len(b); i++ {
 		c := b[i]
 		if c < ' ' && c != '\t' || c == 0x7f {

@@ -42,6 +42,10 @@ type Conns struct {
 	served  atomic.Int64 // requests the loop forwarded itself
 	handed  atomic.Int64 // connections given back to net/http
 	scratch ReqHead
+	// headWork counts the bytes the loop looked at in request and
+	// response heads (headScan.scanned): linear in the bytes received,
+	// however they trickle in. For its tests.
+	headWork int64
 }
 
 // Client connection states.
@@ -63,6 +67,7 @@ type client struct {
 	state    int
 	since    time.Time // of the current state, for its timeout
 	reqLen   int       // the current request's bytes at the start of in
+	hs       headScan  // the search for the current request head's end in in
 	idem     bool      // the current request may be sent again
 	up       *upstream
 	fwd      Forward
@@ -87,6 +92,7 @@ type upstream struct {
 	addr     string
 	c        *client // nil while pooled
 	in       []byte
+	hs       headScan // the search for the response head's end in in
 	readable bool
 	hup      bool   // the upstream hung up: read to EOF
 	out      []byte // request bytes not yet written
@@ -379,7 +385,9 @@ func (l *Conns) readRequest(c *client, buf []byte, after *[]func()) bool {
 		return false
 	}
 	for {
-		n, need, ok := parseRequest(c.in, &l.scratch)
+		before := c.hs.scanned
+		n, need, ok := parseRequest(c.in, &c.hs, &l.scratch)
+		l.headWork += int64(c.hs.scanned - before)
 		if !ok {
 			l.giveBack(c, after)
 			return false
@@ -436,10 +444,17 @@ func (l *Conns) readRequest(c *client, buf []byte, after *[]func()) bool {
 	}
 }
 
+// consume drops the current request from c.in: the next one's head is
+// searched for from its start.
+func (c *client) consume() {
+	c.in = c.in[:copy(c.in, c.in[c.reqLen:])]
+	c.reqLen, c.hs = 0, headScan{}
+}
+
 // start sends c's routed request on u.
 func (l *Conns) start(c *client, u *upstream) {
 	c.up, u.c = u, c
-	u.out, u.in, u.sent, u.eof = c.fwd.Wire, u.in[:0], false, false
+	u.out, u.in, u.hs, u.sent, u.eof = c.fwd.Wire, u.in[:0], headScan{}, false, false
 	c.state, c.since = stSend, time.Now()
 }
 
@@ -496,7 +511,9 @@ func (l *Conns) readResponse(c *client, buf []byte, after *[]func()) bool {
 		if len(c.out) > 0 && !l.flush(c, after) {
 			return false // an informational response still going out
 		}
-		r, need, ok := parseResponse(u.in, c.fwd.Refusal, c.hbuf[:0])
+		before := u.hs.scanned
+		r, need, ok := parseResponse(u.in, &u.hs, c.fwd.Refusal, c.hbuf[:0])
+		l.headWork += int64(u.hs.scanned - before)
 		if r.head != nil {
 			// Kept as the head grew it, for the next one: a head not
 			// whole yet (the usual first look, before the answer came)
@@ -528,6 +545,7 @@ func (l *Conns) readResponse(c *client, buf []byte, after *[]func()) bool {
 				// Informational: pass it on, the final response follows.
 				c.out = append(c.out, r.head...)
 				u.in = u.in[:copy(u.in, u.in[r.headLen:])]
+				u.hs = headScan{}
 				c.wrote = true
 				continue
 			}
@@ -572,9 +590,9 @@ func (l *Conns) startBody(c *client, r response, after *[]func()) {
 		*after = append(*after, func() { head(status, stream) })
 	}
 	// The request is answered: it can no longer be replayed.
-	c.in = c.in[:copy(c.in, c.in[c.reqLen:])]
-	c.reqLen = 0
+	c.consume()
 	u.in = u.in[:copy(u.in, u.in[r.headLen:])]
+	u.hs = headScan{}
 	c.state = stBody
 }
 
@@ -761,8 +779,7 @@ func (l *Conns) unavailable(c *client, err error, after *[]func()) {
 	}
 	u := httpx.ClassifyUnanswered(err, msg)
 	l.finish(c, u.Status, err, after)
-	c.in = c.in[:copy(c.in, c.in[c.reqLen:])]
-	c.reqLen = 0
+	c.consume()
 	c.out = u.AppendResponse(c.out[:0])
 	c.state, c.since, c.wrote = stHead, time.Now(), true
 	if l.flush(c, after) && l.draining {

@@ -632,3 +632,72 @@ func TestConnsShutdown(t *testing.T) {
 		t.Fatal("the cut-off request got an answer")
 	}
 }
+
+// headWork is how many head bytes the loop has looked at so far.
+func (rig *connsRig) headWork() int64 {
+	rig.loop.mu.Lock()
+	defer rig.loop.mu.Unlock()
+	return rig.loop.headWork
+}
+
+// A head trickled in a byte per read costs the loop work linear in its
+// length (the search for its end resumes where it stopped), and a bare LF
+// is not waited on: the connection goes to net/http at once, which
+// refuses it.
+func TestConnsTrickledHead(t *testing.T) {
+	rig := newConnsRig(t)
+
+	conn, err := net.Dial("tcp", rig.front.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second)) // the loop's own head timeout is 10 s
+	_, _ = io.WriteString(conn, "\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil || resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a bare LF: %v %v, want net/http's 400 at once", resp, err)
+	}
+	if got := rig.loop.HandedBack(); got != 1 {
+		t.Fatalf("%d connections handed back, want 1", got)
+	}
+
+	req := "GET /up/fixed?trickled HTTP/1.1\r\nHost: x\r\n"
+	for i := range 40 {
+		req += fmt.Sprintf("X-Pad-%d: %s\r\n", i, strings.Repeat("v", 10))
+	}
+	req += "\r\n"
+	conn, err = net.Dial("tcp", rig.front.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	base := rig.headWork()
+	for i := range len(req) {
+		if _, err := io.WriteString(conn, req[i:i+1]); err != nil {
+			t.Fatal(err)
+		}
+		// One read per byte: wait until the loop has looked at it.
+		deadline := time.Now().Add(10 * time.Second)
+		for rig.headWork()-base < int64(i+1) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the loop did not read byte %d of the head", i)
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	resp, err = http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || string(b) != "fixed trickled" {
+		t.Fatalf("trickled request: %d %q", resp.StatusCode, b)
+	}
+	// The request's head: searched once, parsed once; the response's
+	// head (under 200 bytes) the same.
+	if work := rig.headWork() - base; work > int64(2*len(req)+400) {
+		t.Fatalf("the loop looked at %d head bytes for a %d-byte head trickled a byte at a time (the search starts over on every read)", work, len(req))
+	}
+}

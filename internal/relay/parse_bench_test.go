@@ -11,7 +11,7 @@ func BenchmarkParseRequest(b *testing.B) {
 	var h ReqHead
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, need, ok := parseRequest(in, &h); need || !ok {
+		if _, need, ok := parseRequest(in, &headScan{}, &h); need || !ok {
 			b.Fatal("not parsed")
 		}
 	}
@@ -25,7 +25,7 @@ func BenchmarkParseResponse(b *testing.B) {
 	dst := make([]byte, 0, 256)
 	b.ReportAllocs()
 	for b.Loop() {
-		r, need, ok := parseResponse(in, "X-Pinned-Refused", dst[:0])
+		r, need, ok := parseResponse(in, &headScan{}, "X-Pinned-Refused", dst[:0])
 		if need || !ok || r.clen != 11 {
 			b.Fatal("not parsed")
 		}

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -38,39 +39,41 @@ func TestParseRequest(t *testing.T) {
 			want{ok: true, method: "GET", target: "/", host: "h"}},
 
 		"head not whole":           {"GET / HTTP/1.1\r\nHost: h\r\n", want{need: true, ok: true}},
-		"head ends in a bare LF":   {"GET / HTTP/1.1\r\nHost: h\r\n\n", want{need: true, ok: true}},
 		"body not whole":           {"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nab", want{need: true, ok: true}},
 		"head too long, not whole": {strings.Repeat("a", maxHead+1), want{}},
 		"head too long":            {long, want{}},
 
-		"empty":                 {"\r\n\r\n", want{}},
-		"leading empty line":    {"\r\nGET / HTTP/1.1\r\nHost: h\r\n\r\n", want{}},
-		"HTTP/1.0":              {"GET / HTTP/1.0\r\nHost: h\r\n\r\n", want{}},
-		"lower-case method":     {"get / HTTP/1.1\r\nHost: h\r\n\r\n", want{}},
-		"absolute target":       {"GET http://h/ HTTP/1.1\r\nHost: h\r\n\r\n", want{}},
-		"space in target":       {"GET /a b HTTP/1.1\r\nHost: h\r\n\r\n", want{}},
-		"no host":               {"GET / HTTP/1.1\r\n\r\n", want{}},
-		"two hosts":             {"GET / HTTP/1.1\r\nHost: h\r\nHost: h\r\n\r\n", want{}},
-		"host with a space":     {"GET / HTTP/1.1\r\nHost: h h\r\n\r\n", want{}},
-		"bare LF in a field":    {"GET / HTTP/1.1\r\nHost: h\nX-A: 1\r\n\r\n", want{}},
-		"bare CR in a value":    {"GET / HTTP/1.1\r\nHost: h\r\nX-A: 1\r2\r\n\r\n", want{}},
-		"control in a value":    {"GET / HTTP/1.1\r\nHost: h\r\nX-A: 1\x002\r\n\r\n", want{}},
-		"DEL in a value":        {"GET / HTTP/1.1\r\nHost: h\r\nX-A: 1\x7f\r\n\r\n", want{}},
-		"obs-fold":              {"GET / HTTP/1.1\r\nHost: h\r\nX-A: 1\r\n 2\r\n\r\n", want{}},
-		"space before colon":    {"GET / HTTP/1.1\r\nHost : h\r\n\r\n", want{}},
-		"no colon":              {"GET / HTTP/1.1\r\nHost: h\r\nX-A\r\n\r\n", want{}},
-		"two lengths":           {"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\na", want{}},
-		"signed length":         {"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: +1\r\n\r\na", want{}},
-		"body too long":         {"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 65537\r\n\r\n", want{}},
-		"chunked":               {"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n", want{}},
-		"upgrade":               {"GET / HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\n\r\n", want{}},
-		"connection close":      {"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", want{}},
-		"expect something else": {"POST / HTTP/1.1\r\nHost: h\r\nExpect: x\r\n\r\n", want{}},
+		"empty":                  {"\r\n\r\n", want{}},
+		"leading empty line":     {"\r\nGET / HTTP/1.1\r\nHost: h\r\n\r\n", want{}},
+		"HTTP/1.0":               {"GET / HTTP/1.0\r\nHost: h\r\n\r\n", want{}},
+		"lower-case method":      {"get / HTTP/1.1\r\nHost: h\r\n\r\n", want{}},
+		"absolute target":        {"GET http://h/ HTTP/1.1\r\nHost: h\r\n\r\n", want{}},
+		"space in target":        {"GET /a b HTTP/1.1\r\nHost: h\r\n\r\n", want{}},
+		"no host":                {"GET / HTTP/1.1\r\n\r\n", want{}},
+		"two hosts":              {"GET / HTTP/1.1\r\nHost: h\r\nHost: h\r\n\r\n", want{}},
+		"host with a space":      {"GET / HTTP/1.1\r\nHost: h h\r\n\r\n", want{}},
+		"bare LF in a field":     {"GET / HTTP/1.1\r\nHost: h\nX-A: 1\r\n\r\n", want{}},
+		"head ends in a bare LF": {"GET / HTTP/1.1\r\nHost: h\r\n\n", want{}},
+		"bare LF, not whole":     {"GET / HTTP/1.1\n", want{}},
+		"a bare LF first":        {"\n", want{}},
+		"bare CR in a value":     {"GET / HTTP/1.1\r\nHost: h\r\nX-A: 1\r2\r\n\r\n", want{}},
+		"control in a value":     {"GET / HTTP/1.1\r\nHost: h\r\nX-A: 1\x002\r\n\r\n", want{}},
+		"DEL in a value":         {"GET / HTTP/1.1\r\nHost: h\r\nX-A: 1\x7f\r\n\r\n", want{}},
+		"obs-fold":               {"GET / HTTP/1.1\r\nHost: h\r\nX-A: 1\r\n 2\r\n\r\n", want{}},
+		"space before colon":     {"GET / HTTP/1.1\r\nHost : h\r\n\r\n", want{}},
+		"no colon":               {"GET / HTTP/1.1\r\nHost: h\r\nX-A\r\n\r\n", want{}},
+		"two lengths":            {"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\na", want{}},
+		"signed length":          {"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: +1\r\n\r\na", want{}},
+		"body too long":          {"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 65537\r\n\r\n", want{}},
+		"chunked":                {"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n", want{}},
+		"upgrade":                {"GET / HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\n\r\n", want{}},
+		"connection close":       {"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", want{}},
+		"expect something else":  {"POST / HTTP/1.1\r\nHost: h\r\nExpect: x\r\n\r\n", want{}},
 	}
 	for name, tc := range cases {
 		var h ReqHead
 		h.Fields = []Field{{"Stale", "field"}}
-		n, need, ok := parseRequest([]byte(tc.in), &h)
+		n, need, ok := parseRequest([]byte(tc.in), &headScan{}, &h)
 		got := want{n: n, need: need, ok: ok}
 		if ok && !need {
 			got.method, got.target, got.host, got.fields, got.body, got.expect = h.Method, h.Target, h.Host, h.Fields, string(h.Body), h.expect
@@ -134,8 +137,6 @@ func TestParseResponse(t *testing.T) {
 		"no reason phrase": {in: "HTTP/1.1 204\r\n\r\n", ok: true, status: 204, clen: -1, head: "HTTP/1.1 204\r\n\r\n"},
 		"refusal": {in: "HTTP/1.1 503 Unavailable\r\nx-pinned-refused: draining\r\nContent-Length: 0\r\n\r\n", ok: true, status: 503, refused: true,
 			head: "HTTP/1.1 503 Unavailable\r\nx-pinned-refused: draining\r\nContent-Length: 0\r\n\r\n"},
-		"bare LF stays in its line": {in: "HTTP/1.1 200 OK\r\nX-A: 1\n2\r\nContent-Length: 0\r\n\r\n", ok: true, status: 200,
-			head: "HTTP/1.1 200 OK\r\nX-A: 1\n2\r\nContent-Length: 0\r\n\r\n"},
 		"not whole":               {in: "HTTP/1.1 200 OK\r\nContent-Length: 1\r\n", need: true, ok: true},
 		"too long":                {in: "HTTP/1.1 200 OK\r\nX: " + strings.Repeat("a", maxRespHead), need: false, ok: false},
 		"HTTP/1.0":                {in: "HTTP/1.0 200 OK\r\n\r\n"},
@@ -145,9 +146,14 @@ func TestParseResponse(t *testing.T) {
 		"length and chunked":      {in: "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n"},
 		"other transfer-encoding": {in: "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n"},
 		"space before colon":      {in: "HTTP/1.1 200 OK\r\nContent-Length : 1\r\n\r\n"},
+		"bare LF in a field":      {in: "HTTP/1.1 200 OK\r\nX-A: 1\n2\r\nContent-Length: 0\r\n\r\n"},
+		"bare LF ends the head":   {in: "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\n"},
+		"bare LF, not whole":      {in: "HTTP/1.1 200 OK\n"},
+		"bare CR in a value":      {in: "HTTP/1.1 200 OK\r\nX-A: 1\r2\r\nContent-Length: 0\r\n\r\n"},
+		"NUL in a value":          {in: "HTTP/1.1 200 OK\r\nX-A: 1\x002\r\nContent-Length: 0\r\n\r\n"},
 	}
 	for name, tc := range cases {
-		r, need, ok := parseResponse([]byte(tc.in), "X-Pinned-Refused", nil)
+		r, need, ok := parseResponse([]byte(tc.in), &headScan{}, "X-Pinned-Refused", nil)
 		if need != tc.need || ok != tc.ok {
 			t.Errorf("%s: need %v ok %v, want %v %v", name, need, ok, tc.need, tc.ok)
 			continue
@@ -159,6 +165,61 @@ func TestParseResponse(t *testing.T) {
 		want := []any{tc.status, tc.clen, tc.chunked, tc.close, tc.refused, tc.head, strings.Index(tc.in, "\r\n\r\n") + 4}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: got %q, want %q", name, got, want)
+		}
+	}
+}
+
+// However a head trickles in, the loop's parse of it costs work linear in
+// the bytes received: fed one byte at a time, the bytes looked at stay
+// within a small multiple of the request's length, and a bare LF ends the
+// wait at once (net/http gets the connection and refuses it).
+func TestParseWorkIsLinear(t *testing.T) {
+	var fields strings.Builder
+	for i := 0; fields.Len() < maxHead-200; i++ {
+		fmt.Fprintf(&fields, "X-Pad-%d: %s\r\n", i, strings.Repeat("v", 20))
+	}
+	body := strings.Repeat("b", 5000)
+	cases := map[string]struct {
+		in       string
+		n        int  // bytes fed when the verdict comes
+		ok       bool // the loop takes it
+		response bool
+	}{
+		"long head, then a body": {in: "POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 5000\r\n" + fields.String() + "\r\n" + body, ok: true},
+		"trickled LFs":           {in: strings.Repeat("\n", 1000), n: 1},
+		"a line, then LFs":       {in: "GET / HTTP/1.1\r\n" + strings.Repeat("\n", 1000), n: len("GET / HTTP/1.1\r\n") + 1},
+		"no line end at all":     {in: "GET /" + strings.Repeat("a", 2*maxHead), n: maxHead},
+		"empty lines (CRLF)":     {in: strings.Repeat("\r\n", 1000), n: 4},
+		"long response head":     {in: "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n" + fields.String() + "\r\n", ok: true, response: true},
+		"response with LFs":      {in: "HTTP/1.1 200 OK\r\n" + strings.Repeat("\n", 1000), n: len("HTTP/1.1 200 OK\r\n") + 1, response: true},
+	}
+	for name, tc := range cases {
+		var s headScan
+		var h ReqHead
+		fed, done, ok := 0, false, false
+		for fed < len(tc.in) && !done {
+			fed++
+			in := []byte(tc.in[:fed])
+			var need bool
+			if tc.response {
+				_, need, ok = parseResponse(in, &s, "", nil)
+			} else {
+				_, need, ok = parseRequest(in, &s, &h)
+			}
+			done = !need
+		}
+		if !done || ok != tc.ok {
+			t.Errorf("%s: after %d bytes: done %v ok %v, want ok %v", name, fed, done, ok, tc.ok)
+			continue
+		}
+		if tc.ok {
+			tc.n = len(tc.in)
+		}
+		if fed != tc.n {
+			t.Errorf("%s: the verdict came after %d bytes, want %d", name, fed, tc.n)
+		}
+		if s.scanned > 3*fed {
+			t.Errorf("%s: %d bytes looked at for %d received (more than 3 a byte: the search starts over)", name, s.scanned, fed)
 		}
 	}
 }
