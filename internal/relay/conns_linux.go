@@ -731,7 +731,7 @@ func (l *Conns) upstreamFailed(c *client, err error, after *[]func()) {
 	case c.wrote:
 		l.finish(c, c.resp.status, err, after)
 		l.closeClient(c, after)
-	case c.fwd.Final && u != nil && u.reused && !c.retried && (c.idem || !u.sent) && !errors.Is(err, ErrUpstreamTimeout):
+	case c.fwd.Final && deadPooled(u, err) && !c.retried && (c.idem || !u.sent):
 		// A pooled connection the upstream had closed, or that died under
 		// the request before any answer: once more, on a fresh one, if
 		// sending it again is safe (as net/http's Transport decides: a
@@ -751,7 +751,7 @@ func (l *Conns) upstreamFailed(c *client, err error, after *[]func()) {
 			l.runq = append(l.runq, c)
 		}
 	case !c.fwd.Final && u != nil && !u.sent,
-		!c.fwd.Final && c.idem && u != nil && u.reused && !errors.Is(err, ErrUpstreamTimeout):
+		!c.fwd.Final && c.idem && deadPooled(u, err):
 		// Nothing reached the owner (the connection was refused), or a
 		// pooled connection the owner had closed: net/http sends it again.
 		l.finish(c, 0, nil, after)
@@ -762,6 +762,15 @@ func (l *Conns) upstreamFailed(c *client, err error, after *[]func()) {
 		}
 		l.unavailable(c, err, after)
 	}
+}
+
+// deadPooled: u, a pooled connection, failed (a write refused with EPIPE
+// or ECONNRESET, a read at EOF) before any byte of a response came back on
+// it: the upstream had closed it, so what failed is the connection, not
+// the request. A response begun (even a malformed one) or a timeout is
+// the request's own outcome.
+func deadPooled(u *upstream, err error) bool {
+	return u != nil && u.reused && len(u.in) == 0 && !errors.Is(err, ErrUpstreamTimeout) && !errors.Is(err, ErrUpstreamProtocol)
 }
 
 // notSent marks err as an exchange's failure before any of its request

@@ -38,6 +38,7 @@ type connsRig struct {
 	unixPath  string
 	flakyPath string
 	hooks     chan string
+	barelf    atomic.Int64 // bare-LF answers the flaky upstream gave
 	ticket    atomic.Value // Ticket of the latest Final exchange
 	// /up/held: arrived gets each request, which waits for release.
 	arrived, release chan struct{}
@@ -169,7 +170,7 @@ func newConnsRig(t *testing.T) *connsRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go serveFlaky(flakyLn)
+	go serveFlaky(flakyLn, &rig.barelf)
 	t.Cleanup(func() { _ = flakyLn.Close() })
 
 	// net/http's side: what it answers proves it took the connection.
@@ -446,7 +447,9 @@ func TestQuiet(t *testing.T) {
 // serveFlaky answers the first request on each connection with "ok <n>"
 // (n counts connections), then closes the connection on reading the next
 // one, unanswered: a kept-alive connection that dies under a request.
-func serveFlaky(ln net.Listener) {
+// A request for /flaky/barelf is answered, wherever it comes, with a head
+// whose lines end in bare LFs (counted in barelf).
+func serveFlaky(ln net.Listener, barelf *atomic.Int64) {
 	for n := 1; ; n++ {
 		c, err := ln.Accept()
 		if err != nil {
@@ -461,6 +464,11 @@ func serveFlaky(ln net.Listener) {
 					return
 				}
 				_, _ = io.Copy(io.Discard, req.Body)
+				if req.URL.Path == "/flaky/barelf" {
+					barelf.Add(1)
+					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\nContent-Length: 2\n\nok")
+					continue
+				}
 				if i == 1 {
 					return
 				}
@@ -530,6 +538,28 @@ func TestConnsFinal(t *testing.T) {
 		t.Fatalf("POST on a connection that dies under it: %d %v %q, want 504 outcome unknown", code, h, body)
 	}
 	rig.hook("done 504 " + ErrUpstreamFailed.Error())
+
+	// A response head with bare LFs is refused: the request was sent, so
+	// 504, whether its connection was fresh or pooled (a response begun is
+	// not a dead connection: the GET is not sent again).
+	for _, path := range []string{"/flaky/x", "/flaky/barelf", "/flaky/barelf"} {
+		code, _, body := rig.get(c, "GET", path, "")
+		if path == "/flaky/x" {
+			if code != 200 {
+				t.Fatalf("flaky upstream: %d %q", code, body)
+			}
+			rig.hook("head 200 false")
+			rig.hook("done 200 <nil>")
+			continue
+		}
+		if code != 504 || strings.Contains(body, "ok") {
+			t.Fatalf("a response head with bare LFs: %d %q, want 504", code, body)
+		}
+		rig.hook("done 504 " + ErrUpstreamProtocol.Error())
+	}
+	if got := rig.barelf.Load(); got != 2 {
+		t.Fatalf("the upstream answered %d bare-LF heads for two GETs: a begun response was taken for a dead connection", got)
+	}
 
 	// Abort ends a stream: the client's connection closes, the upstream
 	// request ends, Done says why.
