@@ -36,9 +36,16 @@ type Client struct {
 	id   string
 	http *http.Client
 
-	mu  sync.Mutex
-	seq int64
+	// sendMu serializes Send: the server refuses a seq that skips one it
+	// has not admitted (409), so frames go out one at a time, in order.
+	sendMu sync.Mutex
+	seq    int64
 }
+
+// SilenceLimit is how long a stream may stay silent before the session
+// takes it for dead and reconnects: three of the server's 15 s keepalive
+// periods.
+var SilenceLimit = 45 * time.Second
 
 // New returns a client with a random client id.
 func New(instanceURL string) *Client {
@@ -76,11 +83,19 @@ func (e *HTTPError) Unwrap() error {
 
 // Send sends one command (type plus fields) with the next sequence number
 // and resends it, same number, until it is acknowledged or rejected.
-func (c *Client) Send(ctx context.Context, typ string, fields map[string]any) (int64, error) {
-	c.mu.Lock()
+// Concurrent Sends go one at a time. A rejected frame was not admitted, so
+// its number is used again by the next Send (a skipped number would be a
+// gap the server refuses).
+func (c *Client) Send(ctx context.Context, typ string, fields map[string]any) (seq int64, err error) {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
 	c.seq++
-	seq := c.seq
-	c.mu.Unlock()
+	seq = c.seq
+	defer func() {
+		if errors.Is(err, ErrRejected) {
+			c.seq--
+		}
+	}()
 	frame := map[string]any{}
 	for k, v := range fields {
 		frame[k] = v
@@ -225,6 +240,13 @@ func (s *Session) connect(ctx context.Context) (*wire.Frame, error) {
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	req = req.WithContext(ctx)
+	// A stream silent for SilenceLimit (no frame, not even a keepalive) is
+	// dead somewhere on the way: cut it and reconnect.
+	silent := time.AfterFunc(SilenceLimit, cancel)
+	defer silent.Stop()
 	resp, err := s.c.http.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("open stream: %w", err)
@@ -241,6 +263,7 @@ func (s *Session) connect(ctx context.Context) (*wire.Frame, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read stream: %w", err)
 		}
+		silent.Reset(SilenceLimit)
 		var f wire.Frame
 		if err := json.Unmarshal(line, &f); err != nil {
 			return nil, fmt.Errorf("frame %q: %w", line, err)

@@ -198,6 +198,58 @@ func TestSendRejectedIsNotResent(t *testing.T) {
 	if n := fr.count("/frames"); n != 1 {
 		t.Fatalf("%d POST /frames for a rejected frame, want 1", n)
 	}
+	// The rejected frame was not admitted: the next one takes its seq, or
+	// the server would refuse it as a gap.
+	if seq, err := c.Send(waitCtx(t), "say", map[string]any{"text": "hi"}); err != nil || seq != 1 {
+		t.Fatalf("send after a rejection: seq %d, %v; want seq 1 acked", seq, err)
+	}
+}
+
+// Sends from many goroutines of one client all get acked: they go out one
+// at a time in seq order, never as a gap the server refuses.
+func TestConcurrentSendsAreAcked(t *testing.T) {
+	s, _ := newServer(t)
+	c := client.New(newFront(t, s).srv.URL)
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := c.Send(waitCtx(t), "say", map[string]any{"text": "hi"}); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("concurrent send: %v", err)
+	}
+}
+
+// A stream that goes silent (no frame, not even a keepalive) for
+// SilenceLimit is taken for dead: the session reconnects.
+func TestSessionReconnectsAfterSilence(t *testing.T) {
+	defer func(d time.Duration) { client.SilenceLimit = d }(client.SilenceLimit)
+	client.SilenceLimit = 300 * time.Millisecond
+	var mu sync.Mutex
+	n := 0
+	fr := newFront(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		n++
+		i := n
+		mu.Unlock()
+		fmt.Fprintf(w, `{"type":"snapshot","epoch":"e%d","version":0,"state":{}}`+"\n", i)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // then silence
+	}))
+	sess := client.New(fr.srv.URL).Attach(t.Context())
+	defer sess.Close()
+	if err := sess.Wait(waitCtx(t), func(s *client.Session) bool { return s.Stats().Snapshots >= 2 }); err != nil {
+		t.Fatalf("no reconnect after a silent stream: %v", err)
+	}
 }
 
 // A 503 with Retry-After is waited out as the server asked, then the same
