@@ -101,15 +101,15 @@ func (t *SyncTransport) roundTrip(ctx context.Context, addr string, req *http.Re
 		if err != nil {
 			return nil, notSent(err) // no connection, nothing written
 		}
-		resp, err := t.exchange(ctx, req, pc, got1xx, write)
+		resp, dead, err := t.exchange(ctx, req, pc, got1xx, write)
 		if err == nil {
 			return resp, nil
 		}
 		pc.c.Close()
 		// A pooled connection can die before the request was processed
 		// (closed while idle) or after; only a request safe to repeat
-		// goes again.
-		if reused && attempt == 0 && retryable && ctx.Err() == nil && isConnGone(err) {
+		// goes again, once, and only if nothing of a response came back.
+		if reused && attempt == 0 && retryable && ctx.Err() == nil && dead {
 			continue
 		}
 		return nil, err
@@ -124,12 +124,13 @@ func idempotent(method string) bool {
 	return false
 }
 
+// isConnGone: err is a connection's end as the peer made it: EOF, or a
+// write or read refused because the peer had closed (EPIPE) or reset
+// (ECONNRESET) it.
 func isConnGone(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
-		errors.Is(err, errConnReset)
+	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
 }
-
-var errConnReset = errors.New("connection reset")
 
 // max1xx bounds the informational responses before a final one (as
 // net/http's Transport does).
@@ -137,15 +138,16 @@ const max1xx = 5
 
 // exchange writes a request on pc (write) and reads the response head. The
 // response body reads from pc; closing it returns pc to the pool once the
-// body was read to its end.
-func (t *SyncTransport) exchange(ctx context.Context, req *http.Request, pc *pconn, got1xx func(int, http.Header), write func(*bufio.Writer) error) (*http.Response, error) {
+// body was read to its end. dead: it failed because the connection was
+// gone (isConnGone) before any byte of a response came back.
+func (t *SyncTransport) exchange(ctx context.Context, req *http.Request, pc *pconn, got1xx func(int, http.Header), write func(*bufio.Writer) error) (resp *http.Response, dead bool, err error) {
 	// Cancellation interrupts whatever I/O is blocked on the connection.
 	stop := context.AfterFunc(ctx, func() { _ = pc.c.SetDeadline(time.Unix(1, 0)) })
 	// The writer is only needed while the request goes out: pooled, so a
 	// held stream does not keep one.
 	bw := writers.Get().(*bufio.Writer)
 	bw.Reset(pc.c)
-	err := write(bw)
+	err = write(bw)
 	if err == nil {
 		err = bw.Flush()
 	}
@@ -153,12 +155,20 @@ func (t *SyncTransport) exchange(ctx context.Context, req *http.Request, pc *pco
 	writers.Put(bw)
 	if err != nil {
 		stop()
-		return nil, err
+		return nil, isConnGone(err), err
 	}
 	if t.ResponseHeaderTimeout > 0 {
 		_ = pc.c.SetReadDeadline(time.Now().Add(t.ResponseHeaderTimeout))
 	}
-	var resp *http.Response
+	// The first byte tells a connection that was gone (EOF, reset) from
+	// a response that failed part way, which is the request's outcome.
+	if _, err = pc.br.Peek(1); err != nil {
+		stop()
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return nil, false, ctxErr
+		}
+		return nil, isConnGone(err), err
+	}
 	for n1xx := 0; ; n1xx++ {
 		resp, err = http.ReadResponse(pc.br, req)
 		if err != nil || resp.StatusCode < 100 || resp.StatusCode > 199 || resp.StatusCode == http.StatusSwitchingProtocols {
@@ -183,12 +193,12 @@ func (t *SyncTransport) exchange(ctx context.Context, req *http.Request, pc *pco
 	if err != nil {
 		stop()
 		if ctxErr := ctx.Err(); ctxErr != nil {
-			return nil, ctxErr
+			return nil, false, ctxErr
 		}
-		return nil, err
+		return nil, false, err
 	}
 	resp.Body = &pooledBody{rc: resp.Body, t: t, pc: pc, stop: stop, keep: !resp.Close}
-	return resp, nil
+	return resp, false, nil
 }
 
 // pooledBody returns its connection to the pool when the body was read to
