@@ -13,6 +13,7 @@
 package chat
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -102,10 +103,13 @@ type thread struct {
 	log  *sdk.Tray
 	srv  *statewire.Server
 	opts Options
+	// reserved maps the message ids of admitted sends to "client/seq":
+	// until its run shows it, an id is taken only here.
+	reserved map[string]string
 }
 
 func newThread(inst *sdk.Instance, opts Options) (http.Handler, error) {
-	t := &thread{inst: inst, log: inst.Tray("log", "~"), opts: opts}
+	t := &thread{inst: inst, log: inst.Tray("log", "~"), opts: opts, reserved: map[string]string{}}
 	var msgs Messages
 	found, err := t.log.Get("messages", &msgs)
 	if err != nil {
@@ -134,10 +138,17 @@ func newThread(inst *sdk.Instance, opts Options) (http.Handler, error) {
 		},
 		Commands:  map[string]statewire.CommandSpec{"send": {Validate: validateSend, Run: true}},
 		Run:       t.run,
+		Admit:     t.admit,
 		KeepAlive: opts.KeepAlive,
 	})
 	if err != nil {
 		return nil, err
+	}
+	// Sends a previous activation admitted and did not run keep their ids.
+	for _, c := range t.srv.Pending() {
+		if f, err := decodeSend(c.Frame); err == nil && c.Type == "send" {
+			t.reserved[messageID(f, c)] = fmt.Sprintf("%s/%d", c.ClientID, c.Seq)
+		}
 	}
 	return t.srv, nil
 }
@@ -162,12 +173,19 @@ func transcript(m Messages) []Message {
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,100}$`)
 
-// sendFrame is the send command: the user's message.
+// sendFrame is the send command: the user's message. Every level is
+// decoded strictly: a field the host does not know is refused, never
+// silently dropped.
 type sendFrame struct {
+	Seq     json.RawMessage `json:"seq"`
+	Type    string          `json:"type"`
 	Message *struct {
 		ID    string `json:"id"`
 		Role  string `json:"role"`
-		Parts []Part `json:"parts"`
+		Parts []struct {
+			Type string  `json:"type"`
+			Text *string `json:"text"`
+		} `json:"parts"`
 	} `json:"message"`
 }
 
@@ -175,8 +193,10 @@ const maxText = 32 << 10
 
 func decodeSend(frame json.RawMessage) (sendFrame, error) {
 	var f sendFrame
-	if err := json.Unmarshal(frame, &f); err != nil {
-		return f, err
+	dec := json.NewDecoder(bytes.NewReader(frame))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return f, fmt.Errorf("send: %w (a send frame has seq, type and message{id, role, parts[{type, text}]})", err)
 	}
 	switch m := f.Message; {
 	case m == nil:
@@ -189,11 +209,14 @@ func decodeSend(frame json.RawMessage) (sendFrame, error) {
 		return f, errors.New("message has no parts")
 	}
 	n := 0
-	for _, p := range f.Message.Parts {
+	for i, p := range f.Message.Parts {
 		if p.Type != "text" {
-			return f, fmt.Errorf("unsupported part type %q", p.Type)
+			return f, fmt.Errorf("part %d: unsupported part type %q (only \"text\")", i, p.Type)
 		}
-		n += len(p.Text)
+		if p.Text == nil {
+			return f, fmt.Errorf("part %d: text part without \"text\"", i)
+		}
+		n += len(*p.Text)
 	}
 	if n > maxText {
 		return f, fmt.Errorf("message text over %d bytes", maxText)
@@ -204,6 +227,46 @@ func decodeSend(frame json.RawMessage) (sendFrame, error) {
 func validateSend(frame json.RawMessage) error {
 	_, err := decodeSend(frame)
 	return err
+}
+
+// messageID is the id a send's user message gets: its own, or one made of
+// the client id and seq.
+func messageID(f sendFrame, c statewire.Command) string {
+	if f.Message.ID != "" {
+		return f.Message.ID
+	}
+	return fmt.Sprintf("u-%s-%d", c.ClientID, c.Seq)
+}
+
+// admit refuses a send whose message id is taken, by a message of the
+// thread or by a send admitted but not run yet (statewire serializes the
+// calls): once acknowledged, such a message would never be shown.
+func (t *thread) admit(cmds []statewire.Command) error {
+	mine := map[string]string{}
+	for _, c := range cmds {
+		if c.Type != "send" {
+			continue
+		}
+		f, err := decodeSend(c.Frame)
+		if err != nil {
+			return err
+		}
+		id := messageID(f, c)
+		owner := fmt.Sprintf("%s/%d", c.ClientID, c.Seq)
+		var shown bool
+		_ = t.srv.Doc().View(func(tx *statewire.Tx) error {
+			_, shown = tx.Lookup(msgPath(id))
+			return nil
+		})
+		if o, taken := t.reserved[id]; shown || taken && o != owner || mine[id] != "" {
+			return fmt.Errorf("message id %q is already used in this thread; send the message with a new id (or none: the server makes one)", id)
+		}
+		mine[id] = owner
+	}
+	for id, owner := range mine {
+		t.reserved[id] = owner
+	}
+	return nil
 }
 
 var (
@@ -265,13 +328,10 @@ func (t *thread) run(ctx context.Context, rc *statewire.RunContext) error {
 		if err != nil {
 			return fmt.Errorf("send %s/%d: %w", c.ClientID, c.Seq, err)
 		}
-		id := f.Message.ID
-		if id == "" {
-			id = fmt.Sprintf("u-%s-%d", c.ClientID, c.Seq)
-		}
+		id := messageID(f, c)
 		parts := make([]Part, len(f.Message.Parts))
 		for i, p := range f.Message.Parts {
-			parts[i] = Part{Type: "text", Text: p.Text, State: "done"}
+			parts[i] = Part{Type: "text", Text: *p.Text, State: "done"}
 		}
 		if err := t.appendMessage(Message{ID: id, Role: "user", Parts: parts}); err != nil {
 			return err
