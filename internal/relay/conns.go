@@ -223,7 +223,7 @@ func parseRequest(in []byte, s *headScan, h *ReqHead) (n int, need bool, ok bool
 		return 0, false, false
 	}
 	target := after[:sp2]
-	if !upperToken(method) || target[0] != '/' || !visible(target) {
+	if !upperToken(method) || target[0] != '/' || !visible(target) || !pathEscapes(target) {
 		return 0, false, false
 	}
 	h.Method, h.Target, h.Host = method, target, ""
@@ -454,6 +454,25 @@ func token[T []byte | string](b T) bool {
 		if !tchars[b[i]] {
 			return false
 		}
+	}
+	return true
+}
+
+// pathEscapes: every % in target's path (before any ?) starts an escape
+// of two hex digits, as net/http's parse of the target requires.
+func pathEscapes(target string) bool {
+	path, _, _ := strings.Cut(target, "?")
+	for i := strings.IndexByte(path, '%'); i >= 0; i = strings.IndexByte(path, '%') {
+		if i+2 >= len(path) {
+			return false
+		}
+		if _, ok := unhex(path[i+1]); !ok {
+			return false
+		}
+		if _, ok := unhex(path[i+2]); !ok {
+			return false
+		}
+		path = path[i+3:]
 	}
 	return true
 }
