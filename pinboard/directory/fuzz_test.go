@@ -13,6 +13,16 @@ func run(tb testing.TB, n *node, s *source, steps int) {
 	g := &gen{s: s, now: 1_700_000_000_000}
 	chk := newChecker(tb)
 	for i := 0; i < steps && !s.exhausted(); i++ {
+		if i > 0 && i%300 == 0 {
+			// Go on from a restored snapshot, as a follower that installs
+			// one does: the model must not notice.
+			m2 := New()
+			if err := m2.Restore(bytes.NewReader(n.snapshot())); err != nil {
+				tb.Fatalf("step %d: restore: %v", i, err)
+			}
+			checkIndexes(tb, m2)
+			n.m = m2
+		}
 		cmd := g.command(false)
 		raw := Encode(cmd)
 		if s.pick(8) == 0 {
@@ -81,6 +91,11 @@ func checkIndexes(tb testing.TB, m *Machine) {
 	for url, id := range m.st.byURL {
 		if w := m.st.workers[id]; w == nil || w.AdvertiseURL != url {
 			tb.Fatalf("url index: %s -> %s", url, id)
+		}
+	}
+	for id, w := range m.st.workers {
+		if w.AdvertiseURL != "" && m.st.byURL[w.AdvertiseURL] != id {
+			tb.Fatalf("url index: %s of %s maps to %q", w.AdvertiseURL, id, m.st.byURL[w.AdvertiseURL])
 		}
 	}
 }
