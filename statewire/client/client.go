@@ -69,6 +69,9 @@ type HTTPError struct {
 	Code       int
 	Message    string
 	RetryAfter time.Duration
+	// Expected is, on a 409 for a seq gap, the next seq the server will
+	// admit from this client.
+	Expected int64
 }
 
 func (e *HTTPError) Error() string { return fmt.Sprintf("statewire: %d %s", e.Code, e.Message) }
@@ -144,9 +147,12 @@ func (c *Client) PostFrames(ctx context.Context, body []byte) (FramesResponse, e
 
 func httpError(resp *http.Response, body []byte) *HTTPError {
 	e := &HTTPError{Code: resp.StatusCode, Message: strings.TrimSpace(string(body))}
-	var eb struct{ Error string }
+	var eb struct {
+		Error    string
+		Expected int64
+	}
 	if json.Unmarshal(body, &eb) == nil && eb.Error != "" {
-		e.Message = eb.Error
+		e.Message, e.Expected = eb.Error, eb.Expected
 	}
 	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s >= 0 {
 		e.RetryAfter = time.Duration(s) * time.Second
