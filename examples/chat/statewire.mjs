@@ -18,58 +18,131 @@ function retryAfter(res) {
   return Number.isFinite(s) && s >= 0 ? s * 1000 : null;
 }
 
-// applyOp applies one op to doc and returns the new root.
+// applyOp applies one op, as it came off the wire, to doc and returns the
+// new root; it throws on an op that does not apply (statewire/PROTOCOL.md,
+// and statewire/testdata/vectors/ops.json, which the tests run). A caller
+// applies a frame's ops to a copy, so a throw leaves its state whole.
 export function applyOp(doc, op) {
-  const path = op.path ?? [];
-  if (op.op === "append") {
-    const cur = lookup(doc, path);
-    if (cur !== undefined && cur !== null && typeof cur !== "string") throw new Error(`append to a non-string at ${JSON.stringify(path)}`);
-    return setAt(doc, path, (cur ?? "") + (op.text ?? ""));
+  if (!isObject(op)) throw new Error(`op is not an object: ${JSON.stringify(op)}`);
+  if (typeof op.op !== "string") throw new Error(`op without "op": ${JSON.stringify(op)}`);
+  if (!("path" in op)) throw new Error(`${op.op} without "path"`);
+  const path = op.path;
+  checkPath(path);
+  switch (op.op) {
+    case "set":
+      if (!("value" in op)) throw new Error(`set without "value" at ${JSON.stringify(path)}`);
+      return setValue(doc, path, op.value);
+    case "delete":
+      return deleteValue(doc, path);
+    case "append":
+      if (typeof op.text !== "string") throw new Error(`append without a string "text" at ${JSON.stringify(path)}`);
+      return appendText(doc, path, op.text);
   }
-  if (op.op === "set") return setAt(doc, path, op.value ?? null);
-  if (op.op === "delete") {
-    if (path.length === 0) return null;
-    const parent = lookup(doc, path.slice(0, -1));
-    const k = path[path.length - 1];
-    if (Array.isArray(parent)) {
-      if (typeof k !== "number" || k >= parent.length) throw new Error(`bad index ${JSON.stringify(path)}`);
-      parent.splice(k, 1);
-    } else if (parent && typeof parent === "object") {
-      delete parent[k];
-    } else throw new Error(`bad path ${JSON.stringify(path)}`);
-    return doc;
-  }
-  throw new Error(`unknown op ${op.op}`);
+  throw new Error(`unknown op ${JSON.stringify(op.op)}`);
 }
 
-function lookup(doc, path) {
+const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+const bad = (path, why) => new Error(`bad path ${JSON.stringify(path)}: ${why}`);
+// Own members only, and defined rather than assigned: a key such as
+// "__proto__" or "constructor" is a member like any other.
+const get = (obj, k) => (Object.hasOwn(obj, k) ? obj[k] : undefined);
+const put = (obj, k, v) => Object.defineProperty(obj, k, { value: v, writable: true, enumerable: true, configurable: true });
+
+function checkPath(path) {
+  if (!Array.isArray(path)) throw new Error(`path must be an array, not ${JSON.stringify(path)}`);
+  for (const el of path) {
+    if (typeof el !== "string" && !(Number.isInteger(el) && el >= 0)) {
+      throw bad(path, `element ${JSON.stringify(el)}: want a string or a non-negative integer`);
+    }
+  }
+}
+
+// walk follows path: the value there, undefined when a member on the way
+// (or at the end) is missing or null; it throws on a path that cannot be
+// (a key on an array, an index on an object or past an array's end, a
+// scalar on the way).
+function walk(doc, path) {
   let cur = doc;
-  for (const k of path) {
-    if (cur === null || typeof cur !== "object") return undefined;
-    cur = cur[k];
+  for (let n = 0; n < path.length; n++) {
+    const el = path[n];
+    if (isObject(cur)) {
+      if (typeof el !== "string") throw bad(path.slice(0, n + 1), "object key must be a string");
+      cur = get(cur, el);
+      if (cur === undefined || cur === null) return { missing: n };
+    } else if (Array.isArray(cur)) {
+      if (typeof el !== "number" || el >= cur.length) throw bad(path.slice(0, n + 1), "array index out of range");
+      cur = cur[el];
+    } else throw bad(path.slice(0, n + 1), "not a container");
   }
-  return cur;
+  return { value: cur };
 }
 
-function setAt(doc, path, value) {
+function setValue(doc, path, value) {
   if (path.length === 0) return value;
+  // Check before creating anything: missing members become objects, so
+  // from the first missing one on every element must be a key.
+  const parentPath = path.slice(0, -1);
+  const w = walk(doc, parentPath);
+  if (w.missing !== undefined && path.slice(w.missing).some((el) => typeof el !== "string")) {
+    throw bad(path, "object key must be a string");
+  }
   let cur = doc;
-  for (const k of path.slice(0, -1)) {
-    if (cur[k] === undefined || cur[k] === null) cur[k] = {};
-    cur = cur[k];
-    if (typeof cur !== "object") throw new Error(`bad path ${JSON.stringify(path)}`);
+  for (const el of parentPath) {
+    if (isObject(cur)) {
+      let next = get(cur, el);
+      if (next === undefined || next === null) put(cur, el, (next = {}));
+      cur = next;
+    } else cur = cur[el];
   }
   const k = path[path.length - 1];
-  if (Array.isArray(cur) && (typeof k !== "number" || k > cur.length)) throw new Error(`bad index ${JSON.stringify(path)}`);
-  cur[k] = value;
-  return doc;
+  if (isObject(cur)) {
+    if (typeof k !== "string") throw bad(path, "object key must be a string");
+    put(cur, k, value);
+    return doc;
+  }
+  if (Array.isArray(cur)) {
+    if (typeof k !== "number" || k > cur.length) throw bad(path, "array index out of range");
+    cur[k] = value;
+    return doc;
+  }
+  throw bad(path, "parent is not a container");
 }
+
+function deleteValue(doc, path) {
+  if (path.length === 0) throw bad(path, "delete of the whole document");
+  const w = walk(doc, path.slice(0, -1));
+  if (w.missing !== undefined) throw bad(path, "missing");
+  const parent = w.value;
+  const k = path[path.length - 1];
+  if (isObject(parent)) {
+    if (typeof k !== "string") throw bad(path, "object key must be a string");
+    delete parent[k];
+    return doc;
+  }
+  if (Array.isArray(parent)) {
+    if (typeof k !== "number" || k >= parent.length) throw bad(path, "array index out of range");
+    parent.splice(k, 1);
+    return doc;
+  }
+  throw bad(path, "parent is not a container");
+}
+
+function appendText(doc, path, text) {
+  const w = walk(doc, path);
+  const cur = w.missing !== undefined ? "" : w.value;
+  if (typeof cur !== "string") throw bad(path, "append to a non-string");
+  return setValue(doc, path, cur + text);
+}
+
+// The server sends a keepalive after 15 s of silence; a stream silent for
+// three periods is dead somewhere on the way.
+const SILENCE_MS = 45000;
 
 // attach keeps a copy of the instance's document and calls onState(state)
 // after every snapshot and update. It reconnects on lost connections, on
 // fin with reconnect, and after Retry-After on 503. onEnd(err) is called
 // when the server ends the stream for good (fin without reconnect).
-export function attach(url, { clientId = "", onState = () => {}, onFin = () => {}, onEnd = () => {} } = {}) {
+export function attach(url, { clientId = "", onState = () => {}, onFin = () => {}, onEnd = () => {}, silenceMs = SILENCE_MS } = {}) {
   let closed = false;
   let ctrl = null;
   (async () => {
@@ -86,7 +159,7 @@ export function attach(url, { clientId = "", onState = () => {}, onFin = () => {
           await res.body?.cancel();
           throw new Error(`stream: HTTP ${res.status}`);
         }
-        const fin = await readStream(res.body, onState);
+        const fin = await readStream(res.body, onState, () => ctrl.abort(), silenceMs);
         if (fin) {
           onFin(fin);
           if (!fin.reconnect) {
@@ -111,13 +184,27 @@ export function attach(url, { clientId = "", onState = () => {}, onFin = () => {
 }
 
 // readStream reads NDJSON frames until a fin (returned) or the end.
-async function readStream(body, onState) {
+async function readStream(body, onState, cut, silenceMs) {
   const reader = body.getReader();
   const dec = new TextDecoder();
   let buf = "";
   let state = null;
   let version = -1;
-  for (;;) {
+  let silence = null;
+  try {
+    for (;;) {
+      clearTimeout(silence);
+      silence = setTimeout(cut, silenceMs);
+      const f = await readFrames();
+      if (f) return f;
+    }
+  } finally {
+    clearTimeout(silence);
+  }
+
+  // readFrames reads one chunk and handles the whole lines it completes;
+  // it returns the fin if one came.
+  async function readFrames() {
     const { value, done } = await reader.read();
     if (done) throw new Error("stream ended without fin");
     buf += dec.decode(value, { stream: true });
@@ -143,24 +230,44 @@ async function readStream(body, onState) {
         await reader.cancel().catch(() => {});
         return f;
       }
+      // keepalive, and frame types this client does not know: nothing.
     }
+    return null;
   }
 }
 
+// postFrames sends one POST /frames (body: an object or its JSON text) and
+// returns what came back, without retrying.
+export async function postFrames(url, body) {
+  const res = await fetch(url + "/frames", {
+    method: "POST", headers: { "content-type": "application/json" },
+    body: typeof body === "string" ? body : JSON.stringify(body),
+  });
+  const text = await res.text();
+  let json = null;
+  try {
+    json = JSON.parse(text);
+  } catch {}
+  return { status: res.status, body: json, text, retryAfter: retryAfter(res) };
+}
+
 // send posts one frame and resends it, same seq, until it is acknowledged;
-// a 4xx rejects.
+// a 4xx rejects (err.status; on a seq gap, err.expected is the seq the
+// server wants next). The server admits a client's seqs only in order
+// (1, 2, 3, ...): one client sends one frame at a time, and a rejected
+// frame's seq is used again by its next frame.
 export async function send(url, clientId, seq, command) {
   for (let attempt = 0; ; attempt++) {
     let wait = null;
     try {
-      const res = await fetch(url + "/frames", {
-        method: "POST", headers: { "content-type": "application/json" },
-        body: JSON.stringify({ clientId, frames: [{ ...command, seq }] }),
-      });
-      const text = await res.text();
-      if (res.status === 200 && JSON.parse(text).acked >= seq) return;
-      if (res.status >= 400 && res.status < 500) throw Object.assign(new Error(`frames: HTTP ${res.status} ${text}`), { fatal: true });
-      wait = retryAfter(res);
+      const r = await postFrames(url, { clientId, frames: [{ ...command, seq }] });
+      if (r.status === 200 && r.body?.acked >= seq) return r.body;
+      if (r.status >= 400 && r.status < 500) {
+        throw Object.assign(new Error(`frames: HTTP ${r.status} ${r.body?.error ?? r.text}`), {
+          fatal: true, status: r.status, expected: r.body?.expected,
+        });
+      }
+      wait = r.retryAfter;
     } catch (err) {
       if (err.fatal) throw err;
     }
