@@ -96,6 +96,7 @@ func TestApply(t *testing.T) {
 		{"set creates objects on the way", `{}`, Op{Op: OpSet, Path: Path{"a", "b", "c"}, Value: json.RawMessage(`"x"`)}, `{"a":{"b":{"c":"x"}}}`},
 		{"set replaces an element", `{"l":[1,2]}`, Op{Op: OpSet, Path: Path{"l", 1}, Value: json.RawMessage(`9`)}, `{"l":[1,9]}`},
 		{"set at the length appends", `{"l":[1,2]}`, Op{Op: OpSet, Path: Path{"l", 2}, Value: json.RawMessage(`3`)}, `{"l":[1,2,3]}`},
+		{"set under an element past the length", `{"l":[1,2]}`, Op{Op: OpSet, Path: Path{"l", 2, "x"}, Value: json.RawMessage(`3`)}, ""},
 		{"set past the length", `{"l":[1,2]}`, Op{Op: OpSet, Path: Path{"l", 3}, Value: json.RawMessage(`3`)}, ""},
 		{"set with no value is null", `{"a":1}`, Op{Op: OpSet, Path: Path{"a"}}, `{"a":null}`},
 		{"set the whole document", `{"a":1}`, Op{Op: OpSet, Path: Path{}, Value: json.RawMessage(`{"b":2}`)}, `{"b":2}`},
