@@ -43,12 +43,14 @@ func newServer(t *testing.T) (*statewire.Server, *sdk.Instance) {
 }
 
 // front is what the client talks to over real HTTP: it hands each request
-// to the current handler, after answering 503 + Retry-After to as many
-// requests for a route as the test asked, and counts requests per route.
+// to the current handler, after answering 503 + Retry-After (or the error
+// status failNext set, with no Retry-After) to as many requests for a
+// route as the test asked, and counts requests per route.
 type front struct {
 	mu     sync.Mutex
 	h      http.Handler
 	refuse map[string]int
+	status int // what a refusal answers; 0: 503 + Retry-After: 1
 	hits   map[string]int
 	srv    *httptest.Server
 }
@@ -68,12 +70,15 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if refuse {
 		f.refuse[r.URL.Path]--
 	}
-	h := f.h
+	h, status := f.h, f.status
 	f.mu.Unlock()
 	if refuse {
-		w.Header().Set("Retry-After", "1")
+		if status == 0 {
+			status = http.StatusServiceUnavailable
+			w.Header().Set("Retry-After", "1")
+		}
 		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusServiceUnavailable)
+		w.WriteHeader(status)
 		fmt.Fprint(w, `{"error":"instance not ready"}`)
 		return
 	}
@@ -83,6 +88,12 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (f *front) set(h http.Handler) { f.mu.Lock(); f.h = h; f.mu.Unlock() }
 
 func (f *front) refuseNext(path string, n int) { f.mu.Lock(); f.refuse[path] = n; f.mu.Unlock() }
+
+func (f *front) failNext(path string, n, status int) {
+	f.mu.Lock()
+	f.refuse[path], f.status = n, status
+	f.mu.Unlock()
+}
 
 func (f *front) count(path string) int { f.mu.Lock(); defer f.mu.Unlock(); return f.hits[path] }
 
@@ -398,5 +409,27 @@ func TestSessionRefusesAVersionGap(t *testing.T) {
 	stats := sess.Stats()
 	if stats.Snapshots != 2 || len(stats.Ops) != 1 || stats.Ops[0].Version != 6 {
 		t.Fatalf("stats %+v: the gap's ops were applied", stats)
+	}
+}
+
+// A 5xx is the server's trouble, not the frame's: Send resends it, waiting
+// longer each time when the server names no wait (100 ms, 200 ms, 400 ms,
+// each at least half of that), until it is acked.
+func TestSendBacksOffOnServerErrors(t *testing.T) {
+	for _, status := range []int{http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable} {
+		s, _ := newServer(t)
+		fr := newFront(t, s)
+		fr.failNext("/frames", 3, status)
+		start := time.Now()
+		seq, err := client.New(fr.srv.URL).Send(waitCtx(t), "say", map[string]any{"text": "hi"})
+		if err != nil || seq != 1 {
+			t.Fatalf("%d three times: %d %v", status, seq, err)
+		}
+		if n := fr.count("/frames"); n != 4 {
+			t.Fatalf("%d three times: %d POST /frames, want 4", status, n)
+		}
+		if d := time.Since(start); d < 350*time.Millisecond {
+			t.Fatalf("%d three times: acked after %v, want the backoff to grow (at least 50+100+200 ms)", status, d)
+		}
 	}
 }
