@@ -273,10 +273,15 @@ func (g *gen) command(inBatch bool) Command {
 	case 8, 9, 10, 11:
 		return Claim{Key: g.claimKey(), ClientID: g.candidate(), Now: g.stamp(), QuarantineMs: int64(g.s.pick(2)) * ttl}
 	case 12:
+		r := Release{Key: g.key(), ClientID: g.client(), Generation: uint64(g.s.pick(50))}
 		if len(g.gens) > 0 && g.s.pick(4) != 0 {
-			return g.gens[g.s.pick(len(g.gens))]
+			r = g.gens[g.s.pick(len(g.gens))]
 		}
-		return Release{Key: g.key(), ClientID: g.client(), Generation: uint64(g.s.pick(50))}
+		if g.s.pick(2) == 0 {
+			// The worker's own give-back names its session too.
+			return GiveBack{Key: r.Key, ClientID: r.ClientID, SessionID: g.sessionOf(r.ClientID), Generation: r.Generation}
+		}
+		return r
 	case 13:
 		now := g.stamp()
 		return DrainWorker{ClientID: g.client(), Deadline: now + int64(g.s.pick(40))*1000, Cordon: g.s.pick(3) == 0, Now: now}

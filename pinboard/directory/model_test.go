@@ -182,6 +182,26 @@ func (c *checker) expect(cmd Command) Result {
 		c.removePlacement(p)
 		delete(c.beliefs[p.Owner], p.Key)
 		return Result{Code: CodeOK}
+	case GiveBack:
+		w := c.workers[cmd.ClientID]
+		switch {
+		case w == nil:
+			return Result{Code: CodeUnknownWorker}
+		case w.session == "" || w.session != cmd.SessionID:
+			return Result{Code: CodeReregister}
+		}
+		p, ok := c.placements[cmd.Key]
+		if !ok {
+			return Result{Code: CodeNotFound}
+		}
+		// Session and generation in one step: a worker acting on a
+		// replaced session, or on an id regranted since, removes nothing.
+		if p.Owner != cmd.ClientID || p.OwnerSession != cmd.SessionID || p.Generation != cmd.Generation {
+			return Result{Code: CodeHeld, Placement: p}
+		}
+		c.removePlacement(p)
+		delete(c.beliefs[p.Owner], p.Key)
+		return Result{Code: CodeOK}
 	case DrainWorker:
 		if c.workers[cmd.ClientID] == nil {
 			return Result{Code: CodeUnknownWorker}
