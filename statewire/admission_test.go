@@ -108,10 +108,11 @@ func activate(t *testing.T, client proto.StoreClient, gen uint64, adjust ...func
 }
 
 type framesAnswer struct {
-	code int
-	resp statewire.FramesResponse
-	body string
-	err  error
+	code       int
+	resp       statewire.FramesResponse
+	body       string
+	retryAfter string
+	err        error
 }
 
 // post sends POST /frames with "say" frames for seqs, within d.
@@ -140,7 +141,7 @@ func (a *activation) postText(t *testing.T, d time.Duration, text string, seqs .
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
-	ans := framesAnswer{code: resp.StatusCode, body: string(body)}
+	ans := framesAnswer{code: resp.StatusCode, body: string(body), retryAfter: resp.Header.Get("Retry-After")}
 	if resp.StatusCode == http.StatusOK {
 		if err := json.Unmarshal(body, &ans.resp); err != nil {
 			t.Fatalf("frames answer %s: %v", body, err)
@@ -243,8 +244,8 @@ func TestFailedAppendDoesNotAdvanceHighWater(t *testing.T) {
 		if ans.err == nil && ans.code == http.StatusOK {
 			t.Fatalf("attempt %d while every append fails: acknowledged %+v", i, ans)
 		}
-		if ans.err == nil && (ans.code != http.StatusServiceUnavailable) {
-			t.Fatalf("attempt %d while every append fails: %d %s, want 503", i, ans.code, ans.body)
+		if ans.err == nil && (ans.code != http.StatusServiceUnavailable || ans.retryAfter != "1") {
+			t.Fatalf("attempt %d while every append fails: %d (Retry-After %q) %s, want 503 + Retry-After: 1", i, ans.code, ans.retryAfter, ans.body)
 		}
 	}
 	if got := storedSeqs(t, store, 5); len(got) != 0 {
@@ -315,7 +316,7 @@ func TestFrameTooLargeToStoreIsRefusedAndChangesNothing(t *testing.T) {
 	store := memstore.New()
 	a := activate(t, serveStore(t, store), 5, func(c *statewire.Config) { c.MaxBody = 4 << 20 })
 	ans := a.postText(t, 10*time.Second, strings.Repeat("x", statestore.MaxValueLen), 1)
-	if ans.code != http.StatusRequestEntityTooLarge || !strings.Contains(ans.body, "frames not admitted") {
+	if ans.code != http.StatusRequestEntityTooLarge || !strings.Contains(ans.body, "frames not admitted") || ans.retryAfter != "" {
 		t.Fatalf("oversized frame: %d %s, want 413 saying why", ans.code, ans.body)
 	}
 	if got := storedSeqs(t, store, 5); len(got) != 0 {
@@ -455,5 +456,57 @@ func recv[T any](t *testing.T, ch <-chan T) T {
 	case <-time.After(10 * time.Second):
 		t.Fatal("nothing within 10s")
 		panic("unreachable")
+	}
+}
+
+// The limits are inclusive: MaxFrames frames in one request and a seq of
+// MaxSeq are taken (MaxSeq as a first seq is a gap, 409, not a bad seq);
+// one more of either is a 400 saying what to fix.
+func TestFrameLimitsAreInclusive(t *testing.T) {
+	a := activate(t, serveStore(t, memstore.New()), 5)
+	var seqs []int64
+	for s := int64(1); s <= statewire.MaxFrames+1; s++ {
+		seqs = append(seqs, s)
+	}
+	if ans := a.post(t, 10*time.Second, seqs...); ans.code != http.StatusBadRequest || !strings.Contains(ans.body, "at most") {
+		t.Fatalf("%d frames: %d %s, want 400", len(seqs), ans.code, ans.body)
+	}
+	if ans := a.post(t, 10*time.Second, seqs[:statewire.MaxFrames]...); ans.code != http.StatusOK || ans.resp.Admitted != statewire.MaxFrames {
+		t.Fatalf("%d frames: %+v", statewire.MaxFrames, ans)
+	}
+	if ans := a.post(t, 10*time.Second, statewire.MaxSeq+1); ans.code != http.StatusBadRequest || !strings.Contains(ans.body, "seq must be") {
+		t.Fatalf("seq MaxSeq+1: %d %s, want 400", ans.code, ans.body)
+	}
+	if ans := a.post(t, 10*time.Second, statewire.MaxSeq); ans.code == http.StatusBadRequest {
+		t.Fatalf("seq MaxSeq refused as invalid: %s", ans.body)
+	}
+}
+
+// The admitted mark outlives the items: a process that stored commands but
+// died before writing the mark leaves them pending; the next activation
+// runs and settles them, and must write the mark before the items go, or
+// a resend after that would be admitted (and run) again.
+func TestAdmittedMarkOutlivesSettledItems(t *testing.T) {
+	store := faulty.New(memstore.New())
+	store.SetHook(func(_ context.Context, _ statestore.InstanceKey, gen uint64, muts []statestore.Mutation) error {
+		if gen == 5 && faulty.Touches(muts, statewire.CommandTray, faulty.SetsField("admitted")) {
+			return errors.New("the process died before this write")
+		}
+		return nil
+	})
+	client := serveStore(t, store)
+	first := activate(t, client, 5)
+	if ans := first.post(t, 10*time.Second, 1, 2); ans.code != http.StatusOK || ans.resp.Admitted != 2 {
+		t.Fatalf("first activation: %+v", ans)
+	}
+	// The next activation's runs finish at once: its items settle.
+	second := activate(t, client, 6, func(c *statewire.Config) {
+		c.Run = func(context.Context, *statewire.RunContext) error { return nil }
+	})
+	testutil.WaitFor(t, 10*time.Second, "the redelivered commands settled", func() bool {
+		return len(storedSeqs(t, store, 6)) == 0
+	})
+	if ans := second.post(t, 10*time.Second, 1, 2); ans.code != http.StatusOK || ans.resp.Admitted != 0 || ans.resp.Duplicates != 2 || ans.resp.Acked != 2 {
+		t.Fatalf("resend after the settle: %+v, want 2 duplicates", ans)
 	}
 }
