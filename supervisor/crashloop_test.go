@@ -77,8 +77,9 @@ func TestCrashLoopDegradesOnceAndRecovers(t *testing.T) {
 			t.Fatalf("after crash %d: degraded %v, want %v", i, status().Degraded, want)
 		}
 	}
-	if c := code(); c != http.StatusServiceUnavailable {
-		t.Fatalf("degraded namespace answered %d, want 503", c)
+	r, err := testutil.Do(context.Background(), "GET", srv.URL+"/misc/a/pid", "", nil)
+	if err != nil || r.Code != http.StatusServiceUnavailable || r.Header.Get("Retry-After") != "5" || !strings.Contains(r.Body, "degraded") {
+		t.Fatalf("degraded namespace answered %v %+v, want 503 + Retry-After 5 'degraded'", err, r)
 	}
 	if n := degradedLines(); n != 1 {
 		t.Fatalf("%d degradation log lines after three crashes, want 1", n)
