@@ -50,7 +50,11 @@ done
 
 mkdir -p "$out" "$(dirname "$report")"
 snap=$(mktemp -d "${TMPDIR:-/tmp}/pinnedd-mutants-src-XXXXXX")
-trap 'rm -rf "$snap"' EXIT
+# gremlins' work dirs, and whatever the tests under it leave in TMPDIR,
+# go in a dir of this run's own: removed at the end, also after a package
+# was cut at its bound (gremlins then cannot clean up).
+gtmp=$(mktemp -d "${TMPDIR:-/tmp}/pinnedd-mutants-tmp-XXXXXX")
+trap 'rm -rf "$snap" "$gtmp"' EXIT
 git archive HEAD | tar -x -C "$snap"
 rev=$(git rev-parse --short HEAD)
 
@@ -68,12 +72,13 @@ for pkg in "$@"; do
   start=$(date +%s)
   status=complete
   cmd=(gremlins unleash --workers "$workers" --timeout-coefficient "$coef" -E / "./$pkg")
-  (cd "$snap" && timeout --kill-after=30s "$timeout_per_pkg" \
+  (cd "$snap" && TMPDIR=$gtmp timeout --kill-after=30s "$timeout_per_pkg" \
     "$gbin" "${cmd[@]:1}") >"$log" 2>&1 || {
     rc=$?
     if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then status="partial (cut at $timeout_per_pkg)"; else status="gremlins exit $rc"; fi
   }
   secs=$(($(date +%s) - start))
+  rm -rf "${gtmp:?}"/* # a cut run's work dirs
   count() { grep -c "^ *$1 " "$log" || true; }
   killed=$(count KILLED) lived=$(count LIVED) timedout=$(count "TIMED OUT")
   notcov=$(count "NOT COVERED") notviable=$(count "NOT VIABLE")

@@ -520,7 +520,7 @@ func (l *logBuffer) find(subs []string) (string, bool) {
 // already in use"), while ports below the range are only ever taken by an
 // explicit bind. A port is handed out once across every test process on
 // the machine (go test runs packages in parallel): FreeAddr holds a lock
-// on a file named after it under os.TempDir until the process ends.
+// on a file named after it (under portLockDir) until the process ends.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
 	addr, err := freeAddr()
@@ -561,7 +561,7 @@ func freeAddr() (string, error) {
 // The files stay (removing one would let two processes lock two files of
 // one name).
 func lockPort(port int) (*os.File, bool) {
-	dir := filepath.Join(os.TempDir(), "pinnedd-test-ports")
+	dir := portLockDir
 	if err := os.MkdirAll(dir, 0o777); err != nil {
 		return nil, false
 	}
@@ -575,6 +575,11 @@ func lockPort(port int) (*os.File, bool) {
 	}
 	return f, true
 }
+
+// portLockDir holds FreeAddr's lock files: one directory for the machine,
+// whatever TMPDIR a test process runs with (scripts/mutants.sh gives
+// gremlins' test runs one of their own), since ports are the machine's.
+const portLockDir = "/tmp/pinnedd-test-ports"
 
 // freeFloor is the lowest port FreeAddr hands out (above the well-known
 // and most registered service ports).
