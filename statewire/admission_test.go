@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -17,9 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
+	"github.com/pinnedd/pinnedd/internal/storegrpc"
 	"github.com/pinnedd/pinnedd/internal/testutil"
 	"github.com/pinnedd/pinnedd/plugins/proto"
 	"github.com/pinnedd/pinnedd/plugins/sdk"
@@ -27,7 +24,6 @@ import (
 	"github.com/pinnedd/pinnedd/statestore/faulty"
 	"github.com/pinnedd/pinnedd/statestore/memstore"
 	"github.com/pinnedd/pinnedd/statewire"
-	"github.com/pinnedd/pinnedd/supervisor"
 )
 
 const (
@@ -36,26 +32,6 @@ const (
 )
 
 var threadKey = statestore.InstanceKey{Namespace: threadNS, ID: "t1"}
-
-// serveStore serves store over real gRPC on loopback, as pinnedd serves its
-// state store to a plugin, and returns a client for it.
-func serveStore(t *testing.T, store statestore.Store) proto.StoreClient {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	proto.RegisterStoreServer(g, supervisor.NewStoreServer(store, func(string) bool { return true }))
-	go func() { _ = g.Serve(ln) }()
-	t.Cleanup(g.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return proto.NewStoreClient(conn)
-}
 
 // activation is one process's activation of /threads/t1 with a Statewire
 // server over real HTTP: a runtime as a plugin runs it, trays in the store
@@ -189,7 +165,7 @@ func TestFramesAnsweredOnlyAfterTheirCommit(t *testing.T) {
 		}
 		return nil
 	})
-	a := activate(t, serveStore(t, store), 5)
+	a := activate(t, storegrpc.Client(t, store), 5)
 	t.Cleanup(gate.Open) // first: a failed test must not leave the commit held
 
 	answered := make(chan framesAnswer, 1)
@@ -237,7 +213,7 @@ func TestFailedAppendDoesNotAdvanceHighWater(t *testing.T) {
 		}
 		return nil
 	})
-	a := activate(t, serveStore(t, store), 5)
+	a := activate(t, storegrpc.Client(t, store), 5)
 
 	for i := range 3 {
 		ans := a.post(t, 2*time.Second, 1, 2)
@@ -279,7 +255,7 @@ func TestHighWaterCountsPendingItemsAfterACrash(t *testing.T) {
 		}
 		return nil
 	})
-	client := serveStore(t, store)
+	client := storegrpc.Client(t, store)
 	first := activate(t, client, 5)
 	if ans := first.post(t, 10*time.Second, 1, 2); ans.code != http.StatusOK || ans.resp.Acked != 2 || ans.resp.Admitted != 2 {
 		t.Fatalf("first activation: %+v", ans)
@@ -314,7 +290,7 @@ func TestHighWaterCountsPendingItemsAfterACrash(t *testing.T) {
 // next frame with that seq is admitted.
 func TestFrameTooLargeToStoreIsRefusedAndChangesNothing(t *testing.T) {
 	store := memstore.New()
-	a := activate(t, serveStore(t, store), 5, func(c *statewire.Config) { c.MaxBody = 4 << 20 })
+	a := activate(t, storegrpc.Client(t, store), 5, func(c *statewire.Config) { c.MaxBody = 4 << 20 })
 	ans := a.postText(t, 10*time.Second, strings.Repeat("x", statestore.MaxValueLen), 1)
 	if ans.code != http.StatusRequestEntityTooLarge || !strings.Contains(ans.body, "frames not admitted") || ans.retryAfter != "" {
 		t.Fatalf("oversized frame: %d %s, want 413 saying why", ans.code, ans.body)
@@ -352,7 +328,7 @@ func (a *activation) postAs(t *testing.T, client string, frames ...string) frame
 // dropped while the client was told it was handled.
 func TestSeqGapIsRefusedAndAdmitsNothing(t *testing.T) {
 	store := memstore.New()
-	a := activate(t, serveStore(t, store), 5)
+	a := activate(t, storegrpc.Client(t, store), 5)
 	if ans := a.post(t, 10*time.Second, 1); ans.code != http.StatusOK || ans.resp.Acked != 1 {
 		t.Fatalf("seq 1: %+v", ans)
 	}
@@ -401,7 +377,7 @@ func TestCancelStopsOnlyTheSendersRun(t *testing.T) {
 	}
 	started := make(chan string, 4)
 	ended := make(chan event, 4)
-	a := activate(t, serveStore(t, memstore.New()), 5, func(c *statewire.Config) {
+	a := activate(t, storegrpc.Client(t, memstore.New()), 5, func(c *statewire.Config) {
 		c.Run = func(ctx context.Context, rc *statewire.RunContext) error {
 			started <- rc.ClientID
 			select {
@@ -463,7 +439,7 @@ func recv[T any](t *testing.T, ch <-chan T) T {
 // MaxSeq are taken (MaxSeq as a first seq is a gap, 409, not a bad seq);
 // one more of either is a 400 saying what to fix.
 func TestFrameLimitsAreInclusive(t *testing.T) {
-	a := activate(t, serveStore(t, memstore.New()), 5)
+	a := activate(t, storegrpc.Client(t, memstore.New()), 5)
 	var seqs []int64
 	for s := int64(1); s <= statewire.MaxFrames+1; s++ {
 		seqs = append(seqs, s)
@@ -494,7 +470,7 @@ func TestAdmittedMarkOutlivesSettledItems(t *testing.T) {
 		}
 		return nil
 	})
-	client := serveStore(t, store)
+	client := storegrpc.Client(t, store)
 	first := activate(t, client, 5)
 	if ans := first.post(t, 10*time.Second, 1, 2); ans.code != http.StatusOK || ans.resp.Admitted != 2 {
 		t.Fatalf("first activation: %+v", ans)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/pinnedd/pinnedd/internal/storegrpc"
 	"github.com/pinnedd/pinnedd/statestore/memstore"
 	"github.com/pinnedd/pinnedd/statewire"
 	"github.com/pinnedd/pinnedd/statewire/internal/vectors"
@@ -20,7 +21,7 @@ func TestFramesVectors(t *testing.T) {
 	if err != nil || len(cases) == 0 {
 		t.Fatalf("load vectors: %d cases, %v", len(cases), err)
 	}
-	a := activate(t, serveStore(t, memstore.New()), 5, func(c *statewire.Config) {
+	a := activate(t, storegrpc.Client(t, memstore.New()), 5, func(c *statewire.Config) {
 		c.Commands = map[string]statewire.CommandSpec{"say": {Run: true, Validate: func(f json.RawMessage) error {
 			var v struct{ Text *string }
 			if err := json.Unmarshal(f, &v); err != nil || v.Text == nil {

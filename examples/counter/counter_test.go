@@ -4,44 +4,20 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/pinnedd/pinnedd/examples/counter"
+	"github.com/pinnedd/pinnedd/internal/storegrpc"
 	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/plugins/proto"
 	"github.com/pinnedd/pinnedd/plugins/sdk"
 	"github.com/pinnedd/pinnedd/statestore"
 	"github.com/pinnedd/pinnedd/statestore/faulty"
 	"github.com/pinnedd/pinnedd/statestore/memstore"
-	"github.com/pinnedd/pinnedd/supervisor"
 )
-
-// serveStore serves store over real gRPC on loopback, as pinnedd serves its
-// state store to a plugin, and returns a client for it.
-func serveStore(t *testing.T, store statestore.Store) proto.StoreClient {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	proto.RegisterStoreServer(g, supervisor.NewStoreServer(store, func(string) bool { return true }))
-	go func() { _ = g.Serve(ln) }()
-	t.Cleanup(g.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return proto.NewStoreClient(conn)
-}
 
 // An increment is answered only once the commit that stores it returned:
 // the store's commit of the new value is held, and no answer may come
@@ -62,7 +38,7 @@ func TestIncrementAnsweredOnlyAfterItsCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt.UseStore(serveStore(t, store))
+	rt.UseStore(storegrpc.Client(t, store))
 	t.Cleanup(rt.Close)
 	if _, err := rt.Activate(t.Context(), &proto.ActivateRequest{Namespace: counter.Namespace, Id: "alice", Generation: 3}); err != nil {
 		t.Fatal(err)

@@ -40,6 +40,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pinnedd/pinnedd/internal/storegrpc"
 	"github.com/pinnedd/pinnedd/plugins/proto"
 	"github.com/pinnedd/pinnedd/plugins/sdk"
 	"github.com/pinnedd/pinnedd/statestore"
@@ -125,7 +126,7 @@ var benchRun atomic.Int64
 func BenchmarkDurableWrites(b *testing.B) {
 	for _, sc := range benchStores {
 		b.Run(sc.name, func(b *testing.B) {
-			client := storeClient(b, sc.open(b))
+			client := storegrpc.Client(b, sc.open(b))
 			for _, instances := range []int{1, 100} {
 				for _, mode := range []struct {
 					name  string
@@ -196,7 +197,7 @@ func benchWrites(b *testing.B, client proto.StoreClient, instances, batch int) {
 func BenchmarkActivateRestore(b *testing.B) {
 	for _, sc := range benchStores {
 		b.Run(sc.name, func(b *testing.B) {
-			client := storeClient(b, sc.open(b))
+			client := storegrpc.Client(b, sc.open(b))
 			rt := benchRuntime(b, client)
 			ctx := context.Background()
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -14,36 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
+	"github.com/pinnedd/pinnedd/internal/storegrpc"
 	"github.com/pinnedd/pinnedd/internal/testutil"
 	"github.com/pinnedd/pinnedd/plugins/proto"
 	"github.com/pinnedd/pinnedd/plugins/sdk"
 	"github.com/pinnedd/pinnedd/statestore"
 	"github.com/pinnedd/pinnedd/statestore/memstore"
-	"github.com/pinnedd/pinnedd/supervisor"
 )
-
-// storeClient serves store over real gRPC on loopback, as pinnedd does over
-// the plugin broker, and returns a client for it.
-func storeClient(t testing.TB, store statestore.Store) proto.StoreClient {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	proto.RegisterStoreServer(g, supervisor.NewStoreServer(store, func(string) bool { return true }))
-	go func() { _ = g.Serve(ln) }()
-	t.Cleanup(g.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return proto.NewStoreClient(conn)
-}
 
 type recorder struct {
 	mu   sync.Mutex
@@ -64,7 +40,7 @@ func (r *recorder) all() []string {
 
 func TestTraysSurviveReactivationAndFence(t *testing.T) {
 	store := memstore.New()
-	client := storeClient(t, store)
+	client := storegrpc.Client(t, store)
 	rec := &recorder{}
 	var crash sync.Once
 	firstDone := make(chan struct{}) // the first run got past Applied and "crashed"
@@ -172,7 +148,7 @@ func TestWriteLimitsAndLargeBursts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt.UseStore(storeClient(t, store))
+	rt.UseStore(storegrpc.Client(t, store))
 	ctx := context.Background()
 	if _, err := rt.Activate(ctx, &proto.ActivateRequest{Namespace: "/things", Id: "b", Generation: 3}); err != nil {
 		t.Fatal(err)
@@ -227,7 +203,7 @@ func TestDurableReportsAnOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt.UseStore(storeClient(t, store))
+	rt.UseStore(storegrpc.Client(t, store))
 	ctx := context.Background()
 	if _, err := rt.Activate(ctx, &proto.ActivateRequest{Namespace: "/things", Id: "a", Generation: 1}); err != nil {
 		t.Fatal(err)
