@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pinnedd/pinnedd/internal/testutil"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
 )
@@ -133,7 +134,7 @@ func TestTakeoverLogged(t *testing.T) {
 // loop is off).
 func TestAccessLog(t *testing.T) {
 	rig := newForwardRig(t)
-	logs := &syncBuffer{}
+	logs := &testutil.SyncBuffer{}
 	f := NewFrontDoor(FrontDoorConfig{Dir: rig.f.cfg.Dir, Logger: slog.New(slog.NewTextHandler(logs, nil)), AccessLog: true})
 	entry := httptest.NewServer(f)
 	t.Cleanup(func() {

@@ -1,7 +1,6 @@
 package pinboard
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pinnedd/pinnedd/internal/testutil"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 )
 
@@ -34,24 +34,6 @@ func (a *machineApplier) Apply(_ context.Context, cmd []byte) ([]byte, error) {
 	return a.m.Apply(a.index, cmd), nil
 }
 
-// syncBuffer is a log sink tests read while the front door writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // doorRig is a front door on a real directory (committed in process) and
 // a real HTTP server, with the token "op-token" for every scope.
 type doorRig struct {
@@ -59,7 +41,7 @@ type doorRig struct {
 	srv  *httptest.Server
 	m    *directory.Machine
 	reg  *prometheus.Registry
-	logs *syncBuffer
+	logs *testutil.SyncBuffer
 }
 
 // newDoorRig builds the rig; adjust may change the config first (the
@@ -70,7 +52,7 @@ func newDoorRig(t *testing.T, adjust func(*doorRig, *FrontDoorConfig)) *doorRig 
 	m.ApplyCommand(1, directory.Init{Secret: []byte("0123456789abcdef0123456789abcdef")})
 	dir := NewDirectory(m, &machineApplier{m: m, index: 1})
 	t.Cleanup(dir.Close)
-	rig := &doorRig{m: m, reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
+	rig := &doorRig{m: m, reg: prometheus.NewRegistry(), logs: &testutil.SyncBuffer{}}
 	ready := make(chan struct{})
 	rig.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		<-ready

@@ -240,24 +240,6 @@ func lineWith(s, prefix string) string {
 	return prefix + " <none>"
 }
 
-// syncBuffer is a bytes.Buffer a test may read while a process writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestRefusedThenListening: a command started before its agent listens
 // rides out the refused connections. The listener opens only after the CLI
 // reported its first refusal, so the retry is what the test sees.
@@ -265,7 +247,7 @@ func TestRefusedThenListening(t *testing.T) {
 	addr := testutil.FreeAddr(t)
 	cmd := exec.Command(testutil.Bin(t, "pinnedd"), "status", "--json", "--addr", addr)
 	cmd.Env = cliEnv(nil)
-	var stdout, stderr syncBuffer
+	var stdout, stderr testutil.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
