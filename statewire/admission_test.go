@@ -486,3 +486,23 @@ func TestAdmittedMarkOutlivesSettledItems(t *testing.T) {
 		t.Fatalf("resend after the settle: %+v, want 2 duplicates", ans)
 	}
 }
+
+// A resend of frames below the mark (all duplicates) leaves the mark where
+// it was: it never moves back, so a later resend of what lies between is
+// still a duplicate, never admitted (and run) twice.
+func TestHighWaterNeverMovesBack(t *testing.T) {
+	store := memstore.New()
+	a := activate(t, storegrpc.Client(t, store), 5)
+	if ans := a.post(t, 10*time.Second, 1, 2, 3); ans.code != http.StatusOK || ans.resp.Acked != 3 {
+		t.Fatalf("first: %+v", ans)
+	}
+	if ans := a.post(t, 10*time.Second, 1, 2); ans.code != http.StatusOK || ans.resp.Acked != 3 || ans.resp.Duplicates != 2 {
+		t.Fatalf("resend of 1-2: %+v, want acked 3 and 2 duplicates", ans)
+	}
+	if ans := a.post(t, 10*time.Second, 3); ans.code != http.StatusOK || ans.resp.Duplicates != 1 || ans.resp.Admitted != 0 {
+		t.Fatalf("resend of 3: %+v, want a duplicate", ans)
+	}
+	if got := storedSeqs(t, store, 5); !slices.Equal(got, []int64{1, 2, 3}) {
+		t.Fatalf("stored %v, want [1 2 3]", got)
+	}
+}
