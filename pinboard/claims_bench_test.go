@@ -3,10 +3,6 @@ package pinboard
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -14,105 +10,7 @@ import (
 	"time"
 
 	"github.com/pinnedd/pinnedd/pinboard/directory"
-	"github.com/pinnedd/pinnedd/raftstore"
 )
-
-// benchNode is one in-process member of a real 3-node cluster: raft on
-// disk, TCP transport, HTTP forwarding to the leader.
-type benchNode struct {
-	store *raftstore.Store
-	dir   *Directory
-	// noHandOffRoute makes the node answer its hand-off route 404, as a
-	// node running a release without it would.
-	noHandOffRoute atomic.Bool
-	// silent makes the hand-off route swallow batches and never answer, as
-	// a leader cut off by a partition does; each one swallowed is sent on
-	// swallowed (if there is room).
-	silent    atomic.Bool
-	swallowed chan struct{}
-}
-
-func startBenchCluster(b testing.TB, n int) []*benchNode {
-	b.Helper()
-	ctx := context.Background()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	nodes := make([]*benchNode, n)
-	for i := range n {
-		var h atomic.Pointer[http.Handler]
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if hp := h.Load(); hp != nil {
-				(*hp).ServeHTTP(w, r)
-				return
-			}
-			http.Error(w, "starting", http.StatusServiceUnavailable)
-		}))
-		b.Cleanup(srv.Close)
-		m := directory.New()
-		store, err := raftstore.Open(ctx, raftstore.Config{
-			NodeID: fmt.Sprintf("n%d", i), RaftAddr: "127.0.0.1:0", APIAddr: srv.URL, DataDir: b.TempDir(),
-			// Raft's default (LAN) timeouts: with three nodes sharing two
-			// saturated cores, shorter ones cost elections mid-run.
-			Bootstrap: i == 0, Logger: quiet, Token: "t",
-		}, m)
-		if err != nil {
-			b.Fatal(err)
-		}
-		dir := NewDirectory(m, store)
-		dir.SetHandOff(store.HTTPClient(), "t")
-		mux := http.NewServeMux()
-		mux.Handle(raftstore.HandlerPrefix, store.Handler(nil))
-		nodes[i] = &benchNode{store: store, dir: dir, swallowed: make(chan struct{}, 16)}
-		nd := nodes[i]
-		mux.HandleFunc("POST "+HandOffPath, func(w http.ResponseWriter, r *http.Request) {
-			if nd.noHandOffRoute.Load() {
-				http.NotFound(w, r)
-				return
-			}
-			if nd.silent.Load() {
-				select {
-				case nd.swallowed <- struct{}{}:
-				default:
-				}
-				// Read the batch first: the server notices a closed
-				// connection only once the body has been read.
-				_, _ = io.Copy(io.Discard, r.Body)
-				<-r.Context().Done() // the sender gave up
-				return
-			}
-			dir.ServeHandOff(w, r)
-		})
-		var handler http.Handler = mux
-		h.Store(&handler)
-		b.Cleanup(func() {
-			nodes[i].dir.Close()
-			_ = store.Close(context.Background())
-		})
-		if i == 0 {
-			if err := store.WaitForLeader(ctx); err != nil {
-				b.Fatal(err)
-			}
-			continue
-		}
-		if err := nodes[0].store.Join(ctx, store.NodeID(), store.RaftAddr(), srv.URL); err != nil {
-			b.Fatal(err)
-		}
-	}
-	for _, nd := range nodes {
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		if err := nd.store.WaitForLeader(wctx); err != nil {
-			b.Fatal(err)
-		}
-		cancel()
-	}
-	res, err := nodes[0].dir.Do(ctx, directory.Register{
-		ClientID: "w1", SessionID: "s1", NodeID: "n0", AdvertiseURL: "http://w1", Namespaces: []string{"/b"},
-		Headroom: 1 << 30, TTLMs: time.Hour.Milliseconds(), Now: time.Now().UnixMilli(),
-	})
-	if err != nil || res.Code != directory.CodeOK {
-		b.Fatalf("register: %v %v", res.Code, err)
-	}
-	return nodes
-}
 
 var benchKey atomic.Int64
 
