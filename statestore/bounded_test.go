@@ -161,3 +161,37 @@ func TestMonitorRunProbes(t *testing.T) {
 	f.set(nil, false)
 	testutil.WaitFor(t, 5*time.Second, "a store passing its probes to turn healthy", func() bool { return m.Err() == nil })
 }
+
+// The defaults and limits gremlins found untested: a zero timeout is
+// CallTimeout (a call that succeeds goes through), a zero MonitorConfig
+// runs, one failure is not yet unhealthy, and the instance and fence rules
+// refuse a NUL in an id and generation 0 but take the largest generation.
+func TestBoundedDefaultsAndValidationLimits(t *testing.T) {
+	ctx := context.Background()
+	inst := statestore.InstanceKey{Namespace: "/ns", ID: "a"}
+	if _, err := statestore.Bounded(memstore.New(), 0, nil).Load(ctx, inst, 1); err != nil {
+		t.Fatalf("Load through Bounded with the default timeout: %v", err)
+	}
+	m := statestore.NewMonitor(statestore.MonitorConfig{})
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); m.Run(rctx, statestore.Bounded(memstore.New(), 0, nil).(statestore.Pinger)) }()
+	cancel()
+	<-done
+	s := statestore.Bounded(&flaky{Store: memstore.New(), fail: errors.New("down")}, time.Second, m)
+	if _, err := s.Load(ctx, inst, 1); !errors.Is(err, statestore.ErrUnavailable) {
+		t.Fatalf("a failing Load: %v, want ErrUnavailable", err)
+	}
+	if err := m.Err(); err != nil {
+		t.Fatalf("one failure already unhealthy: %v", err)
+	}
+	if err := statestore.ValidateInstance(statestore.InstanceKey{Namespace: "/ns", ID: "a\x00b"}); !errors.Is(err, statestore.ErrInvalid) {
+		t.Fatalf("an id with a NUL: %v, want ErrInvalid", err)
+	}
+	if err := statestore.ValidateFence(inst, 0); !errors.Is(err, statestore.ErrInvalid) {
+		t.Fatalf("generation 0: %v, want ErrInvalid", err)
+	}
+	if err := statestore.ValidateFence(inst, statestore.MaxGeneration); err != nil {
+		t.Fatalf("the largest generation: %v", err)
+	}
+}
