@@ -433,3 +433,23 @@ func TestSendBacksOffOnServerErrors(t *testing.T) {
 		}
 	}
 }
+
+// A stream refused with no Retry-After is retried with a growing backoff
+// (100 ms, 200 ms, 400 ms, each at least half of that), then attaches.
+func TestSessionBacksOffOnServerErrors(t *testing.T) {
+	s, _ := newServer(t)
+	fr := newFront(t, s)
+	fr.failNext("/stream", 3, http.StatusBadGateway)
+	start := time.Now()
+	sess := client.New(fr.srv.URL).Attach(t.Context())
+	defer sess.Close()
+	if err := sess.Wait(waitCtx(t), func(s *client.Session) bool { return s.Stats().Attached }); err != nil {
+		t.Fatal(err)
+	}
+	if n := fr.count("/stream"); n != 4 {
+		t.Fatalf("%d stream requests, want 4", n)
+	}
+	if d := time.Since(start); d < 350*time.Millisecond {
+		t.Fatalf("attached after %v, want the backoff to grow (at least 50+100+200 ms)", d)
+	}
+}
