@@ -66,6 +66,22 @@ type state struct {
 type queued struct {
 	m    *proto.StoreMutation
 	seqs *[]int64 // AppendItems: where the store's seqs go
+	tray *Tray    // AppendItems: whose cache gets the items once stored
+}
+
+// storedLocked puts an append's items, numbered, in its tray's cache: once
+// they are stored, whether or not the Append that queued them still waits
+// (it may have given up on a failed commit that a retry then stored).
+func (q queued) storedLocked() {
+	if q.tray == nil {
+		return
+	}
+	raw := q.m.GetAppendItems().GetPayloads()
+	for i, s := range *q.seqs {
+		if i < len(raw) {
+			q.tray.items = append(q.tray.items, Item{Seq: s, Payload: raw[i]})
+		}
+	}
 }
 
 func newState(inst *Instance, store proto.StoreClient, host Host, loaded []*proto.TrayData) *state {
@@ -100,6 +116,7 @@ func (st *state) enqueueLocked(q queued) {
 	if st.store == nil {
 		st.done = st.enq
 		st.queue = st.queue[:0]
+		q.storedLocked()
 		return
 	}
 	if !st.flushing {
@@ -131,6 +148,7 @@ func (st *state) flush() {
 		resp, err := st.store.Commit(ctx, req)
 		cancel()
 
+		var stored []*Tray
 		st.mu.Lock()
 		switch {
 		case err == nil:
@@ -141,6 +159,10 @@ func (st *state) flush() {
 				}
 				if q.m.GetAppendItems() != nil {
 					i++
+				}
+				if q.tray != nil {
+					q.storedLocked()
+					stored = append(stored, q.tray)
 				}
 			}
 			st.queue = st.queue[len(batch):]
@@ -163,6 +185,9 @@ func (st *state) flush() {
 		st.changed = make(chan struct{})
 		fenced := st.err != nil
 		st.mu.Unlock()
+		for _, t := range stored {
+			st.kick(t)
+		}
 		if fenced {
 			st.inst.fenced()
 			return
@@ -390,18 +415,16 @@ func (t *Tray) Append(ctx context.Context, payloads ...any) ([]int64, error) {
 		}
 	}
 	t.st.enqueueLocked(queued{m: &proto.StoreMutation{TrayNs: t.key.NS, TrayId: t.key.ID,
-		Op: &proto.StoreMutation_AppendItems{AppendItems: &proto.AppendItemsOp{Payloads: raw}}}, seqs: &seqs})
+		Op: &proto.StoreMutation_AppendItems{AppendItems: &proto.AppendItemsOp{Payloads: raw}}}, seqs: &seqs, tray: t})
 	t.st.mu.Unlock()
 	if err := t.st.durable(ctx); err != nil {
 		return nil, err
 	}
+	t.st.kick(t) // memory only; the flusher kicks what it stored
 	t.st.mu.Lock()
-	for i, s := range seqs {
-		t.items = append(t.items, Item{Seq: s, Payload: raw[i]})
-	}
+	out := slices.Clone(seqs)
 	t.st.mu.Unlock()
-	t.st.kick(t)
-	return seqs, nil
+	return out, nil
 }
 
 // markApplied and settle are the run's bookkeeping.

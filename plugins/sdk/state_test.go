@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -229,4 +230,39 @@ func TestDurableReportsAnOutage(t *testing.T) {
 	if err != nil || len(trays) != 1 || string(trays[0].Fields["v"]) != "1" {
 		t.Fatalf("the queued write after the outage: %+v, %v", trays, err)
 	}
+}
+
+// An Append whose wait gave up on a failed commit is still stored by the
+// retry, and then runs: its items reach the tray's cache and its handler
+// when they are stored, not only when the Append is still waiting.
+func TestAppendStoredAfterAFailedWaitRuns(t *testing.T) {
+	store := &outage{Store: memstore.New()}
+	rec := &recorder{}
+	rt, err := sdk.NewRuntime(map[string]sdk.Host{"/things": {
+		New: func(inst *sdk.Instance) (http.Handler, error) { return http.NotFoundHandler(), nil },
+		Trays: map[string]sdk.TrayHandler{"jobs": func(ctx context.Context, run *sdk.Run) error {
+			for _, it := range run.Items {
+				rec.add(string(it.Payload))
+			}
+			return nil
+		}},
+	}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.UseStore(storegrpc.Client(t, store))
+	ctx := context.Background()
+	if _, err := rt.Activate(ctx, &proto.ActivateRequest{Namespace: "/things", Id: "a", Generation: 1}); err != nil {
+		t.Fatal(err)
+	}
+	store.down.Store(true)
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if _, err := rt.Instance("/things", "a").Tray("jobs", "j").Append(wctx, "job-1"); !errors.Is(err, sdk.ErrStateUnavailable) {
+		t.Fatalf("Append during an outage: %v, want ErrStateUnavailable", err)
+	}
+	store.down.Store(false)
+	testutil.WaitFor(t, 30*time.Second, "the item stored by the retry runs", func() bool {
+		return slices.Equal(rec.all(), []string{`"job-1"`})
+	})
 }
