@@ -320,6 +320,12 @@ func (s *Store) storageFault(op string, err error) {
 			"dir", s.logDir, "op", op, "err", err, "free", free)
 		s.fatalCh <- ferr
 		s.notifyChange()
+		// Fail-stop means silent at once: peers' dials are refused and their
+		// connections close now, not when the agent's shutdown reaches Close.
+		// A node that lingered half-alive kept the leader's replication to it
+		// failing slowly into raft's longest backoff, which then delayed the
+		// catch-up of its restarted successor.
+		_ = s.trans.Close()
 	})
 }
 
