@@ -321,10 +321,9 @@ func (s *Store) storageFault(op string, err error) {
 		s.fatalCh <- ferr
 		s.notifyChange()
 		// Fail-stop means silent at once: peers' dials are refused and their
-		// connections close now, not when the agent's shutdown reaches Close.
-		// A node that lingered half-alive kept the leader's replication to it
-		// failing slowly into raft's longest backoff, which then delayed the
-		// catch-up of its restarted successor.
+		// connections close now, not when the agent's shutdown reaches Close;
+		// a half-alive node drives the leader's replication to it into raft's
+		// longest backoff, which then delays its restarted successor.
 		_ = s.trans.Close()
 	})
 }
