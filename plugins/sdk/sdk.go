@@ -95,6 +95,10 @@ type Instance struct {
 
 	tasks  sync.WaitGroup
 	ntasks atomic.Int32
+	// tasksMu orders Go's Add before stop's Wait: once stopping is set,
+	// Go starts nothing (the context is cancelled anyway).
+	tasksMu  sync.Mutex
+	stopping bool
 	// windDown is the eviction deadline in unix ms, 0 when none.
 	windDown atomic.Int64
 
@@ -156,10 +160,16 @@ func (i *Instance) Logger() *slog.Logger { return i.logger }
 
 // Go runs fn as a tracked background task: eviction cancels ctx and waits
 // (up to the grace period) for fn to return. A panic in fn is logged, not
-// fatal to the plugin.
+// fatal to the plugin. Once the instance is stopping, Go does nothing.
 func (i *Instance) Go(name string, fn func(ctx context.Context)) {
+	i.tasksMu.Lock()
+	if i.stopping {
+		i.tasksMu.Unlock()
+		return
+	}
 	i.tasks.Add(1)
 	i.ntasks.Add(1)
+	i.tasksMu.Unlock()
 	go func() {
 		defer i.tasks.Done()
 		defer func() {
@@ -219,6 +229,9 @@ func (i *Instance) Tasks() int { return int(i.ntasks.Load()) }
 // waitTasks waits for tracked tasks up to grace and reports how many were
 // still running.
 func (i *Instance) waitTasks(grace time.Duration) int {
+	i.tasksMu.Lock()
+	i.stopping = true
+	i.tasksMu.Unlock()
 	done := make(chan struct{})
 	go func() { i.tasks.Wait(); close(done) }()
 	t := time.NewTimer(grace)

@@ -266,3 +266,52 @@ func TestAppendStoredAfterAFailedWaitRuns(t *testing.T) {
 		return slices.Equal(rec.all(), []string{`"job-1"`})
 	})
 }
+
+// Tasks started while the instance stops (a flusher kicking a tray's
+// handler, a host's own Go) race its wait for tasks no more: Go after the
+// stop began starts nothing. Under -race this failed as "WaitGroup Add
+// concurrent with Wait".
+func TestGoWhileStoppingStartsNothing(t *testing.T) {
+	rt, err := sdk.NewRuntime(map[string]sdk.Host{"/things": {
+		New: func(inst *sdk.Instance) (http.Handler, error) { return http.NotFoundHandler(), nil },
+	}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := rt.Activate(ctx, &proto.ActivateRequest{Namespace: "/things", Id: "a", Generation: 1}); err != nil {
+		t.Fatal(err)
+	}
+	inst := rt.Instance("/things", "a")
+	stop := make(chan struct{})
+	var started atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				inst.Go("t", func(context.Context) { started.Add(1) })
+			}
+		}
+	}()
+	if _, err := rt.Deactivate(ctx, &proto.DeactivateRequest{Namespace: "/things", Id: "a", Reason: proto.Reason_REASON_SHUTDOWN, GraceMs: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	close(stop)
+	wg.Wait()
+	before := started.Load()
+	ran := make(chan struct{})
+	inst.Go("late", func(context.Context) { close(ran) })
+	select {
+	case <-ran:
+		t.Fatal("a task started after the instance stopped")
+	case <-time.After(100 * time.Millisecond):
+	}
+	if started.Load() != before {
+		t.Fatal("tasks kept starting after the stop")
+	}
+}
