@@ -144,17 +144,8 @@ func TestTraysSurviveReactivationAndFence(t *testing.T) {
 // Commit may carry is split, and every write lands.
 func TestWriteLimitsAndLargeBursts(t *testing.T) {
 	store := memstore.New()
-	rt, err := sdk.NewRuntime(map[string]sdk.Host{"/things": {New: func(*sdk.Instance) (http.Handler, error) { return http.NotFoundHandler(), nil }}},
-		slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt.UseStore(storegrpc.Client(t, store))
+	_, inst := activateThing(t, store, sdk.Host{}, "b", 3)
 	ctx := context.Background()
-	if _, err := rt.Activate(ctx, &proto.ActivateRequest{Namespace: "/things", Id: "b", Generation: 3}); err != nil {
-		t.Fatal(err)
-	}
-	inst := rt.Instance("/things", "b")
 	tray := inst.Tray("log", "~")
 	if err := tray.Set("big", strings.Repeat("x", 2<<20)); !errors.Is(err, sdk.ErrInvalidWrite) {
 		t.Fatalf("2 MiB field: %v, want ErrInvalidWrite", err)
@@ -198,18 +189,8 @@ func (o *outage) Commit(ctx context.Context, inst statestore.InstanceKey, gen ui
 // once the store is back.
 func TestDurableReportsAnOutage(t *testing.T) {
 	store := &outage{Store: memstore.New()}
-	rt, err := sdk.NewRuntime(map[string]sdk.Host{"/things": {
-		New: func(inst *sdk.Instance) (http.Handler, error) { return http.NotFoundHandler(), nil },
-	}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt.UseStore(storegrpc.Client(t, store))
+	_, inst := activateThing(t, store, sdk.Host{}, "a", 1)
 	ctx := context.Background()
-	if _, err := rt.Activate(ctx, &proto.ActivateRequest{Namespace: "/things", Id: "a", Generation: 1}); err != nil {
-		t.Fatal(err)
-	}
-	inst := rt.Instance("/things", "a")
 	store.down.Store(true)
 	if err := inst.Tray("t", "~").Set("v", 1); err != nil {
 		t.Fatal(err)
@@ -238,27 +219,17 @@ func TestDurableReportsAnOutage(t *testing.T) {
 func TestAppendStoredAfterAFailedWaitRuns(t *testing.T) {
 	store := &outage{Store: memstore.New()}
 	rec := &recorder{}
-	rt, err := sdk.NewRuntime(map[string]sdk.Host{"/things": {
-		New: func(inst *sdk.Instance) (http.Handler, error) { return http.NotFoundHandler(), nil },
-		Trays: map[string]sdk.TrayHandler{"jobs": func(ctx context.Context, run *sdk.Run) error {
-			for _, it := range run.Items {
-				rec.add(string(it.Payload))
-			}
-			return nil
-		}},
-	}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt.UseStore(storegrpc.Client(t, store))
+	_, inst := activateThing(t, store, sdk.Host{Trays: map[string]sdk.TrayHandler{"jobs": func(ctx context.Context, run *sdk.Run) error {
+		for _, it := range run.Items {
+			rec.add(string(it.Payload))
+		}
+		return nil
+	}}}, "a", 1)
 	ctx := context.Background()
-	if _, err := rt.Activate(ctx, &proto.ActivateRequest{Namespace: "/things", Id: "a", Generation: 1}); err != nil {
-		t.Fatal(err)
-	}
 	store.down.Store(true)
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if _, err := rt.Instance("/things", "a").Tray("jobs", "j").Append(wctx, "job-1"); !errors.Is(err, sdk.ErrStateUnavailable) {
+	if _, err := inst.Tray("jobs", "j").Append(wctx, "job-1"); !errors.Is(err, sdk.ErrStateUnavailable) {
 		t.Fatalf("Append during an outage: %v, want ErrStateUnavailable", err)
 	}
 	store.down.Store(false)
@@ -272,17 +243,8 @@ func TestAppendStoredAfterAFailedWaitRuns(t *testing.T) {
 // stop began starts nothing. Under -race this failed as "WaitGroup Add
 // concurrent with Wait".
 func TestGoWhileStoppingStartsNothing(t *testing.T) {
-	rt, err := sdk.NewRuntime(map[string]sdk.Host{"/things": {
-		New: func(inst *sdk.Instance) (http.Handler, error) { return http.NotFoundHandler(), nil },
-	}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	rt, inst := activateThing(t, nil, sdk.Host{}, "a", 1)
 	ctx := context.Background()
-	if _, err := rt.Activate(ctx, &proto.ActivateRequest{Namespace: "/things", Id: "a", Generation: 1}); err != nil {
-		t.Fatal(err)
-	}
-	inst := rt.Instance("/things", "a")
 	stop := make(chan struct{})
 	var started atomic.Int64
 	var wg sync.WaitGroup
@@ -314,4 +276,24 @@ func TestGoWhileStoppingStartsNothing(t *testing.T) {
 	if started.Load() != before {
 		t.Fatal("tasks kept starting after the stop")
 	}
+}
+
+// activateThing runs host as /things in a runtime on store (nil: none) and
+// activates id under gen, as pinnedd does for a plugin; it returns both.
+func activateThing(t *testing.T, store statestore.Store, host sdk.Host, id string, gen uint64) (*sdk.Runtime, *sdk.Instance) {
+	t.Helper()
+	if host.New == nil {
+		host.New = func(*sdk.Instance) (http.Handler, error) { return http.NotFoundHandler(), nil }
+	}
+	rt, err := sdk.NewRuntime(map[string]sdk.Host{"/things": host}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if store != nil {
+		rt.UseStore(storegrpc.Client(t, store))
+	}
+	if _, err := rt.Activate(context.Background(), &proto.ActivateRequest{Namespace: "/things", Id: id, Generation: gen}); err != nil {
+		t.Fatal(err)
+	}
+	return rt, rt.Instance("/things", id)
 }
