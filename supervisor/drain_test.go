@@ -143,18 +143,7 @@ func TestDrainEvictsBusyInstanceAtEarliestDeadline(t *testing.T) {
 	s.SetDrain(DrainOperator, time.Now().Add(time.Minute), false)
 	s.SetDrain(DrainLocal, deadline, false)
 
-	if at := goneAt(t, s, "/misc", "idle", 5*time.Second); !at.Before(deadline) {
-		t.Fatalf("idle instance evicted %s after the deadline, want at once", at.Sub(deadline))
-	}
-	at := goneAt(t, s, "/misc", "busy", 15*time.Second)
-	if at.Before(deadline) {
-		t.Fatalf("busy instance evicted %s before its deadline", deadline.Sub(at))
-	}
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the busy request still open after its instance was evicted")
-	}
+	evictedAtDeadline(t, s, deadline, done)
 	testutil.WaitFor(t, 5*time.Second, "both evictions counted as drain", func() bool {
 		return evictions(t, s, "/misc", "drain") == 2
 	})
@@ -178,18 +167,7 @@ func TestWindDownEvictsBusyInstanceAtDeadline(t *testing.T) {
 	if n := s.WindDown("/misc", "", deadline); n != 2 {
 		t.Fatalf("wind-down touched %d instances, want 2", n)
 	}
-	if at := goneAt(t, s, "/misc", "idle", 5*time.Second); !at.Before(deadline) {
-		t.Fatalf("idle instance evicted %s after the deadline, want at once", at.Sub(deadline))
-	}
-	at := goneAt(t, s, "/misc", "busy", 15*time.Second)
-	if at.Before(deadline) {
-		t.Fatalf("busy instance evicted %s before its deadline", deadline.Sub(at))
-	}
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the busy request still open after its instance was evicted")
-	}
+	evictedAtDeadline(t, s, deadline, done)
 	testutil.WaitFor(t, 5*time.Second, "both evictions counted as operator", func() bool {
 		return evictions(t, s, "/misc", "operator") == 2
 	})
@@ -212,5 +190,22 @@ func TestWindDownOfOneID(t *testing.T) {
 	}
 	if n := s.WindDown("/misc", "absent", time.Now().Add(time.Minute)); n != 0 {
 		t.Fatalf("wind-down of an id not live here touched %d instances", n)
+	}
+}
+
+// evictedAtDeadline checks /misc/idle goes before deadline and /misc/busy
+// not before it, its open request (done) ending with it.
+func evictedAtDeadline(t *testing.T, s *Supervisor, deadline time.Time, done <-chan error) {
+	t.Helper()
+	if at := goneAt(t, s, "/misc", "idle", 5*time.Second); !at.Before(deadline) {
+		t.Fatalf("idle instance evicted %s after the deadline, want at once", at.Sub(deadline))
+	}
+	if at := goneAt(t, s, "/misc", "busy", 15*time.Second); at.Before(deadline) {
+		t.Fatalf("busy instance evicted %s before its deadline", deadline.Sub(at))
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the busy request still open after its instance was evicted")
 	}
 }
