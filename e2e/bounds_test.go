@@ -17,7 +17,7 @@ import (
 	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
-// Bounded connections on the front door's net/http side (issue 17): an
+// Bounded connections on the front door's net/http side: an
 // idle connection, a stalled request body and an oversized head are cut;
 // a held response stream is not; connections over the per-IP cap get 503.
 

@@ -64,7 +64,7 @@ func raftLeader(t *testing.T, via *node) (string, uint64) {
 	return id, term
 }
 
-// Issue 17's Raft hole, closed: a fleet formed by the common path (bootstrap + join, no
+// The Raft port refuses strangers: a fleet formed by the common path (bootstrap + join, no
 // manual PKI) runs Raft over mutual TLS; a forged AppendEntries with hashicorp/raft's own
 // transport and no certificate, or with a certificate from another CA, is refused and the
 // fleet serves on under the same leader; a removed node's certificate is refused; a restart

@@ -16,7 +16,7 @@ import (
 	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
-// Issue 18's storage faults with real disks: a data dir on a small tmpfs.
+// Storage faults with real disks: a data dir on a small tmpfs.
 
 // mountTmpfs mounts a tmpfs of size bytes on dir (created if needed), unmounted at cleanup:
 // registered after the node using dir, it runs after that node is stopped.

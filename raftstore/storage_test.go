@@ -220,8 +220,8 @@ func TestLeaderFullDiskIsFatal(t *testing.T) {
 	mustApply(t, leader, "after")
 	mustApply(t, followerOf([]*testNode{n2, n3}, leader), "after-via-follower")
 
-	// Restarted with space freed, it catches up and takes writes. (A seal cut short by the full
-	// disk used to reopen as "segment is sealed" on every append.)
+	// Restarted with space freed, it catches up and takes writes (a seal the full disk cut
+	// short must not reopen as "segment is sealed").
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 // the loop takes itself, net/http reads the same way (method, target,
 // host, fields, body length); what the loop is unsure of it leaves to
 // net/http (the request goes back unread, the response is refused), which
-// is always safe. Seeds: the request-smuggling shapes of issue 17.
+// is always safe. Seeds: request-smuggling shapes (CL.TE, TE.CL, odd lengths, bare LF/CR/NUL, ...).
 
 var smuggleSeeds = []string{
 	"GET / HTTP/1.1\r\nHost: h\r\n\r\n",
