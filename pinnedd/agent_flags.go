@@ -28,7 +28,7 @@ func agentCommand() *cli.Command {
 		Name:  "agent",
 		Usage: "run a pinnedd node",
 		Flags: []cli.Flag{
-			&cli.BoolFlag{Name: "dev", Usage: "one node, in-process directory, built-in example hosts, token dev-token (refused in production)", EnvVars: []string{"PINNEDD_DEV"}},
+			&cli.BoolFlag{Name: "dev", Usage: "one-node cluster in a temporary data dir, built-in example hosts, calls from loopback need no token (else dev-token); refused in production", EnvVars: []string{"PINNEDD_DEV"}},
 			&cli.StringFlag{Name: "node-id", Usage: "this node's name in the cluster (default: hostname)", EnvVars: []string{"PINNEDD_NODE_ID"}},
 			&cli.StringFlag{Name: "http-addr", Value: "127.0.0.1:8080", Usage: "front door listen address", EnvVars: []string{"PINNEDD_HTTP_ADDR"}},
 			&cli.StringFlag{Name: "advertise-url", Usage: "URL other nodes reach this one at (default: http://<http-addr>)", EnvVars: []string{"ADVERTISE_URL"}},
