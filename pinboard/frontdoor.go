@@ -150,12 +150,22 @@ type FrontDoorConfig struct {
 	// other Raft members, for the per-IP cap's exemption. It may block
 	// briefly; it is called at most once a second, off the accept path.
 	PeerAddrs func() []string
+	// FastPath lets connections that carried a plain request move to the
+	// kept-alive loop, which serves their next plain requests without
+	// net/http (package relay; Linux only). Off, every request takes
+	// net/http's path: the same answers, more CPU per request.
+	FastPath bool
+	// IdleTimeout closes a kept-alive client connection that sent nothing
+	// for this long (net/http's IdleTimeout; 0: net/http's default, the
+	// header timeout).
+	IdleTimeout time.Duration
 }
 
 // FrontDoor is the node's HTTP entry point.
 type FrontDoor struct {
 	cfg      FrontDoorConfig
 	mux      *http.ServeMux
+	srv      *http.Server // Serve's
 	stopping atomic.Bool
 	proxy    *httputil.ReverseProxy
 	sync     *httpx.SyncTransport // the default node-to-node transport; nil with a custom one
@@ -164,7 +174,8 @@ type FrontDoor struct {
 	relay    *relay.Loop     // held forwarded streams, out of net/http
 	conns    *relay.Conns    // kept-alive forwarded connections, out of net/http
 	handBack *relay.HandBack // where conns gives connections back
-	// keepAliveOn: HandBackListener was called, so handing back works.
+	// keepAliveOn: connections the loop gives back are served, so the
+	// loop may take them (serveHandBacks).
 	keepAliveOn atomic.Bool
 	loopBases   sync.Map // advertise URL -> loopBase (Route)
 	verifier    Verifier
@@ -274,6 +285,11 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 			}
 		})
 	}
+	// No ReadTimeout: it bounds a whole request from its first byte (a
+	// slow but steady upload, a body read after a long activation);
+	// bodies get a deadline on progress instead (BodyReadTimeout).
+	f.srv = &http.Server{Handler: f, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.IdleTimeout,
+		MaxHeaderBytes: MaxHeaderBytes, ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
 	f.mux.HandleFunc("GET /healthz", f.healthz)
 	f.mux.HandleFunc("GET /readyz", f.readyz)
 	if cfg.Metrics != nil && cfg.MetricsPublic {
@@ -304,6 +320,24 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 	return f
 }
 
+// Serve serves the front door on ln until Shutdown, with its connection
+// caps (MaxConnsPerIP, MaxConns) and net/http's bounds; with FastPath, the
+// kept-alive loop takes the connections it can serve.
+func (f *FrontDoor) Serve(ln net.Listener) error {
+	if f.cfg.FastPath {
+		f.serveHandBacks(f.srv)
+	}
+	return f.srv.Serve(f.Listener(ln))
+}
+
+// serveHandBacks lets the kept-alive loop take connections from srv: the
+// ones it gives back (requests it does not serve itself) are served by srv
+// again, until srv shuts down.
+func (f *FrontDoor) serveHandBacks(srv *http.Server) {
+	f.keepAliveOn.Store(true)
+	go func() { _ = srv.Serve(f.handBack) }()
+}
+
 // Handle mounts h on the front door's mux (registry, raft, ...).
 func (f *FrontDoor) Handle(pattern string, h http.Handler) { f.mux.Handle(pattern, h) }
 
@@ -323,10 +357,22 @@ func (f *FrontDoor) Close() error {
 	return err
 }
 
-// Shutdown is Close once every request the kept-alive loop is forwarding
-// has had its response, or when ctx is done (relay.Conns.Shutdown). Call
-// it after the server stopped serving, as Close.
+// Shutdown stops Serve as http.Server's Shutdown does, for net/http's
+// connections and the kept-alive loop's alike: no new requests, and every
+// request under way gets its response unless ctx ends first (then they
+// are cut). Held streams end.
 func (f *FrontDoor) Shutdown(ctx context.Context) error {
+	err := f.srv.Shutdown(ctx)
+	if err != nil {
+		_ = f.srv.Close()
+	}
+	return errors.Join(err, f.shutdownLoops(ctx))
+}
+
+// shutdownLoops is Close once every request the kept-alive loop is
+// forwarding has had its response, or when ctx is done; the connections
+// that left net/http are not its Shutdown's to wait for.
+func (f *FrontDoor) shutdownLoops(ctx context.Context) error {
 	err := f.conns.Shutdown(ctx)
 	return errors.Join(err, f.Close())
 }

@@ -141,7 +141,7 @@ func TestAccessLog(t *testing.T) {
 		entry.Close()
 		_ = f.Close()
 	})
-	go func() { _ = entry.Config.Serve(f.HandBackListener()) }()
+	f.serveHandBacks(entry.Config)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
 	t.Cleanup(client.CloseIdleConnections)
 	for range 3 {

@@ -20,19 +20,7 @@ import (
 // request through net/http, the front door hands it to an event loop
 // (relay.Conns) that forwards its next requests itself, as long as they
 // are the plain case (Route); anything else goes back to net/http through
-// HandBackListener with the request unread. Measured on the hop benchmark
-// (bench/hop), most of what the forwarding node spent per request was
-// net/http's per-request machinery (a background read, a goroutine hand-off
-// per read) rather than the forward.
-
-// HandBackListener is where net/http takes back the connections the
-// kept-alive loop cannot serve: the caller must Serve it with the front
-// door's http.Server (closing it with the server). Until this is called the
-// front door keeps every connection in net/http.
-func (f *FrontDoor) HandBackListener() net.Listener {
-	f.keepAliveOn.Store(true)
-	return f.handBack
-}
+// net/http with the request unread (serveHandBacks).
 
 // adopt hands r's connection to the kept-alive loop once its response
 // (fixed length, now complete) was written to w. It reports whether it

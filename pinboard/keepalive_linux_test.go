@@ -23,7 +23,7 @@ func TestKeptAliveSendsWhatNetHTTPSends(t *testing.T) {
 		}
 		fmt.Fprintf(w, "%s %s %q %s", r.Method, r.URL.RequestURI(), body, strings.Join(got, " "))
 	})
-	go func() { _ = rig.entry.Config.Serve(rig.f.HandBackListener()) }()
+	rig.f.serveHandBacks(rig.entry.Config)
 
 	conn, br := rig.dial(t)
 	var first string

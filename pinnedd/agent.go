@@ -144,7 +144,7 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	fdc := pinboard.FrontDoorConfig{
 		Dir: dir, Tokens: tokens, Registry: registry,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Logger: log, Registerer: reg,
-		Quarantine: quarantine, AccessLog: cfg.accessLog,
+		Quarantine: quarantine, AccessLog: cfg.accessLog, FastPath: cfg.fastPath, IdleTimeout: cfg.idleTimeout,
 		MetricsPublic: cfg.metricsPublic, BodyReadTimeout: cfg.bodyReadTimeout,
 		MaxConnsPerIP: cfg.maxConnsPerIP, MaxConns: cfg.maxConns, PeerAddrs: func() []string { return memberAPIAddrs(store) },
 		Policy: pinboard.PlacementPolicy{BalanceFactor: cfg.balanceFactor}, TrustedProxies: cfg.trustedProxies,
@@ -242,17 +242,8 @@ func runAgent(ctx context.Context, cfg agentConfig) error {
 	// node (Consul and Nomad expose them behind an operator ACL too).
 	fd.Handle("/_pinned/debug/pprof/", fd.RequireScope(pinboard.ScopeOperator, servePprof))
 
-	// No ReadTimeout: it bounds a whole request from its first byte (a
-	// slow but steady upload, a body read after a long activation);
-	// request bodies get the front door's deadline on progress instead
-	// (--http-body-timeout).
-	srv := &http.Server{Handler: fd, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.idleTimeout,
-		MaxHeaderBytes: pinboard.MaxHeaderBytes, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(fd.Listener(ln)) }()
-	// Connections the kept-alive forwarding loop gives back to net/http
-	// (Shutdown closes this listener with the other).
-	go func() { _ = srv.Serve(fd.HandBackListener()) }()
+	go func() { serveErr <- fd.Serve(ln) }()
 	var namespaces []string
 	if sup != nil {
 		namespaces = sup.Namespaces()
@@ -362,14 +353,8 @@ loop:
 	}
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer scancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		_ = srv.Close()
-	}
-	// Kept-alive connections and relayed streams left net/http: its
-	// Shutdown neither waited for nor ended them. A request the loop is
-	// forwarding gets its response first, as net/http's do.
 	if err := fd.Shutdown(sctx); err != nil {
-		log.Warn("forwarded requests still under way at the shutdown deadline; cut them off", "err", err)
+		log.Warn("requests still under way at the shutdown deadline; cut them off", "err", err)
 	}
 	log.Info("stopped")
 	return runErr

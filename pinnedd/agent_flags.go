@@ -61,7 +61,8 @@ func agentCommand() *cli.Command {
 			&cli.DurationFlag{Name: "plugin-stable-period", Value: 30 * time.Second, Usage: "a plugin run this long resets its crash count", EnvVars: []string{"PINNEDD_PLUGIN_STABLE_PERIOD"}},
 			&cli.Float64Flag{Name: "affinity-balance-factor", Value: pinboard.DefaultBalanceFactor, Usage: "keep a client's preferred worker while its headroom is at least the best / this", EnvVars: []string{"PINBOARD_AFFINITY_BALANCE_FACTOR"}},
 			&cli.StringFlag{Name: "trusted-proxies", Usage: "comma-separated IPs/CIDRs whose X-Forwarded-For/Forwarded name the client", EnvVars: []string{"PINBOARD_TRUSTED_PROXIES"}},
-			&cli.BoolFlag{Name: "access-log", Usage: "log one line per front-door request (method, path, status, bytes, duration, where it was served); turns the kept-alive forwarding loop off", EnvVars: []string{"PINNEDD_ACCESS_LOG"}},
+			&cli.BoolFlag{Name: "access-log", Usage: "log one line per front-door request (method, path, status, bytes, duration, where it was served); turns the fast path off", EnvVars: []string{"PINNEDD_ACCESS_LOG"}},
+			&cli.BoolFlag{Name: "fast-path", Value: true, Usage: "serve a kept-alive connection's plain requests from an event loop instead of net/http (Linux); --fast-path=false keeps every request in net/http: the same answers, more CPU per request", EnvVars: []string{"PINNEDD_FAST_PATH"}},
 			&cli.IntFlag{Name: "max-conns-per-ip", Value: pinboard.DefaultMaxConnsPerIP, Usage: "client connections one IP may hold open on the front door (the TCP peer's; the fleet's nodes and --trusted-proxies are exempt); one more is answered 503 and closed; 0: no cap", EnvVars: []string{"PINNEDD_MAX_CONNS_PER_IP"}},
 			&cli.IntFlag{Name: "max-conns", Value: pinboard.DefaultMaxConns, Usage: "client connections the front door holds open in all; one more is answered 503 and closed; 0: no cap", EnvVars: []string{"PINNEDD_MAX_CONNS"}},
 			&cli.DurationFlag{Name: "http-idle-timeout", Value: pinboard.DefaultIdleTimeout, Usage: "close a kept-alive client connection idle this long between requests", EnvVars: []string{"PINNEDD_HTTP_IDLE_TIMEOUT"}},
@@ -94,6 +95,7 @@ type agentConfig struct {
 	trustedProxies  []netip.Prefix
 	dev             bool
 	accessLog       bool
+	fastPath        bool
 	metricsPublic   bool
 	maxConnsPerIP   int
 	maxConns        int
@@ -134,6 +136,7 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 	cfg := agentConfig{
 		dev:             c.Bool("dev"),
 		accessLog:       c.Bool("access-log"),
+		fastPath:        c.Bool("fast-path"),
 		metricsPublic:   c.Bool("metrics-public"),
 		maxConnsPerIP:   c.Int("max-conns-per-ip"),
 		maxConns:        c.Int("max-conns"),

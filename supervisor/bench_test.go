@@ -26,7 +26,6 @@ import (
 //	loopback-http the handler behind a plain loopback HTTP server, same process
 //	loopback-http-process  ... in another process: the bar for the plugin hop
 //	unix          front door → HTTP over the plugin's unix socket → plugin
-//	grpc-stream   front door → one gRPC stream per request → plugin
 //	grpc-unary    a go-plugin gRPC unary call alone (Control.Health)
 //
 // Each reports p50/p99 latency in µs beside ns/op.
@@ -51,15 +50,13 @@ func BenchmarkDataPlane(b *testing.B) {
 	b.Run("loopback-http-process", func(b *testing.B) {
 		measure(b, post(plainHTTPServer(b)+"/increment"))
 	})
-	for _, plane := range []DataPlane{DataPlaneUnix, DataPlaneGRPC} {
-		b.Run(string(plane), func(b *testing.B) {
-			_, srv := startSupervisor(b, plane, testutil.Bin(b, "counter"), counter.Namespace)
-			measure(b, post(srv.URL+"/counters/bench/increment"))
-		})
-	}
+	b.Run("unix", func(b *testing.B) {
+		_, srv := startSupervisor(b, testutil.Bin(b, "counter"), counter.Namespace)
+		measure(b, post(srv.URL+"/counters/bench/increment"))
+	})
 	b.Run("unix-direct", func(b *testing.B) {
 		// The plugin hop alone: a client on the plugin's data socket.
-		s, _ := startSupervisor(b, DataPlaneUnix, testutil.Bin(b, "counter"), counter.Namespace)
+		s, _ := startSupervisor(b, testutil.Bin(b, "counter"), counter.Namespace)
 		if _, err := s.acquire(context.Background(), Key{counter.Namespace, "direct"}, 1); err != nil {
 			b.Fatal(err)
 		}
@@ -79,7 +76,7 @@ func BenchmarkDataPlane(b *testing.B) {
 		})
 	})
 	b.Run("grpc-unary", func(b *testing.B) {
-		s, _ := startSupervisor(b, DataPlaneUnix, testutil.Bin(b, "counter"), counter.Namespace)
+		s, _ := startSupervisor(b, testutil.Bin(b, "counter"), counter.Namespace)
 		inc, err := s.procs[0].current()
 		if err != nil {
 			b.Fatal(err)

@@ -102,7 +102,7 @@ func goneAt(t *testing.T, s *Supervisor, ns, id string, within time.Duration) ti
 // Two drain sources at once: the earlier deadline is the node's, whichever
 // was set first; revoking one leaves the other in force.
 func TestDrainEarliestOfTwoSourcesWins(t *testing.T) {
-	s, _ := startSupervisor(t, DataPlaneUnix, testutil.Bin(t, "testhost"), "/misc")
+	s, _ := startSupervisor(t, testutil.Bin(t, "testhost"), "/misc")
 	now := time.Now()
 	early, late := now.Add(time.Hour), now.Add(2*time.Hour)
 	s.SetDrain(DrainOperator, late, false)
@@ -132,7 +132,7 @@ func TestDrainEarliestOfTwoSourcesWins(t *testing.T) {
 // A drain evicts an idle instance at once and a busy one at the deadline
 // in force (the earlier of two sources), not before, cutting its request.
 func TestDrainEvictsBusyInstanceAtEarliestDeadline(t *testing.T) {
-	s, srv := startSupervisor(t, DataPlaneUnix, testutil.Bin(t, "testhost"), "/misc")
+	s, srv := startSupervisor(t, testutil.Bin(t, "testhost"), "/misc")
 	activateIdle(t, srv, "/misc", "idle")
 	// The busy instance served a stream before, now ended: streams are
 	// counted down as they end, so its plain request alone keeps it.
@@ -158,7 +158,7 @@ func TestDrainEvictsBusyInstanceAtEarliestDeadline(t *testing.T) {
 // once and a busy one at the deadline, not before; other namespaces are
 // untouched.
 func TestWindDownEvictsBusyInstanceAtDeadline(t *testing.T) {
-	s, srv := startSupervisor(t, DataPlaneUnix, testutil.Bin(t, "testhost"), "/misc", "/slowstop")
+	s, srv := startSupervisor(t, testutil.Bin(t, "testhost"), "/misc", "/slowstop")
 	activateIdle(t, srv, "/misc", "idle")
 	activateIdle(t, srv, "/slowstop", "other")
 	done := busy(t, s, srv, "busy")
@@ -178,7 +178,7 @@ func TestWindDownEvictsBusyInstanceAtDeadline(t *testing.T) {
 
 // A wind-down of one id touches that instance only, not its namespace.
 func TestWindDownOfOneID(t *testing.T) {
-	s, srv := startSupervisor(t, DataPlaneUnix, testutil.Bin(t, "testhost"), "/misc")
+	s, srv := startSupervisor(t, testutil.Bin(t, "testhost"), "/misc")
 	activateIdle(t, srv, "/misc", "one")
 	activateIdle(t, srv, "/misc", "two")
 	if n := s.WindDown("/misc", "one", time.Now().Add(time.Minute)); n != 1 {

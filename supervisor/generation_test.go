@@ -88,7 +88,7 @@ func TestNewerGenerationReplacesInstance(t *testing.T) {
 // A host that cannot build its instance: 500 "activation failed", nothing
 // left live, and the next request tries again.
 func TestFailedActivationIs500AndLeavesNothing(t *testing.T) {
-	s, srv := startSupervisor(t, DataPlaneUnix, testutil.Bin(t, "testhost"), "/fail")
+	s, srv := startSupervisor(t, testutil.Bin(t, "testhost"), "/fail")
 	for range 2 {
 		r, err := testutil.Do(context.Background(), "GET", srv.URL+"/fail/f/x", "", nil)
 		if err != nil || r.Code != http.StatusInternalServerError || !strings.Contains(r.Body, `"activation failed`) {

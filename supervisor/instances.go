@@ -516,12 +516,8 @@ var (
 // write is flushed through at once so streams (SSE, chunked) are live;
 // Upgrade requests (WebSocket) pass through as raw connections.
 func (s *Supervisor) newProxy(inc *incarnation) *httputil.ReverseProxy {
-	var tr http.RoundTripper = inc.fast
-	if s.cfg.DataPlane == DataPlaneGRPC {
-		tr = &plugins.GRPCTransport{Data: inc.conn.Data}
-	}
 	return &httputil.ReverseProxy{
-		Transport:  tr,
+		Transport:  inc.fast,
 		BufferPool: &s.bufs,
 		// Copy errors are mostly clients going away mid-stream: debug, in
 		// the structured log, not on stderr.

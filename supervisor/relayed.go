@@ -35,9 +35,6 @@ const relayFailMsg = "instance restarting, retry"
 // (see httpx.WithTrustedForwarding); otherwise they are replaced. The
 // Forward's Done must run exactly once.
 func (s *Supervisor) Relay(ns, id string, gen uint64, h *relay.ReqHead, target string, trusted bool) (relay.Forward, bool) {
-	if s.cfg.DataPlane == DataPlaneGRPC {
-		return relay.Forward{}, false
-	}
 	k := Key{ns, id}
 	s.mu.Lock()
 	in := s.instances[k]

@@ -78,7 +78,7 @@ func rawDo(t *testing.T, conn net.Conn, br *bufio.Reader, raw string) (*http.Res
 // peer's request, fields and forwarding chain included; it holds the
 // instance as a served request does and lets it go after.
 func TestRelayMatchesServeInstance(t *testing.T) {
-	s, srv := startSupervisor(t, DataPlaneUnix, testutil.Bin(t, "testhost"), "/misc")
+	s, srv := startSupervisor(t, testutil.Bin(t, "testhost"), "/misc")
 	if _, err := testutil.Do(context.Background(), "GET", srv.URL+"/misc/r/pid", "", nil); err != nil {
 		t.Fatal(err) // activates it under generation 1
 	}
@@ -160,7 +160,7 @@ func TestRelayMatchesServeInstance(t *testing.T) {
 // a plugin that no longer holds the instance refuses, and the instance is
 // dropped here too.
 func TestRelayedStreamsAndRefusal(t *testing.T) {
-	s, srv := startSupervisor(t, DataPlaneUnix, testutil.Bin(t, "testhost"), "/misc")
+	s, srv := startSupervisor(t, testutil.Bin(t, "testhost"), "/misc")
 	for _, id := range []string{"e", "gone"} {
 		if _, err := testutil.Do(context.Background(), "GET", srv.URL+"/misc/"+id+"/pid", "", nil); err != nil {
 			t.Fatal(err)

@@ -40,12 +40,6 @@ type Config struct {
 	// go-plugin broker; nil means plugins have no durable state.
 	Store statestore.Store
 
-	// DataPlane picks how requests reach a plugin: DataPlaneUnix (HTTP
-	// over the plugin's unix socket, the default) or DataPlaneGRPC (one
-	// gRPC stream per request; no Upgrade support). See the plugins
-	// package doc for why unix is the default.
-	DataPlane DataPlane
-
 	DetachedTimeout    time.Duration // default 60s; a host may set its own
 	HandshakeTimeout   time.Duration // default 10s
 	StopGrace          time.Duration // default 10s: tasks' time to return at shutdown
@@ -89,9 +83,6 @@ func (c *Config) setDefaults() {
 	def(&c.BackoffMin, 100*time.Millisecond)
 	def(&c.BackoffMax, 30*time.Second)
 	def(&c.StablePeriod, 30*time.Second)
-	if c.DataPlane == "" {
-		c.DataPlane = DataPlaneUnix
-	}
 	def(&c.SwapDeadline, 10*time.Second)
 	def(&c.BinaryPoll, time.Second)
 	def(&c.BinarySettle, 2*time.Second)
@@ -102,15 +93,6 @@ func (c *Config) setDefaults() {
 		c.Logger = slog.Default()
 	}
 }
-
-// DataPlane names a plugin data plane.
-type DataPlane string
-
-// Data planes.
-const (
-	DataPlaneUnix DataPlane = "unix"
-	DataPlaneGRPC DataPlane = "grpc"
-)
 
 // Supervisor runs this node's plugins and instances.
 type Supervisor struct {

@@ -19,12 +19,9 @@ import (
 
 // startSupervisor runs a real plugin binary under a supervisor and serves
 // /<ns>/<id>/<rest> through it on a loopback HTTP server.
-func startSupervisor(t testing.TB, plane DataPlane, bin string, nss ...string) (*Supervisor, *httptest.Server) {
+func startSupervisor(t testing.TB, bin string, nss ...string) (*Supervisor, *httptest.Server) {
 	t.Helper()
-	return serveSupervisor(t, Config{
-		Specs:     []Spec{{Name: "p", Path: bin, Namespaces: nss}},
-		DataPlane: plane,
-	})
+	return serveSupervisor(t, Config{Specs: []Spec{{Name: "p", Path: bin, Namespaces: nss}}})
 }
 
 // serveSupervisor is startSupervisor with a Config of the test's own (a
@@ -70,37 +67,33 @@ func TestBackoff(t *testing.T) {
 	}
 }
 
-// Both data planes carry a never-ending SSE stream event by event.
-func TestDataPlanesFlushThrough(t *testing.T) {
-	for _, plane := range []DataPlane{DataPlaneUnix, DataPlaneGRPC} {
-		t.Run(string(plane), func(t *testing.T) {
-			_, srv := startSupervisor(t, plane, testutil.Bin(t, "testhost"), "/misc")
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/misc/s/sse", nil)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
+// The data plane carries a never-ending SSE stream event by event.
+func TestDataPlaneFlushesThrough(t *testing.T) {
+	_, srv := startSupervisor(t, testutil.Bin(t, "testhost"), "/misc")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/misc/s/sse", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for i := 0; i < 3; {
+		if !sc.Scan() {
+			t.Fatalf("stream ended after %d events: %v", i, sc.Err())
+		}
+		if line := sc.Text(); line != "" {
+			if line != fmt.Sprintf("data: %d", i) {
+				t.Fatalf("event %d = %q", i, line)
 			}
-			defer resp.Body.Close()
-			sc := bufio.NewScanner(resp.Body)
-			for i := 0; i < 3; {
-				if !sc.Scan() {
-					t.Fatalf("stream ended after %d events: %v", i, sc.Err())
-				}
-				if line := sc.Text(); line != "" {
-					if line != fmt.Sprintf("data: %d", i) {
-						t.Fatalf("event %d = %q", i, line)
-					}
-					i++
-				}
-			}
-			// Request bodies and queries travel too.
-			r, err := testutil.Do(context.Background(), "POST", srv.URL+"/misc/b/echo?q=1", "payload", nil)
-			if err != nil || !strings.Contains(r.Body, `"body":"payload"`) || !strings.Contains(r.Body, `"query":"q=1"`) {
-				t.Fatalf("echo: %v %s", err, r.Body)
-			}
-		})
+			i++
+		}
+	}
+	// Request bodies and queries travel too.
+	r, err := testutil.Do(context.Background(), "POST", srv.URL+"/misc/b/echo?q=1", "payload", nil)
+	if err != nil || !strings.Contains(r.Body, `"body":"payload"`) || !strings.Contains(r.Body, `"query":"q=1"`) {
+		t.Fatalf("echo: %v %s", err, r.Body)
 	}
 }
 
@@ -108,7 +101,7 @@ func TestDataPlanesFlushThrough(t *testing.T) {
 // Quit returns only once the instance is out of the table, also when an
 // eviction of it is already under way (Evict alone returns at once then).
 func TestQuitWaitsOutAnEvictionUnderWay(t *testing.T) {
-	s, srv := startSupervisor(t, DataPlaneUnix, testutil.Bin(t, "testhost"), "/slowstop")
+	s, srv := startSupervisor(t, testutil.Bin(t, "testhost"), "/slowstop")
 	resp, err := http.Get(srv.URL + "/slowstop/q/ping")
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +138,7 @@ func TestQuitWaitsOutAnEvictionUnderWay(t *testing.T) {
 }
 
 func TestEvictEndsOpenStreams(t *testing.T) {
-	s, srv := startSupervisor(t, DataPlaneUnix, testutil.Bin(t, "testhost"), "/misc")
+	s, srv := startSupervisor(t, testutil.Bin(t, "testhost"), "/misc")
 	resp, err := http.Get(srv.URL + "/misc/e/sse")
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +171,7 @@ func TestEvictEndsOpenStreams(t *testing.T) {
 // arms it again, so the instance goes once it has been idle for the
 // timeout.
 func TestIdleTimerWaitsOutOpenRequests(t *testing.T) {
-	s, srv := startSupervisor(t, DataPlaneUnix, testutil.Bin(t, "testhost"), "/misc")
+	s, srv := startSupervisor(t, testutil.Bin(t, "testhost"), "/misc")
 	s.mu.Lock()
 	s.cfg.DetachedTimeout = 200 * time.Millisecond
 	s.mu.Unlock()
