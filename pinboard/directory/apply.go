@@ -2,9 +2,12 @@ package directory
 
 import "slices"
 
-// The appliers below run under the write lock. Map iteration appears only
-// where the outcome does not depend on its order (every element gets the same
-// treatment); anything that reaches a result follows the command's own order.
+// The appliers below run under the write lock. They change workers only
+// through workerTable.edit and placements only through placementTable.set
+// and removePlacement, which is what readers see once the entry is
+// published. Map iteration appears only where the outcome does not depend
+// on its order (every element gets the same treatment); anything that
+// reaches a result follows the command's own order.
 
 func (m *Machine) applyInit(c Init) Result {
 	if len(c.Secret) == 0 {
@@ -58,7 +61,7 @@ func (m *Machine) applyRegister(c Register) Result {
 	}
 	if c.AdvertiseURL != "" {
 		if other, ok := m.st.byURL[c.AdvertiseURL]; ok && other != c.ClientID {
-			if ow := m.st.workers[other]; ow != nil && ow.Live(c.Now) {
+			if ow, ok := m.st.workers.get(other); ok && ow.Live(c.Now) {
 				// Two live processes cannot share an advertise URL: requests
 				// routed to one would reach the other.
 				return Result{Code: CodeDuplicateAdvertise, Reason: "advertise URL held by live worker " + other}
@@ -68,11 +71,7 @@ func (m *Machine) applyRegister(c Register) Result {
 		}
 	}
 
-	w := m.st.workers[c.ClientID]
-	if w == nil {
-		w = &Worker{ClientID: c.ClientID}
-		m.st.workers[c.ClientID] = w
-	}
+	w := m.st.workers.edit(c.ClientID)
 	if w.AdvertiseURL != c.AdvertiseURL && m.st.byURL[w.AdvertiseURL] == c.ClientID {
 		delete(m.st.byURL, w.AdvertiseURL)
 	}
@@ -101,21 +100,21 @@ func (m *Machine) applyRegister(c Register) Result {
 	// Placements from an earlier session of this process: the ids it still
 	// runs move to the new session with their generation (the instance and its
 	// fencing token are unchanged); the rest are released.
-	for k := range m.st.owned[c.ClientID] {
-		p := m.st.placements[k]
+	for k := range m.st.placements.keysOf(c.ClientID) {
+		p, _ := m.st.placements.get(k)
 		if p.OwnerSession == c.SessionID {
 			continue
 		}
 		if _, ok := live[k]; ok {
 			p.OwnerSession = c.SessionID
-			m.st.placements[k] = p
+			m.st.placements.set(p)
 		} else {
 			m.removePlacement(p)
 		}
 	}
 	r := m.renew(w, c.Now, c.TTLMs)
 	for _, k := range c.LiveIDs {
-		if p, ok := m.st.placements[k]; ok && p.Owner == c.ClientID {
+		if p, ok := m.st.placements.get(k); ok && p.Owner == c.ClientID {
 			continue
 		}
 		if _, ok := live[k]; !ok {
@@ -128,11 +127,11 @@ func (m *Machine) applyRegister(c Register) Result {
 }
 
 func (m *Machine) applyHeartbeat(c Heartbeat) Result {
-	w := m.st.workers[c.ClientID]
-	if w == nil || w.SessionID == "" || w.SessionID != c.SessionID {
+	cur, ok := m.st.workers.get(c.ClientID)
+	if !ok || cur.SessionID == "" || cur.SessionID != c.SessionID {
 		return Result{Code: CodeReregister, Reason: "unknown client or stale session"}
 	}
-	if c.Now > w.LeaseExpiry || w.Revoked {
+	if c.Now > cur.LeaseExpiry || cur.Revoked {
 		// A process waking past its lease (VM pause, long GC) must not be
 		// revived silently: its ids may be placed elsewhere by now. It
 		// re-registers and learns which ids it lost. Revoked covers the
@@ -143,6 +142,7 @@ func (m *Machine) applyHeartbeat(c Heartbeat) Result {
 	if c.TTLMs <= 0 {
 		return Result{Code: CodeInvalid, Reason: "lease TTL must be positive"}
 	}
+	w := m.st.workers.edit(c.ClientID)
 	w.Headroom = c.Headroom
 	w.Degraded = !c.ProbeOK
 	w.Draining = c.Draining
@@ -150,12 +150,12 @@ func (m *Machine) applyHeartbeat(c Heartbeat) Result {
 }
 
 func (m *Machine) applyDeregister(c Deregister) Result {
-	w := m.st.workers[c.ClientID]
-	if w == nil || w.SessionID == "" || w.SessionID != c.SessionID {
+	w, ok := m.st.workers.get(c.ClientID)
+	if !ok || w.SessionID == "" || w.SessionID != c.SessionID {
 		return Result{Code: CodeNotFound}
 	}
 	m.dropPlacementsOf(c.ClientID)
-	w.SessionID = ""
+	m.st.workers.edit(c.ClientID).SessionID = ""
 	return Result{Code: CodeOK}
 }
 
@@ -184,8 +184,8 @@ func (m *Machine) eligible(w *Worker, ns string, now int64) string {
 
 // holderLive reports whether the worker session holding p is live at now.
 func (m *Machine) holderLive(p Placement, now int64) bool {
-	w := m.st.workers[p.Owner]
-	return w != nil && w.SessionID == p.OwnerSession && w.Live(now)
+	w, ok := m.st.workers.get(p.Owner)
+	return ok && w.SessionID == p.OwnerSession && w.Live(now)
 }
 
 func (m *Machine) applyClaim(c Claim) Result {
@@ -194,9 +194,9 @@ func (m *Machine) applyClaim(c Claim) Result {
 		// it waits one lease TTL from the first attempt for them to lapse.
 		m.st.coldStart = c.Now
 	}
-	p, placed := m.st.placements[c.Key]
+	p, placed := m.st.placements.get(c.Key)
 	if placed && m.holderLive(p, c.Now) {
-		if w := m.st.workers[c.ClientID]; p.Owner == c.ClientID && w != nil && w.SessionID == p.OwnerSession {
+		if w, ok := m.st.workers.get(c.ClientID); p.Owner == c.ClientID && ok && w.SessionID == p.OwnerSession {
 			return Result{Code: CodeExisting, Placement: p}
 		}
 		return Result{Code: CodeHeld, Placement: p}
@@ -204,11 +204,11 @@ func (m *Machine) applyClaim(c Claim) Result {
 	if end := m.st.coldStart + c.QuarantineMs; c.Now < end {
 		return Result{Code: CodeQuarantine, RemainingMs: end - c.Now}
 	}
-	w := m.st.workers[c.ClientID]
-	if w == nil {
+	w, ok := m.st.workers.get(c.ClientID)
+	if !ok {
 		return Result{Code: CodeIneligible, Reason: ReasonUnknownWorker}
 	}
-	if why := m.eligible(w, c.Key.Namespace, c.Now); why != "" {
+	if why := m.eligible(&w, c.Key.Namespace, c.Now); why != "" {
 		return Result{Code: CodeIneligible, Reason: why}
 	}
 	if _, removed := m.removedNow[c.Key]; removed || placed && p.Generation > m.entryGen {
@@ -220,13 +220,13 @@ func (m *Machine) applyClaim(c Claim) Result {
 		// must never be renewed again, even by a heartbeat stamped before
 		// the lapse that arrives late (queued through a partition). It
 		// re-registers and learns the id is gone.
-		hw := m.st.workers[p.Owner]
-		if hw != nil && hw.SessionID == p.OwnerSession && hw.ClientID != w.ClientID {
-			hw.Revoked = true
+		hw, known := m.st.workers.get(p.Owner)
+		if known && hw.SessionID == p.OwnerSession && hw.ClientID != w.ClientID {
+			m.st.workers.edit(p.Owner).Revoked = true
 		}
 		if m.onTakeover != nil {
 			took = &Takeover{Key: c.Key, Owner: w.ClientID, Previous: p.Owner}
-			if hw != nil {
+			if known {
 				took.PreviousNode = hw.NodeID
 			}
 		}
@@ -243,17 +243,11 @@ func (m *Machine) applyClaim(c Claim) Result {
 		Generation:   m.nextGeneration(c.Now),
 		PlacedAt:     c.Now,
 	}
-	m.st.placements[c.Key] = np
-	keys := m.st.owned[w.ClientID]
-	if keys == nil {
-		keys = make(map[Key]struct{})
-		m.st.owned[w.ClientID] = keys
-	}
-	keys[c.Key] = struct{}{}
+	m.st.placements.set(np)
 	// The seed's placement decrement: each new placement takes one unit of
 	// headroom until the next heartbeat reports the real figure.
 	if w.Headroom > 0 {
-		w.Headroom--
+		m.st.workers.edit(w.ClientID).Headroom--
 	}
 	if took != nil {
 		took.Generation = np.Generation
@@ -263,7 +257,7 @@ func (m *Machine) applyClaim(c Claim) Result {
 }
 
 func (m *Machine) applyRelease(c Release) Result {
-	p, ok := m.st.placements[c.Key]
+	p, ok := m.st.placements.get(c.Key)
 	if !ok {
 		return Result{Code: CodeNotFound}
 	}
@@ -281,14 +275,14 @@ func (m *Machine) applyRelease(c Release) Result {
 // CodeHeld with the placement when another worker holds it or this one
 // under another generation, else CodeOK with the placement removed.
 func (m *Machine) applyGiveBack(c GiveBack) Result {
-	w := m.st.workers[c.ClientID]
+	w, known := m.st.workers.get(c.ClientID)
 	switch {
-	case w == nil:
+	case !known:
 		return Result{Code: CodeUnknownWorker}
 	case w.SessionID == "" || w.SessionID != c.SessionID:
 		return Result{Code: CodeReregister, Reason: "unknown or replaced session"}
 	}
-	p, ok := m.st.placements[c.Key]
+	p, ok := m.st.placements.get(c.Key)
 	if !ok {
 		return Result{Code: CodeNotFound}
 	}
@@ -300,7 +294,7 @@ func (m *Machine) applyGiveBack(c GiveBack) Result {
 }
 
 func (m *Machine) applyDrain(c DrainWorker) Result {
-	if _, ok := m.st.workers[c.ClientID]; !ok {
+	if _, ok := m.st.workers.get(c.ClientID); !ok {
 		return Result{Code: CodeUnknownWorker}
 	}
 	d := Drain{ClientID: c.ClientID, Cordon: c.Cordon, SetAt: c.Now}
@@ -316,7 +310,7 @@ func (m *Machine) applyUndrain(c UndrainWorker) Result {
 		delete(m.st.drains, c.ClientID)
 		return Result{Code: CodeOK}
 	}
-	if _, ok := m.st.workers[c.ClientID]; !ok {
+	if _, ok := m.st.workers.get(c.ClientID); !ok {
 		return Result{Code: CodeUnknownWorker}
 	}
 	return Result{Code: CodeOK}
@@ -328,7 +322,7 @@ func (m *Machine) applyGC(c GC) Result {
 		keep = DefaultWorkerRetention
 	}
 	var r Result
-	for id, w := range m.st.workers {
+	for id, w := range m.st.workers.all() {
 		// A deregistered worker is judged by the lease it held, so it stays
 		// known (drainable) as long as a crashed one would.
 		if c.Now-w.LeaseExpiry > keep {
@@ -349,24 +343,25 @@ func (m *Machine) applyGC(c GC) Result {
 // record; it returns how many placements went.
 func (m *Machine) forgetWorker(clientID string) int {
 	n := m.dropPlacementsOf(clientID)
-	if w := m.st.workers[clientID]; w != nil && m.st.byURL[w.AdvertiseURL] == clientID {
+	if w, ok := m.st.workers.get(clientID); ok && m.st.byURL[w.AdvertiseURL] == clientID {
 		delete(m.st.byURL, w.AdvertiseURL)
 	}
-	delete(m.st.workers, clientID)
+	m.st.workers.remove(clientID)
 	return n
 }
 
 func (m *Machine) dropPlacementsOf(clientID string) int {
-	keys := m.st.owned[clientID]
+	keys := m.st.placements.keysOf(clientID)
 	n := len(keys)
 	for k := range keys {
-		m.removePlacement(m.st.placements[k])
+		p, _ := m.st.placements.get(k)
+		m.removePlacement(p)
 	}
 	return n
 }
 
-// removePlacement is the only way a placement leaves the directory, so the
-// owner index stays right.
+// removePlacement is the appliers' only way to remove a placement: it also
+// notes a grant of this entry removed again (see Machine.removedNow).
 func (m *Machine) removePlacement(p Placement) {
 	if p.Generation > m.entryGen {
 		if m.removedNow == nil {
@@ -374,13 +369,7 @@ func (m *Machine) removePlacement(p Placement) {
 		}
 		m.removedNow[p.Key] = struct{}{}
 	}
-	delete(m.st.placements, p.Key)
-	if keys := m.st.owned[p.Owner]; keys != nil {
-		delete(keys, p.Key)
-		if len(keys) == 0 {
-			delete(m.st.owned, p.Owner)
-		}
-	}
+	m.st.placements.delete(p)
 }
 
 // nextGeneration issues a fencing token: strictly greater than every one

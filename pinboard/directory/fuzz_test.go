@@ -2,7 +2,9 @@ package directory
 
 import (
 	"bytes"
+	"maps"
 	"math/rand/v2"
+	"reflect"
 	"testing"
 )
 
@@ -70,33 +72,50 @@ func run(tb testing.TB, n *node, s *source, steps int) {
 	}
 }
 
-// checkIndexes verifies the derived maps agree with the primary ones.
+// checkIndexes verifies the derived maps agree with the primary ones, and
+// that the lock-free readers' view is the state the appliers left.
 func checkIndexes(tb testing.TB, m *Machine) {
 	tb.Helper()
 	m.mu.RLock()
 	defer m.mu.RUnlock()
+	pt := m.st.placements
+	if len(pt.pending) != 0 {
+		tb.Fatalf("%d placement writes left uncommitted", len(pt.pending))
+	}
 	n := 0
-	for owner, keys := range m.st.owned {
+	for owner, keys := range pt.owned {
 		for k := range keys {
-			p, ok := m.st.placements[k]
+			p, ok := pt.load(k)
 			if !ok || p.Owner != owner {
 				tb.Fatalf("owner index: %s -> %v, placement %+v", owner, k, p)
 			}
 			n++
 		}
 	}
-	if n != len(m.st.placements) {
-		tb.Fatalf("owner index holds %d keys, %d placements", n, len(m.st.placements))
+	all := 0
+	pt.each(func(Placement) { all++ })
+	if n != all || all != pt.n {
+		tb.Fatalf("owner index holds %d keys, table %d placements, count %d", n, all, pt.n)
 	}
 	for url, id := range m.st.byURL {
-		if w := m.st.workers[id]; w == nil || w.AdvertiseURL != url {
+		if w, ok := m.st.workers.get(id); !ok || w.AdvertiseURL != url {
 			tb.Fatalf("url index: %s -> %s", url, id)
 		}
 	}
-	for id, w := range m.st.workers {
+	for id, w := range m.st.workers.all() {
 		if w.AdvertiseURL != "" && m.st.byURL[w.AdvertiseURL] != id {
 			tb.Fatalf("url index: %s of %s maps to %q", w.AdvertiseURL, id, m.st.byURL[w.AdvertiseURL])
 		}
+	}
+	v := m.view.Load()
+	if v.placements != pt || !bytes.Equal(v.secret, m.st.secret) {
+		tb.Fatal("published view holds another placement table or secret")
+	}
+	if m.st.workers.changed || len(m.st.workers.fresh) != 0 {
+		tb.Fatal("worker changes left unpublished")
+	}
+	if !maps.EqualFunc(v.workers, m.st.workers.all(), func(a, b *Worker) bool { return reflect.DeepEqual(*a, *b) }) {
+		tb.Fatalf("published workers %v, live %v", v.workers, m.st.workers.all())
 	}
 }
 

@@ -17,12 +17,8 @@ func TestGiveBack(t *testing.T) {
 		t.Fatal("a truncated GiveBack decoded")
 	}
 
-	m := New()
-	var idx uint64
-	apply := func(c Command) Result {
-		idx++
-		return m.ApplyCommand(idx, c)
-	}
+	n := newNode(t)
+	m, apply := n.m, n.apply
 	apply(Register{ClientID: "w1", SessionID: "s1", AdvertiseURL: "http://a", Namespaces: []string{"/jobs"}, TTLMs: 60_000, Now: 1000})
 	apply(Register{ClientID: "w2", SessionID: "t1", AdvertiseURL: "http://b", Namespaces: []string{"/jobs"}, TTLMs: 60_000, Now: 1000})
 	key := Key{Namespace: "/jobs", ID: "j1"}

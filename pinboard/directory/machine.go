@@ -4,14 +4,19 @@ import (
 	"cmp"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
-// Machine is the directory state machine. Apply and Restore take the write
-// lock; reads take the read lock and return copies, so a caller can never
-// reach (or race on) internal state.
+// Machine is the directory state machine. Apply and Restore serialize on
+// the write side of mu. The front door's per-request reads (Owner, Placement,
+// Worker, Workers, NamespaceServed, Secret) take no lock: they read the view
+// published after each entry. The other reads take mu's read side. Every
+// read returns copies, so a caller can never reach (or race on) internal
+// state.
 type Machine struct {
-	mu sync.RWMutex
-	st state
+	mu   sync.RWMutex
+	st   state
+	view atomic.Pointer[view]
 
 	// Scratch of the entry being applied, guarded by mu's write side.
 	index uint64
@@ -24,6 +29,15 @@ type Machine struct {
 	removedNow map[Key]struct{}
 
 	onTakeover func(Takeover) // see OnTakeover; guarded by mu's write side
+}
+
+// view is what the lock-free reads see. The placement table is the live
+// one (its readers see committed entries only); workers and secret are as
+// of the last entry that changed them, and never modified once published.
+type view struct {
+	placements *placementTable
+	workers    map[string]*Worker
+	secret     []byte
 }
 
 // Takeover is a claim that took an id from a worker whose lease had lapsed
@@ -51,26 +65,26 @@ type state struct {
 	lastGen    uint64 // the newest placement generation granted
 	coldStart  int64
 	secret     []byte
-	workers    map[string]*Worker
+	workers    *workerTable
 	byURL      map[string]string // advertise URL -> client id holding it
-	placements map[Key]Placement
-	owned      map[string]map[Key]struct{} // client id -> keys it owns
+	placements *placementTable
 	drains     map[string]Drain
 }
 
 func newState() state {
 	return state{
-		workers:    make(map[string]*Worker),
+		workers:    newWorkerTable(),
 		byURL:      make(map[string]string),
-		placements: make(map[Key]Placement),
-		owned:      make(map[string]map[Key]struct{}),
+		placements: newPlacementTable(),
 		drains:     make(map[string]Drain),
 	}
 }
 
 // New returns an empty directory: no secret, no workers, cold start unstamped.
 func New() *Machine {
-	return &Machine{st: newState()}
+	m := &Machine{st: newState()}
+	m.publish()
+	return m
 }
 
 // Apply applies one log entry at index and returns the encoded Result
@@ -82,14 +96,6 @@ func (m *Machine) Apply(index uint64, cmd []byte) []byte {
 	r := m.applyLocked(index, c, err)
 	m.mu.Unlock()
 	return EncodeResult(r)
-}
-
-// ApplyCommand is Apply without the byte round trip, for the single-node
-// local directory. The same index rules apply.
-func (m *Machine) ApplyCommand(index uint64, cmd Command) Result {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.applyLocked(index, cmd, nil)
 }
 
 func (m *Machine) applyLocked(index uint64, c Command, decodeErr error) Result {
@@ -110,7 +116,24 @@ func (m *Machine) applyLocked(index uint64, c Command, decodeErr error) Result {
 	if len(m.removedNow) != 0 {
 		clear(m.removedNow)
 	}
+	m.publish()
 	return r
+}
+
+// publish shows readers the state the applier left: first the workers and
+// secret (when they changed), then the placements, so a reader that finds
+// a placement and then loads the view sees the worker it names as of that
+// entry or a later one. Callers hold mu's write side.
+func (m *Machine) publish() {
+	old := m.view.Load()
+	workers, changed := m.st.workers.publish()
+	if changed || old == nil || old.placements != m.st.placements || len(old.secret) != len(m.st.secret) {
+		if !changed {
+			workers = old.workers
+		}
+		m.view.Store(&view{placements: m.st.placements, workers: workers, secret: m.st.secret})
+	}
+	m.st.placements.commit()
 }
 
 func (m *Machine) exec(c Command, inBatch bool) Result {
@@ -156,33 +179,29 @@ func (m *Machine) exec(c Command, inBatch bool) Result {
 // Placement returns the placement of key, if any. It says nothing about the
 // owner's lease: check Worker(p.Owner).Live(now) before routing to it.
 func (m *Machine) Placement(key Key) (Placement, bool) {
-	m.mu.RLock()
-	p, ok := m.st.placements[key]
-	m.mu.RUnlock()
-	return p, ok
+	return m.view.Load().placements.load(key)
 }
 
 // Worker returns the worker record of clientID.
 func (m *Machine) Worker(clientID string) (Worker, bool) {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	w, ok := m.st.workers[clientID]
+	w, ok := m.view.Load().workers[clientID]
 	if !ok {
 		return Worker{}, false
 	}
 	return *w, true
 }
 
-// Owner returns the placement of key together with its owner's record, in
-// one lookup under one lock (the front door's hot path).
+// Owner returns the placement of key together with its owner's record (the
+// front door's hot path). The owner's record is as of the entry that made
+// the placement or a later one; a record whose session is not the
+// placement's is not returned.
 func (m *Machine) Owner(key Key) (Placement, Worker, bool) {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	p, ok := m.st.placements[key]
+	p, ok := m.view.Load().placements.load(key)
 	if !ok {
 		return Placement{}, Worker{}, false
 	}
-	w, ok := m.st.workers[p.Owner]
+	// Loaded after the placement: publish stores workers before placements.
+	w, ok := m.view.Load().workers[p.Owner]
 	if !ok || w.SessionID != p.OwnerSession {
 		return p, Worker{}, true
 	}
@@ -193,9 +212,7 @@ func (m *Machine) Owner(key Key) (Placement, Worker, bool) {
 // front door asks it for every request to a namespace this node does not
 // host, so it reads in place instead of copying the workers.
 func (m *Machine) NamespaceServed(ns string) bool {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	for _, w := range m.st.workers {
+	for _, w := range m.view.Load().workers {
 		if w.Serves(ns) {
 			return true
 		}
@@ -205,12 +222,11 @@ func (m *Machine) NamespaceServed(ns string) bool {
 
 // Workers returns every known worker, sorted by client id.
 func (m *Machine) Workers() []Worker {
-	m.mu.RLock()
-	ws := make([]Worker, 0, len(m.st.workers))
-	for _, w := range m.st.workers {
+	published := m.view.Load().workers
+	ws := make([]Worker, 0, len(published))
+	for _, w := range published {
 		ws = append(ws, *w)
 	}
-	m.mu.RUnlock()
 	slices.SortFunc(ws, func(a, b Worker) int { return cmp.Compare(a.ClientID, b.ClientID) })
 	return ws
 }
@@ -220,7 +236,7 @@ func (m *Machine) Workers() []Worker {
 func (m *Machine) Candidates(ns string, now int64) []Worker {
 	m.mu.RLock()
 	var ws []Worker
-	for _, w := range m.st.workers {
+	for _, w := range m.st.workers.all() {
 		if m.eligible(w, ns, now) == "" {
 			ws = append(ws, *w)
 		}
@@ -274,9 +290,7 @@ func (m *Machine) QuarantineMs(now, quarantineMs int64) int64 {
 // never modified, so this is the Machine's own slice, not a copy (every
 // forwarded request reads it): callers must not modify it.
 func (m *Machine) Secret() []byte {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	return m.st.secret
+	return m.view.Load().secret
 }
 
 // AppliedIndex returns the index of the last entry applied (or restored).
@@ -289,10 +303,11 @@ func (m *Machine) AppliedIndex() uint64 {
 // PlacementsOf returns the placements owned by clientID, sorted by key.
 func (m *Machine) PlacementsOf(clientID string) []Placement {
 	m.mu.RLock()
-	keys := m.st.owned[clientID]
+	keys := m.st.placements.keysOf(clientID)
 	ps := make([]Placement, 0, len(keys))
 	for k := range keys {
-		ps = append(ps, m.st.placements[k])
+		p, _ := m.st.placements.get(k)
+		ps = append(ps, p)
 	}
 	m.mu.RUnlock()
 	slices.SortFunc(ps, func(a, b Placement) int { return a.Key.Compare(b.Key) })
@@ -303,5 +318,5 @@ func (m *Machine) PlacementsOf(clientID string) []Placement {
 func (m *Machine) Len() (workers, placements int) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return len(m.st.workers), len(m.st.placements)
+	return m.st.workers.len(), m.st.placements.n
 }

@@ -347,14 +347,17 @@ func TestBatchGrantsKeyOnce(t *testing.T) {
 	if r := n.apply(lapse); r.Results[0].Code != CodeGranted || r.Results[1].Code != CodeConflict {
 		t.Fatalf("claim of an id granted earlier in the entry to a lapsed holder: %+v", r.Results)
 	}
-	// Batches do not nest: the encoded entry is refused whole, a nested
-	// batch handed to ApplyCommand fails alone.
+	// Batches do not nest: the encoded entry is refused whole, and a nested
+	// batch that reached the appliers anyway would fail alone.
 	nested := Batch{Commands: []Command{claim("z", "a", t0+3), Batch{}}}
 	if r := n.apply(nested); r.Code != CodeError {
 		t.Fatalf("nested batch entry: %+v", r)
 	}
 	n.idx++
-	if r := n.m.ApplyCommand(n.idx, nested); r.Results[0].Code != CodeGranted || r.Results[1].Code != CodeError {
+	n.m.mu.Lock()
+	r = n.m.applyLocked(n.idx, nested, nil)
+	n.m.mu.Unlock()
+	if r.Results[0].Code != CodeGranted || r.Results[1].Code != CodeError {
 		t.Fatalf("nested batch command: %+v", r)
 	}
 }
@@ -389,18 +392,6 @@ func TestReadsShareSlicesTheDirectoryNeverModifies(t *testing.T) {
 	}
 	if w2, _ := n.m.Worker("a"); !slices.Equal(w2.Namespaces, again.Namespaces) {
 		t.Fatalf("namespaces after re-registration: %q", w2.Namespaces)
-	}
-}
-
-func TestApplyCommandMatchesApply(t *testing.T) {
-	a, b := New(), New()
-	cmds := []Command{reg("a", "sa", "http://a", t0), claim("x", "a", t0+1), Batch{Commands: []Command{claim("y", "a", t0+2), Opaque{Code: 77}}}}
-	for i, c := range cmds {
-		ra, _ := DecodeResult(a.Apply(uint64(i+1), Encode(c)))
-		rb := b.ApplyCommand(uint64(i+1), c)
-		if !bytes.Equal(EncodeResult(ra), EncodeResult(rb)) {
-			t.Fatalf("command %d: %+v vs %+v", i, ra, rb)
-		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"testing"
 )
@@ -511,6 +512,9 @@ func (c *checker) compareState(m *Machine) {
 			mw.lastHeartbeat != w.LastHeartbeat {
 			c.tb.Fatalf("worker %+v, model %+v", w, mw)
 		}
+		if one, ok := m.Worker(w.ClientID); !ok || !reflect.DeepEqual(one, w) {
+			c.tb.Fatalf("Worker(%s) %+v (%v), Workers has %+v", w.ClientID, one, ok, w)
+		}
 		for _, p := range m.PlacementsOf(w.ClientID) {
 			if c.placements[p.Key] != p {
 				c.tb.Fatalf("placement %+v, model %+v", p, c.placements[p.Key])
@@ -521,6 +525,20 @@ func (c *checker) compareState(m *Machine) {
 		if got, ok := m.Placement(k); !ok || got != p {
 			c.tb.Fatalf("placement of %v: machine %+v (%v), model %+v", k, got, ok, p)
 		}
+		// Owner names the owner's record only while its session holds p.
+		got, w, ok := m.Owner(k)
+		mw := c.workers[p.Owner]
+		switch {
+		case !ok || got != p:
+			c.tb.Fatalf("owner of %v: placement %+v (%v), model %+v", k, got, ok, p)
+		case mw != nil && mw.session == p.OwnerSession && (w.ClientID != p.Owner || w.SessionID != p.OwnerSession || w.LeaseExpiry != mw.lease):
+			c.tb.Fatalf("owner of %v: worker %+v, model %+v", k, w, mw)
+		case (mw == nil || mw.session != p.OwnerSession) && w.ClientID != "":
+			c.tb.Fatalf("owner of %v: worker %+v for a session that does not hold it", k, w)
+		}
+	}
+	if got := m.Secret() != nil; got != c.secret {
+		c.tb.Fatalf("secret set: %v, model %v", got, c.secret)
 	}
 	ds := m.Drains()
 	want := slices.Collect(maps.Values(c.drains))

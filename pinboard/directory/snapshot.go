@@ -43,16 +43,16 @@ func (m *Machine) Snapshot() (io.WriterTo, error) {
 		coldStart:  m.st.coldStart,
 		lastGen:    m.st.lastGen,
 		secret:     m.st.secret, // set once, never modified
-		workers:    make([]Worker, 0, len(m.st.workers)),
-		placements: make([]Placement, 0, len(m.st.placements)),
+		workers:    make([]Worker, 0, m.st.workers.len()),
+		placements: make([]Placement, 0, m.st.placements.n),
 		drains:     make([]Drain, 0, len(m.st.drains)),
 	}
-	for _, w := range m.st.workers {
+	for _, w := range m.st.workers.all() {
 		s.workers = append(s.workers, *w)
 	}
-	for _, p := range m.st.placements {
+	m.st.placements.each(func(p Placement) {
 		s.placements = append(s.placements, p)
-	}
+	})
 	for _, d := range m.st.drains {
 		s.drains = append(s.drains, d)
 	}
@@ -149,7 +149,8 @@ func appendWorker(b []byte, w Worker) []byte {
 
 // Restore replaces the state with the snapshot read from r. It decodes into
 // a fresh state and swaps it in only when the whole snapshot checked out, so
-// a corrupt snapshot leaves the machine as it was.
+// a corrupt snapshot leaves the machine as it was; the lock-free readers
+// move to the new state in one step.
 func (m *Machine) Restore(r io.Reader) error {
 	data, err := io.ReadAll(r)
 	if err != nil {
@@ -163,6 +164,7 @@ func (m *Machine) Restore(r io.Reader) error {
 	m.st = st
 	m.index = 0
 	clear(m.removedNow)
+	m.publish()
 	m.mu.Unlock()
 	return nil
 }
@@ -187,13 +189,14 @@ func decodeSnapshot(data []byte) (state, error) {
 		st.secret = append([]byte(nil), sec...)
 	}
 	for n := d.count(10); n > 0 && d.err == nil; n-- {
-		w := &Worker{
+		dw := Worker{
 			ClientID: d.string(), SessionID: d.string(), NodeID: d.string(),
 			AdvertiseURL: d.string(), Namespaces: d.strings(), Headroom: d.varint(),
 			LeaseExpiry: d.varint(), Degraded: d.bool(), RegisteredAt: d.varint(),
 			LastHeartbeat: d.varint(), Draining: d.bool(), Revoked: d.bool(),
 		}
-		st.workers[w.ClientID] = w
+		w := st.workers.edit(dw.ClientID)
+		*w = dw
 		if w.AdvertiseURL != "" {
 			st.byURL[w.AdvertiseURL] = w.ClientID
 		}
@@ -201,16 +204,10 @@ func decodeSnapshot(data []byte) (state, error) {
 	for n := d.count(7); n > 0 && d.err == nil; n-- {
 		p := Placement{Key: d.key(), Owner: d.string(), OwnerSession: d.string(),
 			Generation: d.uvarint(), PlacedAt: d.varint()}
-		if w := st.workers[p.Owner]; w != nil {
+		if w, ok := st.workers.get(p.Owner); ok {
 			p.Owner = w.ClientID // one copy of each client id string
 		}
-		st.placements[p.Key] = p
-		keys := st.owned[p.Owner]
-		if keys == nil {
-			keys = make(map[Key]struct{})
-			st.owned[p.Owner] = keys
-		}
-		keys[p.Key] = struct{}{}
+		st.placements.set(p)
 	}
 	for n := d.count(4); n > 0 && d.err == nil; n-- {
 		dr := Drain{ClientID: d.string(), Deadline: d.varint(), Cordon: d.bool(), SetAt: d.varint()}
@@ -219,5 +216,6 @@ func decodeSnapshot(data []byte) (state, error) {
 	if err := d.done(); err != nil {
 		return state{}, fmt.Errorf("%w: %w", ErrSnapshot, err)
 	}
+	st.placements.commit()
 	return st, nil
 }
