@@ -1,0 +1,70 @@
+package pinboard
+
+import (
+	"context"
+	"crypto/rand"
+	"log/slog"
+	"time"
+
+	"github.com/pinnedd/pinnedd/pinboard/directory"
+)
+
+// DefaultHousekeepingInterval is how often the leader garbage-collects the
+// directory.
+const DefaultHousekeepingInterval = time.Minute
+
+// Housekeeping is the leader's upkeep of the directory: it makes sure the
+// cluster secret exists, then every interval garbage-collects workers whose
+// lease lapsed long ago and drains that expired. It is leader-only work
+// (raftstore's RunAsLeader): the times it proposes are read here, before
+// the command enters the log.
+type Housekeeping struct {
+	dir   *Directory
+	every time.Duration
+	log   *slog.Logger
+}
+
+// NewHousekeeping returns the upkeep of dir, run every interval
+// (DefaultHousekeepingInterval when 0).
+func NewHousekeeping(dir *Directory, every time.Duration, log *slog.Logger) *Housekeeping {
+	if every <= 0 {
+		every = DefaultHousekeepingInterval
+	}
+	return &Housekeeping{dir: dir, every: every, log: log}
+}
+
+// Run keeps the directory until ctx ends (leadership lost, or the store
+// closes).
+func (h *Housekeeping) Run(ctx context.Context) {
+	if len(h.dir.Machine().Secret()) == 0 {
+		secret := make([]byte, 32)
+		_, _ = rand.Read(secret)
+		if _, err := h.dir.Do(ctx, directory.Init{Secret: secret}); err != nil && ctx.Err() == nil {
+			h.log.Warn("init cluster secret", "err", err)
+		}
+	}
+	t := time.NewTicker(h.every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			h.collect(ctx)
+		}
+	}
+}
+
+// collect proposes one GC at the current time and logs what it removed.
+func (h *Housekeeping) collect(ctx context.Context) {
+	res, err := h.dir.Do(ctx, directory.GC{Now: time.Now().UnixMilli()})
+	if err != nil {
+		if ctx.Err() == nil {
+			h.log.Warn("directory gc", "err", err)
+		}
+		return
+	}
+	if res.WorkersForgotten+res.DrainsExpired > 0 {
+		h.log.Info("directory gc", "workers_forgotten", res.WorkersForgotten, "placements_dropped", res.PlacementsDropped, "drains_expired", res.DrainsExpired)
+	}
+}
