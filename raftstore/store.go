@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/pinnedd/pinnedd/internal/clustertls"
+	"github.com/pinnedd/pinnedd/internal/hclogslog"
 	"github.com/pinnedd/pinnedd/internal/httpx"
 )
 
@@ -138,7 +139,9 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		s.closeClient = func() { sync.Close(); tr.CloseIdleConnections() }
 		cleanups = append(cleanups, s.closeClient)
 	}
-	hlog := newHCLogAdapter(s.log)
+	// Raft repeats a WARN or ERROR for as long as its cause lasts (a down peer: "failed to
+	// heartbeat to" twice a second): one line, then a summary every 30 s.
+	hlog := hclogslog.New(s.log, hclogslog.Options{RepeatWindow: 30 * time.Second})
 
 	dir := filepath.Join(cfg.DataDir, "raft")
 	if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -6,10 +6,11 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"strings"
 	"sync"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/pinnedd/pinnedd/internal/hclogslog"
 )
 
 // lineLogger re-logs a plugin's stderr through slog. The SDK writes JSON
@@ -74,30 +75,7 @@ func (l *lineLogger) logLine(line []byte) {
 // hclogAdapter points go-plugin's own logging (hclog) at slog, at WARN and
 // above: its INFO/DEBUG chatter about every stderr line is noise here.
 func hclogAdapter(logger *slog.Logger) hclog.Logger {
-	return hclog.New(&hclog.LoggerOptions{
-		Name:       "go-plugin",
-		Level:      hclog.Warn,
-		Output:     &hclogWriter{logger: logger},
-		JSONFormat: true,
-	})
-}
-
-type hclogWriter struct{ logger *slog.Logger }
-
-func (w *hclogWriter) Write(p []byte) (int, error) {
-	var rec map[string]any
-	if json.Unmarshal(p, &rec) != nil {
-		w.logger.Warn(strings.TrimSpace(string(p)))
-		return len(p), nil
-	}
-	msg, _ := rec["@message"].(string)
-	lvl, _ := rec["@level"].(string)
-	level := slog.LevelWarn
-	if lvl == "error" {
-		level = slog.LevelError
-	}
-	w.logger.Log(context.Background(), level, msg, "source", "go-plugin")
-	return len(p), nil
+	return hclogslog.New(logger, hclogslog.Options{Name: "go-plugin", MinLevel: hclog.Warn})
 }
 
 var _ io.Writer = (*lineLogger)(nil)
