@@ -2,6 +2,8 @@ package plugins
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/hashicorp/go-plugin"
@@ -24,7 +26,18 @@ import (
 //	   cluster-call credential (no longer EnvClusterCallToken). The
 //	   environment is an allow-list (AllowedEnv). A version-1 plugin would
 //	   serve its socket to anyone, so pinnedd refuses to start it.
-const ProtocolVersion = 2
+//	3: the Data service is gone: a plugin serves Control only, and
+//	   instance HTTP reaches it on its data socket alone.
+//
+// pinnedd speaks ProtocolVersion only and refuses a plugin of any other
+// version at the handshake. An older plugin is refused with
+// ErrProtocolVersion, naming both versions (see HostVersions); a newer one
+// by go-plugin ("incompatible API version").
+const ProtocolVersion = 3
+
+// ErrProtocolVersion: the plugin speaks an older protocol version than
+// pinnedd; it must be rebuilt with pinnedd's SDK.
+var ErrProtocolVersion = errors.New("plugin protocol version mismatch")
 
 // Handshake is shared by pinnedd and every plugin. The cookie is not a
 // security measure: it makes a plugin binary run by hand say it must be
@@ -105,7 +118,6 @@ func SecretEnv(name string) bool {
 // Server is what a plugin process implements (the SDK does it for host authors).
 type Server interface {
 	proto.ControlServer
-	proto.DataServer
 	// SetBroker receives the broker pinnedd's callbacks are dialed through.
 	SetBroker(*plugin.GRPCBroker)
 }
@@ -123,20 +135,18 @@ var _ plugin.GRPCPlugin = (*HostPlugin)(nil)
 // dials pinnedd's callbacks through.
 func (p *HostPlugin) GRPCServer(broker *plugin.GRPCBroker, s *grpc.Server) error {
 	proto.RegisterControlServer(s, p.Impl)
-	proto.RegisterDataServer(s, p.Impl)
 	p.Impl.SetBroker(broker)
 	return nil
 }
 
 // GRPCClient wraps the connection pinnedd uses to talk to one plugin process.
 func (p *HostPlugin) GRPCClient(_ context.Context, broker *plugin.GRPCBroker, cc *grpc.ClientConn) (any, error) {
-	return &Conn{Control: proto.NewControlClient(cc), Data: proto.NewDataClient(cc), Broker: broker}, nil
+	return &Conn{Control: proto.NewControlClient(cc), Broker: broker}, nil
 }
 
 // Conn is pinnedd's handle on one plugin process's services.
 type Conn struct {
 	Control proto.ControlClient
-	Data    proto.DataClient
 	// Broker serves pinnedd's callbacks (the Store service) to the plugin.
 	Broker *plugin.GRPCBroker
 }
@@ -144,4 +154,41 @@ type Conn struct {
 // PluginSet is the plugin map both sides pass to go-plugin.
 func PluginSet(impl Server) plugin.PluginSet {
 	return plugin.PluginSet{PluginName: &HostPlugin{Impl: impl}}
+}
+
+// HostVersions is the plugin map pinnedd's go-plugin client offers
+// (ClientConfig.VersionedPlugins): the host plugin at ProtocolVersion and,
+// at every older version, a stand-in whose dispensing fails with
+// ErrProtocolVersion. go-plugin accepts only the versions offered, and its
+// own refusal ("incompatible API version") names neither side's meaning;
+// offering the older ones lets the handshake finish so the refusal can say
+// which version the plugin speaks and which pinnedd does.
+func HostVersions() map[int]plugin.PluginSet {
+	vs := map[int]plugin.PluginSet{ProtocolVersion: PluginSet(nil)}
+	for v := 1; v < ProtocolVersion; v++ {
+		vs[v] = plugin.PluginSet{PluginName: outdatedPlugin{version: v}}
+	}
+	return vs
+}
+
+// outdatedPlugin stands for a plugin of an older protocol version: it
+// refuses to be dispensed (or served).
+type outdatedPlugin struct {
+	plugin.NetRPCUnsupportedPlugin
+	version int
+}
+
+var _ plugin.GRPCPlugin = outdatedPlugin{}
+
+func (o outdatedPlugin) err() error {
+	return fmt.Errorf("%w: the plugin speaks plugin protocol %d, this pinnedd speaks %d: rebuild the plugin with this pinnedd's plugins/sdk",
+		ErrProtocolVersion, o.version, ProtocolVersion)
+}
+
+// GRPCServer implements plugin.GRPCPlugin.
+func (o outdatedPlugin) GRPCServer(*plugin.GRPCBroker, *grpc.Server) error { return o.err() }
+
+// GRPCClient implements plugin.GRPCPlugin: the refusal.
+func (o outdatedPlugin) GRPCClient(context.Context, *plugin.GRPCBroker, *grpc.ClientConn) (any, error) {
+	return nil, o.err()
 }

@@ -165,8 +165,10 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 	logger := p.logger.With("incarnation", seq)
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig: plugins.Handshake,
-		Plugins:         plugins.PluginSet(nil),
-		Cmd:             cmd,
+		// A plugin of an older protocol version completes the handshake
+		// and is refused at Dispense, by name (plugins.ErrProtocolVersion).
+		VersionedPlugins: plugins.HostVersions(),
+		Cmd:              cmd,
 		// go-plugin would otherwise add all of os.Environ() to cmd.Env.
 		SkipHostEnv: true,
 		// The control and broker sockets sit in a directory other

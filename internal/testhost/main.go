@@ -4,6 +4,8 @@
 //
 // Hook calls are appended to the file named by TESTHOST_EVENTS, one line
 // each ("start /hooks a1"), so a test can see what ran inside the process.
+// TESTHOST_PROTOCOL=N makes it claim plugin protocol version N at the
+// handshake, so a test can see pinnedd refuse a plugin of another version.
 package main
 
 import (
@@ -22,6 +24,7 @@ import (
 	"time"
 
 	"github.com/pinnedd/pinnedd/examples/counter"
+	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/plugins/sdk"
 )
 
@@ -76,6 +79,14 @@ var activations atomic.Int64
 var version = "dev"
 
 func main() {
+	if p := os.Getenv("TESTHOST_PROTOCOL"); p != "" {
+		v, err := strconv.ParseUint(p, 10, 32)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "testhost: TESTHOST_PROTOCOL %q: %v\n", p, err)
+			os.Exit(1)
+		}
+		plugins.Handshake.ProtocolVersion = uint(v)
+	}
 	if os.Getenv("TESTHOST_SERVE_HTTP") == "1" {
 		servePlainHTTP()
 		return

@@ -217,7 +217,7 @@ func (x *DescribeRequest) GetClusterCallToken() string {
 type DescribeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Hosts []*HostInfo            `protobuf:"bytes,1,rep,name=hosts,proto3" json:"hosts,omitempty"`
-	// Unix socket the plugin serves instance HTTP on (the chosen data plane).
+	// Unix socket the plugin serves instance HTTP on (the data plane).
 	DataSocket    string `protobuf:"bytes,2,opt,name=data_socket,json=dataSocket,proto3" json:"data_socket,omitempty"`
 	SdkVersion    string `protobuf:"bytes,3,opt,name=sdk_version,json=sdkVersion,proto3" json:"sdk_version,omitempty"`
 	Pid           int32  `protobuf:"varint,4,opt,name=pid,proto3" json:"pid,omitempty"`
@@ -990,309 +990,6 @@ func (*ShutdownResponse) Descriptor() ([]byte, []int) {
 	return file_pinned_proto_rawDescGZIP(), []int{15}
 }
 
-type Header struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Values        []string               `protobuf:"bytes,2,rep,name=values,proto3" json:"values,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Header) Reset() {
-	*x = Header{}
-	mi := &file_pinned_proto_msgTypes[16]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Header) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Header) ProtoMessage() {}
-
-func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[16]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Header.ProtoReflect.Descriptor instead.
-func (*Header) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{16}
-}
-
-func (x *Header) GetName() string {
-	if x != nil {
-		return x.Name
-	}
-	return ""
-}
-
-func (x *Header) GetValues() []string {
-	if x != nil {
-		return x.Values
-	}
-	return nil
-}
-
-type RequestHead struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Method        string                 `protobuf:"bytes,1,opt,name=method,proto3" json:"method,omitempty"`
-	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
-	RawQuery      string                 `protobuf:"bytes,3,opt,name=raw_query,json=rawQuery,proto3" json:"raw_query,omitempty"`
-	Headers       []*Header              `protobuf:"bytes,4,rep,name=headers,proto3" json:"headers,omitempty"`
-	Namespace     string                 `protobuf:"bytes,5,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	Id            string                 `protobuf:"bytes,6,opt,name=id,proto3" json:"id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *RequestHead) Reset() {
-	*x = RequestHead{}
-	mi := &file_pinned_proto_msgTypes[17]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *RequestHead) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*RequestHead) ProtoMessage() {}
-
-func (x *RequestHead) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[17]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use RequestHead.ProtoReflect.Descriptor instead.
-func (*RequestHead) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{17}
-}
-
-func (x *RequestHead) GetMethod() string {
-	if x != nil {
-		return x.Method
-	}
-	return ""
-}
-
-func (x *RequestHead) GetPath() string {
-	if x != nil {
-		return x.Path
-	}
-	return ""
-}
-
-func (x *RequestHead) GetRawQuery() string {
-	if x != nil {
-		return x.RawQuery
-	}
-	return ""
-}
-
-func (x *RequestHead) GetHeaders() []*Header {
-	if x != nil {
-		return x.Headers
-	}
-	return nil
-}
-
-func (x *RequestHead) GetNamespace() string {
-	if x != nil {
-		return x.Namespace
-	}
-	return ""
-}
-
-func (x *RequestHead) GetId() string {
-	if x != nil {
-		return x.Id
-	}
-	return ""
-}
-
-type ResponseHead struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Status        int32                  `protobuf:"varint,1,opt,name=status,proto3" json:"status,omitempty"`
-	Headers       []*Header              `protobuf:"bytes,2,rep,name=headers,proto3" json:"headers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ResponseHead) Reset() {
-	*x = ResponseHead{}
-	mi := &file_pinned_proto_msgTypes[18]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ResponseHead) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ResponseHead) ProtoMessage() {}
-
-func (x *ResponseHead) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[18]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ResponseHead.ProtoReflect.Descriptor instead.
-func (*ResponseHead) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{18}
-}
-
-func (x *ResponseHead) GetStatus() int32 {
-	if x != nil {
-		return x.Status
-	}
-	return 0
-}
-
-func (x *ResponseHead) GetHeaders() []*Header {
-	if x != nil {
-		return x.Headers
-	}
-	return nil
-}
-
-type HTTPFrame struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// Types that are valid to be assigned to Frame:
-	//
-	//	*HTTPFrame_Request
-	//	*HTTPFrame_Response
-	//	*HTTPFrame_Body
-	//	*HTTPFrame_End
-	Frame         isHTTPFrame_Frame `protobuf_oneof:"frame"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *HTTPFrame) Reset() {
-	*x = HTTPFrame{}
-	mi := &file_pinned_proto_msgTypes[19]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *HTTPFrame) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*HTTPFrame) ProtoMessage() {}
-
-func (x *HTTPFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[19]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use HTTPFrame.ProtoReflect.Descriptor instead.
-func (*HTTPFrame) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{19}
-}
-
-func (x *HTTPFrame) GetFrame() isHTTPFrame_Frame {
-	if x != nil {
-		return x.Frame
-	}
-	return nil
-}
-
-func (x *HTTPFrame) GetRequest() *RequestHead {
-	if x != nil {
-		if x, ok := x.Frame.(*HTTPFrame_Request); ok {
-			return x.Request
-		}
-	}
-	return nil
-}
-
-func (x *HTTPFrame) GetResponse() *ResponseHead {
-	if x != nil {
-		if x, ok := x.Frame.(*HTTPFrame_Response); ok {
-			return x.Response
-		}
-	}
-	return nil
-}
-
-func (x *HTTPFrame) GetBody() []byte {
-	if x != nil {
-		if x, ok := x.Frame.(*HTTPFrame_Body); ok {
-			return x.Body
-		}
-	}
-	return nil
-}
-
-func (x *HTTPFrame) GetEnd() bool {
-	if x != nil {
-		if x, ok := x.Frame.(*HTTPFrame_End); ok {
-			return x.End
-		}
-	}
-	return false
-}
-
-type isHTTPFrame_Frame interface {
-	isHTTPFrame_Frame()
-}
-
-type HTTPFrame_Request struct {
-	Request *RequestHead `protobuf:"bytes,1,opt,name=request,proto3,oneof"`
-}
-
-type HTTPFrame_Response struct {
-	Response *ResponseHead `protobuf:"bytes,2,opt,name=response,proto3,oneof"`
-}
-
-type HTTPFrame_Body struct {
-	Body []byte `protobuf:"bytes,3,opt,name=body,proto3,oneof"`
-}
-
-type HTTPFrame_End struct {
-	// End of the sender's body.
-	End bool `protobuf:"varint,4,opt,name=end,proto3,oneof"`
-}
-
-func (*HTTPFrame_Request) isHTTPFrame_Frame() {}
-
-func (*HTTPFrame_Response) isHTTPFrame_Frame() {}
-
-func (*HTTPFrame_Body) isHTTPFrame_Frame() {}
-
-func (*HTTPFrame_End) isHTTPFrame_Frame() {}
-
 type EventsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1301,7 +998,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_pinned_proto_msgTypes[20]
+	mi := &file_pinned_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1313,7 +1010,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[20]
+	mi := &file_pinned_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1326,7 +1023,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{20}
+	return file_pinned_proto_rawDescGZIP(), []int{16}
 }
 
 type Event struct {
@@ -1340,7 +1037,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_pinned_proto_msgTypes[21]
+	mi := &file_pinned_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1352,7 +1049,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[21]
+	mi := &file_pinned_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1365,7 +1062,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{21}
+	return file_pinned_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Event) GetKind() EventKind {
@@ -1400,7 +1097,7 @@ type StoreLoadRequest struct {
 
 func (x *StoreLoadRequest) Reset() {
 	*x = StoreLoadRequest{}
-	mi := &file_pinned_proto_msgTypes[22]
+	mi := &file_pinned_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1412,7 +1109,7 @@ func (x *StoreLoadRequest) String() string {
 func (*StoreLoadRequest) ProtoMessage() {}
 
 func (x *StoreLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[22]
+	mi := &file_pinned_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1425,7 +1122,7 @@ func (x *StoreLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreLoadRequest.ProtoReflect.Descriptor instead.
 func (*StoreLoadRequest) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{22}
+	return file_pinned_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StoreLoadRequest) GetNamespace() string {
@@ -1460,7 +1157,7 @@ type TrayItem struct {
 
 func (x *TrayItem) Reset() {
 	*x = TrayItem{}
-	mi := &file_pinned_proto_msgTypes[23]
+	mi := &file_pinned_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1472,7 +1169,7 @@ func (x *TrayItem) String() string {
 func (*TrayItem) ProtoMessage() {}
 
 func (x *TrayItem) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[23]
+	mi := &file_pinned_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1485,7 +1182,7 @@ func (x *TrayItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrayItem.ProtoReflect.Descriptor instead.
 func (*TrayItem) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{23}
+	return file_pinned_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TrayItem) GetSeq() int64 {
@@ -1522,7 +1219,7 @@ type TrayData struct {
 
 func (x *TrayData) Reset() {
 	*x = TrayData{}
-	mi := &file_pinned_proto_msgTypes[24]
+	mi := &file_pinned_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1534,7 +1231,7 @@ func (x *TrayData) String() string {
 func (*TrayData) ProtoMessage() {}
 
 func (x *TrayData) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[24]
+	mi := &file_pinned_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1547,7 +1244,7 @@ func (x *TrayData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrayData.ProtoReflect.Descriptor instead.
 func (*TrayData) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{24}
+	return file_pinned_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TrayData) GetTrayNs() string {
@@ -1594,7 +1291,7 @@ type StoreLoadResponse struct {
 
 func (x *StoreLoadResponse) Reset() {
 	*x = StoreLoadResponse{}
-	mi := &file_pinned_proto_msgTypes[25]
+	mi := &file_pinned_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1303,7 @@ func (x *StoreLoadResponse) String() string {
 func (*StoreLoadResponse) ProtoMessage() {}
 
 func (x *StoreLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[25]
+	mi := &file_pinned_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1316,7 @@ func (x *StoreLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreLoadResponse.ProtoReflect.Descriptor instead.
 func (*StoreLoadResponse) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{25}
+	return file_pinned_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StoreLoadResponse) GetTrays() []*TrayData {
@@ -1647,7 +1344,7 @@ type StoreMutation struct {
 
 func (x *StoreMutation) Reset() {
 	*x = StoreMutation{}
-	mi := &file_pinned_proto_msgTypes[26]
+	mi := &file_pinned_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1659,7 +1356,7 @@ func (x *StoreMutation) String() string {
 func (*StoreMutation) ProtoMessage() {}
 
 func (x *StoreMutation) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[26]
+	mi := &file_pinned_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1672,7 +1369,7 @@ func (x *StoreMutation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreMutation.ProtoReflect.Descriptor instead.
 func (*StoreMutation) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{26}
+	return file_pinned_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StoreMutation) GetTrayNs() string {
@@ -1786,7 +1483,7 @@ type SetFieldOp struct {
 
 func (x *SetFieldOp) Reset() {
 	*x = SetFieldOp{}
-	mi := &file_pinned_proto_msgTypes[27]
+	mi := &file_pinned_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1798,7 +1495,7 @@ func (x *SetFieldOp) String() string {
 func (*SetFieldOp) ProtoMessage() {}
 
 func (x *SetFieldOp) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[27]
+	mi := &file_pinned_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1811,7 +1508,7 @@ func (x *SetFieldOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetFieldOp.ProtoReflect.Descriptor instead.
 func (*SetFieldOp) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{27}
+	return file_pinned_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetFieldOp) GetName() string {
@@ -1837,7 +1534,7 @@ type AppendItemsOp struct {
 
 func (x *AppendItemsOp) Reset() {
 	*x = AppendItemsOp{}
-	mi := &file_pinned_proto_msgTypes[28]
+	mi := &file_pinned_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1849,7 +1546,7 @@ func (x *AppendItemsOp) String() string {
 func (*AppendItemsOp) ProtoMessage() {}
 
 func (x *AppendItemsOp) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[28]
+	mi := &file_pinned_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1862,7 +1559,7 @@ func (x *AppendItemsOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendItemsOp.ProtoReflect.Descriptor instead.
 func (*AppendItemsOp) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{28}
+	return file_pinned_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AppendItemsOp) GetPayloads() [][]byte {
@@ -1884,7 +1581,7 @@ type StoreCommitRequest struct {
 
 func (x *StoreCommitRequest) Reset() {
 	*x = StoreCommitRequest{}
-	mi := &file_pinned_proto_msgTypes[29]
+	mi := &file_pinned_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1896,7 +1593,7 @@ func (x *StoreCommitRequest) String() string {
 func (*StoreCommitRequest) ProtoMessage() {}
 
 func (x *StoreCommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[29]
+	mi := &file_pinned_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1909,7 +1606,7 @@ func (x *StoreCommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreCommitRequest.ProtoReflect.Descriptor instead.
 func (*StoreCommitRequest) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{29}
+	return file_pinned_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StoreCommitRequest) GetNamespace() string {
@@ -1949,7 +1646,7 @@ type Seqs struct {
 
 func (x *Seqs) Reset() {
 	*x = Seqs{}
-	mi := &file_pinned_proto_msgTypes[30]
+	mi := &file_pinned_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1961,7 +1658,7 @@ func (x *Seqs) String() string {
 func (*Seqs) ProtoMessage() {}
 
 func (x *Seqs) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[30]
+	mi := &file_pinned_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1974,7 +1671,7 @@ func (x *Seqs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Seqs.ProtoReflect.Descriptor instead.
 func (*Seqs) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{30}
+	return file_pinned_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Seqs) GetSeqs() []int64 {
@@ -1994,7 +1691,7 @@ type StoreCommitResponse struct {
 
 func (x *StoreCommitResponse) Reset() {
 	*x = StoreCommitResponse{}
-	mi := &file_pinned_proto_msgTypes[31]
+	mi := &file_pinned_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2006,7 +1703,7 @@ func (x *StoreCommitResponse) String() string {
 func (*StoreCommitResponse) ProtoMessage() {}
 
 func (x *StoreCommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pinned_proto_msgTypes[31]
+	mi := &file_pinned_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2019,7 +1716,7 @@ func (x *StoreCommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreCommitResponse.ProtoReflect.Descriptor instead.
 func (*StoreCommitResponse) Descriptor() ([]byte, []int) {
-	return file_pinned_proto_rawDescGZIP(), []int{31}
+	return file_pinned_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StoreCommitResponse) GetSeqs() []*Seqs {
@@ -2087,26 +1784,7 @@ const file_pinned_proto_rawDesc = "" +
 	"\aserving\x18\x01 \x01(\bR\aserving\",\n" +
 	"\x0fShutdownRequest\x12\x19\n" +
 	"\bgrace_ms\x18\x01 \x01(\x03R\agraceMs\"\x12\n" +
-	"\x10ShutdownResponse\"4\n" +
-	"\x06Header\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
-	"\x06values\x18\x02 \x03(\tR\x06values\"\xb9\x01\n" +
-	"\vRequestHead\x12\x16\n" +
-	"\x06method\x18\x01 \x01(\tR\x06method\x12\x12\n" +
-	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1b\n" +
-	"\traw_query\x18\x03 \x01(\tR\brawQuery\x123\n" +
-	"\aheaders\x18\x04 \x03(\v2\x19.pinnedd.plugin.v1.HeaderR\aheaders\x12\x1c\n" +
-	"\tnamespace\x18\x05 \x01(\tR\tnamespace\x12\x0e\n" +
-	"\x02id\x18\x06 \x01(\tR\x02id\"[\n" +
-	"\fResponseHead\x12\x16\n" +
-	"\x06status\x18\x01 \x01(\x05R\x06status\x123\n" +
-	"\aheaders\x18\x02 \x03(\v2\x19.pinnedd.plugin.v1.HeaderR\aheaders\"\xb9\x01\n" +
-	"\tHTTPFrame\x12:\n" +
-	"\arequest\x18\x01 \x01(\v2\x1e.pinnedd.plugin.v1.RequestHeadH\x00R\arequest\x12=\n" +
-	"\bresponse\x18\x02 \x01(\v2\x1f.pinnedd.plugin.v1.ResponseHeadH\x00R\bresponse\x12\x14\n" +
-	"\x04body\x18\x03 \x01(\fH\x00R\x04body\x12\x12\n" +
-	"\x03end\x18\x04 \x01(\bH\x00R\x03endB\a\n" +
-	"\x05frame\"\x0f\n" +
+	"\x10ShutdownResponse\"\x0f\n" +
 	"\rEventsRequest\"g\n" +
 	"\x05Event\x120\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1c.pinnedd.plugin.v1.EventKindR\x04kind\x12\x1c\n" +
@@ -2185,9 +1863,7 @@ const file_pinned_proto_rawDesc = "" +
 	"\x06Events\x12 .pinnedd.plugin.v1.EventsRequest\x1a\x18.pinnedd.plugin.v1.Event0\x012\xb3\x01\n" +
 	"\x05Store\x12Q\n" +
 	"\x04Load\x12#.pinnedd.plugin.v1.StoreLoadRequest\x1a$.pinnedd.plugin.v1.StoreLoadResponse\x12W\n" +
-	"\x06Commit\x12%.pinnedd.plugin.v1.StoreCommitRequest\x1a&.pinnedd.plugin.v1.StoreCommitResponse2R\n" +
-	"\x04Data\x12J\n" +
-	"\bExchange\x12\x1c.pinnedd.plugin.v1.HTTPFrame\x1a\x1c.pinnedd.plugin.v1.HTTPFrame(\x010\x01B*Z(github.com/pinnedd/pinnedd/plugins/protob\x06proto3"
+	"\x06Commit\x12%.pinnedd.plugin.v1.StoreCommitRequest\x1a&.pinnedd.plugin.v1.StoreCommitResponseB*Z(github.com/pinnedd/pinnedd/plugins/protob\x06proto3"
 
 var (
 	file_pinned_proto_rawDescOnce sync.Once
@@ -2202,7 +1878,7 @@ func file_pinned_proto_rawDescGZIP() []byte {
 }
 
 var file_pinned_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_pinned_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_pinned_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_pinned_proto_goTypes = []any{
 	(Reason)(0),                 // 0: pinnedd.plugin.v1.Reason
 	(EventKind)(0),              // 1: pinnedd.plugin.v1.EventKind
@@ -2222,67 +1898,57 @@ var file_pinned_proto_goTypes = []any{
 	(*HealthResponse)(nil),      // 15: pinnedd.plugin.v1.HealthResponse
 	(*ShutdownRequest)(nil),     // 16: pinnedd.plugin.v1.ShutdownRequest
 	(*ShutdownResponse)(nil),    // 17: pinnedd.plugin.v1.ShutdownResponse
-	(*Header)(nil),              // 18: pinnedd.plugin.v1.Header
-	(*RequestHead)(nil),         // 19: pinnedd.plugin.v1.RequestHead
-	(*ResponseHead)(nil),        // 20: pinnedd.plugin.v1.ResponseHead
-	(*HTTPFrame)(nil),           // 21: pinnedd.plugin.v1.HTTPFrame
-	(*EventsRequest)(nil),       // 22: pinnedd.plugin.v1.EventsRequest
-	(*Event)(nil),               // 23: pinnedd.plugin.v1.Event
-	(*StoreLoadRequest)(nil),    // 24: pinnedd.plugin.v1.StoreLoadRequest
-	(*TrayItem)(nil),            // 25: pinnedd.plugin.v1.TrayItem
-	(*TrayData)(nil),            // 26: pinnedd.plugin.v1.TrayData
-	(*StoreLoadResponse)(nil),   // 27: pinnedd.plugin.v1.StoreLoadResponse
-	(*StoreMutation)(nil),       // 28: pinnedd.plugin.v1.StoreMutation
-	(*SetFieldOp)(nil),          // 29: pinnedd.plugin.v1.SetFieldOp
-	(*AppendItemsOp)(nil),       // 30: pinnedd.plugin.v1.AppendItemsOp
-	(*StoreCommitRequest)(nil),  // 31: pinnedd.plugin.v1.StoreCommitRequest
-	(*Seqs)(nil),                // 32: pinnedd.plugin.v1.Seqs
-	(*StoreCommitResponse)(nil), // 33: pinnedd.plugin.v1.StoreCommitResponse
-	nil,                         // 34: pinnedd.plugin.v1.TrayData.FieldsEntry
+	(*EventsRequest)(nil),       // 18: pinnedd.plugin.v1.EventsRequest
+	(*Event)(nil),               // 19: pinnedd.plugin.v1.Event
+	(*StoreLoadRequest)(nil),    // 20: pinnedd.plugin.v1.StoreLoadRequest
+	(*TrayItem)(nil),            // 21: pinnedd.plugin.v1.TrayItem
+	(*TrayData)(nil),            // 22: pinnedd.plugin.v1.TrayData
+	(*StoreLoadResponse)(nil),   // 23: pinnedd.plugin.v1.StoreLoadResponse
+	(*StoreMutation)(nil),       // 24: pinnedd.plugin.v1.StoreMutation
+	(*SetFieldOp)(nil),          // 25: pinnedd.plugin.v1.SetFieldOp
+	(*AppendItemsOp)(nil),       // 26: pinnedd.plugin.v1.AppendItemsOp
+	(*StoreCommitRequest)(nil),  // 27: pinnedd.plugin.v1.StoreCommitRequest
+	(*Seqs)(nil),                // 28: pinnedd.plugin.v1.Seqs
+	(*StoreCommitResponse)(nil), // 29: pinnedd.plugin.v1.StoreCommitResponse
+	nil,                         // 30: pinnedd.plugin.v1.TrayData.FieldsEntry
 }
 var file_pinned_proto_depIdxs = []int32{
 	4,  // 0: pinnedd.plugin.v1.DescribeResponse.hosts:type_name -> pinnedd.plugin.v1.HostInfo
 	0,  // 1: pinnedd.plugin.v1.DeactivateRequest.reason:type_name -> pinnedd.plugin.v1.Reason
 	12, // 2: pinnedd.plugin.v1.StatsResponse.instances:type_name -> pinnedd.plugin.v1.InstanceStats
-	18, // 3: pinnedd.plugin.v1.RequestHead.headers:type_name -> pinnedd.plugin.v1.Header
-	18, // 4: pinnedd.plugin.v1.ResponseHead.headers:type_name -> pinnedd.plugin.v1.Header
-	19, // 5: pinnedd.plugin.v1.HTTPFrame.request:type_name -> pinnedd.plugin.v1.RequestHead
-	20, // 6: pinnedd.plugin.v1.HTTPFrame.response:type_name -> pinnedd.plugin.v1.ResponseHead
-	1,  // 7: pinnedd.plugin.v1.Event.kind:type_name -> pinnedd.plugin.v1.EventKind
-	34, // 8: pinnedd.plugin.v1.TrayData.fields:type_name -> pinnedd.plugin.v1.TrayData.FieldsEntry
-	25, // 9: pinnedd.plugin.v1.TrayData.items:type_name -> pinnedd.plugin.v1.TrayItem
-	26, // 10: pinnedd.plugin.v1.StoreLoadResponse.trays:type_name -> pinnedd.plugin.v1.TrayData
-	29, // 11: pinnedd.plugin.v1.StoreMutation.set_field:type_name -> pinnedd.plugin.v1.SetFieldOp
-	30, // 12: pinnedd.plugin.v1.StoreMutation.append_items:type_name -> pinnedd.plugin.v1.AppendItemsOp
-	28, // 13: pinnedd.plugin.v1.StoreCommitRequest.mutations:type_name -> pinnedd.plugin.v1.StoreMutation
-	32, // 14: pinnedd.plugin.v1.StoreCommitResponse.seqs:type_name -> pinnedd.plugin.v1.Seqs
-	2,  // 15: pinnedd.plugin.v1.Control.Describe:input_type -> pinnedd.plugin.v1.DescribeRequest
-	5,  // 16: pinnedd.plugin.v1.Control.Activate:input_type -> pinnedd.plugin.v1.ActivateRequest
-	7,  // 17: pinnedd.plugin.v1.Control.Deactivate:input_type -> pinnedd.plugin.v1.DeactivateRequest
-	11, // 18: pinnedd.plugin.v1.Control.Stats:input_type -> pinnedd.plugin.v1.StatsRequest
-	8,  // 19: pinnedd.plugin.v1.Control.WindDown:input_type -> pinnedd.plugin.v1.WindDownRequest
-	14, // 20: pinnedd.plugin.v1.Control.Health:input_type -> pinnedd.plugin.v1.HealthRequest
-	16, // 21: pinnedd.plugin.v1.Control.Shutdown:input_type -> pinnedd.plugin.v1.ShutdownRequest
-	22, // 22: pinnedd.plugin.v1.Control.Events:input_type -> pinnedd.plugin.v1.EventsRequest
-	24, // 23: pinnedd.plugin.v1.Store.Load:input_type -> pinnedd.plugin.v1.StoreLoadRequest
-	31, // 24: pinnedd.plugin.v1.Store.Commit:input_type -> pinnedd.plugin.v1.StoreCommitRequest
-	21, // 25: pinnedd.plugin.v1.Data.Exchange:input_type -> pinnedd.plugin.v1.HTTPFrame
-	3,  // 26: pinnedd.plugin.v1.Control.Describe:output_type -> pinnedd.plugin.v1.DescribeResponse
-	6,  // 27: pinnedd.plugin.v1.Control.Activate:output_type -> pinnedd.plugin.v1.ActivateResponse
-	10, // 28: pinnedd.plugin.v1.Control.Deactivate:output_type -> pinnedd.plugin.v1.DeactivateResponse
-	13, // 29: pinnedd.plugin.v1.Control.Stats:output_type -> pinnedd.plugin.v1.StatsResponse
-	9,  // 30: pinnedd.plugin.v1.Control.WindDown:output_type -> pinnedd.plugin.v1.WindDownResponse
-	15, // 31: pinnedd.plugin.v1.Control.Health:output_type -> pinnedd.plugin.v1.HealthResponse
-	17, // 32: pinnedd.plugin.v1.Control.Shutdown:output_type -> pinnedd.plugin.v1.ShutdownResponse
-	23, // 33: pinnedd.plugin.v1.Control.Events:output_type -> pinnedd.plugin.v1.Event
-	27, // 34: pinnedd.plugin.v1.Store.Load:output_type -> pinnedd.plugin.v1.StoreLoadResponse
-	33, // 35: pinnedd.plugin.v1.Store.Commit:output_type -> pinnedd.plugin.v1.StoreCommitResponse
-	21, // 36: pinnedd.plugin.v1.Data.Exchange:output_type -> pinnedd.plugin.v1.HTTPFrame
-	26, // [26:37] is the sub-list for method output_type
-	15, // [15:26] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	1,  // 3: pinnedd.plugin.v1.Event.kind:type_name -> pinnedd.plugin.v1.EventKind
+	30, // 4: pinnedd.plugin.v1.TrayData.fields:type_name -> pinnedd.plugin.v1.TrayData.FieldsEntry
+	21, // 5: pinnedd.plugin.v1.TrayData.items:type_name -> pinnedd.plugin.v1.TrayItem
+	22, // 6: pinnedd.plugin.v1.StoreLoadResponse.trays:type_name -> pinnedd.plugin.v1.TrayData
+	25, // 7: pinnedd.plugin.v1.StoreMutation.set_field:type_name -> pinnedd.plugin.v1.SetFieldOp
+	26, // 8: pinnedd.plugin.v1.StoreMutation.append_items:type_name -> pinnedd.plugin.v1.AppendItemsOp
+	24, // 9: pinnedd.plugin.v1.StoreCommitRequest.mutations:type_name -> pinnedd.plugin.v1.StoreMutation
+	28, // 10: pinnedd.plugin.v1.StoreCommitResponse.seqs:type_name -> pinnedd.plugin.v1.Seqs
+	2,  // 11: pinnedd.plugin.v1.Control.Describe:input_type -> pinnedd.plugin.v1.DescribeRequest
+	5,  // 12: pinnedd.plugin.v1.Control.Activate:input_type -> pinnedd.plugin.v1.ActivateRequest
+	7,  // 13: pinnedd.plugin.v1.Control.Deactivate:input_type -> pinnedd.plugin.v1.DeactivateRequest
+	11, // 14: pinnedd.plugin.v1.Control.Stats:input_type -> pinnedd.plugin.v1.StatsRequest
+	8,  // 15: pinnedd.plugin.v1.Control.WindDown:input_type -> pinnedd.plugin.v1.WindDownRequest
+	14, // 16: pinnedd.plugin.v1.Control.Health:input_type -> pinnedd.plugin.v1.HealthRequest
+	16, // 17: pinnedd.plugin.v1.Control.Shutdown:input_type -> pinnedd.plugin.v1.ShutdownRequest
+	18, // 18: pinnedd.plugin.v1.Control.Events:input_type -> pinnedd.plugin.v1.EventsRequest
+	20, // 19: pinnedd.plugin.v1.Store.Load:input_type -> pinnedd.plugin.v1.StoreLoadRequest
+	27, // 20: pinnedd.plugin.v1.Store.Commit:input_type -> pinnedd.plugin.v1.StoreCommitRequest
+	3,  // 21: pinnedd.plugin.v1.Control.Describe:output_type -> pinnedd.plugin.v1.DescribeResponse
+	6,  // 22: pinnedd.plugin.v1.Control.Activate:output_type -> pinnedd.plugin.v1.ActivateResponse
+	10, // 23: pinnedd.plugin.v1.Control.Deactivate:output_type -> pinnedd.plugin.v1.DeactivateResponse
+	13, // 24: pinnedd.plugin.v1.Control.Stats:output_type -> pinnedd.plugin.v1.StatsResponse
+	9,  // 25: pinnedd.plugin.v1.Control.WindDown:output_type -> pinnedd.plugin.v1.WindDownResponse
+	15, // 26: pinnedd.plugin.v1.Control.Health:output_type -> pinnedd.plugin.v1.HealthResponse
+	17, // 27: pinnedd.plugin.v1.Control.Shutdown:output_type -> pinnedd.plugin.v1.ShutdownResponse
+	19, // 28: pinnedd.plugin.v1.Control.Events:output_type -> pinnedd.plugin.v1.Event
+	23, // 29: pinnedd.plugin.v1.Store.Load:output_type -> pinnedd.plugin.v1.StoreLoadResponse
+	29, // 30: pinnedd.plugin.v1.Store.Commit:output_type -> pinnedd.plugin.v1.StoreCommitResponse
+	21, // [21:31] is the sub-list for method output_type
+	11, // [11:21] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_pinned_proto_init() }
@@ -2290,29 +1956,23 @@ func file_pinned_proto_init() {
 	if File_pinned_proto != nil {
 		return
 	}
-	file_pinned_proto_msgTypes[19].OneofWrappers = []any{
-		(*HTTPFrame_Request)(nil),
-		(*HTTPFrame_Response)(nil),
-		(*HTTPFrame_Body)(nil),
-		(*HTTPFrame_End)(nil),
-	}
-	file_pinned_proto_msgTypes[26].OneofWrappers = []any{
+	file_pinned_proto_msgTypes[22].OneofWrappers = []any{
 		(*StoreMutation_SetField)(nil),
 		(*StoreMutation_AppendItems)(nil),
 		(*StoreMutation_MarkAppliedUpTo)(nil),
 		(*StoreMutation_RemoveItemsUpTo)(nil),
 		(*StoreMutation_DeleteTray)(nil),
 	}
-	file_pinned_proto_msgTypes[27].OneofWrappers = []any{}
+	file_pinned_proto_msgTypes[23].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pinned_proto_rawDesc), len(file_pinned_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   33,
+			NumMessages:   29,
 			NumExtensions: 0,
-			NumServices:   3,
+			NumServices:   2,
 		},
 		GoTypes:           file_pinned_proto_goTypes,
 		DependencyIndexes: file_pinned_proto_depIdxs,

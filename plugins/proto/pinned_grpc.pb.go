@@ -42,8 +42,8 @@ const (
 // Control is the plugin's control service. pinnedd is the authority on which
 // instances exist; the plugin only builds, runs and tears them down on request.
 type ControlClient interface {
-	// Describe names the hosts (namespaces) the plugin serves and where its
-	// data plane listens.
+	// Describe names the hosts (namespaces) the plugin serves and the unix
+	// socket it serves their instances' HTTP on.
 	Describe(ctx context.Context, in *DescribeRequest, opts ...grpc.CallOption) (*DescribeResponse, error)
 	// Activate builds the instance for (namespace, id) and runs its start hook.
 	Activate(ctx context.Context, in *ActivateRequest, opts ...grpc.CallOption) (*ActivateResponse, error)
@@ -171,8 +171,8 @@ type Control_EventsClient = grpc.ServerStreamingClient[Event]
 // Control is the plugin's control service. pinnedd is the authority on which
 // instances exist; the plugin only builds, runs and tears them down on request.
 type ControlServer interface {
-	// Describe names the hosts (namespaces) the plugin serves and where its
-	// data plane listens.
+	// Describe names the hosts (namespaces) the plugin serves and the unix
+	// socket it serves their instances' HTTP on.
 	Describe(context.Context, *DescribeRequest) (*DescribeResponse, error)
 	// Activate builds the instance for (namespace, id) and runs its start hook.
 	Activate(context.Context, *ActivateRequest) (*ActivateResponse, error)
@@ -583,109 +583,5 @@ var Store_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
-	Metadata: "pinned.proto",
-}
-
-const (
-	Data_Exchange_FullMethodName = "/pinnedd.plugin.v1.Data/Exchange"
-)
-
-// DataClient is the client API for Data service.
-//
-// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
-//
-// Data is the gRPC-streaming data plane candidate: one bidirectional stream
-// per HTTP request. pinnedd measures it against HTTP over the plugin's unix
-// socket (see the plugins package doc) and uses the faster one.
-type DataClient interface {
-	Exchange(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HTTPFrame, HTTPFrame], error)
-}
-
-type dataClient struct {
-	cc grpc.ClientConnInterface
-}
-
-func NewDataClient(cc grpc.ClientConnInterface) DataClient {
-	return &dataClient{cc}
-}
-
-func (c *dataClient) Exchange(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HTTPFrame, HTTPFrame], error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Data_ServiceDesc.Streams[0], Data_Exchange_FullMethodName, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	x := &grpc.GenericClientStream[HTTPFrame, HTTPFrame]{ClientStream: stream}
-	return x, nil
-}
-
-// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type Data_ExchangeClient = grpc.BidiStreamingClient[HTTPFrame, HTTPFrame]
-
-// DataServer is the server API for Data service.
-// All implementations must embed UnimplementedDataServer
-// for forward compatibility.
-//
-// Data is the gRPC-streaming data plane candidate: one bidirectional stream
-// per HTTP request. pinnedd measures it against HTTP over the plugin's unix
-// socket (see the plugins package doc) and uses the faster one.
-type DataServer interface {
-	Exchange(grpc.BidiStreamingServer[HTTPFrame, HTTPFrame]) error
-	mustEmbedUnimplementedDataServer()
-}
-
-// UnimplementedDataServer must be embedded to have
-// forward compatible implementations.
-//
-// NOTE: this should be embedded by value instead of pointer to avoid a nil
-// pointer dereference when methods are called.
-type UnimplementedDataServer struct{}
-
-func (UnimplementedDataServer) Exchange(grpc.BidiStreamingServer[HTTPFrame, HTTPFrame]) error {
-	return status.Error(codes.Unimplemented, "method Exchange not implemented")
-}
-func (UnimplementedDataServer) mustEmbedUnimplementedDataServer() {}
-func (UnimplementedDataServer) testEmbeddedByValue()              {}
-
-// UnsafeDataServer may be embedded to opt out of forward compatibility for this service.
-// Use of this interface is not recommended, as added methods to DataServer will
-// result in compilation errors.
-type UnsafeDataServer interface {
-	mustEmbedUnimplementedDataServer()
-}
-
-func RegisterDataServer(s grpc.ServiceRegistrar, srv DataServer) {
-	// If the following call panics, it indicates UnimplementedDataServer was
-	// embedded by pointer and is nil.  This will cause panics if an
-	// unimplemented method is ever invoked, so we test this at initialization
-	// time to prevent it from happening at runtime later due to I/O.
-	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
-		t.testEmbeddedByValue()
-	}
-	s.RegisterService(&Data_ServiceDesc, srv)
-}
-
-func _Data_Exchange_Handler(srv interface{}, stream grpc.ServerStream) error {
-	return srv.(DataServer).Exchange(&grpc.GenericServerStream[HTTPFrame, HTTPFrame]{ServerStream: stream})
-}
-
-// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type Data_ExchangeServer = grpc.BidiStreamingServer[HTTPFrame, HTTPFrame]
-
-// Data_ServiceDesc is the grpc.ServiceDesc for Data service.
-// It's only intended for direct use with grpc.RegisterService,
-// and not to be introspected or modified (even as a copy)
-var Data_ServiceDesc = grpc.ServiceDesc{
-	ServiceName: "pinnedd.plugin.v1.Data",
-	HandlerType: (*DataServer)(nil),
-	Methods:     []grpc.MethodDesc{},
-	Streams: []grpc.StreamDesc{
-		{
-			StreamName:    "Exchange",
-			Handler:       _Data_Exchange_Handler,
-			ServerStreams: true,
-			ClientStreams: true,
-		},
-	},
 	Metadata: "pinned.proto",
 }

@@ -54,11 +54,10 @@ func Serve(hosts map[string]Host) {
 }
 
 // Runtime is the plugin side: it holds the hosts and their live instances and
-// serves the Control and Data services and the data socket. Serve uses it;
+// serves the Control service and the data socket. Serve uses it;
 // tests and benchmarks may drive it directly.
 type Runtime struct {
 	proto.UnimplementedControlServer
-	proto.UnimplementedDataServer
 
 	hosts  map[string]Host
 	logger *slog.Logger
@@ -493,11 +492,6 @@ func (rt *Runtime) Health(context.Context, *proto.HealthRequest) (*proto.HealthR
 func (rt *Runtime) Shutdown(ctx context.Context, req *proto.ShutdownRequest) (*proto.ShutdownResponse, error) {
 	rt.deactivateAll(ctx, time.Duration(req.GraceMs)*time.Millisecond)
 	return &proto.ShutdownResponse{}, nil
-}
-
-// Exchange implements proto.DataServer (the measured gRPC data plane).
-func (rt *Runtime) Exchange(stream proto.Data_ExchangeServer) error {
-	return plugins.ServeExchange(stream, rt)
 }
 
 // Events implements proto.ControlServer: pinnedd holds it open for the life
