@@ -114,3 +114,12 @@ func startBenchCluster(b testing.TB, n int) []*benchNode {
 	}
 	return nodes
 }
+
+// applyTo applies cmd to m at index as a committed Raft entry would.
+func applyTo(m *directory.Machine, index uint64, cmd directory.Command) directory.Result {
+	r, err := directory.DecodeResult(m.Apply(index, directory.Encode(cmd)))
+	if err != nil {
+		panic(err) // the machine's own encoding
+	}
+	return r
+}

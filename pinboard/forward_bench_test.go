@@ -60,12 +60,12 @@ func newForwardRigWith(tb testing.TB, serve http.HandlerFunc) *forwardRig {
 
 	m := directory.New()
 	now := time.Now().UnixMilli()
-	m.ApplyCommand(1, directory.Init{Secret: secret})
-	m.ApplyCommand(2, directory.Register{
+	applyTo(m, 1, directory.Init{Secret: secret})
+	applyTo(m, 2, directory.Register{
 		ClientID: "owner", SessionID: "s1", NodeID: "n2", AdvertiseURL: owner.URL, Namespaces: []string{"/counters"},
 		Headroom: 1 << 20, TTLMs: time.Hour.Milliseconds(), Now: now,
 	})
-	if res := m.ApplyCommand(3, directory.Claim{Key: directory.Key{Namespace: "/counters", ID: "c1"}, ClientID: "owner", Now: now}); res.Code != directory.CodeGranted {
+	if res := applyTo(m, 3, directory.Claim{Key: directory.Key{Namespace: "/counters", ID: "c1"}, ClientID: "owner", Now: now}); res.Code != directory.CodeGranted {
 		tb.Fatalf("claim: %v %s", res.Code, res.Reason)
 	}
 	dir := NewDirectory(m, nil)

@@ -21,6 +21,7 @@ import (
 	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
+	"github.com/pinnedd/pinnedd/supervisor"
 )
 
 // Sentinel errors of the control plane.
@@ -37,38 +38,13 @@ const claimTimeout = 5 * time.Second
 // elsewhere.
 const RefusalHeader = plugins.HeaderRefusal
 
-// Instances is this node's instance runtime (package supervisor).
-type Instances interface {
-	Serves(namespace string) bool
-	Live(namespace, id string) bool
-	// LiveGeneration reports the generation a live instance runs under.
-	LiveGeneration(namespace, id string) (uint64, bool)
-	// ServeExisting serves the request if the instance is live here and
-	// reports whether it did; it never activates.
-	ServeExisting(w http.ResponseWriter, r *http.Request, namespace, id string, rest string) bool
-	ServeInstance(w http.ResponseWriter, r *http.Request, namespace, id string, generation uint64, rest string)
-	// Relay starts a request the kept-alive loop carries to a live
-	// instance's plugin itself, if the instance is live under exactly
-	// generation; it never activates. target is the path on the instance,
-	// with the query; trusted: h came from a peer node, whose forwarding
-	// fields pass on.
-	Relay(namespace, id string, generation uint64, h *relay.ReqHead, target string, trusted bool) (relay.Forward, bool)
-}
-
-// storeHealther is the optional capability of an Instances whose state
-// store can fail (package supervisor): StoreHealth is nil while the store
-// answers, else why not. While it is not nil the node is not ready and
-// takes no new placements.
-type storeHealther interface {
-	StoreHealth() error
-}
-
 // storeHealth is the local state store's health (nil: fine, or none).
+// While it is not nil the node is not ready and takes no new placements.
 func (f *FrontDoor) storeHealth() error {
-	if h, ok := f.cfg.Local.(storeHealther); ok {
-		return h.StoreHealth()
+	if f.cfg.Local == nil {
+		return nil
 	}
-	return nil
+	return f.cfg.Local.StoreHealth()
 }
 
 // ownerHeaderTimeout bounds the wait for a forwarded request's response
@@ -78,9 +54,10 @@ const ownerHeaderTimeout = 10 * time.Second
 
 // FrontDoorConfig wires a FrontDoor.
 type FrontDoorConfig struct {
-	Dir     *Directory
-	Worker  *Worker
-	Local   Instances
+	Dir    *Directory
+	Worker *Worker
+	// Local runs this node's instances; nil on a node without hosts.
+	Local   *supervisor.Supervisor
 	Tokens  *Tokens
 	Metrics http.Handler // serves /metrics
 	Logger  *slog.Logger
@@ -273,8 +250,8 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 			}
 		}
 	}
-	if h, ok := cfg.Local.(storeHealther); ok && cfg.Worker != nil {
-		cfg.Worker.setUnfit(h.StoreHealth)
+	if cfg.Local != nil && cfg.Worker != nil {
+		cfg.Worker.setUnfit(cfg.Local.StoreHealth)
 	}
 	if cfg.Worker != nil {
 		self := cfg.Worker.ClientID()

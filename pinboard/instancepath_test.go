@@ -87,7 +87,7 @@ func TestEscapedIDForwarded(t *testing.T) {
 		fmt.Fprint(w, "ok")
 	})
 	m := rig.f.cfg.Dir.Machine()
-	if res := m.ApplyCommand(20, directory.Claim{Key: directory.Key{Namespace: "/counters", ID: "a:b"}, ClientID: "owner", Now: time.Now().UnixMilli()}); res.Code != directory.CodeGranted {
+	if res := applyTo(m, 20, directory.Claim{Key: directory.Key{Namespace: "/counters", ID: "a:b"}, ClientID: "owner", Now: time.Now().UnixMilli()}); res.Code != directory.CodeGranted {
 		t.Fatalf("claim: %v %s", res.Code, res.Reason)
 	}
 	resp, err := http.Get(rig.entry.URL + "/counters/a%3Ab/x%20y")

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
@@ -160,107 +159,53 @@ func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
 			return relay.Forward{}, false // net/http checks and strips it
 		}
 	}
-	key := directory.Key{Namespace: ns, ID: id}
-	self, now := f.selfID(), time.Now()
-	if self != "" && f.cfg.Local != nil {
-		if gen, live := f.cfg.Local.LiveGeneration(ns, id); live {
-			return f.routeLocal(h, ns, id, gen, rest, query, now)
-		}
+	key, now := directory.Key{Namespace: ns, ID: id}, time.Now()
+	if gen, live := f.liveHere(key); live {
+		return f.routeLocal(h, key, gen, withQuery(rest, query), now)
 	}
 	if f.sync == nil {
 		return relay.Forward{}, false // forwards go through the Transport the front door was given
 	}
-	m := f.cfg.Dir.Machine()
-	p, owner, ok := m.Owner(key)
-	if !ok || !owner.Live(now.UnixMilli()) || p.Owner == self {
+	p, owner, ok := f.placedOn(key, "", now)
+	if !ok || p.Owner == f.selfID() {
 		return relay.Forward{}, false
 	}
-	secret := m.Secret()
+	secret := f.cfg.Dir.Machine().Secret()
 	base := f.ownerBase(owner.AdvertiseURL)
 	if len(secret) == 0 || base.host == "" {
 		return relay.Forward{}, false
 	}
 	_, signed, att := f.attestFor(secret, p, owner, h.Method, rest, query, now)
-	f.resolvedForwarded.Inc()
-	start := now
+	hop := peerHop(h.RemoteAddr, h.Host, false, att)
 	wire := relay.WireBuffer()
-	*wire = appendLoopHead(*wire, h, base.path+signed, att)
+	*wire, _ = hop.AppendRequest(*wire, h.Method, base.path+signed, h.All(), h.Body) // the loop's parse admits no unsafe byte
 	return relay.Forward{
 		Addr:    base.host,
 		Wire:    *wire,
 		Refusal: RefusalHeader,
+		Refused: ownerRefused,
 		Done: func(status int, err error) {
 			relay.ReleaseWire(wire)
 			if status == 0 && err == nil {
-				return // given back to net/http, which forwards it again
+				return // given back to net/http, which forwards it again and books it
 			}
-			f.forwardSeconds.Observe(time.Since(start).Seconds())
+			failure := ""
 			switch {
 			case err == nil:
 			case errors.Is(err, relay.ErrClientGone):
-				f.forwardFailures.WithLabelValues(outcomeCanceled).Inc()
+				failure = outcomeCanceled
 			default:
-				f.forwardFailures.WithLabelValues(classifyUnanswered(err).Outcome).Inc()
+				failure = classifyUnanswered(err).Outcome
 			}
+			f.endForward(now, failure)
 		},
 	}, true
 }
 
-// routeLocal is Route for an id live on this node, as route's first case
-// serves it: while the lease allows, straight to the plugin.
-func (f *FrontDoor) routeLocal(h *relay.ReqHead, ns, id string, gen uint64, rest, query string, now time.Time) (relay.Forward, bool) {
-	if lease := f.cfg.Worker.Lease(now); lease != LeaseHealthy && lease != LeaseUnhealthy {
-		return relay.Forward{}, false // net/http refuses it
-	}
-	fwd, ok := f.cfg.Local.Relay(ns, id, gen, h, withQuery(rest, query), false)
-	if ok {
-		f.resolvedLocal.Inc()
-	}
-	return fwd, ok
-}
-
-// routeOwned is Route for the owner-side route (a peer forwarding on a
-// connection the loop adopted here): a request for an instance live here
-// under the attested generation, with a valid attestation, goes straight
-// to the instance's plugin. Anything else goes back to net/http (owned)
-// with its attestation unspent, so net/http decides it as before: refuses,
-// waits for the placement, or activates.
-func (f *FrontDoor) routeOwned(h *relay.ReqHead, path, query string) (relay.Forward, bool) {
-	if f.cfg.Worker == nil || f.cfg.Local == nil {
-		return relay.Forward{}, false
-	}
-	ns, id, rest, err := parseInstancePath(path)
-	if err != nil {
-		return relay.Forward{}, false
-	}
-	header := ""
-	for _, fl := range h.Fields {
-		if strings.EqualFold(fl.Name, AttestationHeader) {
-			if header != "" {
-				return relay.Forward{}, false
-			}
-			header = fl.Value
-		}
-	}
-	now := time.Now()
-	// Only live instances come here, so an unhealthy lease serves too
-	// (serveLocal's rule); an expired one is net/http's to refuse.
-	if lease := f.cfg.Worker.Lease(now); lease != LeaseHealthy && lease != LeaseUnhealthy {
-		return relay.Forward{}, false
-	}
-	att, err := f.checkOwned(header, h.Method, h.Target, now)
-	if err != nil {
-		return relay.Forward{}, false // net/http refuses it, and counts why
-	}
-	fwd, ok := f.cfg.Local.Relay(ns, id, att.Generation, h, withQuery(rest, query), true)
-	if !ok {
-		return relay.Forward{}, false
-	}
-	if err := f.verifier.Spend(att, now); err != nil {
-		fwd.Done(0, nil)
-		return relay.Forward{}, false // a replay: net/http refuses it
-	}
-	return fwd, true
+// ownerRefused: the owner ran nothing, and net/http must take the request
+// again to release the placement or ask the leader (relay.Forward.Refused).
+func ownerRefused(status int, marker string) bool {
+	return plugins.ClassifyAnswer(status, marker) != plugins.AnswerServed
 }
 
 // loopBase is an owner's advertise URL as the loop uses it: host (an IP
@@ -280,25 +225,6 @@ func (f *FrontDoor) ownerBase(advertise string) loopBase {
 	}
 	f.loopBases.Store(advertise, b)
 	return b
-}
-
-// appendLoopHead writes the forwarded request as appendHead does for one
-// net/http read: hop-by-hop and forwarding fields dropped, X-Forwarded-*
-// and the attestation set, a length for every body.
-func appendLoopHead(dst []byte, h *relay.ReqHead, target, att string) []byte {
-	dst = httpx.AppendRequestLine(dst, h.Method, target, h.Host)
-	trailers := false
-	for _, fl := range h.Fields {
-		k := http.CanonicalHeaderKey(fl.Name)
-		if k == "Te" {
-			trailers = trailers || httpx.TokenListHas(fl.Value, "trailers")
-			continue
-		}
-		if !httpx.HopByHop[k] && !notForwarded[k] {
-			dst = httpx.AppendField(dst, fl.Name, fl.Value)
-		}
-	}
-	return appendForwarding(dst, h.Method, h.RemoteAddr, h.Host, false, trailers, att, h.Body)
 }
 
 // ipLiteral: addr is an IP address and a port.

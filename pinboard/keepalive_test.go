@@ -23,11 +23,11 @@ func TestKeptAliveRoute(t *testing.T) {
 	rig := newForwardRig(t)
 	m := rig.f.cfg.Dir.Machine()
 	now := time.Now().UnixMilli()
-	m.ApplyCommand(10, directory.Register{
+	applyTo(m, 10, directory.Register{
 		ClientID: "named", SessionID: "s2", NodeID: "n3", AdvertiseURL: "http://owner.internal:8080", Namespaces: []string{"/counters"},
 		Headroom: 1, TTLMs: time.Hour.Milliseconds(), Now: now,
 	})
-	if res := m.ApplyCommand(11, directory.Claim{Key: directory.Key{Namespace: "/counters", ID: "named1"}, ClientID: "named", Now: now}); res.Code != directory.CodeGranted {
+	if res := applyTo(m, 11, directory.Claim{Key: directory.Key{Namespace: "/counters", ID: "named1"}, ClientID: "named", Now: now}); res.Code != directory.CodeGranted {
 		t.Fatalf("claim: %v %s", res.Code, res.Reason)
 	}
 	head := func(target string, fields ...relay.Field) *relay.ReqHead {
@@ -97,7 +97,7 @@ func newOwnerRig(t testing.TB) (*FrontDoor, *Worker, *supervisor.Supervisor, []b
 	t.Helper()
 	secret := []byte("0123456789abcdef0123456789abcdef")
 	m := directory.New()
-	m.ApplyCommand(1, directory.Init{Secret: secret})
+	applyTo(m, 1, directory.Init{Secret: secret})
 	dir := NewDirectory(m, nil)
 	t.Cleanup(dir.Close)
 	w := NewWorker(WorkerConfig{NodeID: "n1", AdvertiseURL: "http://127.0.0.1:1"}, nil)

@@ -49,7 +49,7 @@ type doorRig struct {
 func newDoorRig(t *testing.T, adjust func(*doorRig, *FrontDoorConfig)) *doorRig {
 	t.Helper()
 	m := directory.New()
-	m.ApplyCommand(1, directory.Init{Secret: []byte("0123456789abcdef0123456789abcdef")})
+	applyTo(m, 1, directory.Init{Secret: []byte("0123456789abcdef0123456789abcdef")})
 	dir := NewDirectory(m, &machineApplier{m: m, index: 1})
 	t.Cleanup(dir.Close)
 	rig := &doorRig{m: m, reg: prometheus.NewRegistry(), logs: &testutil.SyncBuffer{}}

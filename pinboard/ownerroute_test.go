@@ -45,7 +45,7 @@ func newOwnerRouteRig(t *testing.T) *ownerRouteRig {
 
 func (rig *ownerRouteRig) apply(t *testing.T, c directory.Command) directory.Result {
 	t.Helper()
-	r := rig.m.ApplyCommand(rig.m.AppliedIndex()+1, c)
+	r := applyTo(rig.m, rig.m.AppliedIndex()+1, c)
 	if r.Code != directory.CodeOK && r.Code != directory.CodeGranted {
 		t.Fatalf("%T: %v %s", c, r.Code, r.Reason)
 	}

@@ -6,18 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httputil"
-	"net/url"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
-	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
+	"github.com/pinnedd/pinnedd/supervisor"
 )
 
 // maxRetryBody: a request body up to this size is buffered so the request
@@ -95,30 +91,25 @@ func (f *FrontDoor) selfID() string {
 }
 
 func (f *FrontDoor) route(w http.ResponseWriter, r *http.Request, rt *route) {
-	key, self, now := rt.key, f.selfID(), time.Now()
+	key, now := rt.key, time.Now()
 	// A live local instance is this node's own record of a placement it
 	// was granted; the local replica may not have applied the grant yet
 	// (or ever, if the leader died right after committing it). Serving it
 	// is as safe as the lease allows.
-	if self != "" && f.cfg.Local.Live(key.Namespace, key.ID) {
-		switch lease := f.cfg.Worker.Lease(now); lease {
-		case LeaseHealthy, LeaseUnhealthy:
-			served := false
-			f.serveAdopting(w, r, rt.bodyRead, func(w http.ResponseWriter) {
-				served = f.cfg.Local.ServeExisting(w, rt.withBody(r), key.Namespace, key.ID, rt.rest)
-			})
-			if served {
-				f.resolvedLocal.Inc()
-				noteServed(r, "here", "")
-				return
-			}
-		default:
+	if _, live := f.liveHere(key); live {
+		if lease := f.cfg.Worker.Lease(now); !servesLive(lease) {
 			f.refuse(w, lease)
+			return
+		}
+		if c, err := f.cfg.Local.Open(r.Context(), key.Namespace, key.ID, 0, supervisor.IfLive, nil); err == nil {
+			f.resolvedLocal.Inc()
+			noteServed(r, "here", "")
+			f.serveAdopting(w, r, rt.bodyRead, func(w http.ResponseWriter) { c.ServeHTTP(w, rt.withBody(r), rt.rest) })
 			return
 		}
 	}
 	if !rt.viaLeader {
-		if p, owner, ok := f.cfg.Dir.Machine().Owner(key); ok && owner.Live(now.UnixMilli()) && owner.ClientID != rt.exclude {
+		if p, owner, ok := f.placedOn(key, rt.exclude, now); ok {
 			f.dispatch(w, r, rt, p, owner)
 			return
 		}
@@ -131,6 +122,27 @@ func (f *FrontDoor) route(w http.ResponseWriter, r *http.Request, rt *route) {
 	f.dispatch(w, r, rt, p, owner)
 }
 
+// liveHere reports the generation key runs under on this node, if it is
+// live here: the first question for a request, from net/http or the
+// kept-alive loop alike.
+func (f *FrontDoor) liveHere(key directory.Key) (uint64, bool) {
+	if f.cfg.Worker == nil || f.cfg.Local == nil {
+		return 0, false
+	}
+	return f.cfg.Local.LiveGeneration(key.Namespace, key.ID)
+}
+
+// placedOn is key's placement on a live worker other than exclude, as
+// this node's replica shows it (without waiting on an apply): the second
+// question, for an id not live here.
+func (f *FrontDoor) placedOn(key directory.Key, exclude string, now time.Time) (directory.Placement, directory.Worker, bool) {
+	p, owner, ok := f.cfg.Dir.Machine().Owner(key)
+	if !ok || !owner.Live(now.UnixMilli()) || owner.ClientID == exclude {
+		return directory.Placement{}, directory.Worker{}, false
+	}
+	return p, owner, true
+}
+
 // dispatch serves on this node or forwards to the owner.
 func (f *FrontDoor) dispatch(w http.ResponseWriter, r *http.Request, rt *route, p directory.Placement, owner directory.Worker) {
 	if p.Owner == f.selfID() {
@@ -139,7 +151,6 @@ func (f *FrontDoor) dispatch(w http.ResponseWriter, r *http.Request, rt *route, 
 		f.serveAdopting(w, r, rt.bodyRead, func(w http.ResponseWriter) { f.serveLocal(w, rt.withBody(r), p, rt.rest) })
 		return
 	}
-	f.resolvedForwarded.Inc()
 	noteServed(r, "forwarded", owner.NodeID)
 	f.forward(w, r, rt, p, owner)
 }
@@ -279,347 +290,6 @@ func (f *FrontDoor) noBackends(ns string, now time.Time) string {
 		return fmt.Sprintf("every live worker for namespace %s is draining (%d of %d)", ns, draining, live)
 	}
 	return fmt.Sprintf("no live workers for namespace %s can take a new instance: %d of %d draining, the rest degraded or renewing their lease", ns, draining, live)
-}
-
-// serveLocal serves an id placed on this node, as the worker's lease allows.
-func (f *FrontDoor) serveLocal(w http.ResponseWriter, r *http.Request, p directory.Placement, rest string) {
-	switch lease := f.cfg.Worker.Lease(time.Now()); lease {
-	case LeaseHealthy:
-	case LeaseUnhealthy:
-		if !f.cfg.Local.Live(p.Key.Namespace, p.Key.ID) {
-			f.refuse(w, lease)
-			return
-		}
-	default:
-		f.refuse(w, lease)
-		return
-	}
-	f.cfg.Local.ServeInstance(w, r, p.Key.Namespace, p.Key.ID, p.Generation, rest)
-}
-
-// refuse answers for a worker whose lease does not allow the request. An
-// unhealthy lease refuses in-band (RefusalHeader) so a forwarding front
-// door releases the placement and retries elsewhere.
-func (f *FrontDoor) refuse(w http.ResponseWriter, lease LeaseState) {
-	switch lease {
-	case LeaseUnhealthy:
-		w.Header().Set(RefusalHeader, plugins.RefusalLeaseUnhealthy)
-		httpx.WriteError(w, http.StatusServiceUnavailable, "lease unhealthy", time.Second)
-	case LeaseUnregistered:
-		httpx.WriteError(w, http.StatusServiceUnavailable, "worker not registered yet", time.Second)
-	default:
-		httpx.WriteError(w, http.StatusServiceUnavailable, "lease expired", time.Second)
-	}
-}
-
-// Forwarding failures, seen by the proxy's error handler.
-type refusedError struct {
-	marker string
-	resp   *http.Response
-}
-
-func (e *refusedError) Error() string { return "owner refused: " + e.marker }
-
-type fwdCtxKey struct{}
-
-type fwdInfo struct {
-	rt    *route
-	w     http.ResponseWriter
-	orig  *http.Request
-	p     directory.Placement
-	owner directory.Worker
-}
-
-// forward proxies r to the owner's attested owner-side route.
-func (f *FrontDoor) forward(w http.ResponseWriter, r *http.Request, rt *route, p directory.Placement, owner directory.Worker) {
-	start := time.Now()
-	defer func() { f.forwardSeconds.Observe(time.Since(start).Seconds()) }()
-	secret := f.cfg.Dir.Machine().Secret()
-	if len(secret) == 0 {
-		httpx.WriteError(w, http.StatusServiceUnavailable, "cluster secret not replicated yet", time.Second)
-		return
-	}
-	base, err := url.Parse(owner.AdvertiseURL)
-	if err != nil {
-		httpx.WriteError(w, http.StatusBadGateway, "owner has an invalid advertise URL", 0)
-		return
-	}
-	path, signed, att := f.attestFor(secret, p, owner, r.Method, rt.rest, r.URL.RawQuery, time.Now())
-
-	info := &fwdInfo{rt: rt, w: w, orig: r, p: p, owner: owner}
-	basePath := strings.TrimSuffix(base.Path, "/")
-	if f.fastForwardable(r, rt, base.Scheme) {
-		target := basePath + signed
-		if f.forwardWire(w, r, info, base.Host, target, att) {
-			return
-		}
-	}
-	ctx := context.WithValue(r.Context(), fwdCtxKey{}, info)
-	out := rt.withBody(r).Clone(ctx)
-	out.URL = &url.URL{Scheme: base.Scheme, Host: base.Host, Path: basePath + path, RawQuery: r.URL.RawQuery}
-	if unescaped, err := url.PathUnescape(out.URL.Path); err == nil && unescaped != out.URL.Path {
-		out.URL.RawPath = out.URL.Path
-		out.URL.Path = unescaped
-	}
-	out.Header.Set(AttestationHeader, att)
-	f.proxy.ServeHTTP(w, out)
-}
-
-// attestFor is the owner-side route of p's instance path rest (escaped), the
-// same with query (what is signed), and the attestation that lets owner
-// serve it.
-func (f *FrontDoor) attestFor(secret []byte, p directory.Placement, owner directory.Worker, method, rest, query string, now time.Time) (path, signed, att string) {
-	path = ownerRoutePrefix + p.Key.Namespace + "/" + p.Key.ID + rest
-	signed = withQuery(path, query)
-	return path, signed, SignFor(secret, owner.SessionID, Attestation{Target: owner.ClientID, Caller: f.selfID(), Generation: p.Generation, At: now}, method, signed)
-}
-
-// newProxy builds the node-to-node proxy: streams flush through, Upgrade
-// requests pass as raw connections, a client going away cancels upstream.
-// Held streams leave it for the relay loop (handOff).
-func (f *FrontDoor) newProxy(tr http.RoundTripper) *httputil.ReverseProxy {
-	return &httputil.ReverseProxy{
-		Transport:  tr,
-		BufferPool: &f.bufs,
-		ErrorLog:   slog.NewLogLogger(f.cfg.Logger.Handler(), slog.LevelDebug),
-		// FlushInterval 0: ReverseProxy flushes streamed responses (SSE,
-		// unknown length) on every write by itself, and leaves
-		// fixed-length ones whole, one write to the client.
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.Host = pr.In.Host
-			pr.SetXForwarded()
-		},
-		ModifyResponse: func(resp *http.Response) error {
-			info, _ := resp.Request.Context().Value(fwdCtxKey{}).(*fwdInfo)
-			return f.checkResponse(info, resp)
-		},
-		ErrorHandler: f.forwardFailed,
-	}
-}
-
-// checkResponse sees the owner's response head first: an in-band refusal
-// becomes a refusedError, a held stream goes to the relay loop
-// (errHandedOff); nil lets the response through.
-func (f *FrontDoor) checkResponse(info *fwdInfo, resp *http.Response) error {
-	switch m := resp.Header.Get(RefusalHeader); {
-	case resp.StatusCode == http.StatusServiceUnavailable && (m == plugins.RefusalLeaseUnhealthy || m == plugins.RefusalDraining),
-		resp.StatusCode == http.StatusMisdirectedRequest && m == plugins.RefusalNotOwner:
-		return &refusedError{marker: m, resp: resp}
-	}
-	if info != nil && f.handOff(info, resp) {
-		return errHandedOff
-	}
-	return nil
-}
-
-// errHandedOff: the response went to the relay loop; the proxy is done.
-var errHandedOff = errors.New("response handed to the relay loop")
-
-// heldStream reports whether resp, answering in, may stay open for as long
-// as its client likes (server-sent events, a long poll: a body of unknown
-// length) and the relay loop can carry it: HTTP/1.1 both ways, in plain
-// text. 101 responses never get here (ReverseProxy passes Upgrades through
-// as they are), nor do bodies of known length.
-func heldStream(in *http.Request, resp *http.Response) bool {
-	return relay.Supported && in.ProtoMajor == 1 && in.ProtoMinor == 1 && in.TLS == nil && in.Method != http.MethodHead &&
-		resp.ProtoAtLeast(1, 1) && resp.ContentLength < 0 &&
-		resp.StatusCode >= 200 && resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusNotModified
-}
-
-// handOff takes a held stream out of net/http and gives it to the relay
-// loop, and reports whether it did (the client connection is then gone
-// from net/http, and the proxy must not touch w). net/http would keep two
-// goroutines per held connection, about 18 KB of stacks; the loop keeps two
-// descriptors and a small record. A chunked body that already ended in
-// the bytes read with its head is no held stream: the proxy copies it and
-// both connections stay alive.
-func (f *FrontDoor) handOff(info *fwdInfo, resp *http.Response) bool {
-	if !heldStream(info.orig, resp) {
-		return false
-	}
-	chunked := relay.Chunked(resp)
-	if raw, ok := httpx.RawBody(resp); !ok || chunked && relay.Ends(raw) {
-		return false
-	}
-	// Anything the client sent after its request (nothing, from a client
-	// that waits for the response) is dropped with the hijacked reader:
-	// the connection ends with this response.
-	conn, _, err := http.NewResponseController(info.w).Hijack()
-	if err != nil {
-		return false
-	}
-	// What ReverseProxy would send: the front door's header and the
-	// owner's, hop-by-hop fields already stripped.
-	header := info.w.Header().Clone()
-	for k, vs := range resp.Header {
-		for _, v := range vs {
-			header.Add(k, v)
-		}
-	}
-	up, body, err := httpx.Detach(resp)
-	if err != nil {
-		// The client left while the head arrived.
-		_ = conn.Close()
-		f.forwardFailures.WithLabelValues(outcomeCanceled).Inc()
-		return true
-	}
-	noteRelayed(info.orig, resp.StatusCode)
-	if err := f.relay.Add(relay.Stream{
-		Client: conn, Upstream: up, Head: relay.Head(resp, header), Body: body, Chunked: chunked,
-		Done: f.relayEnded,
-	}); err != nil {
-		f.relayEnds.WithLabelValues(relayEndRefused).Inc()
-		f.cfg.Logger.Debug("relay refused a held stream; closed it", "key", info.p.Key.String(), "err", err)
-	}
-	return true
-}
-
-// relayEnded counts a relayed stream's end (on the relay loop's goroutine).
-func (f *FrontDoor) relayEnded(r relay.Reason) {
-	f.relayEnds.WithLabelValues(r.String()).Inc()
-}
-
-// forwardFailed handles an owner that could not be reached, refused or did
-// not answer: an in-band refusal releases the placement and retries once
-// elsewhere; a misdirected request (our replica named the wrong owner)
-// retries once through the leader; an owner that could not be reached is a
-// 503 + Retry-After until its lease lapses and the id can move; a request
-// sent and then left without an answer is a 504 (it may have run), never
-// sent again (classifyUnanswered).
-func (f *FrontDoor) forwardFailed(w http.ResponseWriter, r *http.Request, err error) {
-	info, _ := r.Context().Value(fwdCtxKey{}).(*fwdInfo)
-	f.forwardError(w, info, err)
-}
-
-// forwardError is forwardFailed for the request info describes.
-func (f *FrontDoor) forwardError(w http.ResponseWriter, info *fwdInfo, err error) {
-	if errors.Is(err, errHandedOff) {
-		return
-	}
-	if info == nil {
-		httpx.WriteError(w, http.StatusBadGateway, "forwarding failed", 0)
-		return
-	}
-	var ref *refusedError
-	if errors.As(err, &ref) {
-		_ = ref.resp.Body.Close()
-		rt := info.rt
-		if ref.marker != plugins.RefusalNotOwner {
-			f.forwardFailures.WithLabelValues(outcomeRefused).Inc()
-			ctx, cancel := context.WithTimeout(info.orig.Context(), claimTimeout)
-			_, _ = f.cfg.Dir.Do(ctx, directory.Release{Key: info.p.Key, ClientID: info.p.Owner, Generation: info.p.Generation})
-			cancel()
-			rt.exclude = info.p.Owner
-		} else {
-			f.forwardFailures.WithLabelValues(outcomeMisdirected).Inc()
-			rt.viaLeader = true
-		}
-		if rt.attempt == 0 && rt.retryable {
-			rt.attempt++
-			f.route(w, info.orig, rt)
-			return
-		}
-		if ref.marker != plugins.RefusalNotOwner {
-			httpx.WriteError(w, http.StatusServiceUnavailable, "owner refused: "+ref.marker, time.Second)
-		} else {
-			httpx.WriteError(w, http.StatusServiceUnavailable, "placement moved, retry", time.Second)
-		}
-		return
-	}
-	if info.orig.Context().Err() != nil {
-		f.forwardFailures.WithLabelValues(outcomeCanceled).Inc()
-		return
-	}
-	u := classifyUnanswered(err)
-	f.forwardFailures.WithLabelValues(u.Outcome).Inc()
-	f.cfg.Logger.Warn("owner did not answer", "outcome", u.Outcome, "owner", info.owner.ClientID, "advertise_url", info.owner.AdvertiseURL, "key", info.p.Key.String(), "err", err)
-	u.Write(w)
-}
-
-// ownerUnreachableMsg is the error of the 503 for a request that never reached its owner.
-const ownerUnreachableMsg = "owner unreachable, retry"
-
-// classifyUnanswered is the front door's one rule for a forwarded request its owner did not
-// answer, on every path that forwards (forwardWire, the ReverseProxy's error handler, the
-// kept-alive loop's Done): 503 + Retry-After only when nothing reached the owner (it certainly
-// did not run); 504 "may have run" when it was sent and the connection was cut or timed out
-// (httpx.ClassifyUnanswered).
-func classifyUnanswered(err error) httpx.Unanswered {
-	return httpx.ClassifyUnanswered(err, ownerUnreachableMsg)
-}
-
-// owned serves the owner-side route /_pinned/i/<ns>/<id>/<rest>: only with
-// a valid attestation for this worker, and only for a placement this node
-// really holds under the attested generation. Nothing activates otherwise.
-func (f *FrontDoor) owned(w http.ResponseWriter, r *http.Request) {
-	escaped := strings.TrimPrefix(r.URL.EscapedPath(), ownerRoutePrefix)
-	ns, id, rest, err := parseInstancePath(escaped)
-	if err != nil {
-		httpx.WriteError(w, http.StatusBadRequest, "invalid instance path: "+err.Error(), 0)
-		return
-	}
-	if f.cfg.Worker == nil {
-		w.Header().Set(RefusalHeader, plugins.RefusalNotOwner)
-		httpx.WriteError(w, http.StatusMisdirectedRequest, "this node hosts no instances", 0)
-		return
-	}
-	att, ok := f.attested(w, r, withQuery(r.URL.EscapedPath(), r.URL.RawQuery))
-	if !ok {
-		return
-	}
-	r.Header.Del(AttestationHeader)
-	// The peer's X-Forwarded-* describe the client: the instance sees them.
-	r = r.WithContext(httpx.WithTrustedForwarding(r.Context()))
-	key := directory.Key{Namespace: ns, ID: id}
-	if gen, live := f.cfg.Local.LiveGeneration(ns, id); live && gen > att.Generation {
-		f.notOwner(w)
-		return
-	} else if live && gen == att.Generation {
-		f.serveOwned(w, r, directory.Placement{Key: key, Owner: f.selfID(), Generation: gen}, rest)
-		return
-	}
-	// Activate only once our own replica shows the placement the
-	// forwarder resolved: it may be ahead of us by a few entries.
-	p, ok := f.awaitPlacement(r.Context(), key, att.Generation)
-	if !ok {
-		f.notOwner(w)
-		return
-	}
-	f.serveOwned(w, r, p, rest)
-}
-
-// serveOwned serves an attested request; its connection may go to the
-// kept-alive loop after (serveAdopting).
-func (f *FrontDoor) serveOwned(w http.ResponseWriter, r *http.Request, p directory.Placement, rest string) {
-	noteServed(r, "here", "")
-	var body *eofBody
-	if r.ContentLength != 0 {
-		body = &eofBody{ReadCloser: r.Body}
-		r.Body = body
-	}
-	f.serveAdopting(w, r, func() bool { return body == nil || body.eof }, func(w http.ResponseWriter) { f.serveLocal(w, r, p, rest) })
-}
-
-func (f *FrontDoor) notOwner(w http.ResponseWriter) {
-	w.Header().Set(RefusalHeader, plugins.RefusalNotOwner)
-	httpx.WriteError(w, http.StatusMisdirectedRequest, "not the owner of this placement", 0)
-}
-
-func attestOutcome(err error) string {
-	switch {
-	case errors.Is(err, ErrAttestationMissing):
-		return attestMissing
-	case errors.Is(err, ErrAttestationExpired):
-		return attestExpired
-	case errors.Is(err, ErrAttestationReplayed):
-		return attestReplayed
-	case errors.Is(err, ErrAttestationMalformed):
-		return attestMalformed
-	case errors.Is(err, ErrAttestationNoKey):
-		return attestNoKey
-	default:
-		return attestForged
-	}
 }
 
 // clusterCall reports whether r is a cluster call: a request an instance on

@@ -15,12 +15,6 @@ import (
 // client request (its marked durable work then resumes).
 const wakePrefix = "/_pinned/wake"
 
-// Waker is the part of the instance runtime Wake needs: activate (ns, id)
-// under generation without serving a request.
-type Waker interface {
-	Wake(ctx context.Context, namespace, id string, generation uint64) error
-}
-
 // Wake makes sure key runs somewhere when it is unplaced or its owner's
 // lease lapsed: it claims a live worker for it and activates it there. The
 // leader's background scanner calls it for instances with marked durable
@@ -60,11 +54,10 @@ func (f *FrontDoor) wakeLocal(ctx context.Context, p directory.Placement) error 
 	if f.cfg.Worker == nil || f.cfg.Worker.Lease(time.Now()) != LeaseHealthy {
 		return fmt.Errorf("wake %s: this worker's lease is not healthy", p.Key)
 	}
-	w, ok := f.cfg.Local.(Waker)
-	if !ok {
-		return fmt.Errorf("wake %s: the instance runtime cannot wake", p.Key)
+	if f.cfg.Local == nil {
+		return fmt.Errorf("wake %s: this node hosts no instances", p.Key)
 	}
-	return w.Wake(ctx, p.Key.Namespace, p.Key.ID, p.Generation)
+	return f.cfg.Local.Wake(ctx, p.Key.Namespace, p.Key.ID, p.Generation)
 }
 
 // wakeOwned serves POST /_pinned/wake/<ns>/<id> to an attested caller, for

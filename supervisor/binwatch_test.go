@@ -202,7 +202,7 @@ func startWatched(t *testing.T, path string) *watched {
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		parts := strings.SplitN(r.URL.Path, "/", 4)
-		s.ServeInstance(w, r, "/"+parts[1], parts[2], 1, "/"+parts[3])
+		serveCall(s, w, r, "/"+parts[1], parts[2], 1, "/"+parts[3])
 	}))
 	wt := &watched{t: t, s: s, url: srv.URL, logs: logs, pids: map[int]bool{}}
 	t.Cleanup(func() {

@@ -18,11 +18,15 @@ import (
 	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/internal/testutil"
+	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/plugins/proto"
 )
 
-// relayRouter relays /<ns>/<id>/<rest> under generation 1 through the
-// supervisor; whatever Relay turns down goes back (and is counted).
+// relayRouter carries /<ns>/<id>/<rest> under generation 1 to the plugin
+// from a kept-alive loop, as a front door's fast path does: Open IfReady,
+// the request written under httpx.Hop's rule with the call's fields, End
+// when the exchange ends. Whatever Open turns down goes back (and is
+// counted).
 type relayRouter struct {
 	s       *Supervisor
 	trusted bool
@@ -33,7 +37,21 @@ func (r relayRouter) Route(h *relay.ReqHead) (relay.Forward, bool) {
 	if len(parts) < 4 {
 		return relay.Forward{}, false
 	}
-	return r.s.Relay("/"+parts[1], parts[2], 1, h, "/"+parts[3], r.trusted)
+	c, err := r.s.Open(context.Background(), "/"+parts[1], parts[2], 1, IfReady, h.Ticket.Abort)
+	if err != nil {
+		return relay.Forward{}, false
+	}
+	hop := httpx.Hop{RemoteAddr: h.RemoteAddr, Host: h.Host, Trusted: r.trusted, Set: c.Fields()}
+	wire, _ := hop.AppendRequest(nil, h.Method, "/"+parts[3], h.All(), h.Body)
+	return relay.Forward{
+		Addr: c.Socket(), Wire: wire, Refusal: plugins.HeaderRefusal, Final: true, FailMsg: RestartingMsg, Timeout: -1,
+		Head: func(_ int, stream bool) {
+			if stream {
+				c.Stream()
+			}
+		},
+		Done: func(status int, err error) { c.End(status, errors.Is(err, relay.ErrRefused)) },
+	}, true
 }
 
 // startRelayLoop serves a listener from a kept-alive loop routed through
@@ -85,7 +103,7 @@ func TestRelayMatchesServeInstance(t *testing.T) {
 	trusted := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r = r.WithContext(httpx.WithTrustedForwarding(r.Context()))
 		parts := strings.SplitN(r.URL.Path, "/", 4)
-		s.ServeInstance(w, r, "/"+parts[1], parts[2], 1, "/"+parts[3])
+		serveCall(s, w, r, "/"+parts[1], parts[2], 1, "/"+parts[3])
 	}))
 	defer trusted.Close()
 	loopAddr, handed := startRelayLoop(t, s, true)
@@ -140,13 +158,13 @@ func TestRelayMatchesServeInstance(t *testing.T) {
 	default:
 	}
 
-	// Not live under that generation, or not at all: Relay turns it down
-	// and holds nothing.
-	if _, ok := s.Relay("/misc", "r", 2, &relay.ReqHead{}, "/", false); ok {
-		t.Fatal("Relay under another generation")
+	// Not live under that generation, or not at all: Open IfReady turns
+	// it down and holds nothing.
+	if _, err := s.Open(context.Background(), "/misc", "r", 2, IfReady, nil); err == nil {
+		t.Fatal("Open IfReady under another generation")
 	}
-	if _, ok := s.Relay("/misc", "never", 1, &relay.ReqHead{}, "/", false); ok {
-		t.Fatal("Relay for an instance not live")
+	if _, err := s.Open(context.Background(), "/misc", "never", 1, IfReady, nil); err == nil {
+		t.Fatal("Open IfReady for an instance not live")
 	}
 	testutil.WaitFor(t, 5*time.Second, "relayed requests to let the instance go", func() bool {
 		s.mu.Lock()
@@ -226,9 +244,12 @@ func TestRelayedStreamsAndRefusal(t *testing.T) {
 	defer conn2.Close()
 	resp, body := rawDo(t, conn2, bufio.NewReader(conn2), "GET /misc/gone/pid HTTP/1.1\r\nHost: x\r\n\r\n")
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || resp.Header.Get("X-Pinned-Refusal") != "" ||
-		body != fmt.Sprintf(`{"error":%q}`+"\n", relayFailMsg) {
+		body != fmt.Sprintf(`{"error":%q}`+"\n", RestartingMsg) {
 		t.Fatalf("refused by the plugin: %d %v %q", resp.StatusCode, resp.Header, body)
 	}
 	// Done runs once the answer is out: the client may be first.
 	testutil.WaitFor(t, 5*time.Second, "an instance the plugin refused to be dropped here", func() bool { return !s.Live("/misc", "gone") })
+	if got := evictions(t, s, "/misc", "inactive"); got != 1 {
+		t.Fatalf("evictions{reason=inactive} = %v, want 1: a dropped instance is booked as one", got)
+	}
 }

@@ -32,7 +32,7 @@ func TestCrashLoopDegradesOnceAndRecovers(t *testing.T) {
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		parts := strings.SplitN(r.URL.Path, "/", 4)
-		s.ServeInstance(w, r, "/"+parts[1], parts[2], 1, "/"+parts[3])
+		serveCall(s, w, r, "/"+parts[1], parts[2], 1, "/"+parts[3])
 	}))
 	seen := []int{}
 	t.Cleanup(func() {

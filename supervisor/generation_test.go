@@ -33,7 +33,7 @@ func TestNewerGenerationReplacesInstance(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		parts := strings.SplitN(r.URL.Path, "/", 5)
 		gen, _ := strconv.ParseUint(parts[3], 10, 64)
-		s.ServeInstance(w, r, "/"+parts[1], parts[2], gen, "/"+parts[4])
+		serveCall(s, w, r, "/"+parts[1], parts[2], gen, "/"+parts[4])
 	}))
 	t.Cleanup(func() {
 		srv.Close()

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"net/http"
 	"os"
 	"testing"
 
@@ -15,4 +16,15 @@ func checkNoPlugins(t testing.TB) {
 	for _, pid := range testutil.ChildrenOf(os.Getpid()) {
 		t.Errorf("plugin process %d alive after Stop", pid)
 	}
+}
+
+// serveCall serves r to instance (ns, id) under gen as a front door does:
+// Open, activating it if need be, then carry r over net/http.
+func serveCall(s *Supervisor, w http.ResponseWriter, r *http.Request, ns, id string, gen uint64, rest string) {
+	c, err := s.Open(r.Context(), ns, id, gen, Activate, nil)
+	if err != nil {
+		s.WriteOpenError(w, r, ns, err)
+		return
+	}
+	c.ServeHTTP(w, r, rest)
 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
-	"net/url"
 	"strings"
 	"time"
 
@@ -15,7 +14,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
-	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/plugins/proto"
 )
@@ -25,6 +23,7 @@ type instance struct {
 	key         Key
 	gen         uint64
 	inc         *incarnation
+	fields      []httpx.Field // pluginFields, for every request to it
 	activatedAt time.Time
 
 	ready chan struct{} // closed once activation finished (err says how)
@@ -44,10 +43,10 @@ type instance struct {
 
 	ctx    context.Context // cancelled at eviction: ends open streams
 	cancel context.CancelFunc
-	// relayed are the requests a caller's loop carries (Relay), guarded
-	// by Supervisor.mu: the eviction that cancels ctx aborts them, as it
-	// cancels the requests ServeInstance serves.
-	relayed map[*reqState]relay.Ticket
+	// aborts end the open calls a transport outside net/http carries
+	// (Open's abort), guarded by Supervisor.mu: the eviction that cancels
+	// ctx calls them, as it cancels the requests ServeHTTP carries.
+	aborts map[*reqState]func()
 
 	// Wind-down, guarded by Supervisor.mu. windDown is an operator's
 	// deadline for this instance (zero: none); deadline is the one in
@@ -132,10 +131,10 @@ func (s *Supervisor) acquire(ctx context.Context, k Key, gen uint64) (*instance,
 		}
 		ictx, icancel := context.WithCancel(context.Background())
 		in = &instance{
-			key: k, gen: gen, inc: inc, activatedAt: time.Now(), ready: make(chan struct{}),
+			key: k, gen: gen, inc: inc, fields: pluginFields(inc, k), activatedAt: time.Now(), ready: make(chan struct{}),
 			conns: 1, stopped: make(chan struct{}), ctx: ictx, cancel: icancel,
 		}
-		s.abortRelayedOnCancel(in)
+		s.abortOnEviction(in)
 		s.instances[k] = in
 		s.mu.Unlock()
 
@@ -189,8 +188,8 @@ func (s *Supervisor) releaseConn(in *instance, rs *reqState) {
 	if rs != nil && rs.stream {
 		in.streams--
 	}
-	if rs != nil && in.relayed != nil {
-		delete(in.relayed, rs)
+	if rs != nil && in.aborts != nil {
+		delete(in.aborts, rs)
 	}
 	in.lastActive = time.Now()
 	if in.evicting || s.instances[in.key] != in || in.err != nil {
@@ -299,6 +298,19 @@ func (s *Supervisor) removeAfter(in *instance, grace time.Duration) bool {
 	return true
 }
 
+// drop is removeAfter for an activated instance, counted as evicted for
+// reason (pinned_evictions_total's label): the one place an instance's
+// end is booked.
+func (s *Supervisor) drop(in *instance, grace time.Duration, reason string) bool {
+	if !s.removeAfter(in, grace) {
+		return false
+	}
+	s.metrics.evictions.WithLabelValues(in.key.Namespace, reason).Inc()
+	s.metrics.instances.WithLabelValues(in.key.Namespace).Dec()
+	s.count(in.key.Namespace, false)
+	return true
+}
+
 // evict deactivates in (idle eviction only while it has no open
 // connection, and the host's idle hook may keep it), then reports it gone.
 func (s *Supervisor) evict(ctx context.Context, in *instance, reason proto.Reason, grace time.Duration) {
@@ -346,12 +358,9 @@ func (s *Supervisor) evictWith(ctx context.Context, in *instance, reason proto.R
 	if err != nil && in.inc.alive() {
 		s.cfg.Logger.Warn("deactivate failed; dropping instance", "instance", in.key.String(), "err", err)
 	}
-	if !s.removeAfter(in, streamGrace) {
+	if !s.drop(in, streamGrace, reasonLabel(reason)) {
 		return
 	}
-	s.metrics.evictions.WithLabelValues(in.key.Namespace, reasonLabel(reason)).Inc()
-	s.metrics.instances.WithLabelValues(in.key.Namespace).Dec()
-	s.count(in.key.Namespace, false)
 	if reason == proto.Reason_REASON_SWAP {
 		// Hot swap: the id stays placed here and comes back at once in
 		// the new process (streams reconnect, durable work resumes).
@@ -432,13 +441,10 @@ func (s *Supervisor) dropFenced(k Key, inc *incarnation) {
 	s.mu.Lock()
 	in := s.instances[k]
 	s.mu.Unlock()
-	if in == nil || in.inc != inc || !s.remove(in) {
+	if in == nil || in.inc != inc || !s.drop(in, 0, "fenced") {
 		return
 	}
 	s.cfg.Logger.Warn("instance fenced by a newer activation; dropped", "instance", k.String(), "generation", in.gen)
-	s.metrics.evictions.WithLabelValues(k.Namespace, "fenced").Inc()
-	s.metrics.instances.WithLabelValues(k.Namespace).Dec()
-	s.count(k.Namespace, false)
 }
 
 // dropIncarnation forgets the instances a dead plugin process took with it
@@ -455,10 +461,7 @@ func (s *Supervisor) dropIncarnation(inc *incarnation) {
 	}
 	s.mu.Unlock()
 	for _, in := range gone {
-		if s.remove(in) {
-			s.metrics.evictions.WithLabelValues(in.key.Namespace, "crash").Inc()
-			s.metrics.instances.WithLabelValues(in.key.Namespace).Dec()
-			s.count(in.key.Namespace, false)
+		if s.drop(in, 0, "crash") {
 			inc.proc.mu.Lock()
 			inc.proc.orphans = append(inc.proc.orphans, orphan{in.key, in.gen})
 			inc.proc.mu.Unlock()
@@ -503,18 +506,11 @@ func reasonLabel(r proto.Reason) string {
 	return strings.ToLower(strings.TrimPrefix(r.String(), "REASON_"))
 }
 
-type ctxKey int
-
-const instanceCtxKey ctxKey = 0
-
-var (
-	errInactive = errors.New("plugin no longer has the instance")
-	errNotLive  = errors.New("instance not live")
-)
-
-// newProxy builds the reverse proxy to one incarnation's data socket. Every
-// write is flushed through at once so streams (SSE, chunked) are live;
-// Upgrade requests (WebSocket) pass through as raw connections.
+// newProxy builds the reverse proxy to one incarnation's data socket
+// (Call.ServeHTTP's transport). Every write is flushed through at once so
+// streams (SSE, chunked) are live; Upgrade requests (WebSocket) pass
+// through as raw connections. What reaches the plugin is httpx.Hop's rule,
+// as on every other transport.
 func (s *Supervisor) newProxy(inc *incarnation) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Transport:  inc.fast,
@@ -528,42 +524,33 @@ func (s *Supervisor) newProxy(inc *incarnation) *httputil.ReverseProxy {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = "plugin"
-			// A peer node forwarded it (TrustedForwarding): its
-			// X-Forwarded-* describe the client, and the peer's own address
-			// goes on the chain; anyone else's are replaced.
-			trusted := httpx.TrustedForwarding(pr.In.Context())
-			if v := pr.In.Header["X-Forwarded-For"]; trusted && len(v) > 0 {
-				pr.Out.Header["X-Forwarded-For"] = v // SetXForwarded appends to it
+			c, _ := pr.In.Context().Value(callCtxKey{}).(*Call)
+			hop := httpx.Hop{
+				RemoteAddr: pr.In.RemoteAddr, Host: pr.In.Host, TLS: pr.In.TLS != nil,
+				Trusted: httpx.TrustedForwarding(pr.In.Context()),
 			}
-			pr.SetXForwarded()
-			for _, k := range []string{"X-Forwarded-Host", "X-Forwarded-Proto"} {
-				if v := pr.In.Header.Get(k); trusted && v != "" {
-					pr.Out.Header.Set(k, v)
-				}
+			if c != nil {
+				hop.Set = c.Fields()
 			}
+			hop.Rewrite(pr.Out.Header, pr.In.Header)
 		},
 		ModifyResponse: func(resp *http.Response) error {
-			if resp.Header.Get(plugins.HeaderRefusal) != "" {
+			c, _ := resp.Request.Context().Value(callCtxKey{}).(*Call)
+			if plugins.ClassifyAnswer(resp.StatusCode, resp.Header.Get(plugins.HeaderRefusal)) == plugins.AnswerInactive {
 				return errInactive
 			}
-			if resp.ContentLength < 0 || resp.StatusCode == http.StatusSwitchingProtocols {
-				if rs, ok := resp.Request.Context().Value(instanceCtxKey).(*reqState); ok {
-					s.markStream(rs)
-				}
+			if c != nil && (resp.ContentLength < 0 || resp.StatusCode == http.StatusSwitchingProtocols) {
+				c.Stream()
 			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			var in *instance
-			if rs, ok := r.Context().Value(instanceCtxKey).(*reqState); ok {
-				in = rs.in
-			}
 			switch {
 			case errors.Is(err, errInactive):
-				if in != nil && s.remove(in) {
-					s.metrics.instances.WithLabelValues(in.key.Namespace).Dec()
+				if sw, ok := w.(*statusWriter); ok {
+					sw.inactive = true
 				}
-				httpx.WriteError(w, http.StatusServiceUnavailable, "instance restarting, retry", time.Second)
+				httpx.WriteError(w, http.StatusServiceUnavailable, RestartingMsg, time.Second)
 			case r.Context().Err() != nil:
 				// The client went away, or the instance was evicted under
 				// an open stream: nothing useful to write.
@@ -578,6 +565,11 @@ func (s *Supervisor) newProxy(inc *incarnation) *httputil.ReverseProxy {
 		},
 	}
 }
+
+var (
+	errInactive = errors.New("plugin no longer has the instance")
+	errNotLive  = errors.New("instance not live")
+)
 
 // Live reports whether (ns, id) is active on this node.
 func (s *Supervisor) Live(ns, id string) bool {
@@ -607,100 +599,21 @@ func (s *Supervisor) LiveGeneration(ns, id string) (uint64, bool) {
 	return in.gen, true
 }
 
-// ServeInstance hands r to instance (ns, id), activating it under
-// generation gen if it is not live, with the request path replaced by rest
-// (escaped form, e.g. "/increment").
-func (s *Supervisor) ServeInstance(w http.ResponseWriter, r *http.Request, ns, id string, gen uint64, rest string) {
-	sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
-	defer s.observe(ns, time.Now(), sw)
-	in, err := s.acquire(r.Context(), Key{ns, id}, gen)
-	if err != nil {
-		s.writeAcquireError(sw, r, err)
-		return
-	}
-	s.serve(sw, r, in, rest)
-}
-
-// ServeExisting serves r if (ns, id) is live here and reports whether it
-// did; it never activates. A live instance is this node's own record of a
-// placement it was granted, which its directory replica may not show yet.
-func (s *Supervisor) ServeExisting(w http.ResponseWriter, r *http.Request, ns, id string, rest string) bool {
-	start := time.Now()
-	in, err := s.acquire(r.Context(), Key{ns, id}, 0)
-	if err != nil {
-		return false
-	}
-	sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
-	defer s.observe(ns, start, sw)
-	s.serve(sw, r, in, rest)
-	return true
-}
-
-func (s *Supervisor) observe(ns string, start time.Time, sw *statusWriter) {
-	s.metrics.observe(ns, sw.code, time.Since(start))
-}
-
-// serve proxies r to the acquired instance and releases it.
-func (s *Supervisor) serve(sw *statusWriter, r *http.Request, in *instance, rest string) {
-	k := in.key
-	rs := &reqState{in: in}
-	defer s.releaseConn(in, rs)
-
-	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), instanceCtxKey, rs))
-	defer cancel()
-	stop := context.AfterFunc(in.ctx, cancel)
-	defer stop()
-
-	out := r.Clone(ctx)
-	for h := range out.Header {
-		if strings.HasPrefix(h, "X-Pinned-") {
-			out.Header.Del(h)
-		}
-	}
-	for _, f := range pluginFields(in.inc, k) {
-		out.Header.Set(f.name, f.value)
-	}
-	if p, err := url.PathUnescape(rest); err == nil && p != rest {
-		out.URL.Path, out.URL.RawPath = p, rest
-	} else {
-		out.URL.Path, out.URL.RawPath = rest, ""
-	}
-	in.inc.proxy.ServeHTTP(sw, out)
-}
-
-func (s *Supervisor) writeAcquireError(w http.ResponseWriter, r *http.Request, err error) {
-	switch {
-	case errors.Is(err, ErrUnknownNS):
-		httpx.WriteError(w, http.StatusNotFound, "unknown namespace", 0)
-	case errors.Is(err, ErrDegraded):
-		httpx.WriteError(w, http.StatusServiceUnavailable, "namespace degraded on this node", 5*time.Second)
-	case errors.Is(err, ErrPluginDown):
-		httpx.WriteError(w, http.StatusServiceUnavailable, "plugin restarting, retry", time.Second)
-	case errors.Is(err, ErrDraining):
-		// In-band refusal: a forwarding front door releases the placement
-		// and retries on another worker.
-		w.Header().Set(plugins.HeaderRefusal, plugins.RefusalDraining)
-		httpx.WriteError(w, http.StatusServiceUnavailable, "node is draining", time.Second)
-	case errors.Is(err, ErrStopping):
-		httpx.WriteError(w, http.StatusServiceUnavailable, "node is shutting down", time.Second)
-	case errors.Is(err, ErrStoreUnavailable):
-		// Nothing ran: the instance never activated.
-		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error(), 2*time.Second)
-	case errors.Is(err, ErrActivation):
-		s.cfg.Logger.Warn("activation failed", "path", r.URL.Path, "err", err)
-		httpx.WriteError(w, http.StatusInternalServerError, "activation failed", 0)
-	case r.Context().Err() != nil:
-	default:
-		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error(), time.Second)
-	}
-}
-
 // statusWriter records the status for metrics and passes Flush and Hijack
 // through (via Unwrap) so streaming and upgrades keep working.
 type statusWriter struct {
 	http.ResponseWriter
-	code  int
-	wrote bool
+	code     int
+	wrote    bool
+	inactive bool // the plugin answered it does not hold the instance
+}
+
+// status is the status the client got (0: none was written).
+func (w *statusWriter) status() int {
+	if !w.wrote {
+		return 0
+	}
+	return w.code
 }
 
 func (w *statusWriter) WriteHeader(code int) {

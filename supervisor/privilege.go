@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/pinnedd/pinnedd/internal/httpx"
 	"os"
 	"slices"
 	"strings"
@@ -222,17 +223,12 @@ func (s *Supervisor) VerifyClusterCall(token string) (namespaces []string, ok bo
 	return namespaces, true
 }
 
-// pluginField is one header field pinnedd adds to a request for a plugin.
-type pluginField struct{ name, value string }
-
 // pluginFields are the fields every request written to a plugin's data
-// socket carries, whichever path writes it (ServeInstance's proxy,
-// Relay's wire): the instance it is for, and the process's socket secret.
-// Both paths drop every X-Pinned-* field the request came with first.
-func pluginFields(inc *incarnation, k Key) [3]pluginField {
-	return [3]pluginField{
-		{plugins.HeaderNamespace, k.Namespace},
-		{plugins.HeaderID, k.ID},
-		{plugins.HeaderSocketSecret, inc.socketSecret},
+// socket carries for instance k: which instance, and the socket secret.
+func pluginFields(inc *incarnation, k Key) []httpx.Field {
+	return []httpx.Field{
+		{Name: plugins.HeaderNamespace, Value: k.Namespace},
+		{Name: plugins.HeaderID, Value: k.ID},
+		{Name: plugins.HeaderSocketSecret, Value: inc.socketSecret},
 	}
 }

@@ -127,7 +127,7 @@ func startPrivileged(t *testing.T, fdURL string, env []string) (*Supervisor, *ht
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		parts := strings.SplitN(r.URL.Path, "/", 4)
-		s.ServeInstance(w, r, "/"+parts[1], parts[2], 1, "/"+parts[3])
+		serveCall(s, w, r, "/"+parts[1], parts[2], 1, "/"+parts[3])
 	}))
 	var pids []int
 	for _, p := range s.Plugins() {

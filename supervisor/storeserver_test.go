@@ -37,7 +37,7 @@ func TestResumedWorkLogged(t *testing.T) {
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		parts := strings.SplitN(r.URL.Path, "/", 4)
-		s.ServeInstance(w, r, "/"+parts[1], parts[2], 7, "/"+parts[3])
+		serveCall(s, w, r, "/"+parts[1], parts[2], 7, "/"+parts[3])
 	}))
 	pids := []int{s.Plugins()[0].PID}
 	t.Cleanup(func() {

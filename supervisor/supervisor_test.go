@@ -44,7 +44,7 @@ func serveSupervisor(t testing.TB, cfg Config) (*Supervisor, *httptest.Server) {
 		if len(parts) == 4 {
 			rest += parts[3]
 		}
-		s.ServeInstance(w, r, "/"+parts[1], parts[2], 1, rest)
+		serveCall(s, w, r, "/"+parts[1], parts[2], 1, rest)
 	}))
 	t.Cleanup(func() {
 		srv.Close()

@@ -3,6 +3,7 @@ package relay
 import (
 	"bytes"
 	"errors"
+	"iter"
 	"net"
 	"strconv"
 	"strings"
@@ -46,6 +47,17 @@ type ReqHead struct {
 // Field is one header field.
 type Field struct{ Name, Value string }
 
+// All iterates the head's fields (names as sent; Host is not among them).
+func (h *ReqHead) All() iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		for _, f := range h.Fields {
+			if !yield(f.Name, f.Value) {
+				return
+			}
+		}
+	}
+}
+
 // Forward is where a Router sends a request.
 type Forward struct {
 	// Addr is the upstream's address: an IP literal and a port (TCP), or
@@ -53,10 +65,12 @@ type Forward struct {
 	Addr string
 	// Wire is the whole request to write there (head and body).
 	Wire []byte
-	// Refusal names a response field: a response carrying it was refused
-	// before anything ran, and the request goes back to net/http instead
-	// (a Final request is answered 503 + Retry-After, ErrRefused).
+	// Refusal names a response field, and Refused reads its value: a
+	// response it calls refused ran nothing, and the request goes back to
+	// net/http instead (a Final request is answered 503 + Retry-After,
+	// ErrRefused). Responses without the field are answers.
 	Refusal string
+	Refused func(status int, value string) bool
 	// Final: the request must not go back to net/http once routed (the
 	// Router spent something on it, such as a one-time attestation).
 	// Where the loop would give it back, it answers itself: 503 +
@@ -334,8 +348,8 @@ type response struct {
 	headLen int
 	clen    int64 // -1: none
 	chunked bool
-	close   bool // Connection: close
-	refused bool // carries the Router's refusal field
+	close   bool   // Connection: close
+	refusal string // the value of the Router's refusal field, if any
 	head    []byte
 }
 
@@ -398,7 +412,7 @@ func parseResponse(in []byte, s *headScan, refusal string, dst []byte) (r respon
 			equalFold(name, "Proxy-Authenticate"), equalFold(name, "Te"):
 			continue
 		case refusal != "" && equalFold(name, refusal):
-			r.refused = true
+			r.refusal = string(value)
 		}
 		if len(connTokens) > 0 && listed(connTokens, name) {
 			continue

@@ -526,7 +526,7 @@ func (l *Conns) readResponse(c *client, buf []byte, after *[]func()) bool {
 		}
 		if !need {
 			switch {
-			case r.refused && !c.wrote:
+			case r.refusal != "" && c.fwd.Refused != nil && c.fwd.Refused(r.status, r.refusal) && !c.wrote:
 				// The owner ran nothing: net/http replays the request,
 				// with its own handling of refusals.
 				l.closeUp(u)

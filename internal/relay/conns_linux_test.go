@@ -74,7 +74,7 @@ func (r testRouter) Route(h *ReqHead) (Forward, bool) {
 		w = fmt.Appendf(w, "Content-Length: %d\r\n", len(h.Body))
 	}
 	w = append(append(w, "\r\n"...), h.Body...)
-	fwd := Forward{Addr: addr, Wire: w, Refusal: "X-Refused", Timeout: timeout}
+	fwd := Forward{Addr: addr, Wire: w, Refusal: "X-Refused", Refused: refusedIf("draining"), Timeout: timeout}
 	if final {
 		fwd.Final, fwd.FailMsg = true, "plugin gone"
 		r.rig.ticket.Store(h.Ticket)
@@ -124,6 +124,11 @@ func newConnsRig(t *testing.T) *connsRig {
 	mux.HandleFunc("/up/refuse", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Refused", "draining")
 		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	mux.HandleFunc("/up/answer", func(w http.ResponseWriter, r *http.Request) {
+		// The refusal field, with a value the Router does not call one.
+		w.Header().Set("X-Refused", "other")
+		_, _ = io.WriteString(w, "answered")
 	})
 	mux.HandleFunc("/up/large", func(w http.ResponseWriter, r *http.Request) {
 		// Far more than one turn's read budget, chunked and fixed.
@@ -330,6 +335,9 @@ func TestConnsHandBack(t *testing.T) {
 	c := rig.client()
 	if code, _, body := rig.get(c, "GET", "/up/fixed?1", ""); code != 200 || body != "fixed 1" {
 		t.Fatalf("forwarded: %d %q", code, body)
+	}
+	if code, h, body := rig.get(c, "GET", "/up/answer", ""); code != 200 || body != "answered" || h.Get("X-Refused") != "other" {
+		t.Fatalf("a refusal field Refused does not call one: %d %v %q, want the answer relayed", code, h, body)
 	}
 	if code, _, body := rig.get(c, "GET", "/local/x", ""); code != 200 || body != "net/http GET /local/x" {
 		t.Fatalf("local: %d %q", code, body)
@@ -730,4 +738,9 @@ func TestConnsTrickledHead(t *testing.T) {
 	if work := rig.headWork() - base; work > int64(2*len(req)+400) {
 		t.Fatalf("the loop looked at %d head bytes for a %d-byte head trickled a byte at a time (the search starts over on every read)", work, len(req))
 	}
+}
+
+// refusedIf calls a response refused when its refusal field says want.
+func refusedIf(want string) func(int, string) bool {
+	return func(_ int, v string) bool { return v == want }
 }

@@ -161,7 +161,7 @@ func TestParseResponse(t *testing.T) {
 		if !ok || need {
 			continue
 		}
-		got := []any{r.status, r.clen, r.chunked, r.close, r.refused, string(r.head), r.headLen}
+		got := []any{r.status, r.clen, r.chunked, r.close, r.refusal != "", string(r.head), r.headLen}
 		want := []any{tc.status, tc.clen, tc.chunked, tc.close, tc.refused, tc.head, strings.Index(tc.in, "\r\n\r\n") + 4}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: got %q, want %q", name, got, want)

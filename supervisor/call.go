@@ -1,0 +1,218 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/plugins"
+)
+
+// OpenMode says which instance Open may use.
+type OpenMode uint8
+
+// Open modes.
+const (
+	// Activate uses the instance live under the generation, activating
+	// it if it is not live (and waiting for an activation under way).
+	Activate OpenMode = iota
+	// IfLive uses the instance if it is live here, under any generation
+	// (waiting for an activation under way); it never activates. A live
+	// instance is this node's own record of a placement it was granted,
+	// which its directory replica may not show yet.
+	IfLive
+	// IfReady uses the instance only if it is live and activated under
+	// exactly the generation, on a running plugin; it never waits, so an
+	// event loop may call it.
+	IfReady
+)
+
+// RestartingMsg is the error of a 503 for a request its plugin did not
+// take: the process is gone or restarting, or lost the instance.
+const RestartingMsg = "instance restarting, retry"
+
+// errNotReady: IfReady found no instance it could use at once.
+var errNotReady = errors.New("instance not ready here under that generation")
+
+// Call is one request to an instance, from Open to End, whichever
+// transport carries it: the supervisor holds the instance for it (idle
+// eviction waits, drains and wind-downs count it) and learns how it ended.
+type Call struct {
+	s     *Supervisor
+	rs    *reqState
+	start time.Time
+}
+
+// Open is the one way a request reaches an instance: it finds (ns, id) as
+// mode allows and holds it for the request until End. abort, if set, is
+// called once should the instance be evicted while the call is open (a
+// transport outside net/http ends its exchange there); ServeHTTP needs
+// none. The errors are the ones WriteOpenError answers.
+func (s *Supervisor) Open(ctx context.Context, ns, id string, gen uint64, mode OpenMode, abort func()) (*Call, error) {
+	var in *instance
+	switch mode {
+	case IfReady:
+		in = s.ready(Key{ns, id}, gen)
+		if in == nil {
+			return nil, errNotReady
+		}
+	default:
+		if mode == IfLive {
+			gen = 0
+		}
+		var err error
+		if in, err = s.acquire(ctx, Key{ns, id}, gen); err != nil {
+			return nil, err
+		}
+	}
+	c := &Call{s: s, rs: &reqState{in: in}, start: time.Now()}
+	if abort != nil {
+		s.mu.Lock()
+		if in.aborts == nil {
+			in.aborts = map[*reqState]func(){}
+		}
+		in.aborts[c.rs] = abort
+		gone := in.ctx.Err() != nil
+		s.mu.Unlock()
+		if gone {
+			c.End(0, false)
+			return nil, errNotReady
+		}
+	}
+	return c, nil
+}
+
+// ready is the instance live under exactly gen, activated, on a running
+// plugin, with one more open request counted on it; nil if there is none
+// (it never waits).
+func (s *Supervisor) ready(k Key, gen uint64) *instance {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in := s.instances[k]
+	if s.stopping || in == nil || in.evicting || in.gen != gen || !closed(in.ready) || in.err != nil || !in.inc.alive() || in.ctx.Err() != nil {
+		return nil
+	}
+	in.conns++ // see armIdleLocked
+	return in
+}
+
+// Socket is the plugin's data socket (a unix socket path) the request
+// goes to.
+func (c *Call) Socket() string { return c.rs.in.inc.socket }
+
+// Fields are the fields the request carries to the plugin, besides its
+// own: the instance it is for and the socket's secret. Any X-Pinned-*
+// field the request carried must not reach the plugin (httpx.Hop drops
+// them).
+func (c *Call) Fields() []httpx.Field {
+	return c.rs.in.fields
+}
+
+// Generation is the generation the instance runs under.
+func (c *Call) Generation() uint64 { return c.rs.in.gen }
+
+// Stream records that the response is a stream (server-sent events, a
+// body of unknown length, an upgrade): it keeps the instance resident,
+// but not one winding down.
+func (c *Call) Stream() { c.s.markStream(c.rs) }
+
+// End ends the call: status is the one the client got (0: none), and
+// inactive says the plugin answered that it does not hold the instance
+// (plugins.RefusalInactive), which is then dropped here.
+func (c *Call) End(status int, inactive bool) {
+	in := c.rs.in
+	if inactive && c.s.remove(in) {
+		c.s.metrics.evictions.WithLabelValues(in.key.Namespace, "inactive").Inc()
+		c.s.metrics.instances.WithLabelValues(in.key.Namespace).Dec()
+		c.s.count(in.key.Namespace, false)
+	}
+	if status != 0 {
+		c.s.metrics.observe(in.key.Namespace, status, time.Since(c.start))
+	}
+	c.s.releaseConn(in, c.rs)
+}
+
+// ServeHTTP carries r to the instance over net/http, with its path
+// replaced by rest (escaped, with no query: r's query goes as it is), and
+// ends the call. An eviction under the request ends it.
+func (c *Call) ServeHTTP(w http.ResponseWriter, r *http.Request, rest string) {
+	in := c.rs.in
+	sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), callCtxKey{}, c))
+	defer cancel()
+	stop := context.AfterFunc(in.ctx, cancel)
+	defer stop()
+
+	out := r.Clone(ctx)
+	if p, err := url.PathUnescape(rest); err == nil && p != rest {
+		out.URL.Path, out.URL.RawPath = p, rest
+	} else {
+		out.URL.Path, out.URL.RawPath = rest, ""
+	}
+	in.inc.proxy.ServeHTTP(sw, out)
+	c.End(sw.status(), sw.inactive)
+}
+
+type callCtxKey struct{}
+
+// WriteOpenError answers a request for namespace ns that Open refused.
+func (s *Supervisor) WriteOpenError(w http.ResponseWriter, r *http.Request, ns string, err error) {
+	sw := &statusWriter{ResponseWriter: w}
+	defer func(start time.Time) {
+		if code := sw.status(); code != 0 {
+			s.metrics.observe(ns, code, time.Since(start))
+		}
+	}(time.Now())
+	w = sw
+	switch {
+	case errors.Is(err, ErrUnknownNS):
+		httpx.WriteError(w, http.StatusNotFound, "unknown namespace", 0)
+	case errors.Is(err, ErrDegraded):
+		httpx.WriteError(w, http.StatusServiceUnavailable, "namespace degraded on this node", 5*time.Second)
+	case errors.Is(err, ErrPluginDown):
+		httpx.WriteError(w, http.StatusServiceUnavailable, "plugin restarting, retry", time.Second)
+	case errors.Is(err, ErrDraining):
+		// In-band refusal: a forwarding front door releases the placement
+		// and retries on another worker.
+		w.Header().Set(plugins.HeaderRefusal, plugins.RefusalDraining)
+		httpx.WriteError(w, http.StatusServiceUnavailable, "node is draining", time.Second)
+	case errors.Is(err, ErrStopping):
+		httpx.WriteError(w, http.StatusServiceUnavailable, "node is shutting down", time.Second)
+	case errors.Is(err, ErrStoreUnavailable):
+		// Nothing ran: the instance never activated.
+		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error(), 2*time.Second)
+	case errors.Is(err, ErrActivation):
+		s.cfg.Logger.Warn("activation failed", "path", r.URL.Path, "err", err)
+		httpx.WriteError(w, http.StatusInternalServerError, "activation failed", 0)
+	case r.Context().Err() != nil:
+	default:
+		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error(), time.Second)
+	}
+}
+
+// abortOnEviction makes the end of in's context (its eviction) abort the
+// calls that registered an abort: one hook per instance, not one per
+// request.
+func (s *Supervisor) abortOnEviction(in *instance) {
+	context.AfterFunc(in.ctx, func() {
+		s.mu.Lock()
+		aborts := in.aborts
+		in.aborts = nil
+		s.mu.Unlock()
+		for _, abort := range aborts {
+			abort()
+		}
+	})
+}
+
+func closed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
