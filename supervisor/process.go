@@ -191,7 +191,7 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 	raw, err := rpc.Dispense(plugins.PluginName)
 	if err != nil {
 		client.Kill()
-		return nil, fmt.Errorf("dispense plugin %s: %w", p.spec.Name, err)
+		return nil, fmt.Errorf("start plugin %s: %w", p.spec.Name, err)
 	}
 	conn := raw.(*plugins.Conn)
 	storeID := s.serveStore(conn, logger)
