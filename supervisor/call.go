@@ -141,6 +141,9 @@ func (c *Call) End(status int, inactive bool) {
 func (c *Call) ServeHTTP(w http.ResponseWriter, r *http.Request, rest string) {
 	in := c.rs.in
 	sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+	// Deferred: ReverseProxy aborts a response cut short by panicking
+	// (http.ErrAbortHandler), and the call must end all the same.
+	defer func() { c.End(sw.status(), sw.inactive) }()
 	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), callCtxKey{}, c))
 	defer cancel()
 	stop := context.AfterFunc(in.ctx, cancel)
@@ -153,7 +156,6 @@ func (c *Call) ServeHTTP(w http.ResponseWriter, r *http.Request, rest string) {
 		out.URL.Path, out.URL.RawPath = rest, ""
 	}
 	in.inc.proxy.ServeHTTP(sw, out)
-	c.End(sw.status(), sw.inactive)
 }
 
 type callCtxKey struct{}

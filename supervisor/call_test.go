@@ -45,6 +45,7 @@ func (r relayRouter) Route(h *relay.ReqHead) (relay.Forward, bool) {
 	wire, _ := hop.AppendRequest(nil, h.Method, "/"+parts[3], h.All(), h.Body)
 	return relay.Forward{
 		Addr: c.Socket(), Wire: wire, Refusal: plugins.HeaderRefusal, Final: true, FailMsg: RestartingMsg, Timeout: -1,
+		Refused: func(status int, v string) bool { return plugins.ClassifyAnswer(status, v) == plugins.AnswerInactive },
 		Head: func(_ int, stream bool) {
 			if stream {
 				c.Stream()

@@ -53,62 +53,18 @@ type Loop struct {
 }
 
 // life is what both loops share: the lock, the epoll instance and the
-// eventfd that wakes it, started on first use and closed once.
+// eventfd that wakes it, started on first use and closed once, and how the
+// loop waits (DESIGN.md says why, with the measurements):
 //
-// How the loop waits. While traffic flows it waits in epoll_wait itself
-// (a held wait), keeping its P, for up to holdFor; after that long with
-// nothing to do it parks in Go's poller, as any socket read does, and
-// holds no P until one of its descriptors is ready.
-//
-//   - Parking is for idle: a park and its wake-up cost four epoll calls
-//     (the poll that finds nothing before the park, the runtime's two, the
-//     poll that reads the events) and a pass through the scheduler. A held
-//     wait costs one epoll call, as nginx's worker pays. On a sequential
-//     client a forwarded request and its answer went from 12 syscalls to 6
-//     on the forwarding node (strace); in alternating runs on one machine
-//     (16 connections, two fleets side by side) the hop served 2-30% more
-//     requests with 1-8 µs less CPU each, in 4 of 4 pairs.
-//   - The held wait is a raw syscall: the scheduler still counts the P as
-//     running, so it is not handed off. (A blocking epoll_wait through the
-//     scheduler's syscall path was tried: the P was handed off after 20µs
-//     and won back on each wake-up, costing 41-43 µs of CPU per request
-//     against 25-27 parked.) The P held is one no other goroutine can use
-//     meanwhile, so one loop in the process holds at a time (holder),
-//     none when GOMAXPROCS is 1 (checked at each park), and none while
-//     other goroutines wait for a P (othersRunnable): then the loop parks
-//     and its P runs them. Without that last check, 100 KB uploads through
-//     net/http alongside forwarded GETs lost 4-12% of their req/s to the
-//     loop against a build that always parks, in 3 rounds; with it they
-//     did as well as that build. The GC and sysmon stop a goroutine by
-//     signalling its thread, which ends the wait (EINTR); the loop's next
-//     call is the preemption point.
-//   - Go's poller watches the loop through parkfd, a second epoll instance
-//     watching epfd, but not during held or blocking waits (armed): were
-//     epfd in Go's poller itself, every event of those waits would also
-//     wake a thread there. Turning the watch off and on costs a syscall
-//     each way, only when the loop switches between parking and the other
-//     two, so parks in a row cost what they did before holds existed.
-//   - With more than one P the loop's goroutine is locked to its thread
-//     (locked), and an idle loop (a whole held wait found nothing) blocks
-//     in epoll_wait through the scheduler's syscall path (block) instead
-//     of parking: the kernel wakes the loop's own thread, and the
-//     scheduler takes the P back, as from any blocking syscall, if other
-//     goroutines want it meanwhile. Unlocked, every yield, preemption and
-//     park resumed the loop on whichever thread the scheduler picked (a GC
-//     every millisecond spread its waits over 5-6 threads in 2 s, see
-//     TestLoopKeepsItsThread); locked, it stays on one. Against the
-//     unlocked build (scripts/bench-hop-ab.sh, 8 interleaved rounds at 16
-//     connections) the hop served 6.3% and 8.2% more requests in two runs,
-//     with p50 16-20 µs lower; in a scratch A/B of one binary with the lock
-//     switched by environment, 10 rounds, +13.0% (95% CI 7.8-18.5%). At
-//     300 requests a second the forwarding node's CPU per request was the
-//     same (300 µs, the node's background included). Parking instead of
-//     blocking when idle was tried: each wake-up of a locked goroutine from
-//     Go's poller is a hand-off to its thread, which at 300 requests a
-//     second cost the forwarding node 314 µs of CPU a request against 258.
-//     With one P the loop is not locked and parks as before: blocked, it
-//     would keep the only P from the rest of the process until sysmon
-//     took it back.
+//   - while traffic flows it waits in epoll_wait itself, as a raw syscall
+//     that keeps its P (a held wait), for up to holdFor; one loop of the
+//     process holds at a time (holder), none with GOMAXPROCS 1 or while
+//     other goroutines wait for a P (othersRunnable);
+//   - Go's poller watches epfd through parkfd only while the loop is
+//     parked (armed), so held and blocking waits wake no other thread;
+//   - with more than one P the loop's goroutine is locked to its thread
+//     and an idle loop blocks in epoll_wait through the scheduler (block);
+//     with one P it parks in Go's poller instead, holding no P.
 type life struct {
 	mu      sync.Mutex
 	started bool

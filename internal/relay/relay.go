@@ -1,21 +1,23 @@
-// Package relay owns held HTTP/1.1 response streams (server-sent events,
-// long polls) that a proxy has taken out of net/http: one event loop per
-// process (epoll on Linux) copies each stream's body bytes from the
-// upstream connection to the client's as they arrive, with no goroutine
-// and no buffer per stream. net/http keeps two goroutines per served
-// connection (about 18 KB of stacks at their floor) for as long as a
-// response lasts; a relayed stream keeps two file descriptors and a small
-// record.
+// Package relay is the front door's fast path: HTTP/1.1 connections
+// served from event loops (epoll, Linux only; Supported says whether this
+// platform has them) instead of net/http's two goroutines per connection.
+// It has two loops, both behind narrow types its one caller (package
+// pinboard's forwarder) drives:
 //
-// The relay is byte-transparent: the body goes out exactly as the upstream
-// framed it (chunked or close-delimited). It never reads from the client,
-// never interprets the body beyond finding where a chunked one ends, and
-// never reuses a connection: a relayed response ends with both closed.
+//   - Loop carries held response streams (server-sent events, long polls)
+//     that a proxy took out of net/http: it copies each stream's body from
+//     the upstream connection to the client's as it arrives, byte for byte
+//     (chunked or close-delimited), and ends with both connections closed.
+//     It never reads from the client.
+//   - Conns serves kept-alive client connections: it reads each next
+//     request, asks a Router where it goes (a Forward: an upstream address
+//     and the request's bytes), sends it over pooled upstream connections
+//     and relays the response; whatever the Router does not take goes back
+//     to net/http unread (HandBack).
 //
-// The package also owns kept-alive forwarded connections (Conns, see
-// conns.go): a second event loop that reads requests from client
-// connections taken out of net/http, forwards the plain ones over pooled
-// upstream connections and gives the rest back to net/http.
+// Neither interprets more of a message than framing needs, and both
+// refuse (hand back, or fail) anything they cannot frame exactly as
+// net/http would.
 package relay
 
 import (

@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -130,12 +131,39 @@ func LaunchAgent(t testing.TB, env []string, args ...string) *Agent {
 // LaunchAgentBin is LaunchAgent with another pinnedd binary.
 func LaunchAgentBin(t testing.TB, bin string, env []string, args ...string) *Agent {
 	t.Helper()
-	full := agentArgs(args)
+	full := agentArgs(append(args, addedArgs(t)...))
 	if !hasFlag(args, "--http-addr") {
 		full = append(full, "--http-addr", "127.0.0.1:0")
 	}
 	return launch(t, exec.Command(bin, full...), env, "pinnedd")
 }
+
+// added holds AddAgentArgs' arguments, by test name.
+var added sync.Map
+
+// AddAgentArgs makes every agent t and its subtests launch run with args
+// added (a suite run again in another mode: --fast-path=false). Safe with
+// parallel tests: it keys on t's name.
+func AddAgentArgs(t testing.TB, args ...string) {
+	added.Store(t.Name(), args)
+	t.Cleanup(func() { added.Delete(t.Name()) })
+}
+
+// addedArgs are the AddAgentArgs arguments for t: its own and its parents'.
+func addedArgs(t testing.TB) []string {
+	var out []string
+	name := t.Name()
+	added.Range(func(k, v any) bool {
+		if p := k.(string); name == p || strings.HasPrefix(name, p+"/") {
+			out = append(out, v.([]string)...)
+		}
+		return true
+	})
+	return out
+}
+
+// AddedAgentArg reports whether AddAgentArgs gave t's agents arg.
+func AddedAgentArg(t testing.TB, arg string) bool { return slices.Contains(addedArgs(t), arg) }
 
 // agentArgs is `agent` with JSON debug logs, then args, then a short drain
 // deadline unless args set one.
