@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,10 +12,10 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/pinnedd/pinnedd/agent"
 	"github.com/pinnedd/pinnedd/examples"
 	"github.com/pinnedd/pinnedd/pinboard"
 	"github.com/pinnedd/pinnedd/plugins"
-	"github.com/pinnedd/pinnedd/raftstore"
 	"github.com/pinnedd/pinnedd/supervisor"
 )
 
@@ -81,175 +80,138 @@ func agentCommand() *cli.Command {
 			}
 			ctx, cancel := signalContext()
 			defer cancel()
-			return runAgent(ctx, cfg)
+			return agent.Run(ctx, cfg)
 		},
 	}
 }
 
-type agentConfig struct {
-	drainDeadline   time.Duration
-	swapDeadline    time.Duration
-	databaseURL     string
-	scanInterval    time.Duration
-	balanceFactor   float64
-	trustedProxies  []netip.Prefix
-	dev             bool
-	accessLog       bool
-	fastPath        bool
-	metricsPublic   bool
-	maxConnsPerIP   int
-	maxConns        int
-	idleTimeout     time.Duration
-	bodyReadTimeout time.Duration
-	localState      bool
-	noHosts         bool
-	raftAddr        string
-	raftAdvertise   string
-	bootstrap       bool
-	join            string
-	maxVoters       int
-	raftLogStore    string
-	raftTimeout     time.Duration
-	insecureCluster bool
-	tlsCA           string
-	tlsCert         string
-	tlsKey          string
-	nodeID          string
-	httpAddr        string
-	advertiseURL    string
-	dataDir         string
-	specs           []supervisor.Spec
-	tokens          []string
-	leaseTTL        time.Duration
-	heartbeat       time.Duration
-	detachedTimeout time.Duration
-	stopGrace       time.Duration
-	stablePeriod    time.Duration
-	logger          *slog.Logger
-}
-
-func agentConfigFrom(c *cli.Context) (agentConfig, error) {
+// agentConfigFrom reads and checks the agent's flags.
+func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 	logger, err := newLogger(c.String("log-level"), c.String("log-format"))
 	if err != nil {
-		return agentConfig{}, err
+		return agent.Config{}, err
 	}
-	cfg := agentConfig{
-		dev:             c.Bool("dev"),
-		accessLog:       c.Bool("access-log"),
-		fastPath:        c.Bool("fast-path"),
-		metricsPublic:   c.Bool("metrics-public"),
-		maxConnsPerIP:   c.Int("max-conns-per-ip"),
-		maxConns:        c.Int("max-conns"),
-		idleTimeout:     c.Duration("http-idle-timeout"),
-		bodyReadTimeout: c.Duration("http-body-timeout"),
-		localState:      c.Bool("local-state"),
-		noHosts:         c.Bool("no-hosts"),
-		raftAddr:        c.String("raft-addr"),
-		raftAdvertise:   c.String("raft-advertise-addr"),
-		bootstrap:       c.Bool("bootstrap"),
-		join:            c.String("join"),
-		maxVoters:       c.Int("max-voters"),
-		raftLogStore:    c.String("raft-log-store"),
-		raftTimeout:     c.Duration("raft-timeout"),
-		insecureCluster: c.Bool("insecure-cluster"),
-		tlsCA:           c.String("tls-ca"),
-		tlsCert:         c.String("tls-cert"),
-		tlsKey:          c.String("tls-key"),
-		nodeID:          c.String("node-id"),
-		httpAddr:        c.String("http-addr"),
-		advertiseURL:    c.String("advertise-url"),
-		dataDir:         c.String("data-dir"),
-		leaseTTL:        c.Duration("lease-ttl"),
-		heartbeat:       c.Duration("heartbeat-interval"),
-		detachedTimeout: c.Duration("detached-timeout"),
-		stopGrace:       c.Duration("stop-grace"),
-		stablePeriod:    c.Duration("plugin-stable-period"),
-		logger:          logger,
+	cfg := agent.Config{
+		Version:           version,
+		Dev:               c.Bool("dev"),
+		AccessLog:         c.Bool("access-log"),
+		FastPath:          c.Bool("fast-path"),
+		MetricsPublic:     c.Bool("metrics-public"),
+		MaxConnsPerIP:     c.Int("max-conns-per-ip"),
+		MaxConns:          c.Int("max-conns"),
+		IdleTimeout:       c.Duration("http-idle-timeout"),
+		BodyReadTimeout:   c.Duration("http-body-timeout"),
+		NoHosts:           c.Bool("no-hosts"),
+		RaftAddr:          c.String("raft-addr"),
+		RaftAdvertiseAddr: c.String("raft-advertise-addr"),
+		Bootstrap:         c.Bool("bootstrap"),
+		Join:              c.String("join"),
+		MaxVoters:         c.Int("max-voters"),
+		RaftLogStore:      c.String("raft-log-store"),
+		RaftTimeout:       c.Duration("raft-timeout"),
+		InsecureCluster:   c.Bool("insecure-cluster"),
+		TLSCA:             c.String("tls-ca"),
+		TLSCert:           c.String("tls-cert"),
+		TLSKey:            c.String("tls-key"),
+		NodeID:            c.String("node-id"),
+		HTTPAddr:          c.String("http-addr"),
+		AdvertiseURL:      c.String("advertise-url"),
+		DataDir:           c.String("data-dir"),
+		LeaseTTL:          c.Duration("lease-ttl"),
+		Heartbeat:         c.Duration("heartbeat-interval"),
+		DetachedTimeout:   c.Duration("detached-timeout"),
+		StopGrace:         c.Duration("stop-grace"),
+		StablePeriod:      c.Duration("plugin-stable-period"),
+		Logger:            logger,
 	}
+	localState := c.Bool("local-state")
 	if ms := os.Getenv("PINBOARD_LEASE_TTL_MS"); ms != "" && !c.IsSet("lease-ttl") {
 		d, err := time.ParseDuration(ms + "ms")
 		if err != nil {
 			return cfg, fmt.Errorf("PINBOARD_LEASE_TTL_MS: %w", err)
 		}
-		cfg.leaseTTL = d
+		cfg.LeaseTTL = d
 	}
-	cfg.balanceFactor = c.Float64("affinity-balance-factor")
-	cfg.databaseURL = c.String("database-url")
-	cfg.drainDeadline = c.Duration("drain-deadline")
-	cfg.swapDeadline = c.Duration("swap-deadline")
-	cfg.scanInterval = c.Duration("scan-interval")
-	if cfg.trustedProxies, err = pinboard.ParseTrustedProxies(c.String("trusted-proxies")); err != nil {
+	cfg.BalanceFactor = c.Float64("affinity-balance-factor")
+	cfg.DatabaseURL = c.String("database-url")
+	cfg.DrainDeadline = c.Duration("drain-deadline")
+	cfg.SwapDeadline = c.Duration("swap-deadline")
+	cfg.ScanInterval = c.Duration("scan-interval")
+	if cfg.TrustedProxies, err = pinboard.ParseTrustedProxies(c.String("trusted-proxies")); err != nil {
 		return cfg, fmt.Errorf("--trusted-proxies: %w", err)
 	}
-	if cfg.maxConnsPerIP < 0 || cfg.maxConns < 0 {
-		return cfg, fmt.Errorf("--max-conns-per-ip (%d) and --max-conns (%d) must be 0 (no cap) or more", cfg.maxConnsPerIP, cfg.maxConns)
+	if cfg.MaxConnsPerIP < 0 || cfg.MaxConns < 0 {
+		return cfg, fmt.Errorf("--max-conns-per-ip (%d) and --max-conns (%d) must be 0 (no cap) or more", cfg.MaxConnsPerIP, cfg.MaxConns)
 	}
-	if cfg.idleTimeout < 0 || cfg.bodyReadTimeout < 0 {
+	if cfg.IdleTimeout < 0 || cfg.BodyReadTimeout < 0 {
 		return cfg, errors.New("--http-idle-timeout and --http-body-timeout must not be negative (0: no bound)")
 	}
-	if cfg.heartbeat >= cfg.leaseTTL {
-		return cfg, fmt.Errorf("--heartbeat-interval (%s) must be shorter than --lease-ttl (%s)", cfg.heartbeat, cfg.leaseTTL)
+	if cfg.ScanInterval <= 0 {
+		return cfg, fmt.Errorf("--scan-interval (%s) must be positive", cfg.ScanInterval)
 	}
-	if cfg.nodeID == "" {
-		cfg.nodeID, _ = os.Hostname()
+	if cfg.Heartbeat >= cfg.LeaseTTL {
+		return cfg, fmt.Errorf("--heartbeat-interval (%s) must be shorter than --lease-ttl (%s)", cfg.Heartbeat, cfg.LeaseTTL)
+	}
+	if cfg.NodeID == "" {
+		cfg.NodeID, _ = os.Hostname()
 	}
 	if t := c.String("token"); t != "" {
-		cfg.tokens = append(cfg.tokens, t)
+		cfg.Tokens = append(cfg.Tokens, t)
 	}
-	if cfg.dev {
+	if cfg.Dev {
 		if err := devAllowed(os.Getenv); err != nil {
 			return cfg, err
 		}
-		cfg.tokens = append(cfg.tokens, devToken)
-		cfg.bootstrap = true
+		cfg.Tokens = append(cfg.Tokens, devToken)
+		cfg.Bootstrap = true
 		if !c.IsSet("raft-addr") {
-			cfg.raftAddr = "127.0.0.1:0"
+			cfg.RaftAddr = "127.0.0.1:0"
 		}
-		if cfg.join != "" {
+		if cfg.Join != "" {
 			return cfg, errors.New("--dev is a one-node cluster: it cannot --join")
 		}
 		if !c.IsSet("raft-timeout") {
 			// One voter elects itself; no need to wait out a LAN timeout.
-			cfg.raftTimeout = 300 * time.Millisecond
+			cfg.RaftTimeout = 300 * time.Millisecond
 		}
 	} else {
-		if len(cfg.tokens) == 0 {
+		if len(cfg.Tokens) == 0 {
 			return cfg, errors.New("a fleet node needs a deployment token: set PINBOARD_TOKEN (or --token); make one with `pinnedd token generate`")
 		}
-		if err := validateToken(cfg.tokens[0]); err != nil {
+		if err := validateToken(cfg.Tokens[0]); err != nil {
 			return cfg, fmt.Errorf("PINBOARD_TOKEN (or --token) refused: %w", err)
 		}
-		if cfg.dataDir == "" {
+		if cfg.DataDir == "" {
 			return cfg, errors.New("a fleet node needs --data-dir (its Raft log lives there)")
 		}
 	}
-	if cfg.bootstrap && cfg.join != "" {
+	if cfg.Bootstrap && cfg.Join != "" {
 		return cfg, errors.New("--bootstrap and --join exclude each other: bootstrap one node, join the rest")
 	}
-	if err := cfg.checkClusterTLS(); err != nil {
+	if err := checkClusterTLS(cfg); err != nil {
 		return cfg, err
 	}
-	if cfg.maxVoters != 3 && cfg.maxVoters != 5 && cfg.maxVoters != 1 {
-		return cfg, fmt.Errorf("--max-voters %d: use 3 or 5 (1 for a single node)", cfg.maxVoters)
+	if cfg.MaxVoters != 3 && cfg.MaxVoters != 5 && cfg.MaxVoters != 1 {
+		return cfg, fmt.Errorf("--max-voters %d: use 3 or 5 (1 for a single node)", cfg.MaxVoters)
 	}
-	if cfg.noHosts {
-		if len(c.StringSlice("plugin")) > 0 || cfg.dev {
+	if cfg.NoHosts {
+		if len(c.StringSlice("plugin")) > 0 || cfg.Dev {
 			return cfg, errors.New("--no-hosts serves no instances: it excludes --plugin and --dev")
 		}
 		return cfg, nil
 	}
 	switch {
-	case cfg.databaseURL != "" && cfg.localState:
+	case cfg.DatabaseURL != "" && localState:
 		return cfg, errors.New("--local-state and --database-url exclude each other: state is either on this node or shared")
-	case cfg.databaseURL == "" && !cfg.localState && !cfg.dev:
+	case cfg.DatabaseURL == "" && !localState && !cfg.Dev:
 		return cfg, errors.New("a fleet node needs a shared state store: give --database-url (Postgres, so any node can restore any id), " +
 			"or --local-state to keep state on this node and accept that an id which moves (a drain, a restart, the node's death) starts empty elsewhere")
 	}
-	specs, err := pluginSpecs(c.StringSlice("plugin"), cfg.dev)
+	specs, err := pluginSpecs(c.StringSlice("plugin"), cfg.Dev)
 	if err != nil {
 		return cfg, err
 	}
-	watch := cfg.dev
+	watch := cfg.Dev
 	if c.IsSet("watch-plugins") {
 		watch = c.Bool("watch-plugins")
 	}
@@ -269,8 +231,8 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 	if err := supervisor.ApplyPluginEnv(specs, envSets, os.LookupEnv); err != nil {
 		return cfg, err
 	}
-	cfg.specs = specs
-	if len(cfg.specs) == 0 {
+	cfg.Specs = specs
+	if len(cfg.Specs) == 0 {
 		return cfg, errors.New("no hosts to serve: give --plugin /ns=path (or --dev for the built-in examples, or --no-hosts for a pure front door)")
 	}
 	return cfg, nil
@@ -278,23 +240,15 @@ func agentConfigFrom(c *cli.Context) (agentConfig, error) {
 
 // checkClusterTLS: --tls-ca, --tls-cert and --tls-key go together, and not with
 // --insecure-cluster.
-func (cfg agentConfig) checkClusterTLS() error {
-	own := cfg.tlsCA != "" || cfg.tlsCert != "" || cfg.tlsKey != ""
+func checkClusterTLS(cfg agent.Config) error {
+	own := cfg.TLSCA != "" || cfg.TLSCert != "" || cfg.TLSKey != ""
 	switch {
-	case own && cfg.insecureCluster:
+	case own && cfg.InsecureCluster:
 		return errors.New("--insecure-cluster turns Raft's TLS off: it excludes --tls-ca, --tls-cert and --tls-key")
-	case own && (cfg.tlsCA == "" || cfg.tlsCert == "" || cfg.tlsKey == ""):
+	case own && (cfg.TLSCA == "" || cfg.TLSCert == "" || cfg.TLSKey == ""):
 		return errors.New("your own PKI needs --tls-ca, --tls-cert and --tls-key together (make them with `pinnedd tls ca create` and `pinnedd tls cert create`)")
 	}
 	return nil
-}
-
-// raftTLS is the Raft transport's TLS for raftstore: nil with --insecure-cluster.
-func (cfg agentConfig) raftTLS() *raftstore.TLSConfig {
-	if cfg.insecureCluster {
-		return nil
-	}
-	return &raftstore.TLSConfig{CAFile: cfg.tlsCA, CertFile: cfg.tlsCert, KeyFile: cfg.tlsKey}
 }
 
 // devAllowed refuses --dev in production, as the seed's local mode does.

@@ -1,0 +1,222 @@
+// Package agent owns a pinnedd node's lifecycle, in the manner of Caddy's
+// modules: New provisions every part in dependency order (data dir,
+// listener, state store, plugins, Raft, directory, worker, front door),
+// Start sets the node to work (serving, background work, leader work),
+// Wait waits for a reason to stop, and Stop takes the parts down in one
+// explicit order. A New that fails half way cleans up through the same
+// Stop.
+//
+// It wires parts together and holds no policy of its own: placement is
+// pinboard's, instances are supervisor's, consensus is raftstore's. It
+// never parses flags (package main does) and never exits the process.
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pinnedd/pinnedd/internal/datadir"
+	"github.com/pinnedd/pinnedd/internal/sdnotify"
+	"github.com/pinnedd/pinnedd/pinboard"
+	"github.com/pinnedd/pinnedd/pinboard/directory"
+	"github.com/pinnedd/pinnedd/raftstore"
+	"github.com/pinnedd/pinnedd/statestore"
+	"github.com/pinnedd/pinnedd/supervisor"
+)
+
+// Agent is one pinnedd node.
+type Agent struct {
+	cfg    Config
+	log    *slog.Logger
+	reg    *prometheus.Registry
+	tokens *pinboard.Tokens
+
+	// The parts, in the order New builds them. Stop skips the ones never
+	// built; the optional ones are nil with NoHosts.
+	devDir    string // Dev's temporary data dir, removed last
+	dataDir   string
+	lock      *datadir.Lock
+	ln        net.Listener
+	advertise string
+	states    statestore.Store
+	sup       *supervisor.Supervisor
+	machine   *directory.Machine // Raft's replica of the directory
+	store     *raftstore.Store
+	dir       *pinboard.Directory
+	registry  *pinboard.Registry
+	worker    *pinboard.Worker
+	fd        *pinboard.FrontDoor
+
+	leave    chan time.Duration // POST /_pinned/leave, with its drain deadline
+	serveErr chan error
+
+	started  bool
+	bgCancel context.CancelFunc
+	bg       sync.WaitGroup
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Run runs a node: New, Start, then Stop once Wait returns (ctx ends, a
+// leave is asked for, the front door fails or Raft's storage does). The
+// error is why the node failed, nil after a clean stop.
+func Run(ctx context.Context, cfg Config) error {
+	a, err := New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	a.Start()
+	return a.Stop(a.Wait(ctx))
+}
+
+// New provisions the node: it builds every part in dependency order and
+// starts none of the agent's own work (the plugins run, as the worker
+// registers the namespaces their handshakes announce; Raft is open). If a
+// part fails, what was built is taken down again and the error returned.
+func New(ctx context.Context, cfg Config) (*Agent, error) {
+	a := &Agent{cfg: cfg, log: cfg.Logger, leave: make(chan time.Duration, 1), serveErr: make(chan error, 1)}
+	if cfg.Dev {
+		a.log.Warn("DEV MODE: one-node cluster, token dev-token accepted, and calls with no token from this machine; never run this in production")
+	}
+	a.reg = newRegistry()
+	a.tokens = pinboard.NewTokens(cfg.Tokens...)
+	if cfg.Dev {
+		// dev-token is public anyway: a token-less call from this machine
+		// (`pinnedd status`) is as trusted as one that sends it.
+		a.tokens.AllowLoopbackAnonymous()
+	}
+	if cfg.InsecureCluster {
+		a.log.Warn("INSECURE CLUSTER: Raft runs without mutual TLS (--insecure-cluster); anyone who reaches --raft-addr can take this cluster over or destroy it")
+	}
+	for _, p := range []struct {
+		part      string
+		provision func(context.Context) error
+	}{
+		{"data dir", a.provisionDataDir},
+		{"listener", a.provisionListener},
+		{"state store", a.provisionStateStore},
+		{"plugins", a.provisionPlugins},
+		{"raft", a.provisionRaft},
+		{"directory", a.provisionDirectory},
+		{"worker", a.provisionWorker},
+		{"front door", a.provisionFrontDoor},
+	} {
+		a.log.Debug("provisioning", "part", p.part)
+		if err := p.provision(ctx); err != nil {
+			_ = a.Stop(Ending{Err: err})
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// Start sets the node to work: leader work (directory housekeeping, the
+// marked-work scanner) for whenever this node leads, the front door, and
+// the background work (join, waiting to be joined, the worker's lease,
+// telling systemd it is ready).
+func (a *Agent) Start() {
+	a.started = true
+	a.store.RunAsLeader("directory", pinboard.NewHousekeeping(a.dir, 0, a.log).Run)
+	if a.states != nil {
+		// Bounded: a scan must not hang on a store that stopped answering.
+		scanner := pinboard.NewMarkedScanner(statestore.Bounded(a.states, 0, nil), a.fd, a.cfg.ScanInterval, a.log)
+		a.store.RunAsLeader("scanner", scanner.Run)
+	}
+
+	go func() { a.serveErr <- a.fd.Serve(a.ln) }()
+	var namespaces []string
+	if a.sup != nil {
+		namespaces = a.sup.Namespaces()
+	}
+	a.log.Info("front door listening", "addr", a.ln.Addr().String(), "advertise_url", a.advertise, "node_id", a.cfg.NodeID,
+		"raft_addr", a.store.RaftAddr(), "namespaces", namespaces)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	a.bgCancel = cancel
+	if a.cfg.Join != "" {
+		a.background(ctx, func(ctx context.Context) { joinUntilDone(ctx, a.cfg.Join, a.cfg.Tokens[0], a.store, a.log) })
+	}
+	if !a.cfg.Bootstrap && a.cfg.Join == "" && !a.store.HadExistingState() {
+		a.background(ctx, func(ctx context.Context) { waitToBeJoined(ctx, a.store, a.advertise, a.log) })
+	}
+	if a.worker != nil {
+		a.background(ctx, func(ctx context.Context) {
+			// Registering goes through the leader: until there is one (a
+			// node waiting to be joined) it could only fail.
+			if a.store.WaitForLeader(ctx) == nil {
+				a.worker.Run(ctx)
+			}
+		})
+	}
+	a.background(ctx, a.notifyReady)
+}
+
+// background runs fn until ctx ends; Stop waits for it.
+func (a *Agent) background(ctx context.Context, fn func(context.Context)) {
+	a.bg.Add(1)
+	go func() { defer a.bg.Done(); fn(ctx) }()
+}
+
+// Ending says why a node stops, which decides the steps Stop takes.
+type Ending struct {
+	// DrainDeadline is how long instances get to finish (SIGTERM:
+	// Config.DrainDeadline; a leave: the one it asked for).
+	DrainDeadline time.Duration
+	// Leave: after draining, deregister and leave the Raft cluster.
+	Leave bool
+	// Err is why the node failed; nil for a stop that was asked for. A
+	// failed node does not drain.
+	Err error
+	// StorageFault: Raft's log storage failed. The node makes no Raft
+	// writes (deregistration, leave) on its way out, as none can commit.
+	StorageFault bool
+}
+
+// Wait serves SIGHUP (hot-swap every plugin) until there is a reason to
+// stop: ctx ends (SIGTERM, SIGINT), a leave is asked for, the front door
+// fails, or Raft's storage does.
+func (a *Agent) Wait(ctx context.Context) Ending {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return Ending{DrainDeadline: a.cfg.DrainDeadline}
+		case d := <-a.leave:
+			a.log.Info("leaving the cluster: draining, then deregistering, leaving Raft and exiting", "deadline", d)
+			return Ending{DrainDeadline: d, Leave: true}
+		case err := <-a.serveErr:
+			return Ending{Err: fmt.Errorf("front door: %w", err)}
+		case err := <-a.store.Fatal():
+			// raftstore logged what failed and what to do. Exit non-zero for
+			// systemd to restart us (the log reopens consistently from disk).
+			return Ending{Err: fmt.Errorf("raft storage: %w", err), StorageFault: true}
+		case <-hup:
+			a.reload()
+		}
+	}
+}
+
+// reload hot-swaps every plugin (SIGHUP, systemctl reload).
+func (a *Agent) reload() {
+	if a.sup == nil {
+		return
+	}
+	_ = sdnotify.Reloading()
+	a.log.Info("SIGHUP: reloading plugins")
+	if err := a.sup.Reload(context.Background(), ""); err != nil {
+		a.log.Error("plugin reload failed", "err", err)
+	}
+	_ = sdnotify.Ready()
+}

@@ -1,0 +1,93 @@
+package agent
+
+import (
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/pinnedd/pinnedd/raftstore"
+	"github.com/pinnedd/pinnedd/supervisor"
+)
+
+// Config is a node's configuration, as `pinnedd agent`'s flags give it
+// (they validate it: the agent takes it as it is).
+type Config struct {
+	// Version is reported by /_pinned/status.
+	Version string
+	// Dev is a one-node cluster in a temporary data dir (when DataDir is
+	// empty), whose token-less loopback calls are trusted, and with no
+	// placement quarantine.
+	Dev bool
+	// NoHosts serves no instances: no state store, plugins or worker.
+	NoHosts bool
+	// Logger receives every log line of the node.
+	Logger *slog.Logger
+
+	// NodeID names this node in the cluster.
+	NodeID string
+	// HTTPAddr is where the front door listens; AdvertiseURL is where
+	// other nodes reach it (default http://<bound HTTPAddr>).
+	HTTPAddr     string
+	AdvertiseURL string
+	// DataDir holds the node's durable state; empty with Dev only.
+	DataDir string
+	// Tokens are the deployment tokens accepted; the first is the one
+	// this node sends.
+	Tokens []string
+
+	// Raft: the transport's listen and advertised addresses, bootstrap or
+	// join, voters, the log format for a new data dir, and timing (zero:
+	// hashicorp/raft's).
+	RaftAddr          string
+	RaftAdvertiseAddr string
+	Bootstrap         bool
+	Join              string
+	MaxVoters         int
+	RaftLogStore      string
+	RaftTimeout       time.Duration
+	// InsecureCluster runs Raft without mutual TLS; TLSCA, TLSCert and
+	// TLSKey bring the operator's own PKI (all three or none).
+	InsecureCluster bool
+	TLSCA           string
+	TLSCert         string
+	TLSKey          string
+
+	// Specs are the plugins serving this node's namespaces.
+	Specs []supervisor.Spec
+	// DatabaseURL is the fleet's shared Postgres for instance state; empty:
+	// a bbolt file in DataDir, this node's alone.
+	DatabaseURL string
+	// ScanInterval is how often the leader looks for marked work to resume.
+	ScanInterval time.Duration
+	// Plugin and instance timing (zero: the supervisor's defaults).
+	DetachedTimeout time.Duration
+	StopGrace       time.Duration
+	StablePeriod    time.Duration
+	SwapDeadline    time.Duration
+	// DrainDeadline bounds the drain on SIGTERM, and a leave's by default.
+	DrainDeadline time.Duration
+
+	// The worker's lease TTL and heartbeat interval.
+	LeaseTTL  time.Duration
+	Heartbeat time.Duration
+
+	// Front door.
+	AccessLog       bool
+	FastPath        bool
+	MetricsPublic   bool
+	MaxConnsPerIP   int
+	MaxConns        int
+	IdleTimeout     time.Duration
+	BodyReadTimeout time.Duration
+	TrustedProxies  []netip.Prefix
+	BalanceFactor   float64
+}
+
+// raftTLS is the Raft transport's TLS for raftstore: nil with
+// InsecureCluster.
+func (c Config) raftTLS() *raftstore.TLSConfig {
+	if c.InsecureCluster {
+		return nil
+	}
+	return &raftstore.TLSConfig{CAFile: c.TLSCA, CertFile: c.TLSCert, KeyFile: c.TLSKey}
+}

@@ -1,0 +1,310 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pinnedd/pinnedd/internal/datadir"
+	"github.com/pinnedd/pinnedd/internal/procstat"
+	"github.com/pinnedd/pinnedd/pinboard"
+	"github.com/pinnedd/pinnedd/pinboard/directory"
+	"github.com/pinnedd/pinnedd/raftstore"
+	"github.com/pinnedd/pinnedd/statestore"
+	"github.com/pinnedd/pinnedd/statestore/boltstore"
+	"github.com/pinnedd/pinnedd/statestore/pgstore"
+	"github.com/pinnedd/pinnedd/supervisor"
+)
+
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// provisionDataDir takes the data dir's lock (Dev without a data dir: a new
+// temporary one). The lock is held until Stop: everything in the data dir
+// is this process's, so what a dead predecessor left there (plugin
+// sockets) is stale.
+func (a *Agent) provisionDataDir(context.Context) error {
+	a.dataDir = a.cfg.DataDir
+	if a.dataDir == "" {
+		// A dev agent ended by kill -9 could not remove its own.
+		if removed, err := datadir.SweepStale(os.TempDir()); err != nil {
+			a.log.Warn("sweeping dead dev agents' data dirs", "err", err)
+		} else if len(removed) > 0 {
+			a.log.Info("removed data dirs of dev agents that are gone", "dirs", removed)
+		}
+		tmp, err := os.MkdirTemp("", datadir.DevPrefix+"*")
+		if err != nil {
+			return fmt.Errorf("data dir: %w", err)
+		}
+		a.devDir, a.dataDir = tmp, tmp
+	}
+	lock, err := datadir.Acquire(a.dataDir)
+	if err != nil {
+		return err
+	}
+	a.lock = lock
+	return nil
+}
+
+// provisionListener binds the front door's address and settles the URL
+// other nodes reach it at.
+func (a *Agent) provisionListener(context.Context) error {
+	ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("front door: %w", err)
+	}
+	a.ln = ln
+	a.advertise, err = advertiseURL(a.cfg.AdvertiseURL, ln.Addr())
+	return err
+}
+
+// advertiseURL is the flag's value, or http://<bound address> when that
+// names a concrete host.
+func advertiseURL(flag string, bound net.Addr) (string, error) {
+	if flag != "" {
+		u, err := url.Parse(flag)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return "", fmt.Errorf("--advertise-url %q: want http(s)://host:port", flag)
+		}
+		return strings.TrimRight(flag, "/"), nil
+	}
+	tcp, ok := bound.(*net.TCPAddr)
+	if !ok || tcp.IP.IsUnspecified() {
+		return "", fmt.Errorf("--http-addr %s listens on every interface: set --advertise-url to the address other nodes reach", bound)
+	}
+	return "http://" + bound.String(), nil
+}
+
+// provisionStateStore opens the node's instance state store: Postgres with
+// a DatabaseURL (shared by the fleet, so any node can restore any id), else
+// an embedded bbolt file in the data dir (this node only).
+func (a *Agent) provisionStateStore(ctx context.Context) error {
+	if a.cfg.NoHosts {
+		return nil
+	}
+	var st statestore.Store
+	if a.cfg.DatabaseURL != "" {
+		pg, err := pgstore.Open(ctx, a.cfg.DatabaseURL)
+		if err != nil {
+			return fmt.Errorf("state store: %w", err)
+		}
+		st = pg
+	} else {
+		b, err := boltstore.Open(filepath.Join(a.dataDir, "state.db"))
+		if err != nil {
+			return fmt.Errorf("state store: %w", err)
+		}
+		st = b
+		if !a.cfg.Dev {
+			a.log.Warn("--local-state: instance state is in this node's data dir only; an id that moves to another node starts empty there")
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := st.Setup(sctx); err != nil {
+		st.Close()
+		return fmt.Errorf("state store setup: %w", err)
+	}
+	a.states = st
+	return nil
+}
+
+// provisionPlugins spawns the plugins and waits for their handshakes: the
+// worker registers the namespaces they announce.
+func (a *Agent) provisionPlugins(ctx context.Context) error {
+	if a.cfg.NoHosts {
+		return nil
+	}
+	sup, err := supervisor.New(supervisor.Config{
+		Specs: a.cfg.Specs, Logger: a.log, Registerer: a.reg, Store: a.states, RuntimeDir: runtimeDir(a.dataDir), FrontDoorURL: a.advertise,
+		DetachedTimeout: a.cfg.DetachedTimeout, StopGrace: a.cfg.StopGrace, StablePeriod: a.cfg.StablePeriod,
+		SwapDeadline: a.cfg.SwapDeadline, KeepPlacementsOnIdle: a.cfg.DatabaseURL == "",
+		OnEvicted: a.released,
+	})
+	if err != nil {
+		return err
+	}
+	if err := sup.Start(ctx); err != nil {
+		return fmt.Errorf("start plugins: %w", err)
+	}
+	a.sup = sup
+	return nil
+}
+
+// released is the supervisor's OnEvicted hook: the front door gives the
+// placement back. The front door exists by then: an instance is only
+// activated through it, after New.
+func (a *Agent) released(k supervisor.Key, gen uint64, release bool) {
+	a.fd.Released(k.Namespace, k.ID, gen, release)
+}
+
+// runtimeDir is where plugin sockets live: systemd's RuntimeDirectory= when
+// the unit sets one, else <data-dir>/run. The data dir lock makes either
+// this process's alone.
+func runtimeDir(dataDir string) string {
+	if rd, _, _ := strings.Cut(os.Getenv("RUNTIME_DIRECTORY"), ":"); rd != "" {
+		return rd
+	}
+	return filepath.Join(dataDir, "run")
+}
+
+// provisionRaft opens this node's Raft store (bootstrapping or rejoining
+// from the data dir) over a new directory state machine.
+func (a *Agent) provisionRaft(ctx context.Context) error {
+	cfg := a.cfg
+	a.machine = directory.New()
+	store, err := raftstore.Open(ctx, raftstore.Config{
+		NodeID: cfg.NodeID, RaftAddr: cfg.RaftAddr, AdvertiseRaftAddr: cfg.RaftAdvertiseAddr,
+		APIAddr: a.advertise, DataDir: a.dataDir, Bootstrap: cfg.Bootstrap, MaxVoters: cfg.MaxVoters,
+		LogStore: cfg.RaftLogStore, TLS: cfg.raftTLS(),
+		Logger: a.log, Token: cfg.Tokens[0], Registerer: a.reg,
+		HeartbeatTimeout: cfg.RaftTimeout, ElectionTimeout: cfg.RaftTimeout,
+		LeaderLeaseTimeout: cfg.RaftTimeout / 2,
+	}, a.machine)
+	if err != nil {
+		return fmt.Errorf("open raft: %w", err)
+	}
+	a.store = store
+	return nil
+}
+
+// provisionDirectory builds the directory over Raft's replica of the
+// directory state machine, and the registry over it.
+func (a *Agent) provisionDirectory(context.Context) error {
+	a.dir = pinboard.NewDirectory(a.machine, a.store)
+	a.dir.SetHandOff(a.store.HTTPClient(), a.cfg.Tokens[0])
+	a.registry = pinboard.NewRegistry(a.dir, a.cfg.LeaseTTL)
+	return nil
+}
+
+// provisionWorker builds this node's worker: its lease in the directory,
+// its drains, and the instances the supervisor runs.
+func (a *Agent) provisionWorker(context.Context) error {
+	if a.sup == nil {
+		return nil
+	}
+	sup := a.sup
+	a.worker = pinboard.NewWorker(pinboard.WorkerConfig{
+		NodeID: a.cfg.NodeID, AdvertiseURL: a.advertise, Namespaces: sup.Namespaces(),
+		TTL: a.cfg.LeaseTTL, Interval: a.cfg.Heartbeat, Logger: a.log,
+		StateFile: filepath.Join(a.dataDir, "worker.json"),
+		LiveIDs: func() []pinboard.InstanceKey {
+			var out []pinboard.InstanceKey
+			for _, in := range sup.Instances() {
+				out = append(out, pinboard.InstanceKey{Namespace: in.Namespace, ID: in.ID})
+			}
+			return out
+		},
+		Draining: func() bool { return sup.DrainingBy(supervisor.DrainLocal) },
+		OnOperatorDrain: func(active bool, deadline time.Time, cordon bool) {
+			if !active {
+				deadline, cordon = time.Time{}, false
+			}
+			sup.SetDrain(supervisor.DrainOperator, deadline, cordon)
+		},
+		// A re-registration found ids placed elsewhere meanwhile: quit them.
+		OnDuplicates: func(keys []pinboard.InstanceKey) {
+			qctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for _, k := range keys {
+				sup.Quit(qctx, supervisor.Key{Namespace: k.Namespace, ID: k.ID})
+			}
+		},
+	}, a.registry)
+	return nil
+}
+
+// provisionFrontDoor builds the front door over every other part and
+// mounts the cluster's routes on it.
+func (a *Agent) provisionFrontDoor(context.Context) error {
+	a.fd = pinboard.NewFrontDoor(a.frontDoorConfig())
+	tokens, store := a.tokens, a.store
+	member := func(r *http.Request) bool {
+		return tokens.Allowed(r, pinboard.ScopeWorker) || tokens.Allowed(r, pinboard.ScopeOperator)
+	}
+	a.fd.Handle(raftstore.HandlerPrefix, store.Handler(member))
+	a.fd.Handle("POST "+pinboard.HandOffPath, tokens.Require(a.dir.ServeHandOff, pinboard.ScopeWorker, pinboard.ScopeOperator))
+	a.fd.Handle("POST /_pinned/join", joinHandler(tokens, store, a.log))
+	a.fd.Handle("POST /_pinned/leave", a.fd.RequireScope(pinboard.ScopeOperator, leaveHandler(store, a.cfg.DrainDeadline, a.leave)))
+	// Go's profiles, for an operator chasing CPU or memory in a running
+	// node (Consul and Nomad expose them behind an operator ACL too).
+	a.fd.Handle("/_pinned/debug/pprof/", a.fd.RequireScope(pinboard.ScopeOperator, servePprof))
+	return nil
+}
+
+func (a *Agent) frontDoorConfig() pinboard.FrontDoorConfig {
+	cfg, store, sup := a.cfg, a.store, a.sup
+	var quarantine time.Duration
+	if !cfg.Dev {
+		quarantine = cfg.LeaseTTL
+	}
+	fdc := pinboard.FrontDoorConfig{
+		Dir: a.dir, Tokens: a.tokens, Registry: a.registry,
+		Metrics: promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}), Logger: a.log, Registerer: a.reg,
+		Quarantine: quarantine, AccessLog: cfg.AccessLog, FastPath: cfg.FastPath, IdleTimeout: cfg.IdleTimeout,
+		MetricsPublic: cfg.MetricsPublic, BodyReadTimeout: cfg.BodyReadTimeout,
+		MaxConnsPerIP: cfg.MaxConnsPerIP, MaxConns: cfg.MaxConns, PeerAddrs: func() []string { return memberAPIAddrs(store) },
+		Policy: pinboard.PlacementPolicy{BalanceFactor: cfg.BalanceFactor}, TrustedProxies: cfg.TrustedProxies,
+		Ready:  func() bool { id, _ := store.Leader(); return id != "" && store.Fault() == nil },
+		Health: func() map[string]any { return raftHealth(store) },
+		Status: func() map[string]any {
+			st := map[string]any{
+				"nodeId": cfg.NodeID, "version": cfg.Version, "dev": cfg.Dev, "advertiseUrl": a.advertise, "pid": os.Getpid(),
+				"raft": raftHealth(store), "clusterTLS": store.ClusterTLS(), "insecureCluster": cfg.InsecureCluster,
+			}
+			if sup != nil {
+				st["plugins"], st["instances"] = sup.Plugins(), sup.Instances()
+			}
+			return st
+		},
+	}
+	if sup == nil {
+		return fdc
+	}
+	worker := a.worker
+	fdc.ClusterCalls = sup.VerifyClusterCall
+	fdc.Worker, fdc.Local = worker, sup
+	fdc.Ready = sup.Ready
+	fdc.Drain = func(deadline time.Time, cordon bool) {
+		sup.SetDrain(supervisor.DrainLocal, deadline, cordon)
+		// Tell the directory now, not at the next heartbeat: new
+		// placements must skip this node.
+		go func() {
+			hctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			worker.HeartbeatNow(hctx)
+		}()
+	}
+	fdc.WindDown = sup.WindDown
+	fdc.Reload = func(ctx context.Context, ns string) error {
+		if err := sup.Reload(ctx, ns); errors.Is(err, supervisor.ErrUnknownNS) {
+			return fmt.Errorf("%w: %s", pinboard.ErrUnknownNamespace, ns)
+		} else if err != nil {
+			return err
+		}
+		return nil
+	}
+	fdc.WorkerStats = func(ctx context.Context) map[string]any {
+		nss, insts := sup.Stats(ctx)
+		p := procstat.Read()
+		return map[string]any{
+			"nodeId": cfg.NodeID, "namespaces": nss, "instances": insts, "plugins": sup.Plugins(),
+			"uptimeMs": p.UptimeMs, "rssBytes": p.RSSBytes, "cpuPercent": p.CPUPercent,
+		}
+	}
+	return fdc
+}
