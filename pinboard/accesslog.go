@@ -59,7 +59,7 @@ func (f *FrontDoor) serveLogged(w http.ResponseWriter, r *http.Request) {
 		if e.node != "" {
 			args = append(args, "node", e.node)
 		}
-		f.cfg.Logger.Info("request", args...)
+		f.logger.Info("request", args...)
 	}()
 	f.serve(aw, r)
 }

@@ -8,14 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"hash"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/pinnedd/pinnedd/internal/httpx"
 )
 
 // AttestationHeader carries a front door's proof that it resolved the
@@ -236,52 +233,6 @@ func signWith(macs *keyedMACs, a Attestation, method, path string) string {
 	out = append(append(out, a.Nonce...), '.')
 	out = base64.RawURLEncoding.AppendEncode(out, mac[:])
 	return string(out)
-}
-
-// attested checks r's attestation for this worker over signedPath (the
-// escaped path, with the query when the signer included it). A bad one is
-// counted and answered 403; only then does it return false.
-func (f *FrontDoor) attested(w http.ResponseWriter, r *http.Request, signedPath string) (Attestation, bool) {
-	now := time.Now()
-	att, err := f.checkOwned(r.Header.Get(AttestationHeader), r.Method, signedPath, now)
-	if err == nil {
-		err = f.verifier.Spend(att, now)
-	}
-	if err != nil {
-		f.attestFailures.WithLabelValues(attestOutcome(err)).Inc()
-		httpx.WriteError(w, http.StatusForbidden, "invalid attestation", 0)
-		return Attestation{}, false
-	}
-	return att, true
-}
-
-// checkOwned is Verifier.Check for a request to this node's worker, under
-// the keys it accepts (Worker.attestKeys): its session's key, the previous
-// session's for one attestation window after a re-registration (front
-// doors whose replica has not applied the new session yet sign with it),
-// and, for nodes of a version that signed with it, the cluster secret
-// itself, which only nodes hold. The nonce is not spent.
-func (f *FrontDoor) checkOwned(header, method, path string, now time.Time) (Attestation, error) {
-	self := f.selfID()
-	var keys [3][]byte
-	if f.cfg.Worker != nil {
-		keys[0], keys[1] = f.cfg.Worker.attestKeys(now, f.verifier.window())
-	}
-	keys[2] = f.cfg.Dir.Machine().Secret()
-	err := ErrAttestationNoKey
-	for _, k := range keys {
-		if len(k) == 0 {
-			continue
-		}
-		var a Attestation
-		if a, err = f.verifier.Check(k, header, self, method, path, now); !errors.Is(err, ErrAttestationForged) {
-			return a, err // valid, or bad whatever the key (missing, malformed, expired)
-		}
-	}
-	if header == "" {
-		return Attestation{}, ErrAttestationMissing
-	}
-	return Attestation{}, err
 }
 
 // Verifier checks attestations and remembers nonces for the window, so a

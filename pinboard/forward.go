@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"mime"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -17,13 +18,25 @@ import (
 	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The forwarder: a request for an id placed on another node's worker goes
+// ownerHeaderTimeout bounds the wait for a forwarded request's response
+// headers (activation included: the supervisor bounds that at 30 s, but an
+// activation restoring state normally takes milliseconds).
+const ownerHeaderTimeout = 10 * time.Second
+
+// RefusalHeader marks a 503 refused by the owner's worker in-band (lease
+// unhealthy, draining): the front door may release the placement and retry
+// elsewhere.
+const RefusalHeader = plugins.HeaderRefusal
+
+// forwarder carries a request for an id placed on another node's worker
 // to that node's owner-side route, attested. Whatever carries it — net/http
 // writing the head itself (forwardWire, the common case), ReverseProxy (an
 // Upgrade, a streamed or large upload, a custom Transport) or the kept-alive
-// loop (Route, a connection's next requests) — the same three rules apply:
+// loop (routeForward, a connection's next requests) — the same three rules
+// apply:
 //
 //   - peerHop says what is sent (httpx.Hop: fields, X-Forwarded-*, the
 //     attestation);
@@ -31,6 +44,98 @@ import (
 //     in-band, misdirected), and httpx.ClassifyUnanswered a request it did
 //     not answer (unreachable: 503, it did not run; cut: 504, it may have);
 //   - endForward books how the forward ended.
+//
+// A response that stays open (a held stream) leaves net/http for the relay
+// loop (holdStream).
+type forwarder struct {
+	dir    *Directory // the cluster secret
+	res    *resolver  // selfID; releaseRefused
+	keep   *keptAlive // a forwarded connection's next requests
+	logger *slog.Logger
+	// reroute is the router's way for a request (routeRequest), taken
+	// again once after an in-band refusal.
+	reroute func(http.ResponseWriter, *http.Request, *instanceRequest)
+
+	proxy *httputil.ReverseProxy
+	sync  *httpx.SyncTransport // nil with a supplied Transport: every forward takes the proxy
+	bufs  httpx.BufferPool
+	held  *relay.Loop // held streams, out of net/http
+	bases sync.Map    // advertise URL -> loopBase (routeForward)
+
+	forwarded prometheus.Counter // resolutions{outcome=forwarded}
+	failures  *prometheus.CounterVec
+	seconds   prometheus.Histogram
+	relayEnds *prometheus.CounterVec
+}
+
+func newForwarder(dir *Directory, res *resolver, keep *keptAlive, peer peerTransport, logger *slog.Logger,
+	reroute func(http.ResponseWriter, *http.Request, *instanceRequest)) *forwarder {
+	fw := &forwarder{
+		dir: dir, res: res, keep: keep, logger: logger, reroute: reroute,
+		sync: peer.sync, held: relay.New(logger),
+		forwarded: res.counter(outcomeForwarded),
+		failures: newCounterVec("pinboard_forward_failures_total",
+			"Requests this front door could not complete at the owner, by outcome.", "outcome", forwardOutcomes),
+		relayEnds: newCounterVec("pinboard_relayed_streams_ended_total",
+			"Held forwarded streams the relay loop carried, by how they ended.", "reason", relayEndReasons),
+		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "pinboard_forward_duration_seconds",
+			Help: "Requests this front door forwarded to their owner's node (the node-to-node hop and the owner's work), " +
+				"from the forward's start until the response ended here or, for a held stream, went to the relay loop.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10, 60},
+		}),
+	}
+	fw.proxy = fw.newProxy(peer.rt)
+	return fw
+}
+
+// collectors are the forwarder's metrics, for the registry.
+func (fw *forwarder) collectors() []prometheus.Collector {
+	return []prometheus.Collector{fw.failures, fw.relayEnds, fw.seconds,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "pinboard_relayed_streams", Help: "Held forwarded streams the relay loop carries now.",
+		}, func() float64 { return float64(fw.held.Len()) }),
+	}
+}
+
+// close ends the held streams and stops the relay loop.
+func (fw *forwarder) close() error { return fw.held.Close() }
+
+// peerTransport carries node-to-node requests: the forwarder's and the
+// front door's own calls (stats, wind-down, wake).
+type peerTransport struct {
+	rt     http.RoundTripper
+	sync   *httpx.SyncTransport // the default transport's head-writing side; nil with a supplied one
+	client *http.Client
+}
+
+// newPeerTransport is tr, or (nil) a plain http.Transport and the
+// SyncTransport over it.
+func newPeerTransport(tr http.RoundTripper) peerTransport {
+	if tr != nil {
+		return peerTransport{rt: tr, client: &http.Client{Transport: tr}}
+	}
+	std := &http.Transport{
+		Proxy: nil, MaxIdleConns: 1024, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second,
+		DialContext: (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		// An owner that accepts the connection but never answers (a
+		// frozen process) must not hold the client forever: after
+		// this the client gets 503 + Retry-After and retries, by which
+		// time the owner's lease may have lapsed and the id moved.
+		ResponseHeaderTimeout: ownerHeaderTimeout,
+	}
+	st := &httpx.SyncTransport{Fallback: std, ResponseHeaderTimeout: ownerHeaderTimeout}
+	return peerTransport{rt: st, sync: st, client: &http.Client{Transport: std}}
+}
+
+// close closes the pooled connections, if the pools are ours (not a
+// supplied Transport's).
+func (p peerTransport) close() {
+	if p.sync != nil {
+		p.sync.Close()
+		p.client.CloseIdleConnections()
+	}
+}
 
 // peerHop is the hop of a request to the owner's node: the client's fields
 // under httpx.Hop's rule, and the attestation.
@@ -41,11 +146,11 @@ func peerHop(remoteAddr, host string, tls bool, att string) httpx.Hop {
 // endForward books one forward's end, whatever carried it: a resolution to
 // another node, its duration and, if it failed, how (failure, a
 // pinboard_forward_failures_total outcome; "" if it was answered).
-func (f *FrontDoor) endForward(start time.Time, failure string) {
-	f.resolvedForwarded.Inc()
-	f.forwardSeconds.Observe(time.Since(start).Seconds())
+func (fw *forwarder) endForward(start time.Time, failure string) {
+	fw.forwarded.Inc()
+	fw.seconds.Observe(time.Since(start).Seconds())
 	if failure != "" {
-		f.forwardFailures.WithLabelValues(failure).Inc()
+		fw.failures.WithLabelValues(failure).Inc()
 	}
 }
 
@@ -63,7 +168,7 @@ type fwdCtxKey struct{}
 
 // fwdInfo is one forward under way in net/http.
 type fwdInfo struct {
-	rt      *route
+	rq      *instanceRequest
 	w       http.ResponseWriter
 	orig    *http.Request
 	p       directory.Placement
@@ -73,10 +178,10 @@ type fwdInfo struct {
 }
 
 // forward carries r to the owner's attested owner-side route.
-func (f *FrontDoor) forward(w http.ResponseWriter, r *http.Request, rt *route, p directory.Placement, owner directory.Worker) {
-	info := &fwdInfo{rt: rt, w: w, orig: r, p: p, owner: owner}
-	defer func(start time.Time) { f.endForward(start, info.failure) }(time.Now())
-	secret := f.cfg.Dir.Machine().Secret()
+func (fw *forwarder) forward(w http.ResponseWriter, r *http.Request, rq *instanceRequest, p directory.Placement, owner directory.Worker) {
+	info := &fwdInfo{rq: rq, w: w, orig: r, p: p, owner: owner}
+	defer func(start time.Time) { fw.endForward(start, info.failure) }(time.Now())
+	secret := fw.dir.Machine().Secret()
 	if len(secret) == 0 {
 		httpx.WriteError(w, http.StatusServiceUnavailable, "cluster secret not replicated yet", time.Second)
 		return
@@ -86,39 +191,39 @@ func (f *FrontDoor) forward(w http.ResponseWriter, r *http.Request, rt *route, p
 		httpx.WriteError(w, http.StatusBadGateway, "owner has an invalid advertise URL", 0)
 		return
 	}
-	path, signed, att := f.attestFor(secret, p, owner, r.Method, rt.rest, r.URL.RawQuery, time.Now())
+	path, signed, att := fw.attestFor(secret, p, owner, r.Method, rq.rest, r.URL.RawQuery, time.Now())
 	info.hop = peerHop(r.RemoteAddr, r.Host, r.TLS != nil, att)
 	basePath := strings.TrimSuffix(base.Path, "/")
-	if f.fastForwardable(r, rt, base.Scheme) && f.forwardWire(w, r, info, base.Host, basePath+signed) {
+	if fw.fastForwardable(r, rq, base.Scheme) && fw.forwardWire(w, r, info, base.Host, basePath+signed) {
 		return
 	}
 	ctx := context.WithValue(r.Context(), fwdCtxKey{}, info)
-	out := rt.withBody(r).Clone(ctx)
+	out := rq.withBody(r).Clone(ctx)
 	out.URL = &url.URL{Scheme: base.Scheme, Host: base.Host, Path: basePath + path, RawQuery: r.URL.RawQuery}
 	if unescaped, err := url.PathUnescape(out.URL.Path); err == nil && unescaped != out.URL.Path {
 		out.URL.RawPath = out.URL.Path
 		out.URL.Path = unescaped
 	}
-	f.proxy.ServeHTTP(w, out)
+	fw.proxy.ServeHTTP(w, out)
 }
 
 // attestFor is the owner-side route of p's instance path rest (escaped), the
 // same with query (what is signed), and the attestation that lets owner
 // serve it.
-func (f *FrontDoor) attestFor(secret []byte, p directory.Placement, owner directory.Worker, method, rest, query string, now time.Time) (path, signed, att string) {
+func (fw *forwarder) attestFor(secret []byte, p directory.Placement, owner directory.Worker, method, rest, query string, now time.Time) (path, signed, att string) {
 	path = ownerRoutePrefix + p.Key.Namespace + "/" + p.Key.ID + rest
 	signed = withQuery(path, query)
-	return path, signed, SignFor(secret, owner.SessionID, Attestation{Target: owner.ClientID, Caller: f.selfID(), Generation: p.Generation, At: now}, method, signed)
+	return path, signed, SignFor(secret, owner.SessionID, Attestation{Target: owner.ClientID, Caller: fw.res.selfID(), Generation: p.Generation, At: now}, method, signed)
 }
 
 // newProxy builds the node-to-node proxy: streams flush through, Upgrade
 // requests pass as raw connections, a client going away cancels upstream.
-// Held streams leave it for the relay loop (handOff).
-func (f *FrontDoor) newProxy(tr http.RoundTripper) *httputil.ReverseProxy {
+// Held streams leave it for the relay loop (holdStream).
+func (fw *forwarder) newProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Transport:  tr,
-		BufferPool: &f.bufs,
-		ErrorLog:   slog.NewLogLogger(f.cfg.Logger.Handler(), slog.LevelDebug),
+		BufferPool: &fw.bufs,
+		ErrorLog:   slog.NewLogLogger(fw.logger.Handler(), slog.LevelDebug),
 		// FlushInterval 0: ReverseProxy flushes streamed responses (SSE,
 		// unknown length) on every write by itself, and leaves
 		// fixed-length ones whole, one write to the client.
@@ -133,50 +238,51 @@ func (f *FrontDoor) newProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 		},
 		ModifyResponse: func(resp *http.Response) error {
 			info, _ := resp.Request.Context().Value(fwdCtxKey{}).(*fwdInfo)
-			return f.checkResponse(info, resp)
+			return fw.checkResponse(info, resp)
 		},
-		ErrorHandler: f.forwardFailed,
+		ErrorHandler: fw.forwardFailed,
 	}
 }
 
 // checkResponse sees the owner's response head first: an in-band refusal
-// becomes a refusedError, a held stream goes to the relay loop
-// (errHandedOff); nil lets the response through.
-func (f *FrontDoor) checkResponse(info *fwdInfo, resp *http.Response) error {
+// becomes a refusedError, a held stream goes to the relay loop (errHeld);
+// nil lets the response through.
+func (fw *forwarder) checkResponse(info *fwdInfo, resp *http.Response) error {
 	m := resp.Header.Get(RefusalHeader)
 	switch a := plugins.ClassifyAnswer(resp.StatusCode, m); a {
 	case plugins.AnswerRefused, plugins.AnswerMisdirected:
 		return &refusedError{answer: a, marker: m, resp: resp}
 	}
-	if info != nil && f.handOff(info, resp) {
-		return errHandedOff
+	if info != nil && fw.holdStream(info, resp) {
+		return errHeld
 	}
 	return nil
 }
 
-// errHandedOff: the response went to the relay loop; the proxy is done.
-var errHandedOff = errors.New("response handed to the relay loop")
+// errHeld: the response went to the relay loop as a held stream; the
+// proxy is done.
+var errHeld = errors.New("held stream went to the relay loop")
 
-// heldStream reports whether resp, answering in, may stay open for as long
+// isHeldStream reports whether resp, answering in, may stay open for as long
 // as its client likes (server-sent events, a long poll: a body of unknown
 // length) and the relay loop can carry it: HTTP/1.1 both ways, in plain
 // text. 101 responses never get here (ReverseProxy passes Upgrades through
 // as they are), nor do bodies of known length.
-func heldStream(in *http.Request, resp *http.Response) bool {
+func isHeldStream(in *http.Request, resp *http.Response) bool {
 	return relay.Supported && in.ProtoMajor == 1 && in.ProtoMinor == 1 && in.TLS == nil && in.Method != http.MethodHead &&
 		resp.ProtoAtLeast(1, 1) && resp.ContentLength < 0 &&
 		resp.StatusCode >= 200 && resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusNotModified
 }
 
-// handOff takes a held stream out of net/http and gives it to the relay
-// loop, and reports whether it did (the client connection is then gone
-// from net/http, and the proxy must not touch w). net/http would keep two
-// goroutines per held connection, about 18 KB of stacks; the loop keeps two
-// descriptors and a small record. A chunked body that already ended in
+// holdStream takes a held stream out of net/http and gives it to the
+// relay loop, and reports whether it did (the client connection is then
+// gone from net/http, and the proxy must not touch w). The loop keeps two
+// descriptors and a small record per stream where net/http would keep two
+// goroutines. A chunked body that already ended in
 // the bytes read with its head is no held stream: the proxy copies it and
 // both connections stay alive.
-func (f *FrontDoor) handOff(info *fwdInfo, resp *http.Response) bool {
-	if !heldStream(info.orig, resp) {
+func (fw *forwarder) holdStream(info *fwdInfo, resp *http.Response) bool {
+	if !isHeldStream(info.orig, resp) {
 		return false
 	}
 	chunked := relay.Chunked(resp)
@@ -206,19 +312,19 @@ func (f *FrontDoor) handOff(info *fwdInfo, resp *http.Response) bool {
 		return true
 	}
 	noteRelayed(info.orig, resp.StatusCode)
-	if err := f.relay.Add(relay.Stream{
+	if err := fw.held.Add(relay.Stream{
 		Client: conn, Upstream: up, Head: relay.Head(resp, header), Body: body, Chunked: chunked,
-		Done: f.relayEnded,
+		Done: fw.relayEnded,
 	}); err != nil {
-		f.relayEnds.WithLabelValues(relayEndRefused).Inc()
-		f.cfg.Logger.Debug("relay refused a held stream; closed it", "key", info.p.Key.String(), "err", err)
+		fw.relayEnds.WithLabelValues(relayEndRefused).Inc()
+		fw.logger.Debug("relay refused a held stream; closed it", "key", info.p.Key.String(), "err", err)
 	}
 	return true
 }
 
 // relayEnded counts a relayed stream's end (on the relay loop's goroutine).
-func (f *FrontDoor) relayEnded(r relay.Reason) {
-	f.relayEnds.WithLabelValues(r.String()).Inc()
+func (fw *forwarder) relayEnded(r relay.Reason) {
+	fw.relayEnds.WithLabelValues(r.String()).Inc()
 }
 
 // forwardFailed handles an owner that could not be reached, refused or did
@@ -228,14 +334,14 @@ func (f *FrontDoor) relayEnded(r relay.Reason) {
 // 503 + Retry-After until its lease lapses and the id can move; a request
 // sent and then left without an answer is a 504 (it may have run), never
 // sent again (classifyUnanswered).
-func (f *FrontDoor) forwardFailed(w http.ResponseWriter, r *http.Request, err error) {
+func (fw *forwarder) forwardFailed(w http.ResponseWriter, r *http.Request, err error) {
 	info, _ := r.Context().Value(fwdCtxKey{}).(*fwdInfo)
-	f.forwardError(w, info, err)
+	fw.forwardError(w, info, err)
 }
 
 // forwardError is forwardFailed for the request info describes.
-func (f *FrontDoor) forwardError(w http.ResponseWriter, info *fwdInfo, err error) {
-	if errors.Is(err, errHandedOff) {
+func (fw *forwarder) forwardError(w http.ResponseWriter, info *fwdInfo, err error) {
+	if errors.Is(err, errHeld) {
 		return
 	}
 	if info == nil {
@@ -245,20 +351,18 @@ func (f *FrontDoor) forwardError(w http.ResponseWriter, info *fwdInfo, err error
 	var ref *refusedError
 	if errors.As(err, &ref) {
 		_ = ref.resp.Body.Close()
-		rt := info.rt
+		rq := info.rq
 		if ref.answer == plugins.AnswerRefused {
 			info.failure = outcomeRefused
-			ctx, cancel := context.WithTimeout(info.orig.Context(), claimTimeout)
-			_, _ = f.cfg.Dir.Do(ctx, directory.Release{Key: info.p.Key, ClientID: info.p.Owner, Generation: info.p.Generation})
-			cancel()
-			rt.exclude = info.p.Owner
+			fw.res.releaseRefused(info.orig.Context(), info.p)
+			rq.exclude = info.p.Owner
 		} else {
 			info.failure = outcomeMisdirected
-			rt.viaLeader = true
+			rq.viaLeader = true
 		}
-		if rt.attempt == 0 && rt.retryable {
-			rt.attempt++
-			f.route(w, info.orig, rt)
+		if rq.attempt == 0 && rq.retryable {
+			rq.attempt++
+			fw.reroute(w, info.orig, rq)
 			return
 		}
 		if ref.answer == plugins.AnswerRefused {
@@ -274,7 +378,7 @@ func (f *FrontDoor) forwardError(w http.ResponseWriter, info *fwdInfo, err error
 	}
 	u := classifyUnanswered(err)
 	info.failure = u.Outcome
-	f.cfg.Logger.Warn("owner did not answer", "outcome", u.Outcome, "owner", info.owner.ClientID, "advertise_url", info.owner.AdvertiseURL, "key", info.p.Key.String(), "err", err)
+	fw.logger.Warn("owner did not answer", "outcome", u.Outcome, "owner", info.owner.ClientID, "advertise_url", info.owner.AdvertiseURL, "key", info.p.Key.String(), "err", err)
 	u.Write(w)
 }
 
@@ -295,8 +399,8 @@ var wireBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2<<10); return &
 // fastForwardable reports whether forwardWire can carry r to an owner
 // reached with scheme: no body or a buffered one, no Upgrade, plain http,
 // the front door's own transport.
-func (f *FrontDoor) fastForwardable(r *http.Request, rt *route, scheme string) bool {
-	return f.sync != nil && scheme == "http" && rt.retryable && len(rt.body) <= httpx.SyncBodyLimit &&
+func (fw *forwarder) fastForwardable(r *http.Request, rq *instanceRequest, scheme string) bool {
+	return fw.sync != nil && scheme == "http" && rq.retryable && len(rq.body) <= httpx.SyncBodyLimit &&
 		r.Header["Upgrade"] == nil &&
 		// ReverseProxy re-encodes a query holding ';' or a bad escape;
 		// leave those to it.
@@ -346,13 +450,13 @@ func stripHopByHop(h http.Header) {
 // on this goroutine (httpx.SyncTransport.RoundTripHead). It reports false,
 // having sent nothing, if a field cannot be written safely (ReverseProxy
 // then refuses or cleans it).
-func (f *FrontDoor) forwardWire(w http.ResponseWriter, r *http.Request, info *fwdInfo, addr, target string) bool {
+func (fw *forwarder) forwardWire(w http.ResponseWriter, r *http.Request, info *fwdInfo, addr, target string) bool {
 	hop := info.hop
 	if hop.Host == "" {
 		hop.Host = addr // as http.Request.Write does
 	}
 	bp := wireBufs.Get().(*[]byte)
-	wire, ok := hop.AppendRequest((*bp)[:0], r.Method, target, httpx.HeaderFields(r.Header), info.rt.body)
+	wire, ok := hop.AppendRequest((*bp)[:0], r.Method, target, httpx.HeaderFields(r.Header), info.rq.body)
 	if !ok {
 		*bp = wire[:0]
 		wireBufs.Put(bp)
@@ -366,25 +470,25 @@ func (f *FrontDoor) forwardWire(w http.ResponseWriter, r *http.Request, info *fw
 		w.WriteHeader(code)
 		clear(dst)
 	}
-	resp, err := f.sync.RoundTripHead(addr, r, wire, len(info.rt.body) == 0, got1xx)
+	resp, err := fw.sync.RoundTripHead(addr, r, wire, len(info.rq.body) == 0, got1xx)
 	if cap(wire) <= 64<<10 {
 		*bp = wire[:0]
 		wireBufs.Put(bp)
 	}
 	if err != nil {
-		f.forwardError(w, info, err)
+		fw.forwardError(w, info, err)
 		return true
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// Nothing asked to switch.
 		_ = resp.Body.Close()
-		f.forwardError(w, info, errors.New("owner switched protocols unasked"))
+		fw.forwardError(w, info, errors.New("owner switched protocols unasked"))
 		return true
 	}
 	stripHopByHop(resp.Header)
-	if err := f.checkResponse(info, resp); err != nil {
+	if err := fw.checkResponse(info, resp); err != nil {
 		_ = resp.Body.Close()
-		f.forwardError(w, info, err)
+		fw.forwardError(w, info, err)
 		return true
 	}
 	dst := w.Header()
@@ -400,7 +504,7 @@ func (f *FrontDoor) forwardWire(w http.ResponseWriter, r *http.Request, info *fw
 		dst.Add("Trailer", strings.Join(keys, ", "))
 	}
 	w.WriteHeader(resp.StatusCode)
-	if err := f.copyBody(w, resp); err != nil {
+	if err := fw.copyBody(w, resp); err != nil {
 		_ = resp.Body.Close()
 		// What ReverseProxy does: the response is cut short, so the
 		// client's connection must end too.
@@ -409,7 +513,7 @@ func (f *FrontDoor) forwardWire(w http.ResponseWriter, r *http.Request, info *fw
 	_ = resp.Body.Close() // now, to read the trailers
 	// An owner advertised by name stays with net/http: the loop does not
 	// resolve names, so it would give every request back.
-	if resp.ContentLength >= 0 && announced == 0 && len(resp.Trailer) == 0 && ipLiteral(addr) && f.adopt(w, r) {
+	if resp.ContentLength >= 0 && announced == 0 && len(resp.Trailer) == 0 && ipLiteral(addr) && fw.keep.adopt(w, r) {
 		return true // the connection's next requests go to the kept-alive loop
 	}
 	if len(resp.Trailer) > 0 {
@@ -433,7 +537,7 @@ func (f *FrontDoor) forwardWire(w http.ResponseWriter, r *http.Request, info *fw
 // copyBody copies the response body to w: a stream (unknown length, or
 // server-sent events) flushed per write, the rest left to net/http's
 // buffering, as ReverseProxy's FlushInterval 0 does.
-func (f *FrontDoor) copyBody(w http.ResponseWriter, resp *http.Response) error {
+func (fw *forwarder) copyBody(w http.ResponseWriter, resp *http.Response) error {
 	stream := resp.ContentLength == -1
 	if !stream {
 		const sse = "text/event-stream"
@@ -446,8 +550,8 @@ func (f *FrontDoor) copyBody(w http.ResponseWriter, resp *http.Response) error {
 	if stream {
 		_ = rc.Flush()
 	}
-	buf := f.bufs.Get()
-	defer f.bufs.Put(buf)
+	buf := fw.bufs.Get()
+	defer fw.bufs.Put(buf)
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
@@ -465,4 +569,77 @@ func (f *FrontDoor) copyBody(w http.ResponseWriter, resp *http.Response) error {
 			return rerr
 		}
 	}
+}
+
+// routeForward is Route for an id placed on p's owner, a live worker of
+// another node: the request as forward sends it (the same attestation and
+// fields, by peerHop), carried by the loop, booked by endForward once the
+// owner answered or failed. It reports false when the loop cannot carry
+// it (a supplied Transport, an owner advertised by name or not over plain
+// http, no cluster secret yet).
+func (fw *forwarder) routeForward(h *relay.ReqHead, p directory.Placement, owner directory.Worker, rest, query string, now time.Time) (relay.Forward, bool) {
+	if fw.sync == nil {
+		return relay.Forward{}, false // forwards go through the Transport the front door was given
+	}
+	secret := fw.dir.Machine().Secret()
+	base := fw.ownerBase(owner.AdvertiseURL)
+	if len(secret) == 0 || base.host == "" {
+		return relay.Forward{}, false
+	}
+	_, signed, att := fw.attestFor(secret, p, owner, h.Method, rest, query, now)
+	hop := peerHop(h.RemoteAddr, h.Host, false, att)
+	wire := relay.WireBuffer()
+	*wire, _ = hop.AppendRequest(*wire, h.Method, base.path+signed, h.All(), h.Body) // the loop's parse admits no unsafe byte
+	return relay.Forward{
+		Addr:    base.host,
+		Wire:    *wire,
+		Refusal: RefusalHeader,
+		Refused: ownerRefused,
+		Done: func(status int, err error) {
+			relay.ReleaseWire(wire)
+			if status == 0 && err == nil {
+				return // given back to net/http, which forwards it again and books it
+			}
+			failure := ""
+			switch {
+			case err == nil:
+			case errors.Is(err, relay.ErrClientGone):
+				failure = outcomeCanceled
+			default:
+				failure = classifyUnanswered(err).Outcome
+			}
+			fw.endForward(now, failure)
+		},
+	}, true
+}
+
+// ownerRefused: the owner ran nothing, and net/http must take the request
+// again to release the placement or ask the leader (relay.Forward.Refused).
+func ownerRefused(status int, marker string) bool {
+	return plugins.ClassifyAnswer(status, marker) != plugins.AnswerServed
+}
+
+// loopBase is an owner's advertise URL as the loop uses it: host (an IP
+// and a port) and path prefix; host "" if the loop cannot use it (not
+// plain http, or a name it would have to resolve).
+type loopBase struct{ host, path string }
+
+// ownerBase parses an advertise URL once; workers are few and their URLs
+// stable, so the cache stays small.
+func (fw *forwarder) ownerBase(advertise string) loopBase {
+	if b, ok := fw.bases.Load(advertise); ok {
+		return b.(loopBase)
+	}
+	var b loopBase
+	if u, err := url.Parse(advertise); err == nil && u.Scheme == "http" && ipLiteral(u.Host) {
+		b = loopBase{host: u.Host, path: strings.TrimSuffix(u.Path, "/")}
+	}
+	fw.bases.Store(advertise, b)
+	return b
+}
+
+// ipLiteral: addr is an IP address and a port.
+func ipLiteral(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	return err == nil && net.ParseIP(host) != nil
 }

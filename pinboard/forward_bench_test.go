@@ -27,6 +27,7 @@ type forwardRig struct {
 	entry *httptest.Server
 	owner *httptest.Server
 	f     *FrontDoor
+	dir   *Directory
 }
 
 func newForwardRig(tb testing.TB) *forwardRig {
@@ -81,7 +82,7 @@ func newForwardRigWith(tb testing.TB, serve http.HandlerFunc) *forwardRig {
 			tb.Errorf("%d attestations refused", n)
 		}
 	})
-	return &forwardRig{entry: entry, owner: owner, f: f}
+	return &forwardRig{entry: entry, owner: owner, f: f, dir: dir}
 }
 
 // dial opens a raw connection to the entry front door (closed at the

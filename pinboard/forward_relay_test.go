@@ -43,10 +43,10 @@ func newRelayRig(t *testing.T, owner http.Handler) *relayRig {
 		Registerer: prometheus.NewRegistry(),
 	})}
 	rig.front = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx := context.WithValue(r.Context(), fwdCtxKey{}, &fwdInfo{rt: &route{}, w: w, orig: r})
+		ctx := context.WithValue(r.Context(), fwdCtxKey{}, &fwdInfo{rq: &instanceRequest{}, w: w, orig: r})
 		out := r.Clone(ctx)
 		out.URL = &url.URL{Scheme: "http", Host: base.Host, Path: r.URL.Path}
-		rig.f.proxy.ServeHTTP(w, out)
+		rig.f.fwd.proxy.ServeHTTP(w, out)
 	}))
 	rig.front.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		switch s {
@@ -68,7 +68,7 @@ func newRelayRig(t *testing.T, owner http.Handler) *relayRig {
 
 func (rig *relayRig) ended(reason string) float64 {
 	var m dto.Metric
-	if err := rig.f.relayEnds.WithLabelValues(reason).Write(&m); err != nil {
+	if err := rig.f.fwd.relayEnds.WithLabelValues(reason).Write(&m); err != nil {
 		return -1
 	}
 	return m.GetCounter().GetValue()
@@ -119,8 +119,8 @@ func TestForwardedStreamIsRelayed(t *testing.T) {
 		}
 		next <- struct{}{}
 	}
-	if rig.hijacked.Load() != 1 || rig.f.relay.Len() != 1 {
-		t.Fatalf("hijacked %d, relayed %d: the stream did not leave net/http", rig.hijacked.Load(), rig.f.relay.Len())
+	if rig.hijacked.Load() != 1 || rig.f.fwd.held.Len() != 1 {
+		t.Fatalf("hijacked %d, relayed %d: the stream did not leave net/http", rig.hijacked.Load(), rig.f.fwd.held.Len())
 	}
 	cancel()
 	select {
@@ -129,7 +129,7 @@ func TestForwardedStreamIsRelayed(t *testing.T) {
 		t.Fatal("the owner's request outlived its client")
 	}
 	testutil.WaitFor(t, 5*time.Second, "the relay counts the client gone", func() bool {
-		return rig.ended("client-gone") == 1 && rig.f.relay.Len() == 0
+		return rig.ended("client-gone") == 1 && rig.f.fwd.held.Len() == 0
 	})
 }
 
@@ -181,7 +181,7 @@ func TestForwardedFiniteBodies(t *testing.T) {
 		t.Fatalf("/big: %d bytes close=%v", len(body), closed)
 	}
 	testutil.WaitFor(t, 5*time.Second, "the relay counts /big complete", func() bool {
-		return rig.ended("complete") == 1 && rig.f.relay.Len() == 0
+		return rig.ended("complete") == 1 && rig.f.fwd.held.Len() == 0
 	})
 }
 

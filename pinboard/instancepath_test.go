@@ -86,7 +86,7 @@ func TestEscapedIDForwarded(t *testing.T) {
 		gotPath = r.URL.EscapedPath()
 		fmt.Fprint(w, "ok")
 	})
-	m := rig.f.cfg.Dir.Machine()
+	m := rig.dir.Machine()
 	if res := applyTo(m, 20, directory.Claim{Key: directory.Key{Namespace: "/counters", ID: "a:b"}, ClientID: "owner", Now: time.Now().UnixMilli()}); res.Code != directory.CodeGranted {
 		t.Fatalf("claim: %v %s", res.Code, res.Reason)
 	}
@@ -106,14 +106,14 @@ func TestEscapedIDForwarded(t *testing.T) {
 func TestTakeoverLogged(t *testing.T) {
 	rig, w := drainRig(t)
 	past := time.Now().Add(-2 * time.Hour)
-	if res, err := rig.f.cfg.Dir.Do(t.Context(), directory.Register{
+	if res, err := rig.dir.Do(t.Context(), directory.Register{
 		ClientID: "gone", SessionID: "s-gone", NodeID: "n9", AdvertiseURL: "http://n9.internal:8080",
 		Namespaces: []string{"/misc"}, Headroom: 1, TTLMs: time.Hour.Milliseconds(), Now: past.UnixMilli(),
 	}); err != nil || res.Code != directory.CodeOK {
 		t.Fatalf("register: %v %v", err, res.Code)
 	}
 	key := directory.Key{Namespace: "/misc", ID: "t1"}
-	if res, err := rig.f.cfg.Dir.Do(t.Context(), directory.Claim{Key: key, ClientID: "gone", Now: past.Add(time.Minute).UnixMilli()}); err != nil || res.Code != directory.CodeGranted {
+	if res, err := rig.dir.Do(t.Context(), directory.Claim{Key: key, ClientID: "gone", Now: past.Add(time.Minute).UnixMilli()}); err != nil || res.Code != directory.CodeGranted {
 		t.Fatalf("claim for the lapsed worker: %v %v", err, res.Code)
 	}
 	if code, body, _ := rig.call(t, "GET", "/misc/t1/x", "", ""); code != http.StatusOK {
@@ -135,7 +135,7 @@ func TestTakeoverLogged(t *testing.T) {
 func TestAccessLog(t *testing.T) {
 	rig := newForwardRig(t)
 	logs := &testutil.SyncBuffer{}
-	f := NewFrontDoor(FrontDoorConfig{Dir: rig.f.cfg.Dir, Logger: slog.New(slog.NewTextHandler(logs, nil)), AccessLog: true})
+	f := NewFrontDoor(FrontDoorConfig{Dir: rig.dir, Logger: slog.New(slog.NewTextHandler(logs, nil)), AccessLog: true})
 	entry := httptest.NewServer(f)
 	t.Cleanup(func() {
 		entry.Close()
@@ -168,7 +168,7 @@ func TestAccessLog(t *testing.T) {
 	if strings.Contains(logs.String(), "secret") {
 		t.Errorf("the query reached the log:\n%s", logs)
 	}
-	if n := f.conns.Served(); n != 0 {
+	if n := f.keep.conns.Served(); n != 0 {
 		t.Errorf("the kept-alive loop carried %d requests with the access log on", n)
 	}
 }

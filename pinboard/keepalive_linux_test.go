@@ -48,7 +48,7 @@ func TestKeptAliveSendsWhatNetHTTPSends(t *testing.T) {
 			t.Fatalf("request %d through the loop:\n got %s\nwant %s", i, body, first)
 		}
 	}
-	if got := rig.f.conns.Served(); got != 3 {
+	if got := rig.f.keep.conns.Served(); got != 3 {
 		t.Fatalf("the loop forwarded %d requests, want 3 (all but the first)", got)
 	}
 }

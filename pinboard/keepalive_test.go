@@ -21,7 +21,7 @@ import (
 // net/http's.
 func TestKeptAliveRoute(t *testing.T) {
 	rig := newForwardRig(t)
-	m := rig.f.cfg.Dir.Machine()
+	m := rig.dir.Machine()
 	now := time.Now().UnixMilli()
 	applyTo(m, 10, directory.Register{
 		ClientID: "named", SessionID: "s2", NodeID: "n3", AdvertiseURL: "http://owner.internal:8080", Namespaces: []string{"/counters"},
@@ -245,7 +245,7 @@ func TestKeptAliveRouteOwned(t *testing.T) {
 	if _, ok := f.Route(head(fresh)); ok {
 		t.Fatal("relayed to an instance not live under that generation")
 	}
-	if _, err := f.verifier.Verify(secret, fresh, "owner", "POST", path+"?a=1", time.Now()); err != nil {
+	if _, err := f.owner.verifier.Verify(secret, fresh, "owner", "POST", path+"?a=1", time.Now()); err != nil {
 		t.Fatalf("the loop spent an attestation it left to net/http: %v", err)
 	}
 	// A client's request for an id live here goes to it too, under the

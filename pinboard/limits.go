@@ -390,7 +390,7 @@ func (p *peerSet) has(ip netip.Addr) bool {
 // exemptFromIPCap: ip is a trusted proxy or one of the fleet's nodes,
 // whose connections carry many clients' requests.
 func (f *FrontDoor) exemptFromIPCap(ip netip.Addr) bool {
-	for _, p := range f.cfg.TrustedProxies {
+	for _, p := range f.trustedProxies {
 		if p.Contains(ip) {
 			return true
 		}
@@ -402,13 +402,13 @@ func (f *FrontDoor) exemptFromIPCap(ip netip.Addr) bool {
 // addresses to IPs.
 func (f *FrontDoor) peerIPs() map[netip.Addr]bool {
 	var addrs []string
-	if f.cfg.Dir != nil {
-		for _, wk := range f.cfg.Dir.Machine().Workers() {
+	if f.dir != nil {
+		for _, wk := range f.dir.Machine().Workers() {
 			addrs = append(addrs, wk.AdvertiseURL)
 		}
 	}
-	if f.cfg.PeerAddrs != nil {
-		addrs = append(addrs, f.cfg.PeerAddrs()...)
+	if f.peerAddrs != nil {
+		addrs = append(addrs, f.peerAddrs()...)
 	}
 	out := map[netip.Addr]bool{}
 	for _, a := range addrs {

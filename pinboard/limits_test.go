@@ -293,7 +293,7 @@ func TestFrontDoorListenerExemptsFleet(t *testing.T) {
 		cfg.PeerAddrs = func() []string { return []string{"http://127.0.0.8:8080"} }
 		cfg.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("127.0.0.9/32")}
 	})
-	res, err := rig.f.cfg.Dir.Do(t.Context(), directory.Register{
+	res, err := rig.dir.Do(t.Context(), directory.Register{
 		ClientID: "w10", SessionID: "s-w10", NodeID: "n10", AdvertiseURL: "http://127.0.0.10:8080",
 		Namespaces: []string{"/counters"}, Headroom: 10, TTLMs: time.Hour.Milliseconds(), Now: time.Now().UnixMilli(),
 	})

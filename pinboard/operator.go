@@ -18,23 +18,14 @@ import (
 	"github.com/pinnedd/pinnedd/plugins"
 )
 
-// Operator routes: the fleet-wide ones (/registry/drain, undrain,
-// wind_down, overview) act through the directory or the owners; the
-// node-local ones (/_pinned/drain, undrain, plugins/reload) act on this
-// node; /_pinned/wind_down is the owner side of a wind-down, for attested
-// callers.
-const windDownPath = "/_pinned/wind_down"
+// Operator routes of the api: the fleet-wide ones (/registry/drain,
+// undrain, wind_down, overview) act through the directory or the owners;
+// the node-local ones (/_pinned/drain, undrain, plugins/reload) act on
+// this node; /_pinned/wind_down is the owner side of a wind-down, for
+// attested callers.
 
-func (f *FrontDoor) mountOperator() {
-	f.mux.HandleFunc("POST /registry/drain", f.RequireScope(ScopeOperator, f.registryDrain))
-	f.mux.HandleFunc("POST /registry/undrain", f.RequireScope(ScopeOperator, f.registryUndrain))
-	f.mux.HandleFunc("POST /registry/wind_down", f.RequireScope(ScopeOperator, f.registryWindDown))
-	f.mux.HandleFunc("GET /registry/overview", f.RequireScope(ScopeOperator, f.registryOverview))
-	f.mux.HandleFunc("POST "+windDownPath, f.ownerWindDown)
-	f.mux.HandleFunc("POST /_pinned/drain", f.RequireScope(ScopeOperator, f.localDrain))
-	f.mux.HandleFunc("POST /_pinned/undrain", f.RequireScope(ScopeOperator, f.localUndrain))
-	f.mux.HandleFunc("POST /_pinned/plugins/reload", f.RequireScope(ScopeOperator, f.pluginsReload))
-}
+// windDownPath is the owner side of a wind-down.
+const windDownPath = "/_pinned/wind_down"
 
 // optionalSeconds reads a JSON number of seconds or null. present reports
 // whether the field was there at all.
@@ -52,16 +43,16 @@ func optionalSeconds(raw json.RawMessage) (d time.Duration, isNull, present bool
 	return time.Duration(secs * float64(time.Second)), false, true, nil
 }
 
-func (f *FrontDoor) ttl() time.Duration {
-	if f.cfg.Registry != nil {
-		return f.cfg.Registry.ttl
+func (a *api) ttl() time.Duration {
+	if a.registry != nil {
+		return a.registry.ttl
 	}
 	return DefaultLeaseTTL
 }
 
 // registryDrain serves POST /registry/drain {"clientId", "deadline"}:
 // deadline in seconds (under one lease TTL becomes one TTL), null cordons.
-func (f *FrontDoor) registryDrain(w http.ResponseWriter, r *http.Request) {
+func (a *api) registryDrain(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		ClientID string          `json:"clientId"`
 		Deadline json.RawMessage `json:"deadline"`
@@ -84,11 +75,11 @@ func (f *FrontDoor) registryDrain(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	cmd := directory.DrainWorker{ClientID: req.ClientID, Cordon: cordon, Now: now.UnixMilli()}
 	if !cordon {
-		cmd.Deadline = now.Add(max(d, f.ttl())).UnixMilli()
+		cmd.Deadline = now.Add(max(d, a.ttl())).UnixMilli()
 	}
-	res, err := f.cfg.Dir.Do(r.Context(), cmd)
+	res, err := a.dir.Do(r.Context(), cmd)
 	if err != nil {
-		f.registryError(w, r, err)
+		a.registryError(w, r, err)
 		return
 	}
 	if res.Code == directory.CodeUnknownWorker {
@@ -102,7 +93,7 @@ func (f *FrontDoor) registryDrain(w http.ResponseWriter, r *http.Request) {
 	httpx.WriteJSON(w, http.StatusOK, out)
 }
 
-func (f *FrontDoor) registryUndrain(w http.ResponseWriter, r *http.Request) {
+func (a *api) registryUndrain(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		ClientID string `json:"clientId"`
 	}
@@ -113,9 +104,9 @@ func (f *FrontDoor) registryUndrain(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, http.StatusBadRequest, "clientId is required", 0)
 		return
 	}
-	res, err := f.cfg.Dir.Do(r.Context(), directory.UndrainWorker{ClientID: req.ClientID})
+	res, err := a.dir.Do(r.Context(), directory.UndrainWorker{ClientID: req.ClientID})
 	if err != nil {
-		f.registryError(w, r, err)
+		a.registryError(w, r, err)
 		return
 	}
 	if res.Code == directory.CodeUnknownWorker {
@@ -141,7 +132,7 @@ type windDownReq struct {
 // registryWindDown serves POST /registry/wind_down: one id, or every id of
 // the namespace when id is omitted; deadline in seconds (0: now), null
 // revokes. Each owner gets an attested request.
-func (f *FrontDoor) registryWindDown(w http.ResponseWriter, r *http.Request) {
+func (a *api) registryWindDown(w http.ResponseWriter, r *http.Request) {
 	var req windDownReq
 	if !decodeBody(w, r, &req) {
 		return
@@ -168,12 +159,12 @@ func (f *FrontDoor) registryWindDown(w http.ResponseWriter, r *http.Request) {
 	if !revoke {
 		at = time.Now().Add(d).UnixMilli()
 	}
-	if !f.knownNamespace(req.Namespace) {
+	if !a.res.knownNamespace(req.Namespace) {
 		httpx.WriteError(w, http.StatusNotFound, "unknown namespace "+req.Namespace, 0)
 		return
 	}
 	// Who to tell: the owner of the id, or every live worker serving ns.
-	m := f.cfg.Dir.Machine()
+	m := a.dir.Machine()
 	now := time.Now().UnixMilli()
 	var targets []directory.Worker
 	if req.ID != "" {
@@ -200,7 +191,7 @@ func (f *FrontDoor) registryWindDown(w http.ResponseWriter, r *http.Request) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n, err := f.windDownOn(r.Context(), wk, req.Namespace, req.ID, at)
+			n, err := a.windDownOn(r.Context(), wk, req.Namespace, req.ID, at)
 			mu.Lock()
 			defer mu.Unlock()
 			total += n
@@ -219,18 +210,18 @@ func (f *FrontDoor) registryWindDown(w http.ResponseWriter, r *http.Request) {
 }
 
 // windDownOn applies a wind-down on one worker: here, or at its owner side.
-func (f *FrontDoor) windDownOn(ctx context.Context, wk directory.Worker, ns, id string, atMs int64) (int, error) {
-	if wk.ClientID == f.selfID() {
-		return f.localWindDown(ns, id, atMs), nil
+func (a *api) windDownOn(ctx context.Context, wk directory.Worker, ns, id string, atMs int64) (int, error) {
+	if wk.ClientID == a.res.selfID() {
+		return a.localWindDown(ns, id, atMs), nil
 	}
 	body, _ := json.Marshal(map[string]any{"namespace": ns, "id": id, "deadlineUnixMs": atMs})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(wk.AdvertiseURL, "/")+windDownPath, bytes.NewReader(body))
 	if err != nil {
 		return 0, err
 	}
-	gen := max(f.cfg.Dir.Machine().AppliedIndex(), 1)
-	req.Header.Set(AttestationHeader, SignFor(f.cfg.Dir.Machine().Secret(), wk.SessionID, Attestation{Target: wk.ClientID, Caller: f.selfID(), Generation: gen, At: time.Now()}, http.MethodPost, windDownPath))
-	resp, err := f.client.Do(req)
+	gen := max(a.dir.Machine().AppliedIndex(), 1)
+	req.Header.Set(AttestationHeader, SignFor(a.dir.Machine().Secret(), wk.SessionID, Attestation{Target: wk.ClientID, Caller: a.res.selfID(), Generation: gen, At: time.Now()}, http.MethodPost, windDownPath))
+	resp, err := a.client.Do(req)
 	if err != nil {
 		return 0, err
 	}
@@ -239,20 +230,20 @@ func (f *FrontDoor) windDownOn(ctx context.Context, wk directory.Worker, ns, id 
 	return windDownAnswer(resp.StatusCode, b)
 }
 
-func (f *FrontDoor) localWindDown(ns, id string, atMs int64) int {
-	if f.cfg.WindDown == nil {
+func (a *api) localWindDown(ns, id string, atMs int64) int {
+	if a.windDown == nil {
 		return 0
 	}
 	var at time.Time
 	if atMs != 0 {
 		at = time.UnixMilli(atMs)
 	}
-	return f.cfg.WindDown(ns, id, at)
+	return a.windDown(ns, id, at)
 }
 
 // ownerWindDown serves the attested owner side of a wind-down.
-func (f *FrontDoor) ownerWindDown(w http.ResponseWriter, r *http.Request) {
-	if _, ok := f.attested(w, r, windDownPath); !ok {
+func (a *api) ownerWindDown(w http.ResponseWriter, r *http.Request) {
+	if _, ok := a.owner.attested(w, r, windDownPath); !ok {
 		return
 	}
 	var req struct {
@@ -267,12 +258,12 @@ func (f *FrontDoor) ownerWindDown(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, http.StatusBadRequest, "invalid wind-down", 0)
 		return
 	}
-	httpx.WriteJSON(w, http.StatusOK, map[string]any{"instances": f.localWindDown(req.Namespace, req.ID, req.DeadlineUnixMs)})
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"instances": a.localWindDown(req.Namespace, req.ID, req.DeadlineUnixMs)})
 }
 
 // localDrain serves POST /_pinned/drain {"deadline": seconds|null,
 // "cordon": bool} for this node (`pinnedd drain`).
-func (f *FrontDoor) localDrain(w http.ResponseWriter, r *http.Request) {
+func (a *api) localDrain(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Deadline json.RawMessage `json:"deadline"`
 		Cordon   bool            `json:"cordon"`
@@ -290,7 +281,7 @@ func (f *FrontDoor) localDrain(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, http.StatusBadRequest, `give "deadline" in seconds, or "cordon": true`, 0)
 		return
 	}
-	if f.cfg.Drain == nil {
+	if a.drainHook == nil {
 		httpx.WriteError(w, http.StatusConflict, "this node hosts no instances", 0)
 		return
 	}
@@ -298,7 +289,7 @@ func (f *FrontDoor) localDrain(w http.ResponseWriter, r *http.Request) {
 	if !cordon {
 		at = time.Now().Add(d)
 	}
-	f.Drain(at, cordon)
+	a.drain(at, cordon)
 	out := map[string]any{"draining": true, "cordon": cordon, "deadline": nil}
 	if !cordon {
 		out["deadline"] = at.UnixMilli()
@@ -306,26 +297,23 @@ func (f *FrontDoor) localDrain(w http.ResponseWriter, r *http.Request) {
 	httpx.WriteJSON(w, http.StatusOK, out)
 }
 
-func (f *FrontDoor) localUndrain(w http.ResponseWriter, _ *http.Request) {
-	if f.cfg.Drain == nil {
+func (a *api) localUndrain(w http.ResponseWriter, _ *http.Request) {
+	if a.drainHook == nil {
 		httpx.WriteError(w, http.StatusConflict, "this node hosts no instances", 0)
 		return
 	}
-	f.Drain(time.Time{}, false)
+	a.drain(time.Time{}, false)
 	httpx.WriteJSON(w, http.StatusOK, map[string]any{"draining": false})
 }
 
-// Drain drains this node by itself (source local) until deadline, or
-// cordons it; a zero deadline and no cordon revoke. The worker records it
-// (status, the log line, pinned_draining, its next heartbeat) before the
-// node acts on it (FrontDoorConfig.Drain). Every local drain comes through
-// here: POST /_pinned/drain and the agent's SIGTERM.
-func (f *FrontDoor) Drain(deadline time.Time, cordon bool) {
-	if f.cfg.Worker != nil {
-		f.cfg.Worker.SetLocalDrain(deadline, cordon)
+// drain is FrontDoor.Drain: the worker records the local drain, then the
+// node acts on it (the Drain hook).
+func (a *api) drain(deadline time.Time, cordon bool) {
+	if a.worker != nil {
+		a.worker.SetLocalDrain(deadline, cordon)
 	}
-	if f.cfg.Drain != nil {
-		f.cfg.Drain(deadline, cordon)
+	if a.drainHook != nil {
+		a.drainHook(deadline, cordon)
 	}
 }
 
@@ -342,7 +330,7 @@ func drainSources(m *directory.Machine, wk directory.Worker, now int64) (sources
 	return sources, d
 }
 
-func (f *FrontDoor) pluginsReload(w http.ResponseWriter, r *http.Request) {
+func (a *api) pluginsReload(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Namespace string `json:"namespace"`
 	}
@@ -353,13 +341,13 @@ func (f *FrontDoor) pluginsReload(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, http.StatusBadRequest, "invalid namespace", 0)
 		return
 	}
-	if f.cfg.Reload == nil {
+	if a.reload == nil {
 		httpx.WriteError(w, http.StatusConflict, "this node hosts no instances", 0)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
 	defer cancel()
-	if err := f.cfg.Reload(ctx, req.Namespace); err != nil {
+	if err := a.reload(ctx, req.Namespace); err != nil {
 		code := http.StatusInternalServerError
 		if errors.Is(err, ErrUnknownNamespace) {
 			code = http.StatusNotFound
@@ -375,8 +363,8 @@ func (f *FrontDoor) pluginsReload(w http.ResponseWriter, r *http.Request) {
 var ErrUnknownNamespace = errors.New("unknown namespace")
 
 // registryOverview summarises the fleet for an operator (and the console).
-func (f *FrontDoor) registryOverview(w http.ResponseWriter, _ *http.Request) {
-	m := f.cfg.Dir.Machine()
+func (a *api) registryOverview(w http.ResponseWriter, _ *http.Request) {
+	m := a.dir.Machine()
 	now := time.Now().UnixMilli()
 	type nsView struct {
 		Workers    int `json:"workers"`
@@ -417,10 +405,10 @@ func (f *FrontDoor) registryOverview(w http.ResponseWriter, _ *http.Request) {
 		"workers":      map[string]int{"registered": total, "live": live, "draining": draining, "degraded": degraded},
 		"placements":   placements,
 		"namespaces":   nss,
-		"quarantineMs": m.QuarantineMs(now, f.cfg.Quarantine.Milliseconds()),
+		"quarantineMs": m.QuarantineMs(now, a.quarantine.Milliseconds()),
 	}
-	if f.cfg.Health != nil {
-		body["raft"] = f.cfg.Health()
+	if a.health != nil {
+		body["raft"] = a.health()
 	}
 	httpx.WriteJSON(w, http.StatusOK, body)
 }

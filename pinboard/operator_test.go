@@ -39,6 +39,7 @@ func (a *machineApplier) Apply(_ context.Context, cmd []byte) ([]byte, error) {
 type doorRig struct {
 	f    *FrontDoor
 	srv  *httptest.Server
+	dir  *Directory
 	m    *directory.Machine
 	reg  *prometheus.Registry
 	logs *testutil.SyncBuffer
@@ -52,7 +53,7 @@ func newDoorRig(t *testing.T, adjust func(*doorRig, *FrontDoorConfig)) *doorRig 
 	applyTo(m, 1, directory.Init{Secret: []byte("0123456789abcdef0123456789abcdef")})
 	dir := NewDirectory(m, &machineApplier{m: m, index: 1})
 	t.Cleanup(dir.Close)
-	rig := &doorRig{m: m, reg: prometheus.NewRegistry(), logs: &testutil.SyncBuffer{}}
+	rig := &doorRig{dir: dir, m: m, reg: prometheus.NewRegistry(), logs: &testutil.SyncBuffer{}}
 	ready := make(chan struct{})
 	rig.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		<-ready
@@ -79,7 +80,7 @@ func newDoorRig(t *testing.T, adjust func(*doorRig, *FrontDoorConfig)) *doorRig 
 func (rig *doorRig) register(t *testing.T, clientID, nodeID string, ttl time.Duration, namespaces ...string) {
 	t.Helper()
 	now := time.Now()
-	res, err := rig.f.cfg.Dir.Do(t.Context(), directory.Register{
+	res, err := rig.dir.Do(t.Context(), directory.Register{
 		ClientID: clientID, SessionID: "s-" + clientID, NodeID: nodeID, AdvertiseURL: "http://" + nodeID + ".internal:8080",
 		Namespaces: namespaces, Headroom: 10, TTLMs: time.Hour.Milliseconds(), Now: now.Add(ttl - time.Hour).UnixMilli(),
 	})

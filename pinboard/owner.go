@@ -3,9 +3,12 @@ package pinboard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/internal/relay"
@@ -14,32 +17,80 @@ import (
 	"github.com/pinnedd/pinnedd/supervisor"
 )
 
-// The owner side: a request for an instance of this node's worker, from a
-// client of this node or attested by a peer's front door, enters the
+// ownerSide serves the instances of this node's worker: a request from a
+// client of this node, or attested by a peer's front door, enters the
 // supervisor through Open (the one way in) and reaches the plugin over
 // net/http (supervisor.Call.ServeHTTP) or, on a kept-alive connection, the
-// loop (toPlugin); httpx.Hop's rule decides what the plugin sees either way.
+// loop (toPlugin); httpx.Hop's rule decides what the plugin sees either
+// way. It checks attestations for this worker and spends each once.
+type ownerSide struct {
+	dir    *Directory             // the placement an attested request must match; the cluster secret
+	worker *Worker                // nil on a node without hosts
+	local  *supervisor.Supervisor // nil on a node without hosts
+	res    *resolver              // liveHere, selfID
+	keep   *keptAlive             // a served connection's next requests
+	// verifier checks attestations and remembers the nonces spent.
+	verifier       Verifier
+	servedHere     prometheus.Counter // resolutions{outcome=local}
+	attestFailures *prometheus.CounterVec
+}
+
+func newOwnerSide(dir *Directory, worker *Worker, local *supervisor.Supervisor, res *resolver, keep *keptAlive, window time.Duration) *ownerSide {
+	return &ownerSide{
+		dir: dir, worker: worker, local: local, res: res, keep: keep,
+		verifier:   Verifier{Window: window},
+		servedHere: res.counter(outcomeLocal),
+		attestFailures: newCounterVec("pinned_attestation_failures_total",
+			"Owner-side requests refused for their attestation, by reason.", "reason", attestReasons),
+	}
+}
 
 // servesLive reports whether a worker with lease serves an instance that
 // is live here (an unhealthy lease still does; it only takes no new ones).
 func servesLive(lease LeaseState) bool { return lease == LeaseHealthy || lease == LeaseUnhealthy }
 
+// serveLive serves a client's request for an instance live here, as far
+// as the lease allows, and reports whether it answered (false: the
+// instance stopped meanwhile; the router resolves it afresh).
+func (o *ownerSide) serveLive(w http.ResponseWriter, r *http.Request, rq *instanceRequest) bool {
+	if lease := o.worker.Lease(time.Now()); !servesLive(lease) {
+		refuse(w, lease)
+		return true
+	}
+	c, err := o.local.Open(r.Context(), rq.key.Namespace, rq.key.ID, 0, supervisor.IfLive, nil)
+	if err != nil {
+		return false
+	}
+	o.servedHere.Inc()
+	noteServed(r, "here", "")
+	o.keep.serveAdopting(w, r, rq.bodyRead, func(w http.ResponseWriter) { c.ServeHTTP(w, rq.withBody(r), rq.rest) })
+	return true
+}
+
+// servePlaced serves a client's request for an id the directory places on
+// this node's worker.
+func (o *ownerSide) servePlaced(w http.ResponseWriter, r *http.Request, rq *instanceRequest, p directory.Placement) {
+	o.servedHere.Inc()
+	noteServed(r, "here", "")
+	o.keep.serveAdopting(w, r, rq.bodyRead, func(w http.ResponseWriter) { o.serveLocal(w, rq.withBody(r), p, rq.rest) })
+}
+
 // owned serves the owner-side route /_pinned/i/<ns>/<id>/<rest>: only with
 // a valid attestation for this worker, and only for a placement this node
 // really holds under the attested generation. Nothing activates otherwise.
-func (f *FrontDoor) owned(w http.ResponseWriter, r *http.Request) {
+func (o *ownerSide) owned(w http.ResponseWriter, r *http.Request) {
 	escaped := strings.TrimPrefix(r.URL.EscapedPath(), ownerRoutePrefix)
 	ns, id, rest, err := parseInstancePath(escaped)
 	if err != nil {
 		httpx.WriteError(w, http.StatusBadRequest, "invalid instance path: "+err.Error(), 0)
 		return
 	}
-	if f.cfg.Worker == nil {
+	if o.worker == nil {
 		w.Header().Set(RefusalHeader, plugins.RefusalNotOwner)
 		httpx.WriteError(w, http.StatusMisdirectedRequest, "this node hosts no instances", 0)
 		return
 	}
-	att, ok := f.attested(w, r, withQuery(r.URL.EscapedPath(), r.URL.RawQuery))
+	att, ok := o.attested(w, r, withQuery(r.URL.EscapedPath(), r.URL.RawQuery))
 	if !ok {
 		return
 	}
@@ -47,74 +98,57 @@ func (f *FrontDoor) owned(w http.ResponseWriter, r *http.Request) {
 	// The peer's X-Forwarded-* describe the client: the instance sees them.
 	r = r.WithContext(httpx.WithTrustedForwarding(r.Context()))
 	key := directory.Key{Namespace: ns, ID: id}
-	if gen, live := f.liveHere(key); live && gen > att.Generation {
-		f.notOwner(w)
+	if gen, live := o.res.liveHere(key); live && gen > att.Generation {
+		notOwner(w)
 		return
 	} else if live && gen == att.Generation {
-		f.serveOwned(w, r, directory.Placement{Key: key, Owner: f.selfID(), Generation: gen}, rest)
+		o.serveOwned(w, r, directory.Placement{Key: key, Owner: o.res.selfID(), Generation: gen}, rest)
 		return
 	}
 	// Activate only once our own replica shows the placement the
 	// forwarder resolved: it may be ahead of us by a few entries.
-	p, ok := f.awaitPlacement(r.Context(), key, att.Generation)
+	p, ok := o.awaitPlacement(r.Context(), key, att.Generation)
 	if !ok {
-		f.notOwner(w)
+		notOwner(w)
 		return
 	}
-	f.serveOwned(w, r, p, rest)
+	o.serveOwned(w, r, p, rest)
 }
 
 // serveOwned serves an attested request; its connection may go to the
 // kept-alive loop after (serveAdopting).
-func (f *FrontDoor) serveOwned(w http.ResponseWriter, r *http.Request, p directory.Placement, rest string) {
+func (o *ownerSide) serveOwned(w http.ResponseWriter, r *http.Request, p directory.Placement, rest string) {
 	noteServed(r, "here", "")
 	var body *eofBody
 	if r.ContentLength != 0 {
 		body = &eofBody{ReadCloser: r.Body}
 		r.Body = body
 	}
-	f.serveAdopting(w, r, func() bool { return body == nil || body.eof }, func(w http.ResponseWriter) { f.serveLocal(w, r, p, rest) })
+	o.keep.serveAdopting(w, r, func() bool { return body == nil || body.eof }, func(w http.ResponseWriter) { o.serveLocal(w, r, p, rest) })
 }
 
-func (f *FrontDoor) notOwner(w http.ResponseWriter) {
+func notOwner(w http.ResponseWriter) {
 	w.Header().Set(RefusalHeader, plugins.RefusalNotOwner)
 	httpx.WriteError(w, http.StatusMisdirectedRequest, "not the owner of this placement", 0)
 }
 
-func attestOutcome(err error) string {
-	switch {
-	case errors.Is(err, ErrAttestationMissing):
-		return attestMissing
-	case errors.Is(err, ErrAttestationExpired):
-		return attestExpired
-	case errors.Is(err, ErrAttestationReplayed):
-		return attestReplayed
-	case errors.Is(err, ErrAttestationMalformed):
-		return attestMalformed
-	case errors.Is(err, ErrAttestationNoKey):
-		return attestNoKey
-	default:
-		return attestForged
-	}
-}
-
 // serveLocal serves an id placed on this node, activating it if the
 // worker's lease allows.
-func (f *FrontDoor) serveLocal(w http.ResponseWriter, r *http.Request, p directory.Placement, rest string) {
-	switch lease := f.cfg.Worker.Lease(time.Now()); lease {
+func (o *ownerSide) serveLocal(w http.ResponseWriter, r *http.Request, p directory.Placement, rest string) {
+	switch lease := o.worker.Lease(time.Now()); lease {
 	case LeaseHealthy:
 	case LeaseUnhealthy:
-		if _, live := f.liveHere(p.Key); !live {
-			f.refuse(w, lease)
+		if _, live := o.res.liveHere(p.Key); !live {
+			refuse(w, lease)
 			return
 		}
 	default:
-		f.refuse(w, lease)
+		refuse(w, lease)
 		return
 	}
-	c, err := f.cfg.Local.Open(r.Context(), p.Key.Namespace, p.Key.ID, p.Generation, supervisor.Activate, nil)
+	c, err := o.local.Open(r.Context(), p.Key.Namespace, p.Key.ID, p.Generation, supervisor.Activate, nil)
 	if err != nil {
-		f.cfg.Local.WriteOpenError(w, r, p.Key.Namespace, err)
+		o.local.WriteOpenError(w, r, p.Key.Namespace, err)
 		return
 	}
 	c.ServeHTTP(w, r, rest)
@@ -123,7 +157,7 @@ func (f *FrontDoor) serveLocal(w http.ResponseWriter, r *http.Request, p directo
 // refuse answers for a worker whose lease does not allow the request. An
 // unhealthy lease refuses in-band (RefusalHeader) so a forwarding front
 // door releases the placement and retries elsewhere.
-func (f *FrontDoor) refuse(w http.ResponseWriter, lease LeaseState) {
+func refuse(w http.ResponseWriter, lease LeaseState) {
 	switch lease {
 	case LeaseUnhealthy:
 		w.Header().Set(RefusalHeader, plugins.RefusalLeaseUnhealthy)
@@ -137,15 +171,15 @@ func (f *FrontDoor) refuse(w http.ResponseWriter, lease LeaseState) {
 
 // routeLocal is Route for an id live on this node under gen: while the
 // lease allows, straight to the plugin.
-func (f *FrontDoor) routeLocal(h *relay.ReqHead, key directory.Key, gen uint64, target string, now time.Time) (relay.Forward, bool) {
-	if !servesLive(f.cfg.Worker.Lease(now)) {
+func (o *ownerSide) routeLocal(h *relay.ReqHead, key directory.Key, gen uint64, target string, now time.Time) (relay.Forward, bool) {
+	if !servesLive(o.worker.Lease(now)) {
 		return relay.Forward{}, false // net/http refuses it
 	}
-	c, err := f.cfg.Local.Open(context.Background(), key.Namespace, key.ID, gen, supervisor.IfReady, h.Ticket.Abort)
+	c, err := o.local.Open(context.Background(), key.Namespace, key.ID, gen, supervisor.IfReady, h.Ticket.Abort)
 	if err != nil {
 		return relay.Forward{}, false
 	}
-	f.resolvedLocal.Inc()
+	o.servedHere.Inc()
 	return toPlugin(h, c, target, false), true
 }
 
@@ -153,10 +187,10 @@ func (f *FrontDoor) routeLocal(h *relay.ReqHead, key directory.Key, gen uint64, 
 // connection the loop adopted here): a request for an instance live here
 // under the attested generation, with a valid attestation, goes straight
 // to the instance's plugin. Anything else goes back to net/http (owned)
-// with its attestation unspent, so net/http decides it as before: refuses,
-// waits for the placement, or activates.
-func (f *FrontDoor) routeOwned(h *relay.ReqHead, path, query string) (relay.Forward, bool) {
-	if f.cfg.Worker == nil || f.cfg.Local == nil {
+// with its attestation unspent, so net/http decides it: refuses, waits for
+// the placement, or activates.
+func (o *ownerSide) routeOwned(h *relay.ReqHead, path, query string) (relay.Forward, bool) {
+	if o.worker == nil || o.local == nil {
 		return relay.Forward{}, false
 	}
 	ns, id, rest, err := parseInstancePath(path)
@@ -175,18 +209,18 @@ func (f *FrontDoor) routeOwned(h *relay.ReqHead, path, query string) (relay.Forw
 	now := time.Now()
 	// Only live instances come here, so an unhealthy lease serves too; an
 	// expired one is net/http's to refuse.
-	if !servesLive(f.cfg.Worker.Lease(now)) {
+	if !servesLive(o.worker.Lease(now)) {
 		return relay.Forward{}, false
 	}
-	att, err := f.checkOwned(header, h.Method, h.Target, now)
+	att, err := o.checkOwned(header, h.Method, h.Target, now)
 	if err != nil {
 		return relay.Forward{}, false // net/http refuses it, and counts why
 	}
-	c, err := f.cfg.Local.Open(context.Background(), ns, id, att.Generation, supervisor.IfReady, h.Ticket.Abort)
+	c, err := o.local.Open(context.Background(), ns, id, att.Generation, supervisor.IfReady, h.Ticket.Abort)
 	if err != nil {
 		return relay.Forward{}, false
 	}
-	if err := f.verifier.Spend(att, now); err != nil {
+	if err := o.verifier.Spend(att, now); err != nil {
 		c.End(0, false)
 		return relay.Forward{}, false // a replay: net/http refuses it
 	}
@@ -225,4 +259,131 @@ func toPlugin(h *relay.ReqHead, c *supervisor.Call, target string, trusted bool)
 // pluginRefused: the plugin does not hold the instance (relay.Forward.Refused).
 func pluginRefused(status int, marker string) bool {
 	return plugins.ClassifyAnswer(status, marker) == plugins.AnswerInactive
+}
+
+// attested checks r's attestation for this worker over signedPath (the
+// escaped path, with the query when the signer included it) and spends
+// it. A bad one is counted and answered 403; only then does it return
+// false.
+func (o *ownerSide) attested(w http.ResponseWriter, r *http.Request, signedPath string) (Attestation, bool) {
+	now := time.Now()
+	att, err := o.checkOwned(r.Header.Get(AttestationHeader), r.Method, signedPath, now)
+	if err == nil {
+		err = o.verifier.Spend(att, now)
+	}
+	if err != nil {
+		o.attestFailures.WithLabelValues(attestOutcome(err)).Inc()
+		httpx.WriteError(w, http.StatusForbidden, "invalid attestation", 0)
+		return Attestation{}, false
+	}
+	return att, true
+}
+
+// checkOwned is Verifier.Check for a request to this node's worker, under
+// the keys it accepts (Worker.attestKeys): its session's key, the previous
+// session's for one attestation window after a re-registration (front
+// doors whose replica has not applied the new session yet sign with it),
+// and the cluster secret itself, which only nodes hold (nodes of an older
+// version sign with it). The nonce is not spent.
+func (o *ownerSide) checkOwned(header, method, path string, now time.Time) (Attestation, error) {
+	self := o.res.selfID()
+	var keys [3][]byte
+	if o.worker != nil {
+		keys[0], keys[1] = o.worker.attestKeys(now, o.verifier.window())
+	}
+	keys[2] = o.dir.Machine().Secret()
+	err := ErrAttestationNoKey
+	for _, k := range keys {
+		if len(k) == 0 {
+			continue
+		}
+		var a Attestation
+		if a, err = o.verifier.Check(k, header, self, method, path, now); !errors.Is(err, ErrAttestationForged) {
+			return a, err // valid, or bad whatever the key (missing, malformed, expired)
+		}
+	}
+	if header == "" {
+		return Attestation{}, ErrAttestationMissing
+	}
+	return Attestation{}, err
+}
+
+// attestOutcome is the pinned_attestation_failures_total reason for err.
+func attestOutcome(err error) string {
+	switch {
+	case errors.Is(err, ErrAttestationMissing):
+		return attestMissing
+	case errors.Is(err, ErrAttestationExpired):
+		return attestExpired
+	case errors.Is(err, ErrAttestationReplayed):
+		return attestReplayed
+	case errors.Is(err, ErrAttestationMalformed):
+		return attestMalformed
+	case errors.Is(err, ErrAttestationNoKey):
+		return attestNoKey
+	default:
+		return attestForged
+	}
+}
+
+// wakeOwned serves POST /_pinned/wake/<ns>/<id> to an attested caller, for
+// a placement this node's replica shows under the attested generation.
+func (o *ownerSide) wakeOwned(w http.ResponseWriter, r *http.Request) {
+	ns, id, _, err := parseInstancePath(strings.TrimPrefix(r.URL.EscapedPath(), wakePrefix))
+	if err != nil {
+		httpx.WriteError(w, http.StatusBadRequest, "invalid instance path: "+err.Error(), 0)
+		return
+	}
+	if o.worker == nil {
+		notOwner(w)
+		return
+	}
+	att, ok := o.attested(w, r, r.URL.EscapedPath())
+	if !ok {
+		return
+	}
+	key := directory.Key{Namespace: ns, ID: id}
+	p, ok := o.awaitPlacement(r.Context(), key, att.Generation)
+	if !ok {
+		notOwner(w)
+		return
+	}
+	if err := o.wakeLocal(r.Context(), p); err != nil {
+		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error(), time.Second)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// wakeLocal activates p's instance here, if the lease allows a new one.
+func (o *ownerSide) wakeLocal(ctx context.Context, p directory.Placement) error {
+	if o.worker == nil || o.worker.Lease(time.Now()) != LeaseHealthy {
+		return fmt.Errorf("wake %s: this worker's lease is not healthy", p.Key)
+	}
+	if o.local == nil {
+		return fmt.Errorf("wake %s: this node hosts no instances", p.Key)
+	}
+	return o.local.Wake(ctx, p.Key.Namespace, p.Key.ID, p.Generation)
+}
+
+// awaitPlacement waits (briefly) until this node's replica shows key
+// placed under generation or a newer one, and reports the placement if it
+// is ours under exactly that generation. The forwarder resolved it through
+// the leader, so our replica may be a few entries behind.
+func (o *ownerSide) awaitPlacement(ctx context.Context, key directory.Key, generation uint64) (directory.Placement, bool) {
+	m := o.dir.Machine()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		p, found := m.Placement(key)
+		if found && p.Generation >= generation {
+			if p.Owner != o.res.selfID() || p.Generation != generation {
+				return directory.Placement{}, false
+			}
+			return p, true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return directory.Placement{}, false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -30,7 +30,7 @@ type ownerRouteRig struct {
 func newOwnerRouteRig(t *testing.T) *ownerRouteRig {
 	t.Helper()
 	f, _, local, secret := newOwnerRig(t)
-	rig := &ownerRouteRig{f: f, local: local, secret: secret, m: f.cfg.Dir.Machine(), now: time.Now().UnixMilli()}
+	rig := &ownerRouteRig{f: f, local: local, secret: secret, m: f.dir.Machine(), now: time.Now().UnixMilli()}
 	rig.nextClaimT = rig.now + 1000
 	for _, c := range []string{"owner", "other"} {
 		rig.apply(t, directory.Register{ClientID: c, SessionID: "s-" + c, NodeID: "n-" + c, AdvertiseURL: "http://" + c + ".internal",

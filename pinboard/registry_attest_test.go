@@ -153,10 +153,10 @@ func TestOwnerChecksItsSessionKeys(t *testing.T) {
 	}
 	first := w.SessionID()
 	now := time.Now()
-	if _, err := rig.f.checkOwned(signed(first, now), "GET", path, now); err != nil {
+	if _, err := rig.f.owner.checkOwned(signed(first, now), "GET", path, now); err != nil {
 		t.Fatalf("signed with the session's key: %v", err)
 	}
-	if _, err := rig.f.checkOwned(SignFor(secret, first, Attestation{Target: "someone-else", Caller: "peer", Generation: 3, At: now}, "GET", path), "GET", path, now); !errors.Is(err, ErrAttestationForged) {
+	if _, err := rig.f.owner.checkOwned(SignFor(secret, first, Attestation{Target: "someone-else", Caller: "peer", Generation: 3, At: now}, "GET", path), "GET", path, now); !errors.Is(err, ErrAttestationForged) {
 		t.Fatalf("another worker's attestation: %v", err)
 	}
 	if err := w.register(t.Context()); err != nil {
@@ -168,18 +168,18 @@ func TestOwnerChecksItsSessionKeys(t *testing.T) {
 	}
 	now = time.Now()
 	for _, s := range []string{second, first} {
-		if _, err := rig.f.checkOwned(signed(s, now), "GET", path, now); err != nil {
+		if _, err := rig.f.owner.checkOwned(signed(s, now), "GET", path, now); err != nil {
 			t.Fatalf("session %s right after the re-registration: %v", s, err)
 		}
 	}
 	later := now.Add(DefaultAttestationWindow + time.Second)
-	if _, err := rig.f.checkOwned(signed(first, later), "GET", path, later); !errors.Is(err, ErrAttestationForged) {
+	if _, err := rig.f.owner.checkOwned(signed(first, later), "GET", path, later); !errors.Is(err, ErrAttestationForged) {
 		t.Fatalf("the previous session's key a window later: %v", err)
 	}
-	if _, err := rig.f.checkOwned(signed(second, later), "GET", path, later); err != nil {
+	if _, err := rig.f.owner.checkOwned(signed(second, later), "GET", path, later); err != nil {
 		t.Fatalf("the session's key a window later: %v", err)
 	}
-	if _, err := rig.f.checkOwned("", "GET", path, later); !errors.Is(err, ErrAttestationMissing) {
+	if _, err := rig.f.owner.checkOwned("", "GET", path, later); !errors.Is(err, ErrAttestationMissing) {
 		t.Fatalf("no header: %v", err)
 	}
 }

@@ -30,7 +30,7 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 }
 
 // registryError maps a Registry error to the seed's status codes.
-func (f *FrontDoor) registryError(w http.ResponseWriter, r *http.Request, err error) {
+func (a *api) registryError(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, ErrBadRequest):
 		httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
@@ -46,38 +46,38 @@ func (f *FrontDoor) registryError(w http.ResponseWriter, r *http.Request, err er
 		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error()+"; nothing was registered", time.Second)
 	case r.Context().Err() != nil:
 	default:
-		f.cfg.Logger.Warn("registry request failed", "path", r.URL.Path, "err", err)
+		a.logger.Warn("registry request failed", "path", r.URL.Path, "err", err)
 		httpx.WriteError(w, http.StatusServiceUnavailable, "directory unavailable", time.Second)
 	}
 }
 
-func (f *FrontDoor) registryRegister(w http.ResponseWriter, r *http.Request) {
+func (a *api) registryRegister(w http.ResponseWriter, r *http.Request) {
 	var req RegisterRequest
 	if !decodeBody(w, r, &req) {
 		return
 	}
-	ack, err := f.cfg.Registry.Register(r.Context(), req)
+	ack, err := a.registry.Register(r.Context(), req)
 	if err != nil {
-		f.registryError(w, r, err)
+		a.registryError(w, r, err)
 		return
 	}
 	httpx.WriteJSON(w, http.StatusOK, ack)
 }
 
-func (f *FrontDoor) registryHeartbeat(w http.ResponseWriter, r *http.Request) {
+func (a *api) registryHeartbeat(w http.ResponseWriter, r *http.Request) {
 	var req HeartbeatRequest
 	if !decodeBody(w, r, &req) {
 		return
 	}
-	ack, err := f.cfg.Registry.Heartbeat(r.Context(), req)
+	ack, err := a.registry.Heartbeat(r.Context(), req)
 	if err != nil {
-		f.registryError(w, r, err)
+		a.registryError(w, r, err)
 		return
 	}
 	httpx.WriteJSON(w, http.StatusOK, ack)
 }
 
-func (f *FrontDoor) registryDeregister(w http.ResponseWriter, r *http.Request) {
+func (a *api) registryDeregister(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		ClientID  string `json:"clientId"`
 		SessionID string `json:"sessionId"`
@@ -89,8 +89,8 @@ func (f *FrontDoor) registryDeregister(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, http.StatusBadRequest, "clientId and sessionId are required", 0)
 		return
 	}
-	if err := f.cfg.Registry.Deregister(r.Context(), req.ClientID, req.SessionID); err != nil {
-		f.registryError(w, r, err)
+	if err := a.registry.Deregister(r.Context(), req.ClientID, req.SessionID); err != nil {
+		a.registryError(w, r, err)
 		return
 	}
 	httpx.WriteJSON(w, http.StatusOK, map[string]bool{"ok": true})
@@ -111,7 +111,7 @@ type releaseRequest struct {
 // there was none (given back already); 409 with the placement in force
 // when it is not this session's under that generation, 409 reregister for
 // a session the directory replaced, 404 for an unknown client id.
-func (f *FrontDoor) registryRelease(w http.ResponseWriter, r *http.Request) {
+func (a *api) registryRelease(w http.ResponseWriter, r *http.Request) {
 	var req releaseRequest
 	if !decodeBody(w, r, &req) {
 		return
@@ -120,7 +120,7 @@ func (f *FrontDoor) registryRelease(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, http.StatusBadRequest, "env requires hostname-aware mode", 0)
 		return
 	}
-	res, err := f.cfg.Registry.GiveBack(r.Context(), GiveBack{
+	res, err := a.registry.GiveBack(r.Context(), GiveBack{
 		ClientID: req.ClientID, SessionID: req.SessionID, Generation: req.Generation,
 		Key: InstanceKey{Namespace: req.Namespace, ID: req.ID},
 	})
@@ -136,7 +136,7 @@ func (f *FrontDoor) registryRelease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		f.registryError(w, r, err)
+		a.registryError(w, r, err)
 		return
 	}
 	httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "released": res.Released})
@@ -189,8 +189,8 @@ type WorkerView struct {
 // lapsed: the seed's "lists the surviving worker"), with their lease and
 // drain state; ?all=1 adds the lapsed and deregistered ones the directory
 // still remembers.
-func (f *FrontDoor) registryWorkers(w http.ResponseWriter, r *http.Request) {
-	m := f.cfg.Dir.Machine()
+func (a *api) registryWorkers(w http.ResponseWriter, r *http.Request) {
+	m := a.dir.Machine()
 	now := time.Now().UnixMilli()
 	all := false
 	switch v := r.URL.Query().Get("all"); v {
@@ -231,15 +231,15 @@ func (f *FrontDoor) registryWorkers(w http.ResponseWriter, r *http.Request) {
 // ready and quarantineMs. With operator scope it adds the counts, the
 // applied index and the consensus view the agent adds (term, leader, its
 // address). A token that is sent but unknown gets 401, as anywhere.
-func (f *FrontDoor) registryHealth(w http.ResponseWriter, r *http.Request) {
-	m := f.cfg.Dir.Machine()
+func (a *api) registryHealth(w http.ResponseWriter, r *http.Request) {
+	m := a.dir.Machine()
 	now := time.Now().UnixMilli()
 	body := map[string]any{
 		"ok":           true,
-		"quarantineMs": m.QuarantineMs(now, f.cfg.Quarantine.Milliseconds()),
-		"ready":        f.readiness()["ready"],
+		"quarantineMs": m.QuarantineMs(now, a.quarantine.Milliseconds()),
+		"ready":        a.readiness()["ready"],
 	}
-	err := f.cfg.Tokens.Check(r, ScopeOperator)
+	err := a.tokens.Check(r, ScopeOperator)
 	switch {
 	case errors.Is(err, ErrMissingScope), errors.Is(err, ErrMissingToken) && r.Header.Get("Authorization") == "":
 		httpx.WriteJSON(w, http.StatusOK, body)
@@ -257,8 +257,8 @@ func (f *FrontDoor) registryHealth(w http.ResponseWriter, r *http.Request) {
 	}
 	body["workers"], body["liveWorkers"], body["placements"] = workers, live, placements
 	body["appliedIndex"] = m.AppliedIndex()
-	if f.cfg.Health != nil {
-		for k, v := range f.cfg.Health() {
+	if a.health != nil {
+		for k, v := range a.health() {
 			body[k] = v
 		}
 	}

@@ -17,7 +17,7 @@ import (
 func (rig *doorRig) release(t *testing.T, body string) (int, map[string]any) {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	rig.f.registryRelease(rec, httptest.NewRequest("POST", "/registry/release", strings.NewReader(body)))
+	rig.f.api.registryRelease(rec, httptest.NewRequest("POST", "/registry/release", strings.NewReader(body)))
 	var out map[string]any
 	if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
 		t.Fatalf("release answered %d %q", rec.Code, rec.Body)
@@ -33,7 +33,7 @@ func TestWorkerGivesBackOneID(t *testing.T) {
 	rig.register(t, "wb", "nb", time.Hour, "/jobs")
 	key := directory.Key{Namespace: "/jobs", ID: "j1"}
 	now := time.Now().UnixMilli()
-	res, err := rig.f.cfg.Dir.Do(t.Context(), directory.Claim{Key: key, ClientID: "wa", Now: now})
+	res, err := rig.dir.Do(t.Context(), directory.Claim{Key: key, ClientID: "wa", Now: now})
 	if err != nil || res.Code != directory.CodeGranted {
 		t.Fatalf("claim: %v %v", res.Code, err)
 	}
@@ -77,7 +77,7 @@ func TestWorkerGivesBackOneID(t *testing.T) {
 	if code, out := rig.release(t, body("wa", "s-wa", gen)); code != http.StatusOK || out["released"] != false {
 		t.Fatalf("release again: %d %v", code, out)
 	}
-	res, err = rig.f.cfg.Dir.Do(t.Context(), directory.Claim{Key: key, ClientID: "wa", Now: time.Now().UnixMilli()})
+	res, err = rig.dir.Do(t.Context(), directory.Claim{Key: key, ClientID: "wa", Now: time.Now().UnixMilli()})
 	if err != nil || res.Code != directory.CodeGranted || res.Placement.Generation <= gen {
 		t.Fatalf("placed anew: %v %+v %v", res.Code, res.Placement, err)
 	}

@@ -1,198 +1,143 @@
 package pinboard
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
-	"slices"
+	"log/slog"
 	"time"
 
-	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/pinnedd/pinnedd/pinboard/directory"
-	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/supervisor"
 )
 
-// maxRetryBody: a request body up to this size is buffered so the request
-// can be retried once on another worker after an in-band refusal.
-const maxRetryBody = 1 << 20
+// claimTimeout bounds how long a request waits for its placement.
+const claimTimeout = 5 * time.Second
 
-// ownerRoutePrefix is the owner-side route forwarded requests arrive on.
-const ownerRoutePrefix = "/_pinned/i"
+// Claim outcomes that are not placements; the router turns them into
+// answers (claimFailed).
+var (
+	errNoBackends = errors.New("no live workers for namespace")
+	errQuarantine = errors.New("cold start quarantine")
+)
 
-// route is one request's way through resolution.
-type route struct {
-	key       directory.Key
-	rest      string // escaped instance path, e.g. "/increment"
-	body      []byte // buffered body when retryable
-	retryable bool
-	attempt   int
-	exclude   string // a worker that refused in-band
-	viaLeader bool   // the replica named a wrong owner: ask the leader
-	caller    string // this node's worker, on a cluster call from one of its instances
+// quarantineError is a claim refused by the directory's cold-start
+// quarantine, with how long it still lasts.
+type quarantineError struct{ remaining time.Duration }
+
+func (e quarantineError) Error() string { return errQuarantine.Error() }
+func (e quarantineError) Unwrap() error { return errQuarantine }
+
+// resolver says where an instance is, or places it: live on this node
+// (liveHere), placed on a live worker as this node's replica shows it
+// (placedOn), or claimed through the leader (claimFor). It speaks no HTTP;
+// the router answers its errors.
+type resolver struct {
+	dir        *Directory
+	worker     *Worker                // nil on a node without hosts
+	local      *supervisor.Supervisor // nil on a node without hosts
+	policy     PlacementPolicy
+	quarantine time.Duration
+	logger     *slog.Logger
+	// resolutions is pinboard_placement_resolutions_total; the parts that
+	// serve a request book its outcome through counter.
+	resolutions *prometheus.CounterVec
 }
 
-// resolve finds (or makes) the placement of key and serves the request
-// there: locally, or forwarded to the owner.
-func (f *FrontDoor) resolve(w http.ResponseWriter, r *http.Request, key directory.Key, rest string) {
-	rt := &route{key: key, rest: rest}
-	switch ok, err := f.clusterCall(r); {
-	case err != nil:
-		httpx.WriteError(w, http.StatusForbidden, err.Error(), 0)
-		return
-	case ok:
-		rt.caller = f.selfID()
+func newResolver(dir *Directory, worker *Worker, local *supervisor.Supervisor, policy PlacementPolicy, quarantine time.Duration, logger *slog.Logger) *resolver {
+	return &resolver{
+		dir: dir, worker: worker, local: local, policy: policy, quarantine: quarantine, logger: logger,
+		resolutions: newCounterVec("pinboard_placement_resolutions_total",
+			"Placement resolutions at this front door, by outcome.", "outcome", resolutionOutcomes),
 	}
-	switch {
-	case r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 && r.Header.Get("Transfer-Encoding") == "":
-		rt.retryable = true
-	case r.ContentLength > 0 && r.ContentLength <= maxRetryBody:
-		body, err := io.ReadAll(io.LimitReader(r.Body, maxRetryBody+1))
-		if err != nil {
-			httpx.WriteError(w, http.StatusBadRequest, "reading request body: "+err.Error(), 0)
-			return
-		}
-		rt.body, rt.retryable = body, true
-	}
-	f.route(w, r, rt)
 }
 
-// bodyRead: nothing of the request body is left on the connection (none,
-// or all of it buffered).
-func (rt *route) bodyRead() bool { return rt.retryable }
-
-// withBody gives r a fresh copy of the buffered body for this attempt.
-func (rt *route) withBody(r *http.Request) *http.Request {
-	if !rt.retryable || rt.body == nil {
-		return r
-	}
-	r2 := r.Clone(r.Context())
-	r2.Body = io.NopCloser(bytes.NewReader(rt.body))
-	r2.ContentLength = int64(len(rt.body))
-	return r2
+// counter is resolutions{outcome}, for a part to book with on its hot path.
+func (rv *resolver) counter(outcome string) prometheus.Counter {
+	return rv.resolutions.WithLabelValues(outcome)
 }
 
-// withQuery is path with query, if there is one.
-func withQuery(path, query string) string {
-	if query == "" {
-		return path
-	}
-	return path + "?" + query
-}
-
-func (f *FrontDoor) selfID() string {
-	if f.cfg.Worker == nil {
+// selfID is this node's worker's client id ("" without hosts, or before
+// its first registration).
+func (rv *resolver) selfID() string {
+	if rv.worker == nil {
 		return ""
 	}
-	return f.cfg.Worker.ClientID()
+	return rv.worker.ClientID()
 }
 
-func (f *FrontDoor) route(w http.ResponseWriter, r *http.Request, rt *route) {
-	key, now := rt.key, time.Now()
-	// A live local instance is this node's own record of a placement it
-	// was granted; the local replica may not have applied the grant yet
-	// (or ever, if the leader died right after committing it). Serving it
-	// is as safe as the lease allows.
-	if _, live := f.liveHere(key); live {
-		if lease := f.cfg.Worker.Lease(now); !servesLive(lease) {
-			f.refuse(w, lease)
-			return
-		}
-		if c, err := f.cfg.Local.Open(r.Context(), key.Namespace, key.ID, 0, supervisor.IfLive, nil); err == nil {
-			f.resolvedLocal.Inc()
-			noteServed(r, "here", "")
-			f.serveAdopting(w, r, rt.bodyRead, func(w http.ResponseWriter) { c.ServeHTTP(w, rt.withBody(r), rt.rest) })
-			return
-		}
+// hostsInstances: this node has a worker.
+func (rv *resolver) hostsInstances() bool { return rv.worker != nil }
+
+// storeHealth is the local state store's health (nil: fine, or none).
+// While it is not nil the node is not ready and takes no new placements.
+func (rv *resolver) storeHealth() error {
+	if rv.local == nil {
+		return nil
 	}
-	if !rt.viaLeader {
-		if p, owner, ok := f.placedOn(key, rt.exclude, now); ok {
-			f.dispatch(w, r, rt, p, owner)
-			return
-		}
+	return rv.local.StoreHealth()
+}
+
+// knownNamespace: served here, or by any worker the directory knows.
+func (rv *resolver) knownNamespace(ns string) bool {
+	if rv.local != nil && rv.local.Serves(ns) {
+		return true
 	}
-	p, owner, err := f.claim(r, rt)
-	if err != nil {
-		f.claimFailed(w, r, rt.key, err)
-		return
-	}
-	f.dispatch(w, r, rt, p, owner)
+	return rv.dir.Machine().NamespaceServed(ns)
 }
 
 // liveHere reports the generation key runs under on this node, if it is
 // live here: the first question for a request, from net/http or the
 // kept-alive loop alike.
-func (f *FrontDoor) liveHere(key directory.Key) (uint64, bool) {
-	if f.cfg.Worker == nil || f.cfg.Local == nil {
+func (rv *resolver) liveHere(key directory.Key) (uint64, bool) {
+	if rv.worker == nil || rv.local == nil {
 		return 0, false
 	}
-	return f.cfg.Local.LiveGeneration(key.Namespace, key.ID)
+	return rv.local.LiveGeneration(key.Namespace, key.ID)
 }
 
 // placedOn is key's placement on a live worker other than exclude, as
 // this node's replica shows it (without waiting on an apply): the second
 // question, for an id not live here.
-func (f *FrontDoor) placedOn(key directory.Key, exclude string, now time.Time) (directory.Placement, directory.Worker, bool) {
-	p, owner, ok := f.cfg.Dir.Machine().Owner(key)
+func (rv *resolver) placedOn(key directory.Key, exclude string, now time.Time) (directory.Placement, directory.Worker, bool) {
+	p, owner, ok := rv.dir.Machine().Owner(key)
 	if !ok || !owner.Live(now.UnixMilli()) || owner.ClientID == exclude {
 		return directory.Placement{}, directory.Worker{}, false
 	}
 	return p, owner, true
 }
 
-// dispatch serves on this node or forwards to the owner.
-func (f *FrontDoor) dispatch(w http.ResponseWriter, r *http.Request, rt *route, p directory.Placement, owner directory.Worker) {
-	if p.Owner == f.selfID() {
-		f.resolvedLocal.Inc()
-		noteServed(r, "here", "")
-		f.serveAdopting(w, r, rt.bodyRead, func(w http.ResponseWriter) { f.serveLocal(w, rt.withBody(r), p, rt.rest) })
-		return
-	}
-	noteServed(r, "forwarded", owner.NodeID)
-	f.forward(w, r, rt, p, owner)
+// placementHints are what a new placement may lean on (PlacementRequest);
+// all empty when there is no client, as for the scanner's wakes.
+type placementHints struct {
+	clientIP string
+	affinity *string
+	caller   string // this node's worker, on a cluster call from one of its instances
 }
 
-// Claim outcomes that are not placements.
-var (
-	errNoBackends = errors.New("no live workers for namespace")
-	errQuarantine = errors.New("cold start quarantine")
-)
-
-type quarantineError struct{ remaining time.Duration }
-
-func (e quarantineError) Error() string { return errQuarantine.Error() }
-func (e quarantineError) Unwrap() error { return errQuarantine }
-
-// claim asks the leader (linearizably) to place key on a candidate the
-// policy picks, and returns the placement the directory holds afterwards:
-// ours, or whoever already held it.
-func (f *FrontDoor) claim(r *http.Request, rt *route) (directory.Placement, directory.Worker, error) {
-	return f.claimFor(r.Context(), rt, ClientIP(r.RemoteAddr, r.Header, f.cfg.TrustedProxies), f.affinityKey(r), rt.caller)
-}
-
-// claimFor is claim without a request: clientIP and affinity are the
-// placement hints ("" and nil when there is no client, as for the scanner).
-func (f *FrontDoor) claimFor(ctx context.Context, rt *route, clientIP string, affinity *string, caller string) (directory.Placement, directory.Worker, error) {
+// claimFor asks the leader (linearizably) to place key on a candidate the
+// policy picks, never exclude, and returns the placement the directory
+// holds afterwards: ours, or whoever already held it.
+func (rv *resolver) claimFor(ctx context.Context, key directory.Key, exclude string, hints placementHints) (directory.Placement, directory.Worker, error) {
 	ctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
-	m := f.cfg.Dir.Machine()
+	m := rv.dir.Machine()
 	tried := map[string]bool{}
-	if rt.exclude != "" {
-		tried[rt.exclude] = true
+	if exclude != "" {
+		tried[exclude] = true
 	}
 	for attempt := 0; attempt < 3; attempt++ {
 		now := time.Now()
 		var cands []Candidate
-		for _, wk := range m.Candidates(rt.key.Namespace, now.UnixMilli()) {
+		for _, wk := range m.Candidates(key.Namespace, now.UnixMilli()) {
 			if tried[wk.ClientID] {
 				continue
 			}
 			// Our own replica may still call us live while our lease is
 			// in danger; we know better.
-			if f.cfg.Worker != nil && wk.ClientID == f.selfID() && (f.cfg.Worker.Lease(now) != LeaseHealthy || f.storeHealth() != nil) {
+			if rv.worker != nil && wk.ClientID == rv.selfID() && (rv.worker.Lease(now) != LeaseHealthy || rv.storeHealth() != nil) {
 				continue
 			}
 			cands = append(cands, Candidate{ClientID: wk.ClientID, Headroom: wk.Headroom})
@@ -200,14 +145,14 @@ func (f *FrontDoor) claimFor(ctx context.Context, rt *route, clientIP string, af
 		if len(cands) == 0 {
 			return directory.Placement{}, directory.Worker{}, errNoBackends
 		}
-		choice, _ := f.cfg.Policy.Choose(PlacementRequest{
-			Key:         rt.key.Env + "\x00" + rt.key.Namespace + "\x00" + rt.key.ID,
-			ClientIP:    clientIP,
-			CallerID:    caller,
-			AffinityKey: affinity,
+		choice, _ := rv.policy.Choose(PlacementRequest{
+			Key:         key.Env + "\x00" + key.Namespace + "\x00" + key.ID,
+			ClientIP:    hints.clientIP,
+			CallerID:    hints.caller,
+			AffinityKey: hints.affinity,
 		}, cands)
-		res, err := f.cfg.Dir.Do(ctx, directory.Claim{
-			Key: rt.key, ClientID: choice, Now: time.Now().UnixMilli(), QuarantineMs: f.cfg.Quarantine.Milliseconds(),
+		res, err := rv.dir.Do(ctx, directory.Claim{
+			Key: key, ClientID: choice, Now: time.Now().UnixMilli(), QuarantineMs: rv.quarantine.Milliseconds(),
 		})
 		if err != nil {
 			return directory.Placement{}, directory.Worker{}, err
@@ -221,7 +166,7 @@ func (f *FrontDoor) claimFor(ctx context.Context, rt *route, clientIP string, af
 				continue
 			}
 			if res.Code == directory.CodeGranted {
-				f.resolutions.WithLabelValues(outcomePlaced).Inc()
+				rv.resolutions.WithLabelValues(outcomePlaced).Inc()
 			}
 			return res.Placement, owner, nil
 		case directory.CodeQuarantine:
@@ -236,34 +181,12 @@ func (f *FrontDoor) claimFor(ctx context.Context, rt *route, clientIP string, af
 	return directory.Placement{}, directory.Worker{}, errNoBackends
 }
 
-func (f *FrontDoor) claimFailed(w http.ResponseWriter, r *http.Request, key directory.Key, err error) {
-	var q quarantineError
-	switch {
-	case errors.As(err, &q):
-		f.resolutions.WithLabelValues(outcomeQuarantined).Inc()
-		httpx.WriteError(w, http.StatusServiceUnavailable, "cold start quarantine", q.remaining)
-	case errors.Is(err, errNoBackends):
-		f.resolutions.WithLabelValues(outcomeNoBackends).Inc()
-		msg := f.noBackends(key.Namespace, time.Now())
-		if serr := f.storeHealth(); serr != nil {
-			// Most likely why: a shared store down takes every worker out.
-			msg = serr.Error() + "; " + msg
-		}
-		httpx.WriteError(w, http.StatusServiceUnavailable, msg, time.Second)
-	case r.Context().Err() != nil:
-	default:
-		f.resolutions.WithLabelValues(outcomeError).Inc()
-		f.cfg.Logger.Warn("placement failed", "path", r.URL.Path, "err", err)
-		httpx.WriteError(w, http.StatusServiceUnavailable, "directory unavailable", time.Second)
-	}
-}
-
 // noBackends says why no worker may take a new placement in ns: none is
 // live, or every live one is draining (this node, when it is the only
 // one), or each is degraded, draining or renewing its lease. All but the
-// draining answers start "no live workers", as they always did.
-func (f *FrontDoor) noBackends(ns string, now time.Time) string {
-	m := f.cfg.Dir.Machine()
+// draining answers start "no live workers" (a stable prefix).
+func (rv *resolver) noBackends(ns string, now time.Time) string {
+	m := rv.dir.Machine()
 	ms := now.UnixMilli()
 	live, draining, selfDraining := 0, 0, false
 	for _, wk := range m.Workers() {
@@ -272,8 +195,8 @@ func (f *FrontDoor) noBackends(ns string, now time.Time) string {
 		}
 		live++
 		src, _ := drainSources(m, wk, ms)
-		self := wk.ClientID == f.selfID()
-		if self && len(src) == 0 && f.cfg.Worker.selfDraining() {
+		self := wk.ClientID == rv.selfID()
+		if self && len(src) == 0 && rv.worker.selfDraining() {
 			src = []string{DrainSourceLocal} // our heartbeat has not told the directory yet
 		}
 		if len(src) > 0 {
@@ -292,36 +215,36 @@ func (f *FrontDoor) noBackends(ns string, now time.Time) string {
 	return fmt.Sprintf("no live workers for namespace %s can take a new instance: %d of %d draining, the rest degraded or renewing their lease", ns, draining, live)
 }
 
-// clusterCall reports whether r is a cluster call: a request an instance on
-// this node makes through its own front door (plugins/sdk's
-// Instance.ClusterClient marks it). A new placement then prefers this node's
-// worker, as the seed's attested cluster calls do. The header names the
-// calling namespace and carries its plugin process's credential, good only
-// for that process's namespaces while it lives; it never leaves the front
-// door. A header that does not prove that is refused (err), not ignored.
-func (f *FrontDoor) clusterCall(r *http.Request) (bool, error) {
-	v := r.Header.Get(plugins.HeaderClusterCall)
-	if v == "" {
-		return false, nil
+// placeToWake is Wake's directory side: key's placement, claimed on a
+// live worker, when it needs waking (unplaced, or its owner's lease
+// lapsed); needed is false when a live owner holds it already.
+func (rv *resolver) placeToWake(ctx context.Context, key directory.Key) (p directory.Placement, owner directory.Worker, needed bool, err error) {
+	if _, owner, ok := rv.dir.Machine().Owner(key); ok && owner.Live(time.Now().UnixMilli()) {
+		return directory.Placement{}, directory.Worker{}, false, nil // its owner resumes it
 	}
-	r.Header.Del(plugins.HeaderClusterCall)
-	ns, tok, err := plugins.ParseClusterCall(v)
-	if err != nil {
-		return false, err
-	}
-	if f.cfg.ClusterCalls == nil || f.cfg.Worker == nil {
-		return false, fmt.Errorf("%s: this node runs no plugins", plugins.HeaderClusterCall)
-	}
-	nss, ok := f.cfg.ClusterCalls(tok)
-	if !ok || !slices.Contains(nss, ns) {
-		return false, fmt.Errorf("%s: the credential is not good for cluster calls from %s on this node", plugins.HeaderClusterCall, ns)
-	}
-	return true, nil
+	p, owner, err = rv.claimFor(ctx, key, "", placementHints{})
+	return p, owner, err == nil, err
 }
 
-func (f *FrontDoor) affinityKey(r *http.Request) *string {
-	if f.cfg.AffinityKey == nil {
-		return nil
+// releaseRefused gives back p, whose owner refused a request in-band, so
+// the retry can place it elsewhere.
+func (rv *resolver) releaseRefused(ctx context.Context, p directory.Placement) {
+	ctx, cancel := context.WithTimeout(ctx, claimTimeout)
+	defer cancel()
+	_, _ = rv.dir.Do(ctx, directory.Release{Key: p.Key, ClientID: p.Owner, Generation: p.Generation})
+}
+
+// release gives back this worker's placement of key under generation (an
+// instance evicted here: FrontDoor.Released).
+func (rv *resolver) release(key directory.Key, generation uint64) {
+	if rv.worker.Lease(time.Now()) == LeaseExpired {
+		// Our session is lapsing anyway, and with it the placement; a
+		// directory we cannot renew with would not take the release either.
+		return
 	}
-	return f.cfg.AffinityKey(r)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if _, err := rv.dir.Do(ctx, directory.Release{Key: key, ClientID: rv.worker.ClientID(), Generation: generation}); err != nil {
+		rv.logger.Warn("release placement failed", "key", key.String(), "err", err)
+	}
 }

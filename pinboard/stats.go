@@ -18,17 +18,17 @@ import (
 // (another node's front door) only.
 const statsPath = "/_pinned/stats"
 
-// workerStats serves GET /_pinned/stats to an attested caller.
-func (f *FrontDoor) workerStats(w http.ResponseWriter, r *http.Request) {
-	if f.cfg.Worker == nil || f.cfg.WorkerStats == nil {
+// ownerStats serves GET /_pinned/stats to an attested caller.
+func (a *api) ownerStats(w http.ResponseWriter, r *http.Request) {
+	if a.worker == nil || a.workerStats == nil {
 		httpx.WriteError(w, http.StatusNotFound, "this node hosts no instances", 0)
 		return
 	}
-	if _, ok := f.attested(w, r, statsPath); !ok {
+	if _, ok := a.owner.attested(w, r, statsPath); !ok {
 		return
 	}
-	st := f.cfg.WorkerStats(r.Context())
-	ws := f.cfg.Worker.Status()
+	st := a.workerStats(r.Context())
+	ws := a.worker.Status()
 	st["clientId"] = ws.ClientID
 	st["draining"] = ws.Draining
 	st["leaseFlaps"] = ws.LeaseFlaps
@@ -41,8 +41,8 @@ func (f *FrontDoor) workerStats(w http.ResponseWriter, r *http.Request) {
 // /_pinned/stats, gathered in parallel, so an operator can see which node
 // holds an id and how each is doing. A worker that does not answer is
 // listed with its error.
-func (f *FrontDoor) registryStats(w http.ResponseWriter, r *http.Request) {
-	m := f.cfg.Dir.Machine()
+func (a *api) registryStats(w http.ResponseWriter, r *http.Request) {
+	m := a.dir.Machine()
 	secret := m.Secret()
 	gen := max(m.AppliedIndex(), 1)
 	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
@@ -59,7 +59,7 @@ func (f *FrontDoor) registryStats(w http.ResponseWriter, r *http.Request) {
 		go func() {
 			defer wg.Done()
 			entry := map[string]any{}
-			err := f.fetchStats(ctx, secret, gen, wk.ClientID, wk.SessionID, wk.AdvertiseURL, &entry)
+			err := a.fetchStats(ctx, secret, gen, wk.ClientID, wk.SessionID, wk.AdvertiseURL, &entry)
 			if err != nil {
 				entry = map[string]any{"error": err.Error()}
 			}
@@ -77,7 +77,7 @@ func (f *FrontDoor) registryStats(w http.ResponseWriter, r *http.Request) {
 	httpx.WriteJSON(w, http.StatusOK, map[string]any{"workers": out})
 }
 
-func (f *FrontDoor) fetchStats(ctx context.Context, secret []byte, gen uint64, target, session, advertise string, into *map[string]any) error {
+func (a *api) fetchStats(ctx context.Context, secret []byte, gen uint64, target, session, advertise string, into *map[string]any) error {
 	if len(secret) == 0 {
 		return fmt.Errorf("no cluster secret yet")
 	}
@@ -85,8 +85,8 @@ func (f *FrontDoor) fetchStats(ctx context.Context, secret []byte, gen uint64, t
 	if err != nil {
 		return err
 	}
-	req.Header.Set(AttestationHeader, SignFor(secret, session, Attestation{Target: target, Caller: f.selfID(), Generation: gen, At: time.Now()}, http.MethodGet, statsPath))
-	resp, err := f.client.Do(req)
+	req.Header.Set(AttestationHeader, SignFor(secret, session, Attestation{Target: target, Caller: a.res.selfID(), Generation: gen, At: time.Now()}, http.MethodGet, statsPath))
+	resp, err := a.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("unreachable: %w", err)
 	}

@@ -52,7 +52,7 @@ func TestUnansweredForwards(t *testing.T) {
 			t.Fatalf("%s: the owner received the request %d times, want once (a sent request is never sent again)", tc.name, n)
 		}
 	}
-	if got := counterValue(t, rig.f.forwardFailures.WithLabelValues(outcomeUnknown)); got != 2 {
+	if got := counterValue(t, rig.f.fwd.failures.WithLabelValues(outcomeUnknown)); got != 2 {
 		t.Fatalf("forward failures{outcome=unknown} = %v, want 2", got)
 	}
 
@@ -68,7 +68,7 @@ func TestUnansweredForwards(t *testing.T) {
 			t.Fatalf("refused dial (%d-byte body): %d Retry-After %q %s, want 503 + Retry-After", len(body), resp.StatusCode, resp.Header.Get("Retry-After"), b)
 		}
 	}
-	if got := counterValue(t, rig.f.forwardFailures.WithLabelValues(outcomeUnreachable)); got != 2 {
+	if got := counterValue(t, rig.f.fwd.failures.WithLabelValues(outcomeUnreachable)); got != 2 {
 		t.Fatalf("forward failures{outcome=unreachable} = %v, want 2", got)
 	}
 }
