@@ -23,9 +23,11 @@
 // plugins apart, like for like. HOP_ROUNDS=<n> runs n throughput rounds
 // instead of 8, for a narrower interval on the req/s ratio.
 //
+// Two rows come from a second fleet of this build started with
+// --fast-path=false (its no-hop and hop rows): what the fast path buys.
 // scripts/bench-hop-ab.sh REV compares two builds in one run: it builds
-// pinnedd at REV and sets HOP_AB_BIN, which adds rows 5 and 6 (REV's no-hop
-// and hop rows, from a second fleet) to the same interleaved rounds. Run to
+// pinnedd at REV and sets HOP_AB_BIN, which adds REV's no-hop and hop rows,
+// from a third fleet, to the same interleaved rounds. Run to
 // run, this VM's figures drift by more than most single changes move them;
 // within one run both builds see the same drift.
 package hop

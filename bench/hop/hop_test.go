@@ -115,7 +115,20 @@ func BenchmarkHop(b *testing.B) {
 		rows = append(rows,
 			&row{name: "B build (" + filepath.Base(abBin) + "): no hop", url: g.owner.URL + "/counters/" + gid + "/value", owner: gOwner, base: n},
 			&row{name: "B build (" + filepath.Base(abBin) + "): pinnedd hop", url: g.entry.URL + "/counters/" + gid + "/value", owner: gOwner,
-				fwd: func() []int { return []int{g.entry.PID()} }, base: n},
+				fwd: func() []int { return []int{g.entry.PID()} }, base: n, role: "ab-hop"},
+		)
+	}
+	{
+		// This build with --fast-path=false on both nodes: every request
+		// in net/http, what the fast path is measured against.
+		g := startFleet(b, "", "--fast-path=false")
+		gid := g.place(b, "/counters", "/value")
+		gOwner := func() []int { return withChildren(g.owner.PID()) }
+		n := len(rows)
+		rows = append(rows,
+			&row{name: "--fast-path=false: no hop", url: g.owner.URL + "/counters/" + gid + "/value", owner: gOwner, base: n},
+			&row{name: "--fast-path=false: pinnedd hop", url: g.entry.URL + "/counters/" + gid + "/value", owner: gOwner,
+				fwd: func() []int { return []int{g.entry.PID()} }, base: n, role: "slow-hop"},
 		)
 	}
 	for _, r := range rows {
@@ -132,8 +145,8 @@ func BenchmarkHop(b *testing.B) {
 			b.Fatalf("HOP_RATE=%q: want requests per second", v)
 		}
 		at := []*row{rows[1], rows[3]}
-		if len(rows) > 5 {
-			at = append(at, rows[5]) // the B build's hop
+		if r := withRole(rows, "ab-hop"); r != nil {
+			at = append(at, r)
 		}
 		atRate = measureAtRate(b, rate, at...)
 	}
@@ -162,7 +175,7 @@ type fleet struct {
 }
 
 // startFleet starts the two nodes from bin ("": this tree's pinnedd).
-func startFleet(b testing.TB, bin string) *fleet {
+func startFleet(b testing.TB, bin string, extra ...string) *fleet {
 	b.Helper()
 	if bin == "" {
 		bin = testutil.Bin(b, "pinnedd")
@@ -171,8 +184,8 @@ func startFleet(b testing.TB, bin string) *fleet {
 	counter := testutil.Bin(b, "counter")
 	// HOP_AGENT_ENV adds environment to both nodes (e.g. GOMAXPROCS=1).
 	env := append([]string{"PINBOARD_TOKEN=" + testutil.Token}, strings.Fields(os.Getenv("HOP_AGENT_ENV"))...)
-	node := func(id string, extra ...string) []string {
-		return append([]string{
+	node := func(id string, more ...string) []string {
+		return append(append([]string{
 			"--node-id", id, "--raft-addr", testutil.FreeAddr(b), "--data-dir", filepath.Join(b.TempDir(), id),
 			"--plugin", "/counters=" + counter, "--plugin", "/misc=" + th, "--local-state",
 			// Loopback's X-Forwarded-For is trusted so the benchmark can
@@ -184,7 +197,7 @@ func startFleet(b testing.TB, bin string) *fleet {
 			"--lease-ttl", "3s", "--heartbeat-interval", "1s",
 			// testutil asks for debug logs; a benchmark wants the default.
 			"--log-level", "info",
-		}, extra...)
+		}, more...), extra...)
 	}
 	n1 := testutil.StartAgentBin(b, bin, env, node("n1", "--bootstrap")...)
 	n2 := testutil.StartAgentBin(b, bin, env, node("n2", "--join", n1.URL)...)
@@ -235,7 +248,8 @@ type row struct {
 	// owner node's (pinnedd and its plugins), whose CPU per request the
 	// throughput run measures.
 	fwd, owner        func() []int
-	base              int // the row its hop columns are measured against (row 1 unless it says)
+	base              int    // the row its hop columns are measured against (row 1 unless it says)
+	role              string // "ab-hop": the B build's hop; "slow-hop": this build's hop with --fast-path=false
 	fwdCPU, ownerCPU  time.Duration
 	fwdPerReq, ownPer float64 // µs of CPU per request
 }
@@ -866,12 +880,26 @@ func renderTable(rows []*row, sse sseResult) string {
 	fmt.Fprintf(&s, "- at least nginx's req/s at %d connections: %.0f vs %.0f (%.0f%%) — %s\n",
 		conns, hop.rps, ngx.rps, 100*hop.rps/ngx.rps, verdict(hop.rps >= ngx.rps))
 	fmt.Fprintf(&s, "  - round by round, hop vs nginx: %s; %s\n", roundRatios(hop, ngx), ratioCI(hop, ngx))
-	if len(rows) > 5 {
-		fmt.Fprintf(&s, "  - this build's hop vs the B build's (row 2 vs row 6), round by round: %s; %s\n",
-			roundRatios(hop, rows[5]), ratioCI(hop, rows[5]))
+	if r := withRole(rows, "ab-hop"); r != nil {
+		fmt.Fprintf(&s, "  - this build's hop vs the B build's (row 2 vs row %d), round by round: %s; %s\n",
+			slices.Index(rows, r)+1, roundRatios(hop, r), ratioCI(hop, r))
+	}
+	if r := withRole(rows, "slow-hop"); r != nil {
+		fmt.Fprintf(&s, "- with --fast-path=false (row %d) the hop serves %.0f req/s, %.0f%% of the fast path's; p50 %+.0f µs over its own no-hop row\n",
+			slices.Index(rows, r)+1, r.rps, 100*r.rps/hop.rps, r.p50-rows[r.base].p50)
 	}
 	fmt.Fprintf(&s, "- ≤ %d KB per held proxied SSE stream: %.1f KB — %s\n", sseTargetKB, sse.perStreamKB, verdict(sse.perStreamKB <= sseTargetKB))
 	return s.String()
+}
+
+// withRole is the row playing role, nil if none does.
+func withRole(rows []*row, role string) *row {
+	for _, r := range rows {
+		if r.role == role {
+			return r
+		}
+	}
+	return nil
 }
 
 // roundRatios is a's req/s over b's in each throughput round: the spread
