@@ -5,7 +5,8 @@
 # worktree and runs bench/hop with HOP_AB_BIN pointing at it: the table
 # gains rows 5 and 6, REV's "no hop" and "pinnedd hop", measured in the same
 # interleaved rounds as this tree's rows 1 and 2, so the machine's drift
-# hits both builds alike. (Plugins are this tree's in both fleets.)
+# hits both builds alike. Each fleet runs its own build's plugins (the plugin
+# protocol may differ between the two).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rev="${1:?usage: scripts/bench-hop-ab.sh REV}"
@@ -14,7 +15,9 @@ cleanup() { git worktree remove --force "$tmp/src" >/dev/null 2>&1 || true; rm -
 trap cleanup EXIT
 git worktree add --detach "$tmp/src" "$rev" >/dev/null
 short="$(git rev-parse --short "$rev")"
-(cd "$tmp/src" && go build -o "$tmp/pinnedd-$short" ./pinnedd)
-export HOP_AB_BIN="$tmp/pinnedd-$short"
+(cd "$tmp/src" && go build -o "$tmp/pinnedd-$short" ./pinnedd &&
+	go build -o "$tmp/counter-$short" ./examples/counter/cmd/counter &&
+	go build -o "$tmp/testhost-$short" ./internal/testhost)
+export HOP_AB_BIN="$tmp/pinnedd-$short" HOP_AB_COUNTER="$tmp/counter-$short" HOP_AB_TESTHOST="$tmp/testhost-$short"
 export HOP_BENCH_CMD="scripts/bench-hop-ab.sh $rev"
 scripts/bench-hop.sh

@@ -182,6 +182,13 @@ func startFleet(b testing.TB, bin string, extra ...string) *fleet {
 	}
 	th := testutil.Bin(b, "testhost")
 	counter := testutil.Bin(b, "counter")
+	if bin == os.Getenv("HOP_AB_BIN") && bin != "" {
+		// The B build's own plugins (bench-hop-ab.sh builds them).
+		th, counter = os.Getenv("HOP_AB_TESTHOST"), os.Getenv("HOP_AB_COUNTER")
+		if th == "" || counter == "" {
+			b.Fatal("HOP_AB_BIN needs HOP_AB_TESTHOST and HOP_AB_COUNTER (scripts/bench-hop-ab.sh sets them)")
+		}
+	}
 	// HOP_AGENT_ENV adds environment to both nodes (e.g. GOMAXPROCS=1).
 	env := append([]string{"PINBOARD_TOKEN=" + testutil.Token}, strings.Fields(os.Getenv("HOP_AGENT_ENV"))...)
 	node := func(id string, more ...string) []string {
