@@ -241,10 +241,9 @@ func signWith(macs *keyedMACs, a Attestation, method, path string) string {
 // Sign's nonces are a per-process prefix and a counter, so the nonces one
 // signer spends here are remembered as one bit per counter, in chunks of
 // nonceChunkBits; any other nonce goes in a map. Either way a nonce is
-// forgotten once a replay of it would be refused as expired anyway. (A map
-// entry per nonce held 60 s of them: at 12k forwarded requests a second,
-// about 40 MB, and the owner's costliest step per request after the
-// syscalls.)
+// forgotten once a replay of it would be refused as expired anyway. The
+// bitmap keeps the replay cache small and cheap at the owner's request
+// rate (DESIGN.md, "Figures").
 type Verifier struct {
 	Window time.Duration
 

@@ -15,7 +15,8 @@ import (
 // Scope is a permission a bearer token carries.
 type Scope string
 
-// Scopes, as the seed's passports name them.
+// Scopes: a worker registers and heartbeats, an operator reads and acts
+// on the fleet.
 const (
 	ScopeWorker   Scope = "pinboard:worker"
 	ScopeOperator Scope = "pinboard:operator"
@@ -40,7 +41,7 @@ type Tokens struct {
 }
 
 // NewTokens grants every scope to each of the given deployment tokens
-// (the seed's single deployment key carries worker and operator).
+// (a deployment key carries worker and operator).
 func NewTokens(tokens ...string) *Tokens {
 	t := &Tokens{keys: map[string][]Scope{}}
 	for _, tok := range tokens {

@@ -286,7 +286,8 @@ func (c *limitedConn) Unwrap() net.Conn { return c.Conn }
 // a read fails) runs with none. http.Server.ReadTimeout is not this: it
 // bounds the whole request from its first byte, so a slow but steady
 // upload, or a body read after a long placement or activation, would be
-// cut. A connection hijacked later (the relay hand-off) is unaffected:
+// cut. A connection hijacked later (a held stream or a kept-alive
+// connection leaving net/http) is unaffected:
 // Hijack clears deadlines, and the loops use the descriptor, not Go's
 // deadlines.
 type bodyDeadline struct {

@@ -121,7 +121,7 @@ func errorOf(t *testing.T, body string) string {
 	return e.Error
 }
 
-// The seed's tutorial 3: once an owner's lease lapsed, GET /registry/workers
+// Once an owner's lease lapsed, GET /registry/workers
 // lists the surviving worker only; ?all=1 shows the lapsed one too.
 func TestRegistryWorkersListsLiveByDefault(t *testing.T) {
 	rig := newDoorRig(t, nil)

@@ -29,7 +29,9 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	return true
 }
 
-// registryError maps a Registry error to the seed's status codes.
+// registryError answers a Registry error with its status (REGISTRY.md):
+// 400 bad request, 403 challenge failed, 409 advertise URL in use or
+// register again, 404 unknown client, 503 no secret or no directory.
 func (a *api) registryError(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, ErrBadRequest):
@@ -186,7 +188,7 @@ type WorkerView struct {
 }
 
 // registryWorkers lists the live workers (a session whose lease has not
-// lapsed: the seed's "lists the surviving worker"), with their lease and
+// lapsed; a lapsed owner drops out of the list), with their lease and
 // drain state; ?all=1 adds the lapsed and deregistered ones the directory
 // still remembers.
 func (a *api) registryWorkers(w http.ResponseWriter, r *http.Request) {
