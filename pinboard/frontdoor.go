@@ -198,15 +198,10 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 // register registers the front door's collectors with reg: its parts'
 // and the worker's gauges.
 func (f *FrontDoor) register(reg prometheus.Registerer, worker *Worker) {
-	reg.MustRegister(f.res.resolutions, f.owner.attestFailures)
+	reg.MustRegister(f.res.collectors()...)
+	reg.MustRegister(f.owner.collectors()...)
 	reg.MustRegister(f.fwd.collectors()...)
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "pinboard_kept_alive_connections", Help: "Client connections the kept-alive loop serves now, out of net/http.",
-	}, func() float64 { return float64(f.keep.conns.Len()) }))
-	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "pinboard_kept_alive_requests_total",
-		Help: "Requests the kept-alive loop carried itself: forwarded to their owner's node, or (on the owner) relayed to the plugin.",
-	}, func() float64 { return float64(f.keep.conns.Served()) }))
+	reg.MustRegister(f.keep.collectors()...)
 	if worker == nil {
 		return
 	}

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/pinnedd/pinnedd/internal/relay"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // keptAlive moves client connections between net/http and the kept-alive
@@ -37,6 +38,19 @@ func newKeptAlive(rt relay.Router, accessLog bool, logger *slog.Logger) *keptAli
 	k := &keptAlive{handBack: relay.NewHandBack(), logger: logger, never: accessLog}
 	k.conns = relay.NewConns(logger, rt, k.handBack.Give, ownerHeaderTimeout)
 	return k
+}
+
+// collectors are the loop's metrics, for the registry.
+func (k *keptAlive) collectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "pinboard_kept_alive_connections", Help: "Client connections the kept-alive loop serves now, out of net/http.",
+		}, func() float64 { return float64(k.conns.Len()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "pinboard_kept_alive_requests_total",
+			Help: "Requests the kept-alive loop carried itself: forwarded to their owner's node, or (on the owner) relayed to the plugin.",
+		}, func() float64 { return float64(k.conns.Served()) }),
+	}
 }
 
 // serveHandBacks lets the loop take connections from srv: the ones it

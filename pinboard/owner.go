@@ -45,6 +45,11 @@ func newOwnerSide(dir *Directory, worker *Worker, local *supervisor.Supervisor, 
 	}
 }
 
+// collectors are the owner side's metrics, for the registry.
+func (o *ownerSide) collectors() []prometheus.Collector {
+	return []prometheus.Collector{o.attestFailures}
+}
+
 // servesLive reports whether a worker with lease serves an instance that
 // is live here (an unhealthy lease still does; it only takes no new ones).
 func servesLive(lease LeaseState) bool { return lease == LeaseHealthy || lease == LeaseUnhealthy }

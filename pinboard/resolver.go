@@ -59,6 +59,11 @@ func (rv *resolver) counter(outcome string) prometheus.Counter {
 	return rv.resolutions.WithLabelValues(outcome)
 }
 
+// collectors are the resolver's metrics, for the registry.
+func (rv *resolver) collectors() []prometheus.Collector {
+	return []prometheus.Collector{rv.resolutions}
+}
+
 // selfID is this node's worker's client id ("" without hosts, or before
 // its first registration).
 func (rv *resolver) selfID() string {
