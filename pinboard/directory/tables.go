@@ -1,53 +1,56 @@
 package directory
 
 import (
+	"hash/maphash"
 	"maps"
-	"sync"
+	"sync/atomic"
 )
 
 // placementTable is the directory's one record of placements, shared by the
-// appliers (under Machine.mu's write side) and the lock-free readers.
+// appliers (under Machine.mu's write side) and the readers, who take no
+// lock at all: they find a placement in a hash index whose chains are
+// immutable once published (a write replaces the nodes in front of the key
+// it changes, then swaps the chain's head in one atomic store).
 //
-// Readers see only committed placements, in a sync.Map whose loads take no
-// lock. An entry's writes wait in pending until commit, which the Machine
-// runs after publishing the workers the entry changed: a reader that finds
-// a placement and then loads the workers sees them from the same entry or
-// a later one, never a placement naming a session it cannot see yet.
+// An entry's writes wait in pending until commit, which the Machine runs
+// after publishing the workers the entry changed: a reader that finds a
+// placement and then loads the workers sees them from the same entry or a
+// later one, never a placement naming a session it cannot see yet.
 type placementTable struct {
-	committed sync.Map           // Key -> *Placement; a stored *Placement is never modified
-	pending   map[Key]*Placement // the entry's writes; nil marks a delete
-	n         int                // committed placements; written by commit only
+	index   atomic.Pointer[placementIndex]
+	pending map[Key]pendingPlacement // the entry's writes, by key
+	n       int                      // committed placements; written by commit only
 
 	// owned indexes the placements by owner (client id), pending writes
 	// included. Only appliers and readers holding Machine.mu use it.
 	owned map[string]map[Key]struct{}
 }
 
+type pendingPlacement struct {
+	p       Placement
+	deleted bool
+}
+
 func newPlacementTable() *placementTable {
-	return &placementTable{
-		pending: make(map[Key]*Placement),
+	t := &placementTable{
+		pending: make(map[Key]pendingPlacement),
 		owned:   make(map[string]map[Key]struct{}),
 	}
+	t.index.Store(newPlacementIndex(minPlacementBuckets))
+	return t
 }
 
 // load returns the committed placement of k, without a lock.
 func (t *placementTable) load(k Key) (Placement, bool) {
-	v, ok := t.committed.Load(k)
-	if !ok {
-		return Placement{}, false
-	}
-	return *v.(*Placement), true
+	return t.index.Load().find(k)
 }
 
 // get returns the placement of k including the writes of the entry being
 // applied; callers hold Machine.mu.
 func (t *placementTable) get(k Key) (Placement, bool) {
 	if len(t.pending) != 0 {
-		if p, ok := t.pending[k]; ok {
-			if p == nil {
-				return Placement{}, false
-			}
-			return *p, true
+		if w, ok := t.pending[k]; ok {
+			return w.p, !w.deleted
 		}
 	}
 	return t.load(k)
@@ -65,14 +68,14 @@ func (t *placementTable) set(p Placement) {
 		t.owned[p.Owner] = keys
 	}
 	keys[p.Key] = struct{}{}
-	t.pending[p.Key] = &p
+	t.pending[p.Key] = pendingPlacement{p: p}
 }
 
 // delete removes the placement p (as get returned it); callers hold
 // Machine.mu's write side. Readers see it gone at the next commit.
 func (t *placementTable) delete(p Placement) {
 	t.unown(p)
-	t.pending[p.Key] = nil
+	t.pending[p.Key] = pendingPlacement{p: Placement{Key: p.Key}, deleted: true}
 }
 
 func (t *placementTable) unown(p Placement) {
@@ -90,27 +93,119 @@ func (t *placementTable) unown(p Placement) {
 // them again with the same owner: neither adds a key to it.
 func (t *placementTable) keysOf(owner string) map[Key]struct{} { return t.owned[owner] }
 
-// commit makes the entry's writes visible to readers, key by key.
+// commit makes the entry's writes visible to readers, key by key; callers
+// hold Machine.mu's write side.
 func (t *placementTable) commit() {
-	for k, p := range t.pending {
-		if p == nil {
-			if _, was := t.committed.LoadAndDelete(k); was {
+	x := t.index.Load()
+	for k, w := range t.pending {
+		if x.store(k, w.p, w.deleted) {
+			if w.deleted {
 				t.n--
 			}
-		} else if _, was := t.committed.Swap(k, p); !was {
+		} else if !w.deleted {
 			t.n++
 		}
 	}
 	clear(t.pending)
+	if 2*t.n > len(x.buckets) {
+		// Readers go on with the old index until the grown one is whole.
+		t.index.Store(x.grown(2 * len(x.buckets)))
+	}
 }
 
 // each calls fn for every committed placement, in no order; callers hold
 // Machine.mu (so nothing is pending).
 func (t *placementTable) each(fn func(Placement)) {
-	t.committed.Range(func(_, v any) bool {
-		fn(*v.(*Placement))
-		return true
-	})
+	x := t.index.Load()
+	for i := range x.buckets {
+		for n := x.buckets[i].Load(); n != nil; n = n.next {
+			fn(n.p)
+		}
+	}
+}
+
+// placementIndex is a chained hash table for one writer and any number of
+// lock-free readers. A node is never modified once a reader can reach it.
+type placementIndex struct {
+	seed    maphash.Seed
+	buckets []atomic.Pointer[placementNode] // a power of two
+}
+
+type placementNode struct {
+	hash uint64 // of p.Key, compared before the key
+	next *placementNode
+	p    Placement
+}
+
+// minPlacementBuckets is the size of an empty index; it doubles once it
+// holds more placements than half its buckets, so chains stay short.
+const minPlacementBuckets = 64
+
+func newPlacementIndex(buckets int) *placementIndex {
+	return &placementIndex{seed: maphash.MakeSeed(), buckets: make([]atomic.Pointer[placementNode], buckets)}
+}
+
+func (x *placementIndex) bucket(k Key) (*atomic.Pointer[placementNode], uint64) {
+	h := maphash.Comparable(x.seed, k)
+	return &x.buckets[h&uint64(len(x.buckets)-1)], h
+}
+
+func (x *placementIndex) find(k Key) (Placement, bool) {
+	b, h := x.bucket(k)
+	for n := b.Load(); n != nil; n = n.next {
+		if n.hash == h && n.p.Key == k {
+			return n.p, true
+		}
+	}
+	return Placement{}, false
+}
+
+// store sets p as k's placement, or removes k with del, and reports whether
+// k was there before. A new key goes in front of its chain; changing or
+// removing one copies the nodes in front of it, so a reader still walking
+// the old chain sees it whole.
+func (x *placementIndex) store(k Key, p Placement, del bool) bool {
+	b, h := x.bucket(k)
+	head := b.Load()
+	at := head
+	for at != nil && (at.hash != h || at.p.Key != k) {
+		at = at.next
+	}
+	switch {
+	case at == nil && del:
+		return false
+	case at == nil:
+		b.Store(&placementNode{hash: h, next: head, p: p})
+		return false
+	}
+	tail := at.next
+	if !del {
+		tail = &placementNode{hash: h, next: tail, p: p}
+	}
+	b.Store(copyBefore(head, at, tail))
+	return true
+}
+
+// copyBefore returns a copy of the chain from n up to (not including) stop,
+// followed by tail.
+func copyBefore(n, stop, tail *placementNode) *placementNode {
+	if n == stop {
+		return tail
+	}
+	return &placementNode{hash: n.hash, next: copyBefore(n.next, stop, tail), p: n.p}
+}
+
+// grown returns a new index of the given size holding x's placements in
+// new nodes (x's readers may still walk the old ones).
+func (x *placementIndex) grown(buckets int) *placementIndex {
+	g := newPlacementIndex(buckets)
+	for i := range x.buckets {
+		for n := x.buckets[i].Load(); n != nil; n = n.next {
+			b, h := g.bucket(n.p.Key)
+			b.Store(&placementNode{hash: h, next: b.Load(), p: n.p})
+		}
+	}
+	return g
 }
 
 // workerTable is the directory's one record of workers. The records the
