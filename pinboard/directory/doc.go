@@ -23,16 +23,17 @@
 // Apply and Restore serialize on the Machine's mutex; the front door's
 // per-request reads (Owner, Placement, Worker, Workers, NamespaceServed,
 // Secret) never take it, so an entry of hundreds of commands being applied
-// stalls no request. Placements live in one table, a sync.Map the readers
-// load from without a lock; an entry's writes wait beside it until the
-// entry is done. Workers and the secret are published as an immutable view
-// (an atomic pointer) after each entry that changed them: appliers change a
-// worker only through a private copy. At the end of an entry the view is
-// published first and the placements committed second, so Owner, which
-// loads the placement and then the view, sees the worker a placement names
-// as of that entry or a later one. Restore swaps in a new table and view
-// at once. The other reads (Candidates, PlacementsOf, Drains, ...) take the
-// mutex's read side.
+// stalls no request. Placements live in one table, a hash index whose
+// chains are never modified once readers can reach them (a write copies
+// the nodes in front of its key and swaps the chain's head atomically);
+// an entry's writes wait beside it until the entry is done. Workers and
+// the secret are published as an immutable view (an atomic pointer) after
+// each entry that changed them: appliers change a worker only through a
+// private copy. At the end of an entry the view is published first and the
+// placements committed second, so Owner, which loads the placement and
+// then the view, sees the worker a placement names as of that entry or a
+// later one. Restore swaps in a new table and view at once. The other
+// reads (Candidates, PlacementsOf, Drains, ...) take the mutex's read side.
 //
 // # Commands, retries and versions
 //
