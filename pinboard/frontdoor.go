@@ -116,12 +116,12 @@ type FrontDoorConfig struct {
 // registry and operator routes) and keptAlive (connections moving between
 // net/http and the kept-alive loop).
 type FrontDoor struct {
-	res   *resolver
-	owner *ownerSide
-	fwd   *forwarder
-	api   *api
-	keep  *keptAlive
-	peer  peerTransport // node-to-node requests (Wake's; the forwarder's)
+	res       *resolver
+	owner     *ownerSide
+	fwd       *forwarder
+	api       *api
+	keep      *keptAlive
+	transport peerTransport // node-to-node requests (the forwarder's, Wake's, the api's)
 
 	dir    *Directory // the cluster secret (Wake); worker URLs (peerIPs)
 	tokens *Tokens
@@ -139,7 +139,7 @@ type FrontDoor struct {
 	fastPath        bool
 
 	limiter   *ConnLimiter
-	peers     peerSet // the fleet's own IPs, exempt from the per-IP cap
+	fleetIPs  peerSet // the fleet's own IPs, exempt from the per-IP cap
 	peerAddrs func() []string
 	capPerIP  bool
 }
@@ -157,15 +157,15 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		trustedProxies: cfg.TrustedProxies, affinityKey: cfg.AffinityKey, clusterCalls: cfg.ClusterCalls,
 		bodyReadTimeout: cfg.BodyReadTimeout, accessLog: cfg.AccessLog, fastPath: cfg.FastPath,
 		peerAddrs: cfg.PeerAddrs, capPerIP: cfg.MaxConnsPerIP > 0,
-		peer: newPeerTransport(cfg.Transport),
+		transport: newPeerTransport(cfg.Transport),
 	}
 	f.res = newResolver(cfg.Dir, cfg.Worker, cfg.Local, cfg.Policy, cfg.Quarantine, cfg.Logger)
 	f.keep = newKeptAlive(f, cfg.AccessLog, cfg.Logger)
 	f.owner = newOwnerSide(cfg.Dir, cfg.Worker, cfg.Local, f.res, f.keep, cfg.AttestationWindow)
-	f.fwd = newForwarder(cfg.Dir, f.res, f.keep, f.peer, cfg.Logger, f.routeRequest)
+	f.fwd = newForwarder(cfg.Dir, f.res, f.keep, f.transport, cfg.Logger, f.routeRequest)
 	f.api = &api{
 		dir: cfg.Dir, worker: cfg.Worker, registry: cfg.Registry, tokens: cfg.Tokens, res: f.res, owner: f.owner,
-		client: f.peer.client, logger: cfg.Logger, quarantine: cfg.Quarantine, stopping: f.stopping.Load,
+		client: f.transport.client, logger: cfg.Logger, quarantine: cfg.Quarantine, stopping: f.stopping.Load,
 		metrics: cfg.Metrics, metricsPublic: cfg.MetricsPublic, health: cfg.Health, ready: cfg.Ready, status: cfg.Status,
 		workerStats: cfg.WorkerStats, drainHook: cfg.Drain, windDown: cfg.WindDown, reload: cfg.Reload,
 	}
@@ -254,10 +254,10 @@ func (f *FrontDoor) RequireScope(scope Scope, h http.HandlerFunc) http.HandlerFu
 // then closes its pooled connections to owners. Call it after the server
 // stopped serving.
 func (f *FrontDoor) Close() error {
-	f.peers.close()
+	f.fleetIPs.close()
 	_ = f.keep.close()
 	err := f.fwd.close()
-	f.peer.close()
+	f.transport.close()
 	return err
 }
 
@@ -286,7 +286,7 @@ func (f *FrontDoor) SetStopping() {
 // Retry-After and closed.
 func (f *FrontDoor) Listener(ln net.Listener) net.Listener {
 	if f.capPerIP {
-		f.peers.run(f.peerIPs) // until Close
+		f.fleetIPs.run(f.peerIPs) // until Close
 	}
 	return f.limiter.Listener(ln)
 }

@@ -396,7 +396,7 @@ func (f *FrontDoor) exemptFromIPCap(ip netip.Addr) bool {
 			return true
 		}
 	}
-	return f.peers.has(ip)
+	return f.fleetIPs.has(ip)
 }
 
 // peerIPs resolves the workers' advertise URLs and the members' front-door

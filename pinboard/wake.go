@@ -28,7 +28,7 @@ func (f *FrontDoor) Wake(ctx context.Context, key directory.Key) (bool, error) {
 	if p.Owner == f.res.selfID() {
 		return true, f.owner.wakeLocal(ctx, p)
 	}
-	if err := wakeOn(ctx, f.peer.client, f.dir.Machine().Secret(), f.res.selfID(), p, owner); err != nil {
+	if err := wakeOn(ctx, f.transport.client, f.dir.Machine().Secret(), f.res.selfID(), p, owner); err != nil {
 		return false, err
 	}
 	return true, nil
