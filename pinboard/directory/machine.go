@@ -127,11 +127,14 @@ func (m *Machine) applyLocked(index uint64, c Command, decodeErr error) Result {
 func (m *Machine) publish() {
 	old := m.view.Load()
 	workers, changed := m.st.workers.publish()
+	// The secret only ever goes from unset to set (or is replaced along
+	// with the placement table by Restore).
 	if changed || old == nil || old.placements != m.st.placements || len(old.secret) != len(m.st.secret) {
-		if !changed {
-			workers = old.workers
+		v := &view{placements: m.st.placements, workers: workers, secret: m.st.secret}
+		if !changed && old != nil {
+			v.workers = old.workers
 		}
-		m.view.Store(&view{placements: m.st.placements, workers: workers, secret: m.st.secret})
+		m.view.Store(v)
 	}
 	m.st.placements.commit()
 }
