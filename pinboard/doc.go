@@ -14,6 +14,8 @@
 // attestation failures). A connection that carried a plain request to a
 // forwarded or local id then moves to the kept-alive loop (Route,
 // internal/relay.Conns), which repeats only the decided case without
-// net/http: forward to a live remote owner, or relay to an instance live
-// here through supervisor's Relay; anything else goes back, unread.
+// net/http: forward to a live remote owner, or carry it to an instance
+// live here (supervisor.Open); anything else goes back, unread. DESIGN.md
+// describes the front door's parts (router, resolver, owner side,
+// forwarder, api) and the rules each keeps.
 package pinboard

@@ -45,7 +45,7 @@ func optionalSeconds(raw json.RawMessage) (d time.Duration, isNull, present bool
 
 func (a *api) ttl() time.Duration {
 	if a.registry != nil {
-		return a.registry.ttl
+		return a.registry.TTL()
 	}
 	return DefaultLeaseTTL
 }

@@ -110,6 +110,9 @@ func NewRegistry(dir *Directory, ttl time.Duration) *Registry {
 	return &Registry{dir: dir, ttl: ttl, client: &http.Client{Timeout: 2 * time.Second}}
 }
 
+// TTL is the lease TTL the registry grants.
+func (r *Registry) TTL() time.Duration { return r.ttl }
+
 // Registration failures the registry HTTP API maps to status codes.
 var (
 	ErrBadRequest      = errors.New("bad request")
