@@ -282,7 +282,7 @@ func isHeldStream(in *http.Request, resp *http.Response) bool {
 // the bytes read with its head is no held stream: the proxy copies it and
 // both connections stay alive.
 func (fw *forwarder) holdStream(info *fwdInfo, resp *http.Response) bool {
-	if !isHeldStream(info.orig, resp) {
+	if !fw.keep.holds || !isHeldStream(info.orig, resp) {
 		return false
 	}
 	chunked := relay.Chunked(resp)

@@ -35,12 +35,19 @@ type relayRig struct {
 
 func newRelayRig(t *testing.T, owner http.Handler) *relayRig {
 	t.Helper()
+	return newRelayRigWith(t, owner, true)
+}
+
+// newRelayRigWith is newRelayRig with the fast path on or off.
+func newRelayRigWith(t *testing.T, owner http.Handler, fastPath bool) *relayRig {
+	t.Helper()
 	ow := httptest.NewServer(owner)
 	t.Cleanup(ow.Close)
 	base, _ := url.Parse(ow.URL)
 	rig := &relayRig{f: NewFrontDoor(FrontDoorConfig{
 		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Registerer: prometheus.NewRegistry(),
+		FastPath:   fastPath,
 	})}
 	rig.front = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := context.WithValue(r.Context(), fwdCtxKey{}, &fwdInfo{rq: &instanceRequest{}, w: w, orig: r})
@@ -131,6 +138,47 @@ func TestForwardedStreamIsRelayed(t *testing.T) {
 	testutil.WaitFor(t, 5*time.Second, "the relay counts the client gone", func() bool {
 		return rig.ended("client-gone") == 1 && rig.f.fwd.held.Len() == 0
 	})
+}
+
+// With the fast path off a held stream stays in net/http, events flowing
+// as they come.
+func TestHeldStreamStaysInNetHTTPWithoutFastPath(t *testing.T) {
+	next := make(chan struct{})
+	rig := newRelayRigWith(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := 0; ; i++ {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			if http.NewResponseController(w).Flush() != nil {
+				return
+			}
+			select {
+			case <-next:
+			case <-r.Context().Done():
+				return
+			}
+		}
+	}), false)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", rig.front.URL+"/sse", nil)
+	resp, err := rig.front.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	for i := range 3 {
+		if line, err := br.ReadString('\n'); err != nil || line != fmt.Sprintf("data: %d\n", i) {
+			t.Fatalf("event %d: %q, %v", i, line, err)
+		}
+		if _, err := br.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		next <- struct{}{}
+	}
+	if rig.hijacked.Load() != 0 || rig.f.fwd.held.Len() != 0 {
+		t.Fatalf("hijacked %d, relayed %d with the fast path off", rig.hijacked.Load(), rig.f.fwd.held.Len())
+	}
 }
 
 // A long chunked body of unknown length is relayed whole and ends the

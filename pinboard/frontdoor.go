@@ -99,7 +99,8 @@ type FrontDoorConfig struct {
 	PeerAddrs func() []string
 	// FastPath lets connections that carried a plain request move to the
 	// kept-alive loop, which serves their next plain requests without
-	// net/http (package relay; Linux only). Off, every request takes
+	// net/http, and held streams forwarded to another node move to the
+	// relay loop (package relay; Linux only). Off, every request takes
 	// net/http's path: the same answers, more CPU per request.
 	FastPath bool
 	// IdleTimeout closes a kept-alive client connection that sent nothing
@@ -160,7 +161,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		transport: newPeerTransport(cfg.Transport),
 	}
 	f.res = newResolver(cfg.Dir, cfg.Worker, cfg.Local, cfg.Policy, cfg.Quarantine, cfg.Logger)
-	f.keep = newKeptAlive(f, cfg.AccessLog, cfg.Logger)
+	f.keep = newKeptAlive(f, cfg.FastPath, cfg.AccessLog, cfg.Logger)
 	f.owner = newOwnerSide(cfg.Dir, cfg.Worker, cfg.Local, f.res, f.keep, cfg.AttestationWindow)
 	f.fwd = newForwarder(cfg.Dir, f.res, f.keep, f.transport, cfg.Logger, f.routeRequest)
 	f.api = &api{

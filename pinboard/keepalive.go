@@ -26,6 +26,9 @@ type keptAlive struct {
 	// never: the access log is on, and every request must pass through
 	// net/http to be logged.
 	never bool
+	// holds: held streams forwarded to another node leave net/http for
+	// the relay loop (FastPath).
+	holds bool
 	// on: connections the loop gives back are served, so the loop may
 	// take them (serveHandBacks).
 	on atomic.Bool
@@ -34,8 +37,8 @@ type keptAlive struct {
 }
 
 // newKeptAlive builds the loop with rt as its router.
-func newKeptAlive(rt relay.Router, accessLog bool, logger *slog.Logger) *keptAlive {
-	k := &keptAlive{handBack: relay.NewHandBack(), logger: logger, never: accessLog}
+func newKeptAlive(rt relay.Router, fastPath, accessLog bool, logger *slog.Logger) *keptAlive {
+	k := &keptAlive{handBack: relay.NewHandBack(), logger: logger, never: accessLog, holds: fastPath && relay.Supported}
 	k.conns = relay.NewConns(logger, rt, k.handBack.Give, ownerHeaderTimeout)
 	return k
 }
