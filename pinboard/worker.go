@@ -17,7 +17,8 @@ import (
 	"github.com/pinnedd/pinnedd/internal/httpx"
 )
 
-// Lease timing defaults, as the seed's fleet guide gives them.
+// Lease timing defaults: a lease lasts 15 s, renewed every 3 s, and is
+// unhealthy from 5 s before it expires.
 const (
 	DefaultLeaseTTL          = 15 * time.Second
 	DefaultHeartbeatInterval = 3 * time.Second
@@ -28,7 +29,7 @@ const (
 // by itself: safety never depends on the directory reaching this process.
 type LeaseState int
 
-// Lease states (the seed's lease table).
+// Lease states, from the worker's own clock.
 const (
 	// LeaseUnregistered: no registration has succeeded yet.
 	LeaseUnregistered LeaseState = iota

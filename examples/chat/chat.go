@@ -1,4 +1,4 @@
-// Package chat is the durable echo chat of the seed's tutorial 2, as a
+// Package chat is the README's durable echo chat, as a
 // pinnedd host built on statewire: each id under /threads is a thread whose
 // transcript lives in the tray ("log", "~") field "messages", and whose
 // replies echo the user's words one at a time.
@@ -34,7 +34,7 @@ import (
 // Namespace the chat host is served under.
 const Namespace = "/threads"
 
-// DefaultWordDelay is the seed's pace: one word every 50 ms.
+// DefaultWordDelay is the reply's pace: one word every 50 ms.
 const DefaultWordDelay = 50 * time.Millisecond
 
 // EnvWordDelay overrides the pace (a Go duration), so tests can stream a

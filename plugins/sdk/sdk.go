@@ -44,7 +44,7 @@ type Host struct {
 	// long is evicted. 0 leaves pinnedd's default.
 	DetachedTimeout time.Duration
 	// KeepPlacementOnIdle keeps the id placed on this node across idle
-	// eviction (the seed's release_placement_on_idle=False).
+	// eviction, where its placement would otherwise be released.
 	KeepPlacementOnIdle bool
 	// Trays maps a tray namespace to the handler that executes its work
 	// items (see Tray.Append). Trays of other namespaces hold fields only.
