@@ -21,6 +21,9 @@ type MarkedLister interface {
 	ListMarked(ctx context.Context, after statestore.InstanceKey, limit int) ([]statestore.InstanceKey, error)
 }
 
+// DefaultScanInterval is how often the leader looks for marked work.
+const DefaultScanInterval = 5 * time.Second
+
 // scanPage is how many marked instances one ListMarked call returns.
 const scanPage = 256
 
@@ -38,9 +41,13 @@ type MarkedScanner struct {
 }
 
 // NewMarkedScanner returns a scanner of states that wakes through w every
-// interval. states should bound its calls (statestore.Bounded): a scan
-// must not hang on a store that stopped answering.
+// interval (DefaultScanInterval when 0). states should bound its calls
+// (statestore.Bounded): a scan must not hang on a store that stopped
+// answering.
 func NewMarkedScanner(states MarkedLister, w KeyWaker, every time.Duration, log *slog.Logger) *MarkedScanner {
+	if every <= 0 {
+		every = DefaultScanInterval
+	}
 	return &MarkedScanner{states: states, waker: w, every: every, page: scanPage, log: log}
 }
 

@@ -48,7 +48,7 @@ func agentCommand() *cli.Command {
 			&cli.BoolFlag{Name: "watch-plugins", Usage: "hot-swap a plugin when its binary is replaced (default: on with --dev, off otherwise)", EnvVars: []string{"PINNEDD_WATCH_PLUGINS"}},
 			&cli.StringFlag{Name: "database-url", Usage: "Postgres for instance state, shared by the fleet, so any node can restore any id", EnvVars: []string{"DATABASE_URL"}},
 			&cli.BoolFlag{Name: "local-state", Usage: "keep instance state in --data-dir instead of a shared --database-url: an id stays on its node while that node lives, but one that moves (a drain, a restart, the node's death) starts EMPTY on its new node", EnvVars: []string{"PINNEDD_LOCAL_STATE"}},
-			&cli.DurationFlag{Name: "scan-interval", Value: 5 * time.Second, Usage: "how often the leader looks for marked durable work to resume", EnvVars: []string{"PINNEDD_SCAN_INTERVAL"}},
+			&cli.DurationFlag{Name: "scan-interval", Value: pinboard.DefaultScanInterval, Usage: "how often the leader looks for marked durable work to resume", EnvVars: []string{"PINNEDD_SCAN_INTERVAL"}},
 			&cli.BoolFlag{Name: "no-hosts", Usage: "serve no instances: a pure front door and Raft member (the seed's pinboard role)", EnvVars: []string{"PINNEDD_NO_HOSTS"}},
 			&cli.StringFlag{Name: "token", Usage: "deployment token (worker and operator scopes)", EnvVars: []string{"PINBOARD_TOKEN"}},
 			&cli.DurationFlag{Name: "lease-ttl", Value: pinboard.DefaultLeaseTTL, Usage: "worker lease TTL (also PINBOARD_LEASE_TTL_MS)", EnvVars: []string{"PINNEDD_LEASE_TTL"}},
