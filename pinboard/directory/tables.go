@@ -97,6 +97,17 @@ func (t *placementTable) keysOf(owner string) map[Key]struct{} { return t.owned[
 // hold Machine.mu's write side.
 func (t *placementTable) commit() {
 	x := t.index.Load()
+	if most := t.n + len(t.pending); 2*most > len(x.buckets) {
+		// Grown before the writes, so that a large entry (or a restore)
+		// never walks long chains. The grown index holds what readers
+		// already see; they go on with the old one until it is whole.
+		size := len(x.buckets)
+		for 2*most > size {
+			size *= 2
+		}
+		x = x.grown(size)
+		t.index.Store(x)
+	}
 	for k, w := range t.pending {
 		if x.store(k, w.p, w.deleted) {
 			if w.deleted {
@@ -107,10 +118,6 @@ func (t *placementTable) commit() {
 		}
 	}
 	clear(t.pending)
-	if 2*t.n > len(x.buckets) {
-		// Readers go on with the old index until the grown one is whole.
-		t.index.Store(x.grown(2 * len(x.buckets)))
-	}
 }
 
 // each calls fn for every committed placement, in no order; callers hold
@@ -137,8 +144,8 @@ type placementNode struct {
 	p    Placement
 }
 
-// minPlacementBuckets is the size of an empty index; it doubles once it
-// holds more placements than half its buckets, so chains stay short.
+// minPlacementBuckets is the size of an empty index; it doubles before it
+// would hold more placements than half its buckets, so chains stay short.
 const minPlacementBuckets = 64
 
 func newPlacementIndex(buckets int) *placementIndex {

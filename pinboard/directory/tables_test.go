@@ -56,29 +56,32 @@ func TestPlacementIndexChains(t *testing.T) {
 	}
 }
 
-// The table grows while it fills; every placement stays findable and is
-// counted once.
+// The table grows while it fills, whether one entry adds many placements
+// or many entries add a few: it never holds more placements than half its
+// buckets, and every placement stays findable and is counted once.
 func TestPlacementTableGrows(t *testing.T) {
-	tb := newPlacementTable()
 	const n = 10 * minPlacementBuckets
-	for i := range n {
-		tb.set(Placement{Key: Key{Namespace: "/n", ID: fmt.Sprint(i)}, Owner: "w", Generation: uint64(i)})
-		if i%7 == 0 {
-			tb.commit()
+	for _, every := range []int{n, 7} {
+		tb := newPlacementTable()
+		for i := range n {
+			tb.set(Placement{Key: Key{Namespace: "/n", ID: fmt.Sprint(i)}, Owner: "w", Generation: uint64(i)})
+			if (i+1)%every == 0 {
+				tb.commit()
+				if b := len(tb.index.Load().buckets); 2*tb.n > b {
+					t.Fatalf("commit every %d: %d placements in %d buckets", every, tb.n, b)
+				}
+			}
 		}
-	}
-	tb.commit()
-	if got := len(tb.index.Load().buckets); got <= minPlacementBuckets {
-		t.Fatalf("%d placements in %d buckets", n, got)
-	}
-	count := 0
-	tb.each(func(Placement) { count++ })
-	if count != n || tb.n != n || len(tb.keysOf("w")) != n {
-		t.Fatalf("each saw %d, count %d, owner index %d; want %d", count, tb.n, len(tb.keysOf("w")), n)
-	}
-	for i := range n {
-		if p, ok := tb.load(Key{Namespace: "/n", ID: fmt.Sprint(i)}); !ok || p.Generation != uint64(i) {
-			t.Fatalf("placement %d: %+v (%v)", i, p, ok)
+		tb.commit()
+		count := 0
+		tb.each(func(Placement) { count++ })
+		if count != n || tb.n != n || len(tb.keysOf("w")) != n {
+			t.Fatalf("commit every %d: each saw %d, count %d, owner index %d; want %d", every, count, tb.n, len(tb.keysOf("w")), n)
+		}
+		for i := range n {
+			if p, ok := tb.load(Key{Namespace: "/n", ID: fmt.Sprint(i)}); !ok || p.Generation != uint64(i) {
+				t.Fatalf("commit every %d: placement %d: %+v (%v)", every, i, p, ok)
+			}
 		}
 	}
 }
