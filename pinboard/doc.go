@@ -8,6 +8,11 @@
 // supervisor does) and never touches Raft directly (package raftstore does,
 // behind the Applier interface).
 //
+// Two parts run only on the Raft leader, started by the agent through
+// raftstore's RunAsLeader: Housekeeping (the cluster secret, directory GC)
+// and MarkedScanner (wakes instances with marked durable work whose owner
+// is gone).
+//
 // Requests take one of two paths through the front door. net/http's
 // handlers decide everything (placement, claims, activation, refusals,
 // attestation failures). A connection that carried a plain request to a
