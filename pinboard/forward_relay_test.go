@@ -73,6 +73,44 @@ func newRelayRigWith(t *testing.T, owner http.Handler, fastPath bool) *relayRig 
 	return rig
 }
 
+// steppedEvents is an owner that streams server-sent events, event i+1
+// only once next says the client has event i; gone closes when the
+// client's leaving ends the stream.
+func steppedEvents(next <-chan struct{}, gone chan<- struct{}) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		for i := 0; ; i++ {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			if rc.Flush() != nil {
+				return
+			}
+			select {
+			case <-next:
+			case <-r.Context().Done():
+				close(gone)
+				return
+			}
+		}
+	})
+}
+
+// readSteppedEvents reads n of steppedEvents' events, each before asking
+// for the next.
+func readSteppedEvents(t *testing.T, br *bufio.Reader, n int, next chan<- struct{}) {
+	t.Helper()
+	for i := range n {
+		line, err := br.ReadString('\n')
+		if err != nil || line != fmt.Sprintf("data: %d\n", i) {
+			t.Fatalf("event %d: %q, %v", i, line, err)
+		}
+		if _, err := br.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		next <- struct{}{}
+	}
+}
+
 func (rig *relayRig) ended(reason string) float64 {
 	var m dto.Metric
 	if err := rig.f.fwd.relayEnds.WithLabelValues(reason).Write(&m); err != nil {
@@ -87,22 +125,7 @@ func (rig *relayRig) ended(reason string) float64 {
 func TestForwardedStreamIsRelayed(t *testing.T) {
 	next := make(chan struct{})
 	ownerGone := make(chan struct{})
-	rig := newRelayRig(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		rc := http.NewResponseController(w)
-		for i := 0; ; i++ {
-			fmt.Fprintf(w, "data: %d\n\n", i)
-			if rc.Flush() != nil {
-				return
-			}
-			select {
-			case <-next:
-			case <-r.Context().Done():
-				close(ownerGone)
-				return
-			}
-		}
-	}))
+	rig := newRelayRig(t, steppedEvents(next, ownerGone))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", rig.front.URL+"/sse", nil)
@@ -114,18 +137,7 @@ func TestForwardedStreamIsRelayed(t *testing.T) {
 	if resp.Header.Get("Content-Type") != "text/event-stream" || !resp.Close || resp.ContentLength != -1 {
 		t.Fatalf("head: %d %v close=%v length=%d", resp.StatusCode, resp.Header, resp.Close, resp.ContentLength)
 	}
-	br := bufio.NewReader(resp.Body)
-	for i := range 3 {
-		// The owner sends event i+1 only after the client has event i.
-		line, err := br.ReadString('\n')
-		if err != nil || line != fmt.Sprintf("data: %d\n", i) {
-			t.Fatalf("event %d: %q, %v", i, line, err)
-		}
-		if _, err := br.ReadString('\n'); err != nil {
-			t.Fatal(err)
-		}
-		next <- struct{}{}
-	}
+	readSteppedEvents(t, bufio.NewReader(resp.Body), 3, next)
 	if rig.hijacked.Load() != 1 || rig.f.fwd.held.Len() != 1 {
 		t.Fatalf("hijacked %d, relayed %d: the stream did not leave net/http", rig.hijacked.Load(), rig.f.fwd.held.Len())
 	}
@@ -144,20 +156,7 @@ func TestForwardedStreamIsRelayed(t *testing.T) {
 // as they come.
 func TestHeldStreamStaysInNetHTTPWithoutFastPath(t *testing.T) {
 	next := make(chan struct{})
-	rig := newRelayRigWith(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		for i := 0; ; i++ {
-			fmt.Fprintf(w, "data: %d\n\n", i)
-			if http.NewResponseController(w).Flush() != nil {
-				return
-			}
-			select {
-			case <-next:
-			case <-r.Context().Done():
-				return
-			}
-		}
-	}), false)
+	rig := newRelayRigWith(t, steppedEvents(next, make(chan struct{})), false)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", rig.front.URL+"/sse", nil)
@@ -166,16 +165,7 @@ func TestHeldStreamStaysInNetHTTPWithoutFastPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	for i := range 3 {
-		if line, err := br.ReadString('\n'); err != nil || line != fmt.Sprintf("data: %d\n", i) {
-			t.Fatalf("event %d: %q, %v", i, line, err)
-		}
-		if _, err := br.ReadString('\n'); err != nil {
-			t.Fatal(err)
-		}
-		next <- struct{}{}
-	}
+	readSteppedEvents(t, bufio.NewReader(resp.Body), 3, next)
 	if rig.hijacked.Load() != 0 || rig.f.fwd.held.Len() != 0 {
 		t.Fatalf("hijacked %d, relayed %d with the fast path off", rig.hijacked.Load(), rig.f.fwd.held.Len())
 	}
