@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/pinnedd/pinnedd/pinboard/directory"
+	"github.com/pinnedd/pinnedd/raftstore"
 )
 
 // Applier commits an encoded directory command and returns the state
@@ -30,12 +31,16 @@ var ErrDirectory = errors.New("directory command failed")
 // each take whatever has queued up (up to MaxBatch) and apply it as one
 // Batch entry, so a burst of claims costs one Raft round trip (and one
 // forward to the leader) per batch rather than per claim. An idle
-// directory sends a lone command as itself, with no added wait. With
-// SetHandOff a follower's flushers hand their batches to the leader's
-// Directory instead, whose flushers merge every node's commands.
+// directory sends a lone command as itself, with no added wait. On a
+// follower the applier forwards each entry to the leader, whose Directory
+// queues its commands with its own (see directory_handoff.go), so the
+// leader's flushers merge every node's commands into few entries.
 type Directory struct {
 	m       *directory.Machine
 	applier Applier
+	// host is the applier as the leader's end of forwarding; nil if it
+	// is not one (then nothing is ever forwarded here).
+	host forwardHost
 
 	queue  chan *pending
 	stop   chan struct{}
@@ -43,18 +48,16 @@ type Directory struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	// Hand-off to the leader's Directory (SetHandOff); nil client: off.
-	handOffClient *http.Client
-	handOffToken  string
-	handedIn      atomic.Int64 // commands followers handed here
+	mergedIn atomic.Int64 // commands of followers' batches queued here
 }
 
 type pending struct {
 	ctx  context.Context
 	cmd  directory.Command
 	done chan outcome
-	// remote: handed here by a follower; never handed off again.
-	remote bool
+	// forwarded: a follower forwarded it here; it is committed on this
+	// node or not at all, never passed on again.
+	forwarded bool
 }
 
 type outcome struct {
@@ -70,7 +73,10 @@ const (
 	batchTimeout = 10 * time.Second
 )
 
-// NewDirectory reads from m and writes through a. Close stops its flushers.
+// NewDirectory reads from m and writes through a. If a is the leader's
+// end of forwarding (raftstore.Store), the commands followers forward to
+// it are queued with this node's own from now until Close. Close stops
+// its flushers.
 func NewDirectory(m *directory.Machine, a Applier) *Directory {
 	d := &Directory{m: m, applier: a, queue: make(chan *pending, 4*MaxBatch), stop: make(chan struct{})}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
@@ -78,11 +84,19 @@ func NewDirectory(m *directory.Machine, a Applier) *Directory {
 		d.wg.Add(1)
 		go d.flusher()
 	}
+	if h, ok := a.(forwardHost); ok {
+		d.host = h
+		h.SetForwarded(d.takeForwarded)
+	}
 	return d
 }
 
 // Close stops the flushers; commands still queued fail with ErrClosed.
+// Commands forwarded to this node from then on go straight to its log.
 func (d *Directory) Close() {
+	if d.host != nil {
+		d.host.SetForwarded(nil)
+	}
 	close(d.stop)
 	d.cancel()
 	d.wg.Wait()
@@ -166,29 +180,55 @@ func (d *Directory) flusher() {
 }
 
 // flush applies batch as one entry and hands each command its result.
+// A batch holding a forwarded command is committed on this node only; if
+// this node no longer leads, its forwarded commands go back to their
+// followers as not started (each retries with the next leader) and its own
+// go on through the applier.
 func (d *Directory) flush(batch []*pending) {
 	ctx, cancel := context.WithTimeout(d.ctx, batchTimeout)
 	defer cancel()
+	apply := d.applier.Apply
+	here := slices.ContainsFunc(batch, func(p *pending) bool { return p.forwarded })
+	if here {
+		apply = d.host.ApplyLocal
+	}
 	cmds := make([]directory.Command, len(batch))
 	for i, p := range batch {
 		cmds[i] = p.cmd
 	}
-	if li, id, api := d.handOffTarget(batch); li != nil {
-		hctx, stop := li.WhileLeader(ctx, id)
-		results, err := d.handOff(hctx, api, cmds)
-		stop()
-		if !errors.Is(err, errNoHandOffRoute) {
-			d.deliver(batch, results, err)
-			return
+	// A follower sends even a lone command as a batch: the leader merges
+	// batches with its own commands (a lone command is its own entry).
+	lone := len(cmds) == 1 && (d.host == nil || d.host.IsLeader())
+	results, err := commit(ctx, apply, cmds, lone)
+	if here && errors.Is(err, raftstore.ErrNotLeader) {
+		own := batch[:0]
+		for _, p := range batch {
+			if p.forwarded {
+				p.done <- outcome{err: err}
+			} else {
+				own = append(own, p)
+			}
 		}
-	}
-	if len(batch) == 1 {
-		res, err := d.DoNow(ctx, cmds[0])
-		batch[0].done <- outcome{res, err}
+		if len(own) > 0 {
+			d.flush(own)
+		}
 		return
 	}
-	res, err := d.DoNow(ctx, directory.Batch{Commands: cmds})
-	d.deliver(batch, res.Results, err)
+	d.deliver(batch, results, err)
+}
+
+// commit applies cmds as one entry (with lone, the one command as itself)
+// and returns one result per command.
+func commit(ctx context.Context, apply func(context.Context, []byte) ([]byte, error), cmds []directory.Command, lone bool) ([]directory.Result, error) {
+	if lone {
+		res, err := applyOne(ctx, apply, cmds[0])
+		return []directory.Result{res}, err
+	}
+	res, err := applyOne(ctx, apply, directory.Batch{Commands: cmds})
+	if err == nil && res.Code == directory.CodeError {
+		err = fmt.Errorf("%w: %s", ErrDirectory, res.Reason)
+	}
+	return res.Results, err
 }
 
 // deliver hands each command its result, or all of them err.
@@ -212,16 +252,22 @@ func (d *Directory) deliver(batch []*pending, results []directory.Result, err er
 
 // DoNow applies one command as its own entry, bypassing group commit.
 func (d *Directory) DoNow(ctx context.Context, cmd directory.Command) (directory.Result, error) {
-	out, err := d.applier.Apply(ctx, directory.Encode(cmd))
+	res, err := applyOne(ctx, d.applier.Apply, cmd)
+	if err == nil && res.Code == directory.CodeError {
+		err = fmt.Errorf("%w: %s", ErrDirectory, res.Reason)
+	}
+	return res, err
+}
+
+// applyOne commits cmd through apply and decodes the machine's result.
+func applyOne(ctx context.Context, apply func(context.Context, []byte) ([]byte, error), cmd directory.Command) (directory.Result, error) {
+	out, err := apply(ctx, directory.Encode(cmd))
 	if err != nil {
 		return directory.Result{}, err
 	}
 	res, err := directory.DecodeResult(out)
 	if err != nil {
 		return directory.Result{}, fmt.Errorf("%w: %w", ErrDirectory, err)
-	}
-	if res.Code == directory.CodeError {
-		return res, fmt.Errorf("%w: %s", ErrDirectory, res.Reason)
 	}
 	return res, nil
 }

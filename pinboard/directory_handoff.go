@@ -1,171 +1,117 @@
 package pinboard
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
-	"strings"
 
 	"github.com/pinnedd/pinnedd/pinboard/directory"
+	"github.com/pinnedd/pinnedd/raftstore"
 )
 
-// Hand-off: a follower's flusher sends its batch to the leader's
-// Directory, whose flushers merge it with every other node's commands, so
-// the leader appends a few large entries instead of one per node per
-// flush. Measured on BenchmarkClaims3Nodes (64 writers spread over three
-// nodes): every node forwarding its own entries reached about half the
-// claims/s of the same writers all on the leader.
+// Hand-off: a follower writes through raftstore, which forwards each entry
+// to the leader's POST /_raft/apply (token-authorized, bounded, cut short
+// when the follower sees another leader). There raftstore hands it to the
+// leader's Directory, whose flushers merge a follower's batch with every
+// other node's commands, so the leader appends a few large entries instead
+// of one per node per flush.
 
-// HandOffPath is the leader-side route that takes a follower's batch.
-const HandOffPath = "/_pinned/directory/batch"
-
-// leaderInfo is what the Directory needs to know of its Applier to hand
-// off (raftstore.Store has it).
-type leaderInfo interface {
+// forwardHost is an Applier that forwards a follower's commands to the
+// leader (raftstore.Store): on the leader it hands them to a
+// ForwardedFunc, and ApplyLocal commits on this node only.
+type forwardHost interface {
 	IsLeader() bool
-	Leader() (id, apiAddr string)
-	// WhileLeader: ctx, ended once this node sees another leader (or
-	// none), so a batch handed to a leader that was cut off does not wait
-	// out its whole timeout in the silence.
-	WhileLeader(ctx context.Context, id string) (context.Context, context.CancelFunc)
+	SetForwarded(raftstore.ForwardedFunc)
+	ApplyLocal(ctx context.Context, cmd []byte) ([]byte, error)
 }
 
-// ErrHandOff: the leader could not take a handed-off batch; its commands'
-// outcomes are unknown (each is safe to retry).
-var ErrHandOff = errors.New("directory hand-off failed")
-
-// errNoHandOffRoute: the leader does not know the route (an older release,
-// mid rolling upgrade); nothing was applied, so the batch goes the usual way.
-var errNoHandOffRoute = errors.New("leader has no hand-off route")
-
-// maxHandOffBody bounds a handed-off batch: MaxBatch commands of a few
-// hundred bytes each.
-const maxHandOffBody = 8 << 20
-
-// SetHandOff makes a follower's flushers hand their batches to the
-// leader's Directory at <leader API>/_pinned/directory/batch, sending
-// token as a bearer token. Call it before the Directory is used.
-func (d *Directory) SetHandOff(client *http.Client, token string) {
-	d.handOffClient, d.handOffToken = client, token
-}
-
-// handOffTarget is the leader (its id and API URL) if this batch should be handed off:
-// hand-off is on, this node is a follower that knows the leader, and no
-// command in the batch was itself handed here (a batch goes one hop, so
-// two nodes that each think the other leads cannot pass it back and forth).
-func (d *Directory) handOffTarget(batch []*pending) (li leaderInfo, id, api string) {
-	if d.handOffClient == nil {
-		return nil, "", ""
-	}
-	li, ok := d.applier.(leaderInfo)
-	if !ok || li.IsLeader() {
-		return nil, "", ""
-	}
-	for _, p := range batch {
-		if p.remote {
-			return nil, "", ""
-		}
-	}
-	id, api = li.Leader()
-	if id == "" || api == "" {
-		return nil, "", ""
-	}
-	return li, id, api
-}
-
-// handOff sends cmds to the leader's Directory and returns one result per
-// command.
-func (d *Directory) handOff(ctx context.Context, api string, cmds []directory.Command) ([]directory.Result, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(api, "/")+HandOffPath,
-		bytes.NewReader(directory.Encode(directory.Batch{Commands: cmds})))
+// takeForwarded is this node's raftstore.ForwardedFunc. A forwarded Batch
+// is a follower's group commit: its commands are queued with this node's
+// own and answered with a Result holding one per command, a command the
+// directory refuses as malformed as CodeError in its slot. If any command's
+// outcome is unknown the whole batch's is, and the follower treats every
+// command in it as unknown; if none was started the follower retries them
+// with the next leader. A lone command is its own entry, as DoNow
+// promises.
+func (d *Directory) takeForwarded(ctx context.Context, raw []byte) ([]byte, error) {
+	cmd, err := directory.DecodeCommand(raw) // refuses a batch inside a batch
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrHandOff, err)
-	}
-	req.Header.Set("Content-Type", "application/octet-stream")
-	if d.handOffToken != "" {
-		req.Header.Set("Authorization", "Bearer "+d.handOffToken)
-	}
-	resp, err := d.handOffClient.Do(req)
-	if err != nil {
-		if cause := context.Cause(ctx); cause != nil && cause != ctx.Err() {
-			err = fmt.Errorf("%w: %w", cause, err)
-		}
-		return nil, fmt.Errorf("%w: %w", ErrHandOff, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxHandOffBody))
-	if err != nil {
-		return nil, fmt.Errorf("%w: reading the answer: %w", ErrHandOff, err)
-	}
-	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
-		// A leader from a release without the route took nothing.
-		return nil, errNoHandOffRoute
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%w: leader answered %d: %s", ErrHandOff, resp.StatusCode, strings.TrimSpace(string(body)))
-	}
-	res, err := directory.DecodeResult(body)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrDirectory, err)
-	}
-	return res.Results, nil
-}
-
-// ServeHandOff takes a follower's batch (an encoded directory.Batch),
-// queues its commands with this node's own and answers with their results
-// (an encoded Result holding one per command). A command the directory
-// refuses as malformed comes back as CodeError in its slot; if any
-// command's outcome is unknown the whole batch answers 503, and the
-// follower treats every command in it as unknown.
-func (d *Directory) ServeHandOff(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxHandOffBody))
-	if err != nil {
-		http.Error(w, "reading batch: "+err.Error(), http.StatusRequestEntityTooLarge)
-		return
-	}
-	cmd, err := directory.DecodeCommand(body) // refuses a batch inside a batch
-	if err != nil {
-		http.Error(w, "malformed batch: "+err.Error(), http.StatusBadRequest)
-		return
+		return nil, fmt.Errorf("%w: malformed directory command: %w", raftstore.ErrBadRequest, err)
 	}
 	b, ok := cmd.(directory.Batch)
-	if !ok || len(b.Commands) == 0 || len(b.Commands) > MaxBatch {
-		http.Error(w, fmt.Sprintf("want a batch of 1 to %d commands", MaxBatch), http.StatusBadRequest)
-		return
+	if !ok {
+		return d.host.ApplyLocal(ctx, raw)
 	}
-	d.handedIn.Add(int64(len(b.Commands)))
-	ps := make([]*pending, len(b.Commands))
-	for i, c := range b.Commands {
-		ps[i] = &pending{ctx: r.Context(), cmd: c, done: make(chan outcome, 1), remote: true}
-		if err := d.enqueue(r.Context(), ps[i]); err != nil {
-			http.Error(w, "queueing: "+err.Error(), http.StatusServiceUnavailable)
-			return
+	if len(b.Commands) == 0 || len(b.Commands) > MaxBatch {
+		return nil, fmt.Errorf("%w: want a batch of 1 to %d commands, got %d", raftstore.ErrBadRequest, MaxBatch, len(b.Commands))
+	}
+	cmds := b.Commands
+	d.mergedIn.Add(int64(len(cmds)))
+	ps := make([]*pending, 0, len(cmds))
+	var failed []error // of commands not answered by the machine
+	for _, c := range cmds {
+		p := &pending{ctx: ctx, cmd: c, done: make(chan outcome, 1), forwarded: true}
+		if err := d.enqueue(ctx, p); err != nil {
+			failed = append(failed, err)
+			break
 		}
+		ps = append(ps, p)
 	}
 	results := make([]directory.Result, len(ps))
+	answered := 0
 	for i, p := range ps {
 		var o outcome
 		select {
 		case o = <-p.done:
-		case <-r.Context().Done():
-			return // the follower gave up; its commands' outcomes are unknown to it
+		case <-ctx.Done():
+			// The follower gave up: commands not yet sent are dropped, any
+			// already sent may still commit.
+			return nil, fmt.Errorf("%w: %w", raftstore.ErrOutcomeUnknown, ctx.Err())
 		}
 		switch {
 		case o.err == nil:
 			results[i] = o.res
+			answered++
 		case errors.Is(o.err, ErrDirectory):
 			results[i] = directory.Result{Code: directory.CodeError, Reason: o.res.Reason}
 			if results[i].Reason == "" {
 				results[i].Reason = o.err.Error()
 			}
+			answered++
 		default:
-			http.Error(w, o.err.Error(), http.StatusServiceUnavailable)
-			return
+			failed = append(failed, o.err)
 		}
 	}
-	w.Header().Set("Content-Type", "application/octet-stream")
-	_, _ = w.Write(directory.EncodeResult(directory.Result{Code: directory.CodeOK, Results: results}))
+	if len(failed) > 0 {
+		return nil, forwardedFailure(answered, failed)
+	}
+	return directory.EncodeResult(directory.Result{Code: directory.CodeOK, Results: results}), nil
+}
+
+// forwardedFailure is the one error a forwarded entry answers with when
+// some of its commands failed: not started only if none was answered and
+// every failure was a not-started one, else outcome unknown.
+func forwardedFailure(answered int, failed []error) error {
+	for _, err := range failed {
+		if answered > 0 || !notStarted(err) {
+			if errors.Is(err, raftstore.ErrOutcomeUnknown) {
+				return err
+			}
+			return fmt.Errorf("%w: %w", raftstore.ErrOutcomeUnknown, err)
+		}
+	}
+	if errors.Is(failed[0], ErrClosed) {
+		// The directory is closing: nothing was queued for good.
+		return fmt.Errorf("%w: %w", raftstore.ErrClosed, failed[0])
+	}
+	return failed[0]
+}
+
+// notStarted reports whether err says a command never entered the log.
+func notStarted(err error) bool {
+	if errors.Is(err, raftstore.ErrOutcomeUnknown) {
+		return false
+	}
+	return errors.Is(err, raftstore.ErrNotLeader) || errors.Is(err, raftstore.ErrNoLeader) ||
+		errors.Is(err, raftstore.ErrClosed) || errors.Is(err, ErrClosed)
 }

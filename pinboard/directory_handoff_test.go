@@ -1,11 +1,9 @@
 package pinboard
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"net/http"
-	"net/http/httptest"
+	"fmt"
 	"testing"
 	"time"
 
@@ -38,22 +36,30 @@ func roles(t *testing.T, nodes []*benchNode) (leader, follower *benchNode) {
 	return leader, follower
 }
 
-// handedIn counts the commands the nodes but one took through their
-// hand-off routes.
-func handedIn(nodes []*benchNode, but *benchNode) int64 {
+// mergedIn counts the commands of followers' batches the nodes but one
+// queued with their own.
+func mergedIn(nodes []*benchNode, but *benchNode) int64 {
 	var n int64
 	for _, nd := range nodes {
 		if nd != but {
-			n += nd.dir.handedIn.Load()
+			n += nd.dir.mergedIn.Load()
 		}
 	}
 	return n
 }
 
-// A follower's claims reach the leader's group commit through the
-// hand-off; a batch handed to a node is never handed on (two nodes that
-// each think the other leads cannot pass it back and forth); bad batches
-// are refused without touching the directory.
+// placed reports whether /b/<id> is placed in n's replica.
+func placed(n *benchNode, id string) bool {
+	_, ok := n.dir.Machine().Placement(directory.Key{Namespace: "/b", ID: id})
+	return ok
+}
+
+// A follower's flushes, even of one command, reach the leader's group
+// commit through raftstore's forwarding, its DoNow the leader's log as it
+// is; the leader answers each forwarded entry in the shape the machine
+// answers it; a forwarded command is never passed on again (a node that
+// does not lead refuses it as not started); bad entries are refused
+// without touching the directory.
 func TestDirectoryHandOff(t *testing.T) {
 	nodes := startBenchCluster(t, 3)
 	_, follower := roles(t, nodes)
@@ -64,72 +70,122 @@ func TestDirectoryHandOff(t *testing.T) {
 	if err != nil || res.Code != directory.CodeGranted {
 		t.Fatalf("claim through a follower: %v %v %s", err, res.Code, res.Reason)
 	}
-	// Counted over every node but the follower: whichever leads took it.
-	if got := handedIn(nodes, follower); got != 1 {
-		t.Fatalf("the leader took %d handed-off commands, want 1", got)
+	// Counted over every node but the follower: whichever leads took them.
+	if got := mergedIn(nodes, follower); got != 1 {
+		t.Fatalf("the leader queued %d commands of the follower's flush, want 1", got)
+	}
+	batch := []*pending{
+		{ctx: ctx, cmd: claim("batch-1"), done: make(chan outcome, 1)},
+		{ctx: ctx, cmd: claim("batch-2"), done: make(chan outcome, 1)},
+	}
+	follower.dir.flush(batch)
+	for i, p := range batch {
+		if o := <-p.done; o.err != nil || o.res.Code != directory.CodeGranted {
+			t.Fatalf("claim %d of a follower's batch: %v %v %s", i, o.err, o.res.Code, o.res.Reason)
+		}
+	}
+	if got := mergedIn(nodes, follower); got != 3 {
+		t.Fatalf("the leader queued %d commands of the follower's flushes, want 3", got)
+	}
+	if res, err := follower.dir.DoNow(ctx, claim("now")); err != nil || res.Code != directory.CodeGranted {
+		t.Fatalf("DoNow through a follower: %v %v %s", err, res.Code, res.Reason)
+	}
+	if got := mergedIn(nodes, follower); got != 3 {
+		t.Fatalf("a follower's DoNow was queued on the leader (%d merged, want still 3), not its own entry", got)
+	}
+	if got := follower.dir.mergedIn.Load(); got != 0 {
+		t.Fatalf("the follower queued %d forwarded commands, want 0", got)
 	}
 
-	// A batch handed to the follower itself goes through its Raft
-	// forwarding, not to the leader's hand-off route.
-	body := directory.Encode(directory.Batch{Commands: []directory.Command{claim("handed-to-follower")}})
-	rec := httptest.NewRecorder()
-	follower.dir.ServeHandOff(rec, httptest.NewRequestWithContext(ctx, "POST", HandOffPath, bytes.NewReader(body)))
-	if rec.Code != http.StatusOK {
-		t.Fatalf("batch handed to the follower: %d %s", rec.Code, rec.Body)
+	// An entry forwarded to the follower itself (as to a node a stale
+	// follower believed led) is refused as not started, not passed on to
+	// the leader.
+	_, err = follower.dir.takeForwarded(ctx, directory.Encode(directory.Batch{Commands: []directory.Command{claim("forwarded-to-follower")}}))
+	if !errors.Is(err, raftstore.ErrNotLeader) || errors.Is(err, raftstore.ErrOutcomeUnknown) {
+		t.Fatalf("batch forwarded to the follower: %v, want ErrNotLeader", err)
 	}
-	out, err := directory.DecodeResult(rec.Body.Bytes())
-	if err != nil || len(out.Results) != 1 || out.Results[0].Code != directory.CodeGranted {
-		t.Fatalf("batch handed to the follower answered %+v, %v", out, err)
+	if got := mergedIn(nodes, follower); got != 3 {
+		t.Fatalf("a forwarded batch was passed on: the other nodes took %d commands, want still 3", got)
 	}
-	if got := handedIn(nodes, follower); got != 1 {
-		t.Fatalf("a handed-off batch was handed on: the other nodes took %d commands, want still 1", got)
+	// Its own command flushed with a forwarded one still reaches the
+	// leader; only the forwarded one goes back.
+	mine := &pending{ctx: ctx, cmd: claim("own-beside-forwarded"), done: make(chan outcome, 1)}
+	theirs := &pending{ctx: ctx, cmd: claim("forwarded-beside-own"), done: make(chan outcome, 1), forwarded: true}
+	follower.dir.flush([]*pending{theirs, mine})
+	if o := <-theirs.done; !errors.Is(o.err, raftstore.ErrNotLeader) {
+		t.Fatalf("forwarded command flushed on the follower: %v, want ErrNotLeader", o.err)
 	}
-
-	// A leader running a release without the route (a rolling upgrade):
-	// the follower's batch goes through Raft forwarding instead. Every
-	// node but the follower is that release, whichever leads.
-	for _, n := range nodes {
-		n.noHandOffRoute.Store(n != follower)
-	}
-	if res, err := follower.dir.Do(ctx, claim("old-leader")); err != nil || res.Code != directory.CodeGranted {
-		t.Fatalf("claim through a follower of a leader without the hand-off route: %v %v %s", err, res.Code, res.Reason)
-	}
-	for _, n := range nodes {
-		n.noHandOffRoute.Store(false)
+	if o := <-mine.done; o.err != nil || o.res.Code != directory.CodeGranted {
+		t.Fatalf("own command flushed beside a forwarded one: %v %v %s", o.err, o.res.Code, o.res.Reason)
 	}
 
 	// Placements read on the leader: a claim is applied there before it is
 	// answered, so nothing still in flight moves the count.
 	leader, _ := roles(t, nodes)
-	_, before := leader.dir.Machine().Len()
-	for name, body := range map[string][]byte{
-		"garbage":      []byte("not a command"),
-		"not a batch":  directory.Encode(claim("single")),
-		"empty batch":  directory.Encode(directory.Batch{}),
-		"nested batch": directory.Encode(directory.Batch{Commands: []directory.Command{claim("n1"), directory.Batch{}}}),
-	} {
-		rec := httptest.NewRecorder()
-		leader.dir.ServeHandOff(rec, httptest.NewRequestWithContext(ctx, "POST", HandOffPath, bytes.NewReader(body)))
-		if rec.Code != http.StatusBadRequest {
-			t.Errorf("%s: %d %s, want 400", name, rec.Code, rec.Body)
+	for _, id := range []string{"forwarded-to-follower", "forwarded-beside-own"} {
+		if placed(leader, id) {
+			t.Fatalf("%s was placed: a command refused as not started was applied", id)
 		}
 	}
-	if _, after := leader.dir.Machine().Len(); after != before {
-		t.Fatalf("refused batches changed the directory: %d placements, %d before", after, before)
+
+	// A lone forwarded command is its own entry, answered as itself; a
+	// batch gets one result per command, a command the machine refuses as
+	// CodeError in its slot.
+	before := leader.dir.mergedIn.Load()
+	out, err := leader.dir.takeForwarded(ctx, directory.Encode(claim("lone")))
+	if err != nil {
+		t.Fatalf("lone command forwarded to the leader: %v", err)
+	}
+	if r, err := directory.DecodeResult(out); err != nil || r.Code != directory.CodeGranted || len(r.Results) != 0 {
+		t.Fatalf("lone command answered %+v, %v; want its own Granted result", r, err)
+	}
+	if got := leader.dir.mergedIn.Load(); got != before {
+		t.Fatalf("a lone forwarded command was queued (%d merged, %d before)", got, before)
+	}
+	out, err = leader.dir.takeForwarded(ctx, directory.Encode(directory.Batch{Commands: []directory.Command{
+		claim("in-batch"), directory.Opaque{Code: 0x70},
+	}}))
+	if err != nil {
+		t.Fatalf("batch forwarded to the leader: %v", err)
+	}
+	r, err := directory.DecodeResult(out)
+	if err != nil || r.Code != directory.CodeOK || len(r.Results) != 2 ||
+		r.Results[0].Code != directory.CodeGranted || r.Results[1].Code != directory.CodeError || r.Results[1].Reason == "" {
+		t.Fatalf("batch answered %+v, %v; want Granted, then CodeError with a reason", r, err)
+	}
+
+	_, placements := leader.dir.Machine().Len()
+	tooMany := make([]directory.Command, MaxBatch+1)
+	for i := range tooMany {
+		tooMany[i] = claim("too-many")
+	}
+	for name, body := range map[string][]byte{
+		"garbage":        []byte("not a command"),
+		"empty batch":    directory.Encode(directory.Batch{}),
+		"nested batch":   directory.Encode(directory.Batch{Commands: []directory.Command{claim("n1"), directory.Batch{}}}),
+		"too many":       directory.Encode(directory.Batch{Commands: tooMany}),
+		"unknown format": {0xfe, 0x01},
+	} {
+		if _, err := leader.dir.takeForwarded(ctx, body); !errors.Is(err, raftstore.ErrBadRequest) {
+			t.Errorf("%s: %v, want ErrBadRequest", name, err)
+		}
+	}
+	if _, after := leader.dir.Machine().Len(); after != placements {
+		t.Fatalf("refused entries changed the directory: %d placements, %d before", after, placements)
 	}
 }
 
-// A batch handed to a leader that then goes silent (cut off: no answer, not
-// even an error) ends as soon as the follower sees another leader, not at
-// the batch timeout; the follower's next batch reaches the new leader.
+// A claim forwarded to a leader that then goes silent (cut off: no answer,
+// not even an error) ends as soon as the follower sees another leader, not
+// at the batch timeout; the follower's next batch reaches the new leader.
 func TestHandOffToSilencedLeaderEndsOnLeaderChange(t *testing.T) {
 	nodes := startBenchCluster(t, 3)
 	_, follower := roles(t, nodes)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	// Every node but the follower swallows batches: the one the batch
-	// reaches is the leader, whichever that is by then.
+	// Every node but the follower swallows what is forwarded to it: the
+	// one the claim reaches is the leader, whichever that is by then.
 	var others []*benchNode
 	for _, n := range nodes {
 		if n != follower {
@@ -151,7 +207,7 @@ func TestHandOffToSilencedLeaderEndsOnLeaderChange(t *testing.T) {
 	case err := <-done:
 		t.Fatalf("claim answered before reaching the leader: %v", err)
 	case <-ctx.Done():
-		t.Fatal("the follower never handed its batch to the leader")
+		t.Fatal("the follower never forwarded its batch to the leader")
 	}
 	for _, n := range others {
 		if n != leader {
@@ -164,23 +220,23 @@ func TestHandOffToSilencedLeaderEndsOnLeaderChange(t *testing.T) {
 	}
 	select {
 	case err := <-done:
-		if !errors.Is(err, ErrHandOff) || !errors.Is(err, raftstore.ErrLeaderChanged) {
-			t.Fatalf("claim handed to the silenced leader: %v, want ErrHandOff caused by ErrLeaderChanged", err)
+		if !errors.Is(err, raftstore.ErrOutcomeUnknown) || !errors.Is(err, raftstore.ErrLeaderChanged) {
+			t.Fatalf("claim forwarded to the silenced leader: %v, want ErrOutcomeUnknown caused by ErrLeaderChanged", err)
 		}
 	case <-ctx.Done():
-		t.Fatal("the handed-off claim waited out the silence")
+		t.Fatal("the forwarded claim waited out the silence")
 	}
 
 	// The claim is safe to retry; a retry reaches whichever node leads now.
 	// With two nodes left the election may take a round or two, and a
-	// hand-off cut by another leader change is retried as a caller would.
+	// forward cut by another leader change is retried as a caller would.
 	if err := follower.store.WaitForLeader(ctx); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitForErr(t, 20*time.Second, "the retried claim granted", func() error {
 		res, err := follower.dir.Do(ctx, claim("into-the-silence"))
 		switch {
-		case errors.Is(err, ErrHandOff) || errors.Is(err, raftstore.ErrLeaderChanged):
+		case errors.Is(err, raftstore.ErrOutcomeUnknown) || errors.Is(err, raftstore.ErrNotLeader) || errors.Is(err, raftstore.ErrNoLeader):
 			return err
 		case err != nil:
 			t.Fatalf("retried claim: %v", err)
@@ -189,4 +245,37 @@ func TestHandOffToSilencedLeaderEndsOnLeaderChange(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A forwarded batch answers not started only if no command in it was
+// answered and every failure was a not-started one; anything else is an
+// unknown outcome.
+func TestForwardedFailure(t *testing.T) {
+	notLeader := fmt.Errorf("raftstore: apply: %w", raftstore.ErrNotLeader)
+	unknown := fmt.Errorf("raftstore: apply: %w: leadership lost", raftstore.ErrOutcomeUnknown)
+	for _, c := range []struct {
+		name        string
+		answered    int
+		failed      []error
+		notStarted  bool
+		wantClosed  bool
+		wantUnknown bool
+	}{
+		{"none started", 0, []error{notLeader, notLeader}, true, false, false},
+		{"directory closing", 0, []error{ErrClosed}, true, true, false},
+		{"some answered", 1, []error{notLeader}, false, false, true},
+		{"one unknown", 0, []error{notLeader, unknown}, false, false, true},
+		{"the follower gave up", 0, []error{context.Canceled}, false, false, true},
+	} {
+		err := forwardedFailure(c.answered, c.failed)
+		if got := errors.Is(err, raftstore.ErrOutcomeUnknown); got != c.wantUnknown {
+			t.Errorf("%s: %v: outcome unknown %v, want %v", c.name, err, got, c.wantUnknown)
+		}
+		if got := notStarted(err); got != c.notStarted {
+			t.Errorf("%s: %v: not started %v, want %v", c.name, err, got, c.notStarted)
+		}
+		if got := errors.Is(err, raftstore.ErrClosed); got != c.wantClosed {
+			t.Errorf("%s: %v: raftstore.ErrClosed %v, want %v", c.name, err, got, c.wantClosed)
+		}
+	}
 }

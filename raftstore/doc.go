@@ -4,7 +4,8 @@
 // and stable store (raft-wal, or raft-boltdb for data dirs created with it), snapshots, the transport (mutual TLS under the cluster CA, plain
 // TCP, or a supplied [raft.StreamLayer]) with the cluster CA and certificates it needs, membership (bootstrap, join, leave,
 // remove, voters and nonvoters), forwarding of writes and membership changes from followers to
-// the leader over HTTP, and the leader loop that runs leader-only work.
+// the leader over HTTP (a forwarded write goes to the state machine owner's [ForwardedFunc], and
+// never further), and the leader loop that runs leader-only work.
 //
 // It knows nothing about placements, leases or workers: commands and snapshots are opaque bytes
 // to it. It must never interpret a user command, never retry a command whose outcome is

@@ -15,8 +15,8 @@ var (
 	// the store shut down, the context ended, or the connection to the leader broke after the
 	// request was sent). Only idempotent or compare-and-set commands may be retried.
 	ErrOutcomeUnknown = errors.New("raftstore: outcome unknown")
-	// ErrLeaderChanged is the cause of a WhileLeader context's end: this node saw a leader other
-	// than the one named (or none). A forward cut short by it has an unknown outcome.
+	// ErrLeaderChanged is the cause of a forward's end when this node saw a leader other than the
+	// one it forwarded to (or none). A forward cut short by it has an unknown outcome.
 	ErrLeaderChanged = errors.New("raftstore: leader changed")
 	// ErrShutdownStuck means raft had not stopped when Close's context ended (and shortly after
 	// its transport was closed); the stores were left open for the process exit.

@@ -79,7 +79,7 @@ const (
 
 // Handler serves the forwarding and membership RPCs under HandlerPrefix:
 //
-//	POST /_raft/apply    raw command bytes -> 200 raw result bytes
+//	POST /_raft/apply    a command a follower forwarded, raw bytes -> 200 raw result bytes
 //	POST /_raft/join     {"id","raft_addr","api_addr"} -> 204
 //	POST /_raft/remove   {"id"} -> 204
 //	POST /_raft/meta     {"id","api_addr"} -> 204 (raftstore-internal)
@@ -88,10 +88,11 @@ const (
 //	POST /_raft/certificate {"id","csr"} -> 200 {"cert","ca"}: a joining node's certificate
 //
 // Errors are JSON {"error","code"} with a 4xx/5xx status; code not_leader, no_leader or closed
-// means nothing was started, outcome_unknown that it may have been. A request from a follower
-// (marked as forwarded) is handled locally only; any other request may be forwarded once to
-// the leader. authorize decides every request (e.g. check the bearer token); nil allows all,
-// which only suits tests and closed networks.
+// means nothing was started, outcome_unknown that it may have been. apply, and any request a
+// follower marked as forwarded, is handled on this node only (apply by the ForwardedFunc, if
+// set); any other request may be forwarded once to the leader. authorize decides every
+// request (e.g. check the bearer token); nil allows all, which only suits tests and closed
+// networks.
 func (s *Store) Handler(authorize func(*http.Request) bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+HandlerPrefix+"apply", s.handleApply)
@@ -117,30 +118,32 @@ func forwarded(r *http.Request) bool { return r.Header.Get(forwardedHeader) != "
 
 // localOnly runs fn if this node is the leader, for requests that were already forwarded.
 func (s *Store) localOnly(fn func() error) error {
+	if err := s.leads(); err != nil {
+		return err
+	}
+	return fn()
+}
+
+// leads is nil if this node is the leader and open, else ErrClosed or ErrNotLeader.
+func (s *Store) leads() error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
 	if !s.IsLeader() {
 		return ErrNotLeader
 	}
-	return fn()
+	return nil
 }
 
+// handleApply takes a command a follower's Apply forwarded: only followers send it, so it is
+// handled on this node only, whether or not it is marked.
 func (s *Store) handleApply(w http.ResponseWriter, r *http.Request) {
 	cmd, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxCommandBytes))
 	if err != nil {
 		writeError(w, fmt.Errorf("%w: reading command: %w", ErrBadRequest, err))
 		return
 	}
-	var res []byte
-	if forwarded(r) {
-		err = s.localOnly(func() (err error) {
-			res, err = s.applyLocal(r.Context(), encodeUser(cmd))
-			return err
-		})
-	} else {
-		res, err = s.Apply(r.Context(), cmd)
-	}
+	res, err := s.applyForwarded(r.Context(), cmd)
 	if err != nil {
 		writeError(w, err)
 		return

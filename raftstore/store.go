@@ -70,6 +70,9 @@ type Store struct {
 	closeOnce  sync.Once
 	closeErr   error
 
+	// forwarded takes the commands followers forward here (SetForwarded); nil: ApplyLocal.
+	forwarded atomic.Pointer[ForwardedFunc]
+
 	// A storage fault: set once, by the first failed log or stable store write.
 	fault     atomic.Pointer[error]
 	fatalCh   chan error
@@ -357,12 +360,12 @@ func (s *Store) Leader() (id, apiAddr string) {
 	return string(lid), s.fsm.apiAddr(string(lid))
 }
 
-// WhileLeader returns ctx, cut short with the cause ErrLeaderChanged once this node sees a
+// whileLeader returns ctx, cut short with the cause ErrLeaderChanged once this node sees a
 // leader other than id, or none. A request forwarded to a leader that was then cut off gets no
 // answer, not even an error (a partition drops packets silently): without this it would wait
 // out its whole timeout after the followers had already elected another leader, holding up
 // whatever queued behind it. Cancel the returned func when done.
-func (s *Store) WhileLeader(ctx context.Context, id string) (context.Context, context.CancelFunc) {
+func (s *Store) whileLeader(ctx context.Context, id string) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	go func() {
 		// The change channel is the fast path; the ticker covers observations raft dropped.
@@ -385,11 +388,6 @@ func (s *Store) WhileLeader(ctx context.Context, id string) (context.Context, co
 	return ctx, func() { cancel(context.Canceled) }
 }
 
-// HTTPClient is the client this node reaches other members' APIs with
-// (Config.HTTPClient, or the one Open made): callers forwarding to the
-// leader on their own share its pooled connections.
-func (s *Store) HTTPClient() *http.Client { return s.client }
-
 // AppliedIndex returns the index of the last entry raft has handed to the state machine on
 // this node; the state machine may still be applying it (read the state machine's own index
 // to know what it holds).
@@ -399,11 +397,11 @@ func (s *Store) AppliedIndex() uint64 { return s.raft.AppliedIndex() }
 func (s *Store) Stats() map[string]string { return s.raft.Stats() }
 
 // Apply commits cmd and returns the state machine's result. On the leader it is a raft.Apply;
-// on a follower it is forwarded to the leader's API (POST <leader>/_raft/apply). While no
-// leader is known, or the contacted node turns out not to be the leader before accepting the
-// command, Apply waits and tries again until ctx ends (then ErrNoLeader/ErrNotLeader). An
-// error wrapping ErrOutcomeUnknown means the command may have been committed; Apply never
-// retries those.
+// on a follower it is forwarded to the leader's API (POST <leader>/_raft/apply), where the
+// ForwardedFunc set with SetForwarded takes it, if there is one. While no leader is known, or
+// the contacted node turns out not to be the leader before accepting the command, Apply waits
+// and tries again until ctx ends (then ErrNoLeader/ErrNotLeader). An error wrapping
+// ErrOutcomeUnknown means the command may have been committed; Apply never retries those.
 func (s *Store) Apply(ctx context.Context, cmd []byte) ([]byte, error) {
 	var res []byte
 	err := s.onLeader(ctx, "apply",
@@ -419,6 +417,58 @@ func (s *Store) Apply(ctx context.Context, cmd []byte) ([]byte, error) {
 		return nil, err // an empty result is nil on the leader and across forwarding alike
 	}
 	return res, nil
+}
+
+// ApplyLocal commits cmd through this node's log and returns the state machine's result, if
+// this node leads; otherwise it fails with ErrNotLeader and nothing was started. Unlike Apply
+// it never forwards and never waits for a leader: it is how a command a follower forwarded is
+// committed, so a command travels one hop at most.
+func (s *Store) ApplyLocal(ctx context.Context, cmd []byte) ([]byte, error) {
+	if err := s.Fault(); err != nil {
+		return nil, fmt.Errorf("raftstore: apply: %w", err)
+	}
+	if err := s.leads(); err != nil {
+		return nil, fmt.Errorf("raftstore: apply: %w", err)
+	}
+	ctx, cancel := s.withDefaultTimeout(ctx)
+	defer cancel()
+	res, err := s.applyLocal(ctx, encodeUser(cmd))
+	if err != nil || len(res) == 0 {
+		return nil, err
+	}
+	return res, nil
+}
+
+// ForwardedFunc takes a command a follower forwarded to this node, the leader, and returns the
+// state machine's result. It must commit through ApplyLocal (never Apply: a forwarded command
+// is not passed on again), and its errors wrap this package's sentinels as Apply's do:
+// ErrNotLeader or ErrClosed if the command was not started (the follower retries it with the
+// next leader), ErrOutcomeUnknown if it may have been, ErrBadRequest if it is malformed.
+type ForwardedFunc func(ctx context.Context, cmd []byte) ([]byte, error)
+
+// SetForwarded hands the commands followers forward to this node, while it leads, to fn
+// instead of straight to ApplyLocal, so the state machine's owner can commit them together
+// with its own (the directory merges every node's commands into few entries). nil restores
+// ApplyLocal.
+func (s *Store) SetForwarded(fn ForwardedFunc) {
+	if fn == nil {
+		s.forwarded.Store(nil)
+		return
+	}
+	s.forwarded.Store(&fn)
+}
+
+// applyForwarded commits a command a follower forwarded, on this node only.
+func (s *Store) applyForwarded(ctx context.Context, cmd []byte) ([]byte, error) {
+	if fn := s.forwarded.Load(); fn != nil {
+		var res []byte
+		err := s.localOnly(func() (err error) {
+			res, err = (*fn)(ctx, cmd)
+			return err
+		})
+		return res, err
+	}
+	return s.ApplyLocal(ctx, cmd)
 }
 
 // Barrier waits until every entry committed before it has been applied on this node, which
@@ -693,7 +743,7 @@ func (s *Store) onLeader(ctx context.Context, op string, local func(context.Cont
 		if s.IsLeader() {
 			err = local(ctx)
 		} else if id, api := s.Leader(); id != "" && id != s.cfg.NodeID && api != "" {
-			rctx, stop := s.WhileLeader(ctx, id)
+			rctx, stop := s.whileLeader(ctx, id)
 			err = remote(rctx, api)
 			stop()
 		} else {

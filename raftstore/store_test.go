@@ -785,3 +785,61 @@ func goroutines() (n, dropped int) {
 	}
 	return n, dropped
 }
+
+// A follower's Apply reaches the leader's ForwardedFunc, which commits it with ApplyLocal and
+// answers for it; the leader's own Apply does not pass through it. A not-started refusal from
+// it is retried by the follower, a bad request is not. ApplyLocal on a follower starts nothing
+// and forwards nothing; SetForwarded(nil) restores plain ApplyLocal.
+func TestForwardedApply(t *testing.T) {
+	nodes := newCluster(t, 2, nil)
+	leader := leaderOf(t, nodes)
+	follower := followerOf(nodes, leader)
+
+	var calls atomic.Int32
+	leader.s.SetForwarded(func(ctx context.Context, cmd []byte) ([]byte, error) {
+		n := calls.Add(1)
+		switch string(cmd) {
+		case "refused-once":
+			if n == 1 {
+				return nil, fmt.Errorf("not yet: %w", ErrNotLeader)
+			}
+		case "malformed":
+			return nil, fmt.Errorf("%w: not a command", ErrBadRequest)
+		}
+		res, err := leader.s.ApplyLocal(ctx, cmd)
+		return append([]byte("via-hook:"), res...), err
+	})
+
+	if got := mustApply(t, leader, "own"); got != "1" || calls.Load() != 0 {
+		t.Fatalf("the leader's own apply: %q, %d hook calls; want 1 and none", got, calls.Load())
+	}
+	if got := mustApply(t, follower, "forwarded"); got != "via-hook:2" || calls.Load() != 1 {
+		t.Fatalf("forwarded apply: %q, %d hook calls; want via-hook:2 and one", got, calls.Load())
+	}
+	calls.Store(0)
+	if got := mustApply(t, follower, "refused-once"); got != "via-hook:3" || calls.Load() != 2 {
+		t.Fatalf("apply refused once as not started: %q, %d hook calls; want via-hook:3 after a retry", got, calls.Load())
+	}
+	calls.Store(0)
+	if _, err := follower.s.Apply(ctxTimeout(t, 5*time.Second), []byte("malformed")); !errors.Is(err, ErrBadRequest) || calls.Load() != 1 {
+		t.Fatalf("apply the hook refuses as malformed: %v after %d calls, want ErrBadRequest after one", err, calls.Load())
+	}
+
+	if _, err := follower.s.ApplyLocal(ctxTimeout(t, 5*time.Second), []byte("not-here")); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("ApplyLocal on a follower: %v, want ErrNotLeader", err)
+	}
+	// An apply sent to a follower, even unmarked, is not passed on to the leader.
+	calls.Store(0)
+	if _, err := doRPC(ctxTimeout(t, 5*time.Second), nil, follower.srv.URL, "secret", http.MethodPost, "apply", "", []byte("not-here"), false); !errors.Is(err, ErrNotLeader) || calls.Load() != 0 {
+		t.Fatalf("unmarked apply sent to a follower: %v after %d hook calls, want ErrNotLeader and none", err, calls.Load())
+	}
+	if got, err := leader.s.ApplyLocal(ctxTimeout(t, 5*time.Second), []byte("here")); err != nil || string(got) != "4" {
+		t.Fatalf("ApplyLocal on the leader: %q, %v; want 4", got, err)
+	}
+
+	leader.s.SetForwarded(nil)
+	if got := mustApply(t, follower, "plain"); got != "5" {
+		t.Fatalf("forwarded apply without a hook: %q, want 5", got)
+	}
+	converged(t, nodes, []string{"own", "forwarded", "refused-once", "here", "plain"})
+}
