@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pinnedd/pinnedd/internal/datadir"
+	"github.com/pinnedd/pinnedd/internal/harden"
 	"github.com/pinnedd/pinnedd/internal/sdnotify"
 	"github.com/pinnedd/pinnedd/pinboard"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
@@ -69,8 +70,14 @@ type Agent struct {
 
 // Run runs a node: New, Start, then Stop once Wait returns (ctx ends, a
 // leave is asked for, the front door fails or Raft's storage does). The
-// error is why the node failed, nil after a clean stop.
+// error is why the node failed, nil after a clean stop. Before anything
+// else it makes the process non-dumpable, so that no process of its user
+// (a plugin not run as a user of its own) can read its memory or
+// environment.
 func Run(ctx context.Context, cfg Config) error {
+	if err := harden.NonDumpable(); err != nil {
+		return err
+	}
 	a, err := New(ctx, cfg)
 	if err != nil {
 		return err

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package harden
+
+func nonDumpable() error { return nil }
