@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -27,6 +28,9 @@ type Conns struct {
 	handBack func(net.Conn)
 	// RespTimeout bounds the wait for a response head from upstream.
 	respTimeout time.Duration
+	// idleAfter closes a connection that sent no request for this long
+	// (idleTimeout; tests shorten it before the first Adopt).
+	idleAfter time.Duration
 
 	life     // its mu guards everything below
 	draining bool
@@ -84,6 +88,7 @@ type client struct {
 	seq      uint32 // of the current exchange (Ticket)
 	retried  bool   // a Final request went out again on a fresh connection
 	hbuf     []byte
+	release  func() // the connection's slot (see slot.go): called when fd closes, or handed on with it
 }
 
 type upstream struct {
@@ -116,7 +121,7 @@ func NewConns(logger *slog.Logger, r Router, handBack func(net.Conn), respTimeou
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Conns{log: logger, router: r, handBack: handBack, respTimeout: respTimeout, life: life{epfd: -1, wakefd: -1},
+	return &Conns{log: logger, router: r, handBack: handBack, respTimeout: respTimeout, idleAfter: idleTimeout, life: life{epfd: -1, wakefd: -1},
 		clients: map[uint32]*client{}, ups: map[uint32]*upstream{}, idle: map[string][]*upstream{}, drained: make(chan struct{})}
 }
 
@@ -131,28 +136,33 @@ func (l *Conns) HandedBack() int64 { return l.handed.Load() }
 
 // Adopt takes a client connection (HTTP/1.1, kept alive, its last response
 // complete) with buffered, bytes it already sent that net/http read ahead.
-// The loop owns it from here on, whatever Adopt returns.
+// The loop owns it from here on, whatever Adopt returns, and with it the
+// connection's slot under a connection cap (see slot.go): given back when
+// the loop closes the connection, handed on when it gives it back to
+// net/http, and at once if Adopt fails.
 func (l *Conns) Adopt(c net.Conn, buffered []byte) error {
 	remote := c.RemoteAddr().String()
-	fd, err := takeFD(c)
+	fd, release, err := takeClient(c)
 	if err != nil {
 		return err
 	}
-	cl := &client{fd: fd, remote: remote, in: append([]byte(nil), buffered...), readable: true, since: time.Now()}
+	refuse := func(err error) error {
+		_ = unix.Close(fd)
+		release()
+		return err
+	}
+	cl := &client{fd: fd, remote: remote, in: append([]byte(nil), buffered...), readable: true, since: time.Now(), release: release}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed || l.draining {
-		_ = unix.Close(fd)
-		return ErrClosed
+		return refuse(ErrClosed)
 	}
 	if err := l.startLocked(); err != nil {
-		_ = unix.Close(fd)
-		return err
+		return refuse(err)
 	}
 	cl.id = l.newIDLocked()
 	if err := l.ctl(unix.EPOLL_CTL_ADD, fd, unix.EPOLLIN|unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET, cl.id, sideC); err != nil {
-		_ = unix.Close(fd)
-		return fmt.Errorf("epoll add client: %w", err)
+		return refuse(fmt.Errorf("epoll add client: %w", err))
 	}
 	l.clients[cl.id] = cl
 	l.fresh = append(l.fresh, cl)
@@ -326,7 +336,7 @@ func (l *Conns) run(epfd, wakefd int) {
 func (l *Conns) sweepLocked(now time.Time, after *[]func()) {
 	for _, c := range l.clients {
 		switch {
-		case c.state == stHead && len(c.in) == 0 && now.Sub(c.since) > idleTimeout,
+		case c.state == stHead && len(c.in) == 0 && now.Sub(c.since) > l.idleAfter,
 			c.state == stHead && len(c.in) > 0 && now.Sub(c.since) > headTimeout:
 			l.closeClient(c, after)
 		case (c.state == stSend || c.state == stResp) && l.timedOut(c, now):
@@ -973,6 +983,17 @@ func (l *Conns) closeClientErr(c *client, err error, after *[]func()) {
 	}
 	l.detach(c)
 	_ = unix.Close(c.fd)
+	*after = append(*after, c.takeRelease())
+}
+
+// takeRelease returns c's slot release (for one call) and forgets it.
+func (c *client) takeRelease() func() {
+	rel := c.release
+	c.release = nil
+	if rel == nil {
+		return func() {}
+	}
+	return rel
 }
 
 // detach takes c out of the loop (its descriptor stays open).
@@ -988,16 +1009,17 @@ func (l *Conns) detach(c *client) {
 func (l *Conns) giveBack(c *client, after *[]func()) {
 	l.detach(c)
 	l.handed.Add(1)
-	fd, pending := c.fd, c.in
+	fd, pending, release := c.fd, c.in, c.takeRelease()
 	*after = append(*after, func() {
 		f := os.NewFile(uintptr(fd), "client")
 		nc, err := net.FileConn(f) // a duplicate, in Go's poller
 		_ = f.Close()
 		if err != nil {
+			release()
 			l.log.Debug("keep-alive loop: giving a connection back failed; closed it", "err", err)
 			return
 		}
-		l.handBack(&prefixConn{Conn: nc, prefix: pending})
+		l.handBack(&prefixConn{Conn: nc, prefix: pending, release: release})
 	})
 }
 
@@ -1012,10 +1034,41 @@ func (l *Conns) shutdownLocked(after *[]func()) {
 	l.closeEpollLocked()
 }
 
-// prefixConn reads prefix before the connection's own bytes.
+// prefixConn is a connection given back to net/http: it reads prefix
+// before the connection's own bytes, and holds the connection's slot
+// (release) until Close, or until Detach hands it to whoever takes the
+// socket next (the loops again).
 type prefixConn struct {
 	net.Conn
-	prefix []byte
+	prefix  []byte
+	mu      sync.Mutex
+	release func()
+}
+
+// Close closes the connection and gives its slot back (once).
+func (p *prefixConn) Close() error {
+	err := p.Conn.Close()
+	if rel := p.takeRelease(); rel != nil {
+		rel()
+	}
+	return err
+}
+
+// Detach hands the slot over: Close no longer gives it back, the release
+// returned does (once).
+func (p *prefixConn) Detach() func() {
+	if rel := p.takeRelease(); rel != nil {
+		return rel
+	}
+	return func() {}
+}
+
+func (p *prefixConn) takeRelease() func() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	rel := p.release
+	p.release = nil
+	return rel
 }
 
 func (p *prefixConn) Read(b []byte) (int, error) {

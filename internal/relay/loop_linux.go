@@ -344,6 +344,7 @@ type stream struct {
 	queued  bool
 	closed  bool
 	done    func(Reason)
+	release func() // the client's slot (see slot.go), called once cfd is closed
 }
 
 // New returns a loop; logger may be nil.
@@ -359,10 +360,12 @@ func (l *Loop) Len() int { return int(l.live.Load()) }
 
 // Add hands a stream to the loop. It takes both connections whatever it
 // returns: on success they belong to the loop (their net.Conns are closed,
-// the loop holds duplicates of their descriptors, out of Go's poller); on
-// error they are closed and Done is not called.
+// the loop holds duplicates of their descriptors, out of Go's poller, and
+// the client's slot under a connection cap, see slot.go, until it closes
+// the client's); on error they are closed, the slot is given back and Done
+// is not called.
 func (l *Loop) Add(s Stream) error {
-	cfd, err := takeFD(s.Client)
+	cfd, release, err := takeClient(s.Client)
 	if err != nil {
 		_ = s.Upstream.Close()
 		return fmt.Errorf("client connection: %w", err)
@@ -370,15 +373,20 @@ func (l *Loop) Add(s Stream) error {
 	ufd, err := takeFD(s.Upstream)
 	if err != nil {
 		_ = unix.Close(cfd)
+		release()
 		return fmt.Errorf("upstream connection: %w", err)
 	}
-	st := &stream{cfd: cfd, ufd: ufd, chunked: s.Chunked, done: s.Done}
+	refuse := func(err error) error {
+		_, _ = unix.Close(cfd), unix.Close(ufd)
+		release()
+		return err
+	}
+	st := &stream{cfd: cfd, ufd: ufd, chunked: s.Chunked, done: s.Done, release: release}
 	body := s.Body
 	if st.chunked {
 		end, err := st.sc.scan(body)
 		if err != nil {
-			_, _ = unix.Close(cfd), unix.Close(ufd)
-			return fmt.Errorf("upstream body: %w", err)
+			return refuse(fmt.Errorf("upstream body: %w", err))
 		}
 		if end >= 0 {
 			body, st.ending = body[:end], true
@@ -391,8 +399,7 @@ func (l *Loop) Add(s Stream) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.startLocked(); err != nil {
-		_, _ = unix.Close(cfd), unix.Close(ufd)
-		return err
+		return refuse(err)
 	}
 	// 0 names the wake-up descriptor; past 2^32 streams the ids wrap, and
 	// one still held (a stream open for days) is skipped.
@@ -402,13 +409,11 @@ func (l *Loop) Add(s Stream) error {
 	// Edge-triggered: the loop reads and writes until EAGAIN and remembers
 	// what it could not finish, so no registration changes per stream.
 	if err := l.ctl(unix.EPOLL_CTL_ADD, cfd, unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET, st.id, sideClient); err != nil {
-		_, _ = unix.Close(cfd), unix.Close(ufd)
-		return fmt.Errorf("epoll add client: %w", err)
+		return refuse(fmt.Errorf("epoll add client: %w", err))
 	}
 	if err := l.ctl(unix.EPOLL_CTL_ADD, ufd, unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLET, st.id, sideUpstream); err != nil {
 		_ = l.ctl(unix.EPOLL_CTL_DEL, cfd, 0, 0, 0)
-		_, _ = unix.Close(cfd), unix.Close(ufd)
-		return fmt.Errorf("epoll add upstream: %w", err)
+		return refuse(fmt.Errorf("epoll add upstream: %w", err))
 	}
 	l.streams[st.id] = st
 	l.live.Add(1)
@@ -443,6 +448,18 @@ func takeFD(c net.Conn) (int, error) {
 		return -1, fmt.Errorf("nonblock: %w", err)
 	}
 	return fd, nil
+}
+
+// takeClient is takeFD for a client connection, which takes the
+// connection's slot along (detachSlot, before c is closed): the caller
+// calls release once it closes fd. On error the slot is given back.
+func takeClient(c net.Conn) (fd int, release func(), err error) {
+	release = detachSlot(c)
+	if fd, err = takeFD(c); err != nil {
+		release()
+		return -1, nil, err
+	}
+	return fd, release, nil
 }
 
 func (l *Loop) startLocked() error {
@@ -650,6 +667,7 @@ func (l *Loop) end(s *stream, r Reason, ended *[]func()) {
 		_ = unix.Close(fd)
 	}
 	s.pending = nil
+	*ended = append(*ended, s.release)
 	if s.done != nil {
 		done := s.done
 		*ended = append(*ended, func() { done(r) })
