@@ -186,7 +186,6 @@ func (a *Agent) provisionRaft(ctx context.Context) error {
 // directory state machine, and the registry over it.
 func (a *Agent) provisionDirectory(context.Context) error {
 	a.dir = pinboard.NewDirectory(a.machine, a.store)
-	a.dir.SetHandOff(a.store.HTTPClient(), a.cfg.Tokens[0])
 	a.registry = pinboard.NewRegistry(a.dir, a.cfg.LeaseTTL)
 	return nil
 }
@@ -237,7 +236,6 @@ func (a *Agent) provisionFrontDoor(context.Context) error {
 		return tokens.Allowed(r, pinboard.ScopeWorker) || tokens.Allowed(r, pinboard.ScopeOperator)
 	}
 	a.fd.Handle(raftstore.HandlerPrefix, store.Handler(member))
-	a.fd.Handle("POST "+pinboard.HandOffPath, tokens.Require(a.dir.ServeHandOff, pinboard.ScopeWorker, pinboard.ScopeOperator))
 	a.fd.Handle("POST /_pinned/join", joinHandler(tokens, store, a.log))
 	a.fd.Handle("POST /_pinned/leave", a.fd.RequireScope(pinboard.ScopeOperator, leaveHandler(store, a.cfg.DrainDeadline, a.leave)))
 	// Go's profiles, for an operator chasing CPU or memory in a running

@@ -23,12 +23,9 @@ import (
 type benchNode struct {
 	store *raftstore.Store
 	dir   *Directory
-	// noHandOffRoute makes the node answer its hand-off route 404, as a
-	// node running a release without it would.
-	noHandOffRoute atomic.Bool
-	// silent makes the hand-off route swallow batches and never answer, as
-	// a leader cut off by a partition does; each one swallowed is sent on
-	// swallowed (if there is room).
+	// silent makes the node's POST /_raft/apply swallow what followers
+	// forward and never answer, as a leader cut off by a partition does;
+	// each one swallowed is sent on swallowed (if there is room).
 	silent    atomic.Bool
 	swallowed chan struct{}
 }
@@ -59,16 +56,12 @@ func startBenchCluster(b testing.TB, n int) []*benchNode {
 			b.Fatal(err)
 		}
 		dir := NewDirectory(m, store)
-		dir.SetHandOff(store.HTTPClient(), "t")
 		mux := http.NewServeMux()
-		mux.Handle(raftstore.HandlerPrefix, store.Handler(nil))
+		raftRPC := store.Handler(nil)
+		mux.Handle(raftstore.HandlerPrefix, raftRPC)
 		nodes[i] = &benchNode{store: store, dir: dir, swallowed: make(chan struct{}, 16)}
 		nd := nodes[i]
-		mux.HandleFunc("POST "+HandOffPath, func(w http.ResponseWriter, r *http.Request) {
-			if nd.noHandOffRoute.Load() {
-				http.NotFound(w, r)
-				return
-			}
+		mux.HandleFunc("POST "+raftstore.HandlerPrefix+"apply", func(w http.ResponseWriter, r *http.Request) {
 			if nd.silent.Load() {
 				select {
 				case nd.swallowed <- struct{}{}:
@@ -80,7 +73,7 @@ func startBenchCluster(b testing.TB, n int) []*benchNode {
 				<-r.Context().Done() // the sender gave up
 				return
 			}
-			dir.ServeHandOff(w, r)
+			raftRPC.ServeHTTP(w, r)
 		})
 		var handler http.Handler = mux
 		h.Store(&handler)
