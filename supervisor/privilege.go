@@ -6,14 +6,18 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/pinnedd/pinnedd/internal/httpx"
 	"os"
+	"os/user"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	goplugin "github.com/hashicorp/go-plugin"
+	"golang.org/x/sys/unix"
 
+	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/plugins"
 )
 
@@ -153,8 +157,9 @@ func ApplyPluginEnv(specs []Spec, settings []PluginEnvSetting, lookup func(strin
 	return nil
 }
 
-// pinnedEnv is what pinnedd sets for one plugin process.
-func (p *pluginProc) pinnedEnv(socket string) []string {
+// pinnedEnv is what pinnedd sets for one plugin process whose sockets go
+// to dir (socketDir).
+func (p *pluginProc) pinnedEnv(socket, dir string) []string {
 	s := p.sup
 	env := []string{
 		plugins.EnvDataSocket + "=" + socket,
@@ -162,7 +167,12 @@ func (p *pluginProc) pinnedEnv(socket string) []string {
 		plugins.EnvPluginName + "=" + p.spec.Name,
 		// go-plugin's own sockets (control, broker) go beside the data
 		// socket, where the next start sweeps them after a kill -9.
-		goplugin.EnvUnixSocketDir + "=" + s.runtimeDir,
+		goplugin.EnvUnixSocketDir + "=" + dir,
+	}
+	if u := p.spec.User; u != nil {
+		// Its own home, and a temporary directory it can write: pinnedd's
+		// TMPDIR may be closed to it.
+		env = append(env, "HOME="+u.Home, "TMPDIR="+dir)
 	}
 	if s.cfg.FrontDoorURL != "" {
 		env = append(env, plugins.EnvFrontDoor+"="+s.cfg.FrontDoorURL)
@@ -231,4 +241,200 @@ func pluginFields(inc *incarnation, k Key) []httpx.Field {
 		{Name: plugins.HeaderID, Value: k.ID},
 		{Name: plugins.HeaderSocketSecret, Value: inc.socketSecret},
 	}
+}
+
+// ErrPluginUser: a --plugin-user setting pinnedd refuses.
+var ErrPluginUser = errors.New("invalid plugin user")
+
+// User is an account a plugin process runs as: its uid, primary gid,
+// supplementary groups and home, looked up once at start (LookupUser).
+// A plugin with a User gets a private socket directory of its own (see
+// openRuntimeDir), TMPDIR and HOME in it and its home, and nothing of
+// pinnedd's files: the data dir stays pinnedd's (0700).
+type User struct {
+	Name   string
+	UID    uint32
+	GID    uint32
+	Groups []uint32
+	Home   string
+}
+
+// LookupUser finds the account a plugin is to run as. It refuses an
+// unknown user and root (uid 0): a plugin as root would hold everything
+// pinnedd holds.
+func LookupUser(name string) (*User, error) {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, fmt.Errorf("%w %q: %w", ErrPluginUser, name, err)
+	}
+	uid, err := strconv.ParseUint(u.Uid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("%w %q: uid %q: %w", ErrPluginUser, name, u.Uid, err)
+	}
+	if uid == 0 {
+		return nil, fmt.Errorf("%w %q: it is root (uid 0); plugins run as root only without --plugin-user", ErrPluginUser, name)
+	}
+	gid, err := strconv.ParseUint(u.Gid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("%w %q: gid %q: %w", ErrPluginUser, name, u.Gid, err)
+	}
+	ids, err := u.GroupIds()
+	if err != nil {
+		return nil, fmt.Errorf("%w %q: groups: %w", ErrPluginUser, name, err)
+	}
+	out := &User{Name: u.Username, UID: uint32(uid), GID: uint32(gid), Home: u.HomeDir}
+	for _, id := range ids {
+		g, err := strconv.ParseUint(id, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%w %q: group %q: %w", ErrPluginUser, name, id, err)
+		}
+		if g == 0 {
+			// Group root would reach what root's group may; refuse it as
+			// root itself is refused.
+			return nil, fmt.Errorf("%w %q: it is in group root (gid 0)", ErrPluginUser, name)
+		}
+		out.Groups = append(out.Groups, uint32(g))
+	}
+	if gid == 0 {
+		return nil, fmt.Errorf("%w %q: its primary group is root (gid 0)", ErrPluginUser, name)
+	}
+	return out, nil
+}
+
+// ErrNeedsRoot: a plugin is to run as another user, and pinnedd cannot
+// switch to it.
+var ErrNeedsRoot = errors.New("needs pinnedd to run as root")
+
+// switchCaps are the capabilities root needs to run plugins as other users
+// and still reach them: set their uid and groups, hand them their socket
+// directories, connect to and clean up the sockets they make, signal them.
+var switchCaps = []struct {
+	capability int
+	name       string
+}{
+	{unix.CAP_SETUID, "CAP_SETUID"},
+	{unix.CAP_SETGID, "CAP_SETGID"},
+	{unix.CAP_CHOWN, "CAP_CHOWN"},
+	{unix.CAP_DAC_OVERRIDE, "CAP_DAC_OVERRIDE"},
+	{unix.CAP_KILL, "CAP_KILL"},
+}
+
+// CheckCanSwitchUser says whether this process can start plugins as other
+// users: it must be root, with the capabilities in switchCaps (a systemd
+// unit may have taken them away).
+func CheckCanSwitchUser() error {
+	if os.Geteuid() != 0 {
+		return ErrNeedsRoot
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("read capabilities: %w", err)
+	}
+	var missing []string
+	for _, c := range switchCaps {
+		if data[c.capability/32].Effective&(1<<(c.capability%32)) == 0 {
+			missing = append(missing, c.name)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w with %s (missing; under systemd, CapabilityBoundingSet=)", ErrNeedsRoot, strings.Join(missing, " "))
+	}
+	return nil
+}
+
+// PluginUserSetting is one --plugin-user setting: [/ns=]NAME.
+type PluginUserSetting struct {
+	// Namespace limits the setting to the plugin serving it; "" is every
+	// plugin without a setting of its own.
+	Namespace string
+	User      *User
+}
+
+// ParsePluginUser parses and looks up one --plugin-user setting:
+//
+//	NAME       every plugin runs as NAME (unless /ns=NAME says otherwise)
+//	/ns=NAME   the plugin serving /ns runs as NAME
+func ParsePluginUser(s string) (PluginUserSetting, error) {
+	var set PluginUserSetting
+	name := s
+	if strings.HasPrefix(s, "/") {
+		ns, n, ok := strings.Cut(s, "=")
+		if !ok || n == "" {
+			return set, fmt.Errorf("%w %q: want NAME or /ns=NAME", ErrPluginUser, s)
+		}
+		if err := plugins.ValidateNamespace(ns); err != nil {
+			return set, fmt.Errorf("%w %q: %w", ErrPluginUser, s, err)
+		}
+		set.Namespace, name = ns, n
+	}
+	if name == "" {
+		return set, fmt.Errorf("%w: empty user name", ErrPluginUser)
+	}
+	u, err := LookupUser(name)
+	if err != nil {
+		return set, err
+	}
+	set.User = u
+	return set, nil
+}
+
+// ApplyPluginUsers sets each spec's User: the setting naming one of its
+// namespaces, else the one without a namespace (the default). Two settings
+// for one namespace, a namespace no spec serves, and different users for
+// namespaces of the same binary are refused.
+func ApplyPluginUsers(specs []Spec, settings []PluginUserSetting) error {
+	if len(settings) == 0 {
+		return nil
+	}
+	var def *User
+	byNS := map[string]*User{}
+	for _, set := range settings {
+		if set.Namespace == "" {
+			if def != nil {
+				return fmt.Errorf("%w: two default users (%s and %s)", ErrPluginUser, def.Name, set.User.Name)
+			}
+			def = set.User
+			continue
+		}
+		if prev := byNS[set.Namespace]; prev != nil {
+			return fmt.Errorf("%w: two users for %s (%s and %s)", ErrPluginUser, set.Namespace, prev.Name, set.User.Name)
+		}
+		byNS[set.Namespace] = set.User
+	}
+	used := map[string]bool{}
+	for i := range specs {
+		var u *User
+		for _, ns := range specs[i].Namespaces {
+			v := byNS[ns]
+			if v == nil {
+				continue
+			}
+			used[ns] = true
+			if u != nil && u.Name != v.Name {
+				return fmt.Errorf("%w: %s and %s are served by one process (%s), which cannot run as both %s and %s",
+					ErrPluginUser, specs[i].Namespaces[0], ns, specs[i].Name, u.Name, v.Name)
+			}
+			u = v
+		}
+		if u == nil {
+			u = def
+		}
+		specs[i].User = u
+	}
+	for ns := range byNS {
+		if !used[ns] {
+			return fmt.Errorf("%w: --plugin-user %s=%s: no plugin serves %s on this node", ErrPluginUser, ns, byNS[ns].Name, ns)
+		}
+	}
+	return nil
+}
+
+// credential is what the plugin process of spec runs as: nil keeps
+// pinnedd's own.
+func (sp *Spec) credential() *syscall.Credential {
+	if sp.User == nil {
+		return nil
+	}
+	return &syscall.Credential{Uid: sp.User.UID, Gid: sp.User.GID, Groups: sp.User.Groups}
 }

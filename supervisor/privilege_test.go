@@ -11,10 +11,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -348,5 +350,227 @@ func TestControlSocketNeedsPinneddCertificate(t *testing.T) {
 	// Nothing changed: pinnedd's own requests still get through.
 	if r, err := testutil.Do(context.Background(), "POST", srv.URL+"/tally/a/inc", "", nil); err != nil || r.Body != `{"value":1}` {
 		t.Errorf("increment through pinnedd: %v %+v", err, r)
+	}
+}
+
+// ensureUser returns the account name, creating it (a system user with no
+// home) when missing. The tests run as root, as CI does.
+func ensureUser(t *testing.T, name string) *User {
+	t.Helper()
+	var u *User
+	testutil.WaitForErr(t, 30*time.Second, "user "+name, func() error {
+		var err error
+		if u, err = LookupUser(name); err == nil {
+			return nil
+		}
+		// useradd refuses while another holds /etc/passwd's lock: try
+		// again until the deadline.
+		out, err := exec.Command("useradd", "--system", "--no-create-home", name).CombinedOutput()
+		return fmt.Errorf("useradd %s: %v: %s", name, err, out)
+	})
+	return u
+}
+
+// sharedBin copies a test binary where any user may run it: testutil.Bin
+// builds into a directory only root can enter.
+func sharedBin(t *testing.T, name string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "pinnedd-shared-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	b, err := os.ReadFile(testutil.Bin(t, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// asUser runs a command as u, with its groups, and returns its output.
+func asUser(u *User, name string, args ...string) (string, error) {
+	cmd := exec.Command(name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// procIDs reads a process's Uid, Gid and Groups lines from
+// /proc/<pid>/status.
+func procIDs(t *testing.T, pid int) (uid, gid, groups string) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		switch k {
+		case "Uid":
+			uid = strings.Join(strings.Fields(v), " ")
+		case "Gid":
+			gid = strings.Join(strings.Fields(v), " ")
+		case "Groups":
+			groups = strings.Join(strings.Fields(v), " ")
+		}
+	}
+	return uid, gid, groups
+}
+
+func ids(n uint32, times int) string {
+	return strings.TrimSpace(strings.Repeat(fmt.Sprint(n)+" ", times))
+}
+
+// Two plugins, each run as a user of its own: each process has its user's
+// uid, gid and groups, HOME and a TMPDIR of its own; its sockets are in a
+// directory only its user (and pinnedd) can enter; pinnedd still reaches
+// both (handshake over mutual TLS, data socket), and the other plugin's
+// user can neither list that directory nor connect to its data socket.
+func TestPluginRunsAsItsUser(t *testing.T) {
+	a, b := ensureUser(t, "pinnedd-test-a"), ensureUser(t, "pinnedd-test-b")
+	bin := sharedBin(t, "testhost")
+	// A runtime dir others can pass through, as systemd's /run/pinnedd.
+	parent, err := os.MkdirTemp("", "pinnedd-rt-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(parent) })
+	if err := os.Chmod(parent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	runtimeDir := filepath.Join(parent, "run")
+	s, err := New(Config{
+		Specs: []Spec{
+			{Name: "p", Path: bin, Namespaces: []string{"/misc"}, User: a},
+			{Name: "q", Path: bin, Namespaces: []string{"/tally"}, User: b},
+		},
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		RuntimeDir: runtimeDir,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		parts := strings.SplitN(r.URL.Path, "/", 4)
+		serveCall(s, w, r, "/"+parts[1], parts[2], 1, "/"+parts[3])
+	}))
+	var pids []int
+	for _, p := range s.Plugins() {
+		pids = append(pids, p.PID)
+	}
+	t.Cleanup(func() {
+		srv.Close()
+		s.Stop(context.Background())
+		testutil.CheckGone(t, pids)
+		checkNoPlugins(t)
+	})
+
+	if s.runtimeDir != runtimeDir {
+		t.Fatalf("sockets in %s, want the runtime dir %s (reachable by the plugin users)", s.runtimeDir, runtimeDir)
+	}
+	if st, err := os.Stat(runtimeDir); err != nil || st.Mode().Perm() != 0o711 {
+		t.Fatalf("runtime dir: %v %v, want mode 0711", st.Mode(), err)
+	}
+	for _, c := range []struct {
+		name string
+		u    *User
+	}{{"p", a}, {"q", b}} {
+		inc := current(t, s, c.name)
+		uid, gid, groups := procIDs(t, inc.pid)
+		if uid != ids(c.u.UID, 4) || gid != ids(c.u.GID, 4) {
+			t.Errorf("plugin %s runs as Uid %q Gid %q, want %s's %d/%d", c.name, uid, gid, c.u.Name, c.u.UID, c.u.GID)
+		}
+		var want []string
+		for _, g := range c.u.Groups {
+			want = append(want, fmt.Sprint(g))
+		}
+		if groups != strings.Join(want, " ") {
+			t.Errorf("plugin %s has Groups %q, want %q", c.name, groups, want)
+		}
+		dir := filepath.Join(runtimeDir, c.name)
+		st, err := os.Stat(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sys := st.Sys().(*syscall.Stat_t); sys.Uid != c.u.UID || st.Mode().Perm() != 0o700 {
+			t.Errorf("%s: owner %d mode %v, want %s's, 0700", dir, sys.Uid, st.Mode().Perm(), c.u.Name)
+		}
+		if filepath.Dir(inc.socket) != dir {
+			t.Errorf("plugin %s's data socket %s is not in its directory %s", c.name, inc.socket, dir)
+		}
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", inc.pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		env := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		for _, kv := range []string{"HOME=" + c.u.Home, "TMPDIR=" + dir} {
+			if !slices.Contains(env, kv) {
+				t.Errorf("plugin %s environment lacks %s: %q", c.name, kv, env)
+			}
+		}
+	}
+	if r, err := testutil.Do(context.Background(), "POST", srv.URL+"/tally/x/inc", "", nil); err != nil || r.Body != `{"value":1}` {
+		t.Errorf("increment through pinnedd: %v %+v", err, r)
+	}
+
+	// b's user, q's, cannot look into p's directory nor use its socket.
+	p := current(t, s, "p")
+	if out, err := asUser(b, "ls", filepath.Dir(p.socket)); err == nil || !strings.Contains(out, "Permission denied") {
+		t.Errorf("%s lists p's socket directory: %v %s", b.Name, err, out)
+	}
+	if out, err := asUser(b, "test", "-e", p.socket); err == nil {
+		t.Errorf("%s reaches p's data socket %s: %s", b.Name, p.socket, out)
+	}
+	// a's user itself can.
+	if out, err := asUser(a, "test", "-S", p.socket); err != nil {
+		t.Errorf("%s cannot reach its own data socket: %v %s", a.Name, err, out)
+	}
+}
+
+// Plugin users are refused when they would hold root's power, are unknown,
+// or do not fit the plugins.
+func TestPluginUserRefusals(t *testing.T) {
+	a, b := ensureUser(t, "pinnedd-test-a"), ensureUser(t, "pinnedd-test-b")
+	for in, why := range map[string]string{
+		"root":                   "it is root (uid 0)",
+		"pinnedd-no-such-user-1": "unknown user",
+		"/misc=root":             "it is root (uid 0)",
+		"/misc=":                 "want NAME or /ns=NAME",
+		"/Misc=pinnedd-test-a":   "invalid namespace",
+	} {
+		_, err := ParsePluginUser(in)
+		if !errors.Is(err, ErrPluginUser) || !strings.Contains(err.Error(), why) {
+			t.Errorf("ParsePluginUser(%q) = %v, want ErrPluginUser saying %q", in, err, why)
+		}
+	}
+	specs := func() []Spec {
+		return []Spec{{Name: "p", Namespaces: []string{"/misc", "/more"}}, {Name: "q", Namespaces: []string{"/tally"}}}
+	}
+	sp := specs()
+	if err := ApplyPluginUsers(sp, []PluginUserSetting{{User: a}, {Namespace: "/tally", User: b}}); err != nil {
+		t.Fatal(err)
+	}
+	if sp[0].User != a || sp[1].User != b {
+		t.Errorf("users: p %v, q %v; want the default for p, /tally's for q", sp[0].User, sp[1].User)
+	}
+	for why, sets := range map[string][]PluginUserSetting{
+		"cannot run as both":        {{Namespace: "/misc", User: a}, {Namespace: "/more", User: b}},
+		"two users for /tally":      {{Namespace: "/tally", User: a}, {Namespace: "/tally", User: b}},
+		"two default users":         {{User: a}, {User: b}},
+		"no plugin serves /nothere": {{Namespace: "/nothere", User: a}},
+	} {
+		if err := ApplyPluginUsers(specs(), sets); !errors.Is(err, ErrPluginUser) || !strings.Contains(err.Error(), why) {
+			t.Errorf("%v: %v, want ErrPluginUser saying %q", sets, err, why)
+		}
 	}
 }

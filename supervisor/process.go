@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -42,6 +43,9 @@ type Spec struct {
 	// Watch reloads the plugin (hot swap) when the binary at Path is
 	// replaced by a different one (Config.BinaryPoll, BinarySettle).
 	Watch bool
+	// User is the account the plugin process runs as (LookupUser,
+	// ApplyPluginUsers); pinnedd must then run as root. nil: pinnedd's own.
+	User *User
 }
 
 // State of a plugin process, as status reports it.
@@ -149,10 +153,11 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 	p.state = StateStarting
 	p.mu.Unlock()
 
-	socket := filepath.Join(s.runtimeDir, fmt.Sprintf("%s-%d.sock", p.spec.Name, seq))
+	dir := s.socketDir(p)
+	socket := filepath.Join(dir, fmt.Sprintf("%s-%d.sock", p.spec.Name, seq))
 	bin := statBinary(p.spec.Path)
 	cmd := exec.Command(p.spec.Path, p.spec.Args...)
-	env, dropped := pluginEnv(os.Environ(), p.spec.Env, p.pinnedEnv(socket))
+	env, dropped := pluginEnv(os.Environ(), p.spec.Env, p.pinnedEnv(socket, dir))
 	if len(dropped) > 0 {
 		p.logger.Warn("not passed to the plugin: pinnedd's secrets never reach plugins", "variables", dropped)
 	}
@@ -160,7 +165,16 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 	// The child gets SIGKILL when the thread that forked it dies; the
 	// spawning goroutine is locked to its thread below, and Go never ends
 	// an unlocked thread, so in practice this fires when pinnedd dies.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// With a Spec.User, the process gets that user's uid, primary gid and
+	// supplementary groups (the kernel sets the death signal after them).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: p.spec.credential()}
+	var sockets *goplugin.UnixSocketConfig
+	if u := p.spec.User; u != nil {
+		// pinnedd's broker sockets (the Store service the plugin dials)
+		// are made in pinnedd's temporary directory: give them the
+		// plugin's group so its user can connect.
+		sockets = &goplugin.UnixSocketConfig{Group: strconv.FormatUint(uint64(u.GID), 10)}
+	}
 
 	logger := p.logger.With("incarnation", seq)
 	client := goplugin.NewClient(&goplugin.ClientConfig{
@@ -177,6 +191,7 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 		// call Describe, Activate or the Store service there.
 		AutoMTLS:         true,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		UnixSocketConfig: sockets,
 		StartTimeout:     s.cfg.HandshakeTimeout,
 		Logger:           hclogAdapter(logger),
 		Stderr:           &lineLogger{logger: logger},

@@ -22,8 +22,20 @@ const fallbackLink = "sockets"
 const fallbackPrefix = "pinnedd-run-"
 
 // openRuntimeDir picks the directory the plugins' sockets go to (see
-// Config.RuntimeDir) and clears what a dead predecessor left in it.
+// Config.RuntimeDir), clears what a dead predecessor left in it, and, when
+// a plugin runs as a user of its own, makes each plugin's socket directory.
+//
+// With plugin users the runtime dir is 0711 (users may pass through, not
+// list) and every plugin gets a 0700 subdirectory owned by its user (or by
+// pinnedd's, for a plugin without one): no plugin reaches another's
+// sockets. A runtime dir that those users could not reach (a directory
+// above it closed to others, as the data dir is) is replaced by a short
+// private directory in os.TempDir(), linked from it as for a long path.
 func (s *Supervisor) openRuntimeDir() error {
+	mode := os.FileMode(0o700)
+	if s.pluginUsers() {
+		mode = 0o711
+	}
 	dir := s.cfg.RuntimeDir
 	if dir == "" {
 		tmp, err := os.MkdirTemp("", "pinnedd-")
@@ -31,7 +43,7 @@ func (s *Supervisor) openRuntimeDir() error {
 			return err
 		}
 		s.runtimeDir, s.ownDir = tmp, true
-		return nil
+		return s.openPluginDirs(mode)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -44,9 +56,10 @@ func (s *Supervisor) openRuntimeDir() error {
 	if err := s.sweepRuntimeDir(dir); err != nil {
 		return err
 	}
-	if n := s.longestSocketName(); len(dir)+1+n <= maxSocketPath {
+	tooLong := len(dir)+1+s.longestSocketName() > maxSocketPath
+	if !tooLong && (!s.pluginUsers() || othersCanReach(filepath.Dir(dir))) {
 		s.runtimeDir = dir
-		return nil
+		return s.openPluginDirs(mode)
 	}
 	tmp, err := os.MkdirTemp("", fallbackPrefix)
 	if err != nil {
@@ -56,10 +69,74 @@ func (s *Supervisor) openRuntimeDir() error {
 		_ = os.RemoveAll(tmp)
 		return err
 	}
-	s.cfg.Logger.Debug("runtime dir too long for unix socket paths; plugin sockets go to a short private directory",
+	why := "runtime dir too long for unix socket paths"
+	if !tooLong {
+		why = "runtime dir not reachable by plugin users"
+	}
+	s.cfg.Logger.Debug(why+"; plugin sockets go to a short private directory",
 		"runtime_dir", dir, "socket_dir", tmp, "limit", maxSocketPath)
 	s.runtimeDir, s.ownDir, s.fallback = tmp, true, filepath.Join(dir, fallbackLink)
+	return s.openPluginDirs(mode)
+}
+
+// pluginUsers reports whether any plugin runs as a user of its own.
+func (s *Supervisor) pluginUsers() bool {
+	for _, p := range s.procs {
+		if p.spec.User != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// openPluginDirs gives the runtime dir its mode and, with plugin users,
+// makes each plugin's own socket directory (socketDir).
+func (s *Supervisor) openPluginDirs(mode os.FileMode) error {
+	if err := os.Chmod(s.runtimeDir, mode); err != nil {
+		return err
+	}
+	if !s.pluginUsers() {
+		return nil
+	}
+	if !othersCanReach(s.runtimeDir) {
+		return fmt.Errorf("%s: plugin users cannot reach it: a directory on its path is closed to other users (no o+x)", s.runtimeDir)
+	}
+	for _, p := range s.procs {
+		dir := s.socketDir(p)
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return err
+		}
+		if u := p.spec.User; u != nil {
+			if err := os.Chown(dir, int(u.UID), int(u.GID)); err != nil {
+				return fmt.Errorf("hand %s to plugin user %s: %w", dir, u.Name, err)
+			}
+		}
+	}
 	return nil
+}
+
+// socketDir is where plugin p's sockets (and, with a user, its TMPDIR)
+// go: with plugin users, its own subdirectory of the runtime dir; else the
+// runtime dir.
+func (s *Supervisor) socketDir(p *pluginProc) string {
+	if !s.pluginUsers() {
+		return s.runtimeDir
+	}
+	return filepath.Join(s.runtimeDir, p.spec.Name)
+}
+
+// othersCanReach reports whether every directory from / down to dir lets
+// other users through (o+x).
+func othersCanReach(dir string) bool {
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err != nil || st.Mode().Perm()&0o001 == 0 {
+			return false
+		}
+		if d == filepath.Dir(d) {
+			return true
+		}
+	}
 }
 
 // sweepRuntimeDir removes everything in dir. Only a dead predecessor can
@@ -98,11 +175,16 @@ func isFallbackDir(path string) bool {
 
 // longestSocketName is the longest name a socket in the runtime dir can
 // have: a plugin's data socket (<name>-<incarnation>.sock) or one that
-// go-plugin makes (plugin<random uint32>).
+// go-plugin makes (plugin<random uint32>), under the plugin's own
+// directory with plugin users.
 func (s *Supervisor) longestSocketName() int {
 	n := len("plugin") + 10
 	for _, p := range s.procs {
-		n = max(n, len(p.spec.Name)+len("-")+20+len(".sock"))
+		sub := 0
+		if s.pluginUsers() {
+			sub = len(p.spec.Name) + 1
+		}
+		n = max(n, sub+len("plugin")+10, sub+len(p.spec.Name)+len("-")+20+len(".sock"))
 	}
 	return n
 }

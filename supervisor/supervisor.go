@@ -158,6 +158,11 @@ func New(cfg Config) (*Supervisor, error) {
 			return nil, fmt.Errorf("supervisor: two plugins named %q", sp.Name)
 		}
 		names[sp.Name] = true
+		if sp.User != nil {
+			if err := CheckCanSwitchUser(); err != nil {
+				return nil, fmt.Errorf("supervisor: plugin %s as user %s: %w", sp.Name, sp.User.Name, err)
+			}
+		}
 		s.procs = append(s.procs, &pluginProc{sup: s, spec: sp, state: StateStopped, logger: cfg.Logger.With("plugin", sp.Name), swapped: make(chan struct{})})
 	}
 	return s, nil
