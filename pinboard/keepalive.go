@@ -80,8 +80,9 @@ func (k *keptAlive) close() error {
 }
 
 // adopt hands r's connection to the kept-alive loop once its response
-// (fixed length, now complete) was written to w. It reports whether it
-// did; the handler must then return at once.
+// (fixed length, now complete) was written to w, with its slot under the
+// connection caps (limitedConn.Detach). It reports whether it did; the
+// handler must then return at once.
 func (k *keptAlive) adopt(w http.ResponseWriter, r *http.Request) bool {
 	if !k.on.Load() || !relay.Supported || k.stopped.Load() || k.never ||
 		r.ProtoMajor != 1 || r.ProtoMinor != 1 || r.TLS != nil || r.Close {
@@ -100,7 +101,8 @@ func (k *keptAlive) adopt(w http.ResponseWriter, r *http.Request) bool {
 		pending, _ = brw.Reader.Peek(n)
 	}
 	if err := k.conns.Adopt(conn, pending); err != nil {
-		// The response went out whole; the client reconnects.
+		// The response went out whole; the client reconnects. The loop
+		// closed the connection and gave its slot back.
 		k.logger.Debug("kept-alive loop refused a connection; closed it", "err", err)
 	}
 	return true

@@ -66,8 +66,12 @@ type ConnLimits struct {
 
 // ConnLimiter counts the live connections of the listeners it wraps,
 // per client IP and in total. A connection's slot is held from Accept
-// until the connection is closed; whoever takes its socket out of the
-// net.Conn (Detach) takes the slot along.
+// until the connection is closed, wherever it is served: a connection
+// that leaves net/http for the fast path (the kept-alive loop, or a held
+// stream in the relay loop) has its socket taken out of the net.Conn, and
+// the loop takes the slot along (Detach), giving it back when it closes
+// the socket or handing it on with a connection it gives back to
+// net/http.
 type ConnLimiter struct {
 	limits   ConnLimits
 	log      *slog.Logger
@@ -90,7 +94,7 @@ func NewConnLimiter(limits ConnLimits, logger *slog.Logger, reg prometheus.Regis
 			"reason", connRefusedReasons)}
 	if reg != nil {
 		reg.MustRegister(l.refused, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "pinboard_connections", Help: "Client connections open on the front door now (what --max-conns caps).",
+			Name: "pinboard_connections", Help: "Client connections open on the front door now, in net/http and on the fast path (what --max-conns caps).",
 		}, func() float64 { return float64(l.Total()) }))
 	}
 	return l
@@ -231,10 +235,11 @@ func (c *limitedConn) Close() error {
 }
 
 // Detach is for code that takes the socket out of this net.Conn and keeps
-// it open after closing the conn (the kept-alive loop duplicates the
-// descriptor): Close no longer gives the slot back; the caller must call
-// release, once, when the socket it took is finally closed. A second
-// Detach returns a release that does nothing.
+// it open after closing the conn (the relay loops duplicate the
+// descriptor; they look for Detach on the conn net/http hands them and
+// under it, through Unwrap): Close no longer gives the slot back; the
+// caller must call release, once, when the socket it took is finally
+// closed. A second Detach returns a release that does nothing.
 func (c *limitedConn) Detach() (release func()) {
 	c.mu.Lock()
 	rel := c.release
@@ -247,8 +252,8 @@ func (c *limitedConn) Detach() (release func()) {
 	return func() { once.Do(rel) }
 }
 
-// SyscallConn exposes the socket (the kept-alive loop takes its
-// descriptor; net/http's sendfile path uses it).
+// SyscallConn exposes the socket (the relay loops take its descriptor;
+// net/http's sendfile path uses it).
 func (c *limitedConn) SyscallConn() (syscall.RawConn, error) {
 	sc, ok := c.Conn.(syscall.Conn)
 	if !ok {

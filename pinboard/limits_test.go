@@ -2,12 +2,15 @@ package pinboard
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"strings"
@@ -15,6 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/internal/testutil"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 )
@@ -139,6 +145,132 @@ func TestConnLimiterDetach(t *testing.T) {
 	release()
 	if n, tot := lim.From(ip), lim.Total(); n != 0 || tot != 0 {
 		t.Fatalf("after release: %d from the IP, %d in all; want 0", n, tot)
+	}
+}
+
+// startCappedFront serves a front door, fast path on and at most perIP
+// connections from a client IP, on a loopback listener; its directory
+// places /counters/c1 on an owner (serve) on another node.
+func startCappedFront(t *testing.T, perIP int, serve http.HandlerFunc) (*FrontDoor, string) {
+	t.Helper()
+	owner := httptest.NewServer(serve)
+	t.Cleanup(owner.Close)
+	m := directory.New()
+	now := time.Now().UnixMilli()
+	applyTo(m, 1, directory.Init{Secret: []byte("0123456789abcdef0123456789abcdef")})
+	applyTo(m, 2, directory.Register{
+		ClientID: "owner", SessionID: "s1", NodeID: "n2", AdvertiseURL: owner.URL, Namespaces: []string{"/counters"},
+		Headroom: 1 << 20, TTLMs: time.Hour.Milliseconds(), Now: now,
+	})
+	if res := applyTo(m, 3, directory.Claim{Key: directory.Key{Namespace: "/counters", ID: "c1"}, ClientID: "owner", Now: now}); res.Code != directory.CodeGranted {
+		t.Fatalf("claim: %v %s", res.Code, res.Reason)
+	}
+	dir := NewDirectory(m, nil)
+	t.Cleanup(dir.Close)
+	f := NewFrontDoor(FrontDoorConfig{
+		Dir: dir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: prometheus.NewRegistry(),
+		FastPath: true, MaxConnsPerIP: perIP,
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = f.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := f.Shutdown(ctx); err != nil {
+			t.Errorf("front door shutdown: %v", err)
+		}
+	})
+	return f, ln.Addr().String()
+}
+
+// A connection that left net/http for the fast path keeps its slot under
+// the per-IP cap: one moved to the kept-alive loop after a forwarded
+// request, or one carrying a held stream in the relay loop. A client
+// whose two connections each did is refused a third with the cap's 503,
+// and gets its slots back as it closes them.
+func TestConnCapCountsFastPath(t *testing.T) {
+	ip := netip.MustParseAddr("127.0.0.2")
+	for _, kind := range []string{"kept-alive", "held-stream"} {
+		t.Run(kind, func(t *testing.T) {
+			f, addr := startCappedFront(t, 2, func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/_pinned/i/counters/c1/events" {
+					w.Header().Set("Content-Type", "text/event-stream")
+					_, _ = io.WriteString(w, "data: hello\n\n")
+					_ = http.NewResponseController(w).Flush()
+					<-r.Context().Done()
+					return
+				}
+				w.Header().Set("Content-Length", "3")
+				_, _ = io.WriteString(w, "one")
+			})
+			// open makes a connection from ip, carrying its request to
+			// the fast path.
+			open := func() net.Conn {
+				c := dialFrom(t, ip.String(), addr)
+				if kind == "kept-alive" {
+					if resp, body := get(t, c, "/counters/c1/value"); resp.StatusCode != 200 || body != "one" {
+						t.Fatalf("forwarded: %d %q", resp.StatusCode, body)
+					}
+					return c
+				}
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				if _, err := io.WriteString(c, "GET /counters/c1/events HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+					t.Fatal(err)
+				}
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || line != "data: hello\n" {
+					t.Fatalf("held stream: %d, first event %q %v", resp.StatusCode, line, err)
+				}
+				return c
+			}
+			// moved waits until n connections left net/http for the fast
+			// path (where there is one).
+			moved := func(n int) {
+				if !relay.Supported {
+					return
+				}
+				testutil.WaitFor(t, 10*time.Second, fmt.Sprintf("%d connections on the fast path", n), func() bool {
+					if kind == "kept-alive" {
+						return f.keep.conns.Len() == n
+					}
+					return f.fwd.held.Len() == n
+				})
+			}
+			a1, a2 := open(), open()
+			if kind == "kept-alive" {
+				// A request the loop gives back to net/http, then one it
+				// takes again: the slot goes along both ways.
+				if resp, _ := get(t, a2, "/healthz"); resp.StatusCode != 200 {
+					t.Fatalf("given back: %d", resp.StatusCode)
+				}
+				if resp, body := get(t, a2, "/counters/c1/value"); resp.StatusCode != 200 || body != "one" {
+					t.Fatalf("forwarded again: %d %q", resp.StatusCode, body)
+				}
+				if relay.Supported && f.keep.conns.HandedBack() != 1 {
+					t.Fatalf("%d connections given back to net/http, want 1", f.keep.conns.HandedBack())
+				}
+			}
+			moved(2)
+			resp, body := get(t, dialFrom(t, ip.String(), addr), "/healthz")
+			if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "too many connections from 127.0.0.2") {
+				t.Fatalf("a third connection with two on the fast path: %d %q, want the per-IP cap's 503", resp.StatusCode, body)
+			}
+			if n := f.limiter.From(ip); n != 2 {
+				t.Fatalf("%s holds %d slots, want 2", ip, n)
+			}
+			_ = a1.Close()
+			testutil.WaitFor(t, 10*time.Second, "the closed connection's slot given back", func() bool { return f.limiter.From(ip) == 1 })
+			a3 := open()
+			moved(2)
+			_, _ = a2.Close(), a3.Close()
+			testutil.WaitFor(t, 10*time.Second, "every slot given back", func() bool { return f.limiter.From(ip) == 0 && f.limiter.Total() == 0 })
+		})
 	}
 }
 

@@ -17,7 +17,9 @@
 //
 // Neither interprets more of a message than framing needs, and both
 // refuse (hand back, or fail) anything they cannot frame exactly as
-// net/http would.
+// net/http would. A client connection that holds a slot under a
+// connection cap (it answers Detach) keeps it while a loop holds its
+// socket (slot.go).
 package relay
 
 import (
