@@ -45,6 +45,7 @@ func agentCommand() *cli.Command {
 			&cli.DurationFlag{Name: "raft-timeout", Usage: "Raft heartbeat and election timeout (default: hashicorp/raft's 1s)", EnvVars: []string{"PINNEDD_RAFT_TIMEOUT"}, Hidden: true},
 			&cli.StringSliceFlag{Name: "plugin", Usage: "serve `/NS=PATH`: namespace NS from the plugin binary at PATH (repeatable)", EnvVars: []string{"PINNEDD_PLUGINS"}},
 			&cli.StringSliceFlag{Name: "plugin-env", Usage: "pass `[/NS=]KEY` (pinnedd's own value) or set `[/NS=]KEY=VALUE` in plugins' environments, every plugin's or the one serving NS (repeatable); plugins get nothing else of pinnedd's environment but PATH, HOME, LANG, LC_*, TZ, TMPDIR", EnvVars: []string{"PINNEDD_PLUGIN_ENV"}},
+			&cli.StringSliceFlag{Name: "plugin-user", Usage: "run plugins as user `[/NS=]NAME`: every plugin, or the one serving NS (repeatable); its uid, groups and HOME, its sockets in a directory of its own; pinnedd must run as root, NAME must not be root", EnvVars: []string{"PINNEDD_PLUGIN_USER"}},
 			&cli.BoolFlag{Name: "watch-plugins", Usage: "hot-swap a plugin when its binary is replaced (default: on with --dev, off otherwise)", EnvVars: []string{"PINNEDD_WATCH_PLUGINS"}},
 			&cli.StringFlag{Name: "database-url", Usage: "Postgres for instance state, shared by the fleet, so any node can restore any id", EnvVars: []string{"DATABASE_URL"}},
 			&cli.BoolFlag{Name: "local-state", Usage: "keep instance state in --data-dir instead of a shared --database-url: an id stays on its node while that node lives, but one that moves (a drain, a restart, the node's death) starts EMPTY on its new node", EnvVars: []string{"PINNEDD_LOCAL_STATE"}},
@@ -231,6 +232,9 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 	if err := supervisor.ApplyPluginEnv(specs, envSets, os.LookupEnv); err != nil {
 		return cfg, err
 	}
+	if err := pluginUsers(specs, c.StringSlice("plugin-user")); err != nil {
+		return cfg, err
+	}
 	cfg.Specs = specs
 	if len(cfg.Specs) == 0 {
 		return cfg, errors.New("no hosts to serve: give --plugin /ns=path (or --dev for the built-in examples, or --no-hosts for a pure front door)")
@@ -326,6 +330,29 @@ func pluginSpecs(flags []string, builtin bool) ([]supervisor.Spec, error) {
 		}
 	}
 	return specs, nil
+}
+
+// pluginUsers applies --plugin-user settings to the specs: refused unless
+// pinnedd runs as root, for root itself and for unknown users.
+func pluginUsers(specs []supervisor.Spec, flags []string) error {
+	if len(flags) == 0 {
+		return nil
+	}
+	if err := supervisor.CheckCanSwitchUser(); err != nil {
+		return fmt.Errorf("--plugin-user %w", err)
+	}
+	var sets []supervisor.PluginUserSetting
+	for _, f := range flags {
+		set, err := supervisor.ParsePluginUser(f)
+		if err != nil {
+			return fmt.Errorf("--plugin-user: %w", err)
+		}
+		sets = append(sets, set)
+	}
+	if err := supervisor.ApplyPluginUsers(specs, sets); err != nil {
+		return fmt.Errorf("--plugin-user: %w", err)
+	}
+	return nil
 }
 
 func uniqueName(seen map[string]int, base string) string {
