@@ -535,6 +535,22 @@ func TestPluginRunsAsItsUser(t *testing.T) {
 	if out, err := asUser(a, "test", "-S", p.socket); err != nil {
 		t.Errorf("%s cannot reach its own data socket: %v %s", a.Name, err, out)
 	}
+
+	// A crash: the next process runs as the same user, in the same
+	// directory, and serves.
+	_, _ = testutil.Do(context.Background(), "GET", srv.URL+"/misc/c/crash", "", nil)
+	testutil.WaitFor(t, 10*time.Second, "plugin p restarted", func() bool {
+		inc, err := s.procs[0].current()
+		return err == nil && inc != p
+	})
+	next := current(t, s, "p")
+	pids = append(pids, next.pid)
+	if uid, _, _ := procIDs(t, next.pid); uid != ids(a.UID, 4) || filepath.Dir(next.socket) != filepath.Dir(p.socket) {
+		t.Errorf("restarted plugin p: Uid %q, socket %s; want %s's uid, in %s", uid, next.socket, a.Name, filepath.Dir(p.socket))
+	}
+	if r, err := testutil.Do(context.Background(), "GET", srv.URL+"/misc/c/pid", "", nil); err != nil || r.Body != fmt.Sprint(next.pid) {
+		t.Errorf("restarted plugin p does not serve: %v %+v, want its pid %d", err, r, next.pid)
+	}
 }
 
 // Plugin users are refused when they would hold root's power, are unknown,
