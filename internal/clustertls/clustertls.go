@@ -12,6 +12,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/hmac"
+	"crypto/pbkdf2"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
@@ -25,6 +26,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -211,18 +213,48 @@ func NewCSR(keyPEM []byte, nodeID string, hosts []string) ([]byte, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), nil
 }
 
-// Pin is what the deployment token says about a CA: hex HMAC-SHA256 keyed by token over the CA
-// certificate. A joining node that holds the token checks it before it trusts a CA, so a CA
-// that someone in between substituted is refused without the token ever being sent.
+// Pin is what the deployment token says about a CA: hex HMAC-SHA256 over the CA certificate,
+// keyed by the token stretched with PBKDF2 (PinKey). A joining node that holds the token checks
+// it before it trusts a CA, so a CA that someone in between substituted is refused without the
+// token ever being sent.
+//
+// The pin is public (GET /_raft/ca answers it to anyone, since a joining node must check the
+// CA before it sends the token), so it is also a way to test guesses of the token offline; the
+// stretching makes each guess cost PinIterations rounds of HMAC-SHA256 instead of one.
 func Pin(token string, caPEM []byte) (string, error) {
 	cert, err := ParseCert(caPEM)
 	if err != nil {
 		return "", err
 	}
-	m := hmac.New(sha256.New, []byte(token))
+	key, err := PinKey(token)
+	if err != nil {
+		return "", err
+	}
+	m := hmac.New(sha256.New, key)
 	m.Write([]byte("pinnedd cluster CA\x00"))
 	m.Write(cert.Raw)
 	return hex.EncodeToString(m.Sum(nil)), nil
+}
+
+// PinIterations is PBKDF2's work for PinKey: about 50-100 ms once per process and token on
+// one core.
+const PinIterations = 200_000
+
+// pinKeys caches PinKey by token: a member answers GET /_raft/ca to anyone, and must not
+// spend the stretching on each request.
+var pinKeys sync.Map
+
+// PinKey is the token stretched for Pin: PBKDF2-HMAC-SHA256 with PinIterations rounds.
+func PinKey(token string) ([]byte, error) {
+	if k, ok := pinKeys.Load(token); ok {
+		return k.([]byte), nil
+	}
+	k, err := pbkdf2.Key(sha256.New, token, []byte("pinnedd cluster CA pin"), PinIterations, sha256.Size)
+	if err != nil {
+		return nil, fmt.Errorf("clustertls: pin key: %w", err)
+	}
+	pinKeys.Store(token, k)
+	return k, nil
 }
 
 // CheckPin verifies pin against token and caPEM.
