@@ -35,6 +35,9 @@ import (
 //     the cluster-call credential, which the front door honours only for
 //     the namespaces that process serves here, and only while it lives
 //     (VerifyClusterCall).
+//   - With a Spec.User (pinnedd as root), the process runs as that user,
+//     its sockets and TMPDIR in a directory only that user (and pinnedd)
+//     can enter (openRuntimeDir); pinnedd's data dir stays closed to it.
 
 // ErrPluginEnv: an operator's plugin environment setting pinnedd refuses.
 var ErrPluginEnv = errors.New("invalid plugin environment setting")
