@@ -30,6 +30,26 @@ func BenchmarkClaims3Nodes(b *testing.B) {
 	}
 }
 
+// BenchmarkClaimsTLS is BenchmarkClaims3Nodes at 64 and 512 writers on two
+// clusters side by side, one with Raft over mutual TLS (as every node
+// outside --insecure-cluster runs) and one without, alternating: what TLS
+// costs a claim.
+func BenchmarkClaimsTLS(b *testing.B) {
+	clusters := map[string][]*benchNode{
+		"tls":      startBenchClusterTLS(b, 3, true),
+		"insecure": startBenchClusterTLS(b, 3, false),
+	}
+	for _, mode := range []string{"unbatched", "batched"} {
+		for _, writers := range []int{64, 512} {
+			for _, transport := range []string{"insecure", "tls"} {
+				b.Run(fmt.Sprintf("%s/writers=%d/%s", mode, writers, transport), func(b *testing.B) {
+					runClaims(b, clusters[transport], writers, mode == "batched")
+				})
+			}
+		}
+	}
+}
+
 func runClaims(b *testing.B, nodes []*benchNode, writers int, batched bool) {
 	var next atomic.Int64
 	lat := make([][]time.Duration, writers)

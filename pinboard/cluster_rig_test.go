@@ -10,10 +10,12 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/pinnedd/pinnedd/internal/clustertls"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/raftstore"
 )
@@ -32,6 +34,21 @@ type benchNode struct {
 
 func startBenchCluster(b testing.TB, n int) []*benchNode {
 	b.Helper()
+	return startBenchClusterTLS(b, n, false)
+}
+
+// startBenchClusterTLS is startBenchCluster whose Raft runs over mutual
+// TLS (withTLS), each node with a certificate from one CA made here (the
+// bring-your-own-PKI path: the transport is what a default node runs).
+func startBenchClusterTLS(b testing.TB, n int, withTLS bool) []*benchNode {
+	b.Helper()
+	var ca *clustertls.CA
+	if withTLS {
+		var err error
+		if ca, err = clustertls.NewCA("pinnedd bench CA"); err != nil {
+			b.Fatal(err)
+		}
+	}
 	ctx := context.Background()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	nodes := make([]*benchNode, n)
@@ -46,11 +63,12 @@ func startBenchCluster(b testing.TB, n int) []*benchNode {
 		}))
 		b.Cleanup(srv.Close)
 		m := directory.New()
+		id := fmt.Sprintf("n%d", i)
 		store, err := raftstore.Open(ctx, raftstore.Config{
-			NodeID: fmt.Sprintf("n%d", i), RaftAddr: "127.0.0.1:0", APIAddr: srv.URL, DataDir: b.TempDir(),
+			NodeID: id, RaftAddr: "127.0.0.1:0", APIAddr: srv.URL, DataDir: b.TempDir(),
 			// Raft's default (LAN) timeouts: with three nodes sharing two
 			// saturated cores, shorter ones cost elections mid-run.
-			Bootstrap: i == 0, Logger: quiet, Token: "t",
+			Bootstrap: i == 0, Logger: quiet, Token: "t", TLS: benchTLS(b, ca, id),
 		}, m)
 		if err != nil {
 			b.Fatal(err)
@@ -106,6 +124,35 @@ func startBenchCluster(b testing.TB, n int) []*benchNode {
 		b.Fatalf("register: %v %v", res.Code, err)
 	}
 	return nodes
+}
+
+// benchTLS writes a key and a certificate for node id from ca into a
+// temporary directory and returns the TLS config naming them (nil: no
+// ca, an insecure cluster).
+func benchTLS(b testing.TB, ca *clustertls.CA, id string) *raftstore.TLSConfig {
+	if ca == nil {
+		return nil
+	}
+	key, err := clustertls.NewKey()
+	if err != nil {
+		b.Fatal(err)
+	}
+	csr, err := clustertls.NewCSR(key, id, []string{"127.0.0.1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cert, err := ca.SignCSR(csr, id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	cfg := &raftstore.TLSConfig{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "cert.pem"), KeyFile: filepath.Join(dir, "key.pem")}
+	for path, data := range map[string][]byte{cfg.CAFile: ca.CertPEM(), cfg.CertFile: cert, cfg.KeyFile: key} {
+		if err := clustertls.WriteFile(path, data, 0o600); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return cfg
 }
 
 // applyTo applies cmd to m at index as a committed Raft entry would.

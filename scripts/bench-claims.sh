@@ -32,3 +32,20 @@ echo "$out" | awk -v r1="$r1" -v r64="$r64" -v r512="$r512" -v r2048="$r2048" '/
 echo
 echo "Redis: redis-benchmark EVAL of SET NX PX on random keys, 1/64/512/2048 clients: $r1 / $r64 / $r512 / $r2048 requests/s."
 echo "Local directory lookup: ${lookup} ns/op (BenchmarkLookup, 100k placements)."
+
+# What mutual TLS on Raft costs a claim: two 3-node clusters side by side,
+# one as every default node runs (mutual TLS) and one --insecure-cluster,
+# alternating sub-benchmarks, three passes; the ratio of the means.
+tls=$(go test -run XXX -bench 'BenchmarkClaimsTLS' -benchtime 3s -count 3 ./pinboard/ 2>&1)
+echo
+echo "| mode | writers | insecure claims/s | mutual TLS claims/s | TLS / insecure |"
+echo "|---|---:|---:|---:|---:|"
+echo "$tls" | awk '/^BenchmarkClaimsTLS/{
+	split($1, a, "/"); mode=a[2]; w=a[3]; sub("writers=", "", w); tr=a[4]; sub("-[0-9]+$", "", tr)
+	for (i = 1; i <= NF; i++) if ($(i+1) == "claims/s") c=$i
+	k=mode " " w; sum[k, tr]+=c; n[k, tr]++; if (!(k in seen)) { seen[k]=1; order[++m]=k }
+} END {
+	for (j = 1; j <= m; j++) { k=order[j]; split(k, p, " ")
+		ins=sum[k, "insecure"]/n[k, "insecure"]; t=sum[k, "tls"]/n[k, "tls"]
+		printf "| %s | %s | %.0f | %.0f | %.2f |\n", p[1], p[2], ins, t, t/ins }
+}'
