@@ -270,6 +270,11 @@ func TestAgentNonDumpable(t *testing.T) {
 	if got := procUID(t, pid); got != fmt.Sprint(a.UID) {
 		t.Fatalf("pinnedd runs as uid %s, want %d", got, a.UID)
 	}
+	// Its own reads of /proc/self still work: the process metrics.
+	r, err := testutil.Do(context.Background(), http.MethodGet, "http://"+addr+"/metrics", "", nil)
+	if err != nil || r.Code != http.StatusOK || !strings.Contains(r.Body, "\nprocess_open_fds ") {
+		t.Errorf("GET /metrics of a non-dumpable pinnedd: %v %d, want 200 with process_open_fds", err, r.Code)
+	}
 	kids := testutil.ChildrenOf(pid)
 	if len(kids) == 0 {
 		t.Fatal("pinnedd runs no plugin")

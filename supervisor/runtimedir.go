@@ -98,8 +98,12 @@ func (s *Supervisor) openPluginDirs(mode os.FileMode) error {
 	if !s.pluginUsers() {
 		return nil
 	}
-	if !othersCanReach(s.runtimeDir) {
-		return fmt.Errorf("%s: plugin users cannot reach it: a directory on its path is closed to other users (no o+x)", s.runtimeDir)
+	// go-plugin makes pinnedd's ends of the broker (the Store service a
+	// plugin dials) in pinnedd's temporary directory.
+	for _, d := range []string{s.runtimeDir, os.TempDir()} {
+		if !othersCanReach(d) {
+			return fmt.Errorf("%s: plugin users cannot reach it: a directory on its path is closed to other users (no o+x)", d)
+		}
 	}
 	for _, p := range s.procs {
 		dir := s.socketDir(p)
