@@ -196,8 +196,8 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 		return cfg, fmt.Errorf("--max-voters %d: use 3 or 5 (1 for a single node)", cfg.MaxVoters)
 	}
 	if cfg.NoHosts {
-		if len(c.StringSlice("plugin")) > 0 || cfg.Dev {
-			return cfg, errors.New("--no-hosts serves no instances: it excludes --plugin and --dev")
+		if len(c.StringSlice("plugin")) > 0 || len(c.StringSlice("plugin-user")) > 0 || cfg.Dev {
+			return cfg, errors.New("--no-hosts serves no instances: it excludes --plugin, --plugin-user and --dev")
 		}
 		return cfg, nil
 	}

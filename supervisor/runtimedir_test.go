@@ -154,3 +154,50 @@ func TestNoRuntimeDirUsesATemporaryOne(t *testing.T) {
 		t.Errorf("%s still there after Stop (%v)", dir, err)
 	}
 }
+
+// With plugin users, a runtime dir they could not reach (here under the
+// test's private temporary directory, as under a 0700 data dir) is
+// replaced by a short directory they can pass through, each plugin's
+// socket directory in it; Stop removes it.
+func TestRuntimeDirUnreachableByPluginUsersFallsBack(t *testing.T) {
+	u := ensureUser(t, "pinnedd-test-a")
+	dir := filepath.Join(t.TempDir(), "run")
+	logs, logger := newLogBuffer()
+	s, err := New(Config{
+		Specs:      []Spec{{Name: "p", Path: sharedBin(t, "testhost"), Namespaces: []string{"/misc"}, User: u}},
+		Logger:     logger,
+		RuntimeDir: dir,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	pids := []int{current(t, s, "p").pid}
+	t.Cleanup(func() {
+		s.Stop(context.Background())
+		testutil.CheckGone(t, pids)
+		checkNoPlugins(t)
+	})
+	short := s.runtimeDir
+	if !isFallbackDir(short) {
+		t.Fatalf("sockets in %s, want a short directory in %s", short, os.TempDir())
+	}
+	if target, err := os.Readlink(filepath.Join(dir, fallbackLink)); err != nil || target != short {
+		t.Fatalf("link to the socket dir: %q %v", target, err)
+	}
+	if st, err := os.Stat(short); err != nil || st.Mode().Perm() != 0o711 {
+		t.Fatalf("%s: %v %v, want mode 0711", short, st.Mode(), err)
+	}
+	if got := sockets(t, filepath.Join(short, "p")); len(got) < 2 {
+		t.Errorf("sockets in p's directory: %v, want the data socket and go-plugin's", got)
+	}
+	if len(logs.lines(`"level":"DEBUG"`, "runtime dir not reachable by plugin users")) != 1 {
+		t.Errorf("no debug line for the fallback:\n%s", logs)
+	}
+	s.Stop(context.Background())
+	if _, err := os.Stat(short); !os.IsNotExist(err) {
+		t.Errorf("%s still there after Stop (%v)", short, err)
+	}
+}
