@@ -16,7 +16,7 @@
 // Requests take one of two paths through the front door. net/http's
 // handlers decide everything (placement, claims, activation, refusals,
 // attestation failures). A connection that carried a plain request to a
-// forwarded or local id then moves to the kept-alive loop (Route,
+// forwarded or local id then moves to the kept-alive loop (routeLoop,
 // internal/relay.Conns), which repeats only the decided case without
 // net/http: forward to a live remote owner, or carry it to an instance
 // live here (supervisor.Open); anything else goes back, unread. DESIGN.md

@@ -571,7 +571,7 @@ func (fw *forwarder) copyBody(w http.ResponseWriter, resp *http.Response) error 
 	}
 }
 
-// routeForward is Route for an id placed on p's owner, a live worker of
+// routeForward is routeLoop for an id placed on p's owner, a live worker of
 // another node: the request as forward sends it (the same attestation and
 // fields, by peerHop), carried by the loop, booked by endForward once the
 // owner answered or failed. It reports false when the loop cannot carry

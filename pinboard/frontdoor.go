@@ -161,7 +161,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		transport: newPeerTransport(cfg.Transport),
 	}
 	f.res = newResolver(cfg.Dir, cfg.Worker, cfg.Local, cfg.Policy, cfg.Quarantine, cfg.Logger)
-	f.keep = newKeptAlive(f, cfg.FastPath, cfg.AccessLog, cfg.Logger)
+	f.keep = newKeptAlive(loopRouter{f}, cfg.FastPath, cfg.AccessLog, cfg.Logger)
 	f.owner = newOwnerSide(cfg.Dir, cfg.Worker, cfg.Local, f.res, f.keep, cfg.AttestationWindow)
 	f.fwd = newForwarder(cfg.Dir, f.res, f.keep, f.transport, cfg.Logger, f.routeRequest)
 	f.api = &api{

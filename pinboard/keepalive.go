@@ -16,7 +16,7 @@ import (
 // keptAlive moves client connections between net/http and the kept-alive
 // loop (relay.Conns): after a response that went out whole, adopt takes
 // the connection out of net/http and the loop serves its next requests
-// itself, as far as the router's Route can; a request Route does not take
+// itself, as far as the router's routeLoop can; a request it does not take
 // comes back to net/http unread, on a connection net/http serves again
 // (serveHandBacks).
 type keptAlive struct {

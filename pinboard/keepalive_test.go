@@ -33,7 +33,7 @@ func TestKeptAliveRoute(t *testing.T) {
 	head := func(target string, fields ...relay.Field) *relay.ReqHead {
 		return &relay.ReqHead{Method: "GET", Target: target, Host: "front", Fields: fields, RemoteAddr: "10.1.2.3:5555"}
 	}
-	fwd, ok := rig.f.Route(head("/counters/c1/value?x=1", relay.Field{Name: "x-keep", Value: "1"}, relay.Field{Name: "keep-alive", Value: "5"}))
+	fwd, ok := rig.f.routeLoop(head("/counters/c1/value?x=1", relay.Field{Name: "x-keep", Value: "1"}, relay.Field{Name: "keep-alive", Value: "5"}))
 	if !ok || fwd.Addr != strings.TrimPrefix(rig.owner.URL, "http://") {
 		t.Fatalf("placed id: ok %v addr %q", ok, fwd.Addr)
 	}
@@ -57,12 +57,12 @@ func TestKeptAliveRoute(t *testing.T) {
 		"owner by name":   head("/counters/named1/value"),
 		"unknown ns path": head("/"),
 	} {
-		if _, ok := rig.f.Route(h); ok {
+		if _, ok := rig.f.routeLoop(h); ok {
 			t.Errorf("%s: routed by the loop, want net/http", name)
 		}
 	}
 	rig.f.SetStopping()
-	if _, ok := rig.f.Route(head("/counters/c1/value")); ok {
+	if _, ok := rig.f.routeLoop(head("/counters/c1/value")); ok {
 		t.Error("a stopping front door's loop still routes")
 	}
 }
@@ -82,7 +82,7 @@ func routeEach(b *testing.B, f *FrontDoor, h *relay.ReqHead, prepare func()) {
 	b.ReportAllocs()
 	for b.Loop() {
 		prepare()
-		fwd, ok := f.Route(h)
+		fwd, ok := f.routeLoop(h)
 		if !ok {
 			b.Fatal("not routed")
 		}
@@ -203,7 +203,7 @@ func TestKeptAliveRouteOwned(t *testing.T) {
 	}
 
 	good := sign("owner", 7)
-	fwd, ok := f.Route(head(good))
+	fwd, ok := f.routeLoop(head(good))
 	if !ok || !strings.HasPrefix(fwd.Addr, "/") {
 		t.Fatalf("a valid attestation for a live instance: ok %v, to %q", ok, fwd.Addr)
 	}
@@ -215,7 +215,7 @@ func TestKeptAliveRouteOwned(t *testing.T) {
 	fwd.Done(200, nil)
 	// Spent: the same attestation again is net/http's to refuse, and the
 	// instance it held is let go.
-	if _, ok := f.Route(head(good)); ok {
+	if _, ok := f.routeLoop(head(good)); ok {
 		t.Fatal("a replayed attestation was relayed")
 	}
 	if n := held(t, local, "/misc", "x1"); n != 0 {
@@ -231,7 +231,7 @@ func TestKeptAliveRouteOwned(t *testing.T) {
 		"other pinned":   {Method: "POST", Target: "/_pinned/status", Host: "h"},
 		"escaped target": {Method: "POST", Target: "/_pinned/i/misc/x%31/echo", Host: "h"},
 	} {
-		if _, ok := f.Route(h); ok {
+		if _, ok := f.routeLoop(h); ok {
 			t.Errorf("%s: relayed, want net/http", name)
 		}
 		if n := held(t, local, "/misc", "x1"); n != 0 {
@@ -242,7 +242,7 @@ func TestKeptAliveRouteOwned(t *testing.T) {
 	// Not live under the attested generation: net/http re-places it, with
 	// the attestation still good.
 	fresh := sign("owner", 8)
-	if _, ok := f.Route(head(fresh)); ok {
+	if _, ok := f.routeLoop(head(fresh)); ok {
 		t.Fatal("relayed to an instance not live under that generation")
 	}
 	if _, err := f.owner.verifier.Verify(secret, fresh, "owner", "POST", path+"?a=1", time.Now()); err != nil {
@@ -250,7 +250,7 @@ func TestKeptAliveRouteOwned(t *testing.T) {
 	}
 	// A client's request for an id live here goes to it too, under the
 	// generation it runs, its forwarding fields not trusted.
-	fwd, ok = f.Route(&relay.ReqHead{Method: "GET", Target: "/misc/loc/x?y", Host: "h", RemoteAddr: "10.0.0.3:5000",
+	fwd, ok = f.routeLoop(&relay.ReqHead{Method: "GET", Target: "/misc/loc/x?y", Host: "h", RemoteAddr: "10.0.0.3:5000",
 		Fields: []relay.Field{{Name: "X-Forwarded-For", Value: "9.9.9.9"}}})
 	if !ok {
 		t.Fatal("a request for an id live here went to net/http")
@@ -263,10 +263,10 @@ func TestKeptAliveRouteOwned(t *testing.T) {
 	w.mu.Lock()
 	w.expiresAt = time.Now().Add(-time.Second)
 	w.mu.Unlock()
-	if _, ok := f.Route(head(sign("owner", 7))); ok {
+	if _, ok := f.routeLoop(head(sign("owner", 7))); ok {
 		t.Fatal("relayed with the lease expired")
 	}
-	if _, ok := f.Route(&relay.ReqHead{Method: "GET", Target: "/misc/loc/x", Host: "h"}); ok {
+	if _, ok := f.routeLoop(&relay.ReqHead{Method: "GET", Target: "/misc/loc/x", Host: "h"}); ok {
 		t.Fatal("relayed to a local instance with the lease expired")
 	}
 }

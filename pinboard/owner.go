@@ -174,7 +174,7 @@ func refuse(w http.ResponseWriter, lease LeaseState) {
 	}
 }
 
-// routeLocal is Route for an id live on this node under gen: while the
+// routeLocal is routeLoop for an id live on this node under gen: while the
 // lease allows, straight to the plugin.
 func (o *ownerSide) routeLocal(h *relay.ReqHead, key directory.Key, gen uint64, target string, now time.Time) (relay.Forward, bool) {
 	if !servesLive(o.worker.Lease(now)) {
@@ -188,7 +188,7 @@ func (o *ownerSide) routeLocal(h *relay.ReqHead, key directory.Key, gen uint64, 
 	return toPlugin(h, c, target, false), true
 }
 
-// routeOwned is Route for the owner-side route (a peer forwarding on a
+// routeOwned is routeLoop for the owner-side route (a peer forwarding on a
 // connection the loop adopted here): a request for an instance live here
 // under the attested generation, with a valid attestation, goes straight
 // to the instance's plugin. Anything else goes back to net/http (owned)

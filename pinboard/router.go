@@ -20,7 +20,7 @@ import (
 // The router's request paths. net/http's: ServeHTTP → serveInstance →
 // routeRequest, which asks the resolver and hands the request to the
 // owner side (live or placed here) or the forwarder (placed elsewhere).
-// The kept-alive loop's: Route, which repeats only the cases already
+// The kept-alive loop's: routeLoop, which repeats only the cases already
 // decided (live here, a live owner elsewhere, an attested owner-side
 // request) and gives everything else back to net/http.
 
@@ -205,7 +205,7 @@ func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request) {
 	f.routeRequest(w, r, rq)
 }
 
-// routeRequest is net/http's way for an instance request (Route is the
+// routeRequest is net/http's way for an instance request (routeLoop is the
 // loop's): live here → the owner side; placed on a live worker → dispatch;
 // neither → a claim through the resolver, then dispatch. The forwarder
 // calls it again for its one retry after an in-band refusal.
@@ -307,13 +307,19 @@ var fastPathChars = func() (t [256]bool) {
 	return t
 }()
 
-// Route is the kept-alive loop's router (relay.Router): a plain request
+// loopRouter is the kept-alive loop's relay.Router: FrontDoor.routeLoop,
+// kept out of the front door's exported API.
+type loopRouter struct{ f *FrontDoor }
+
+func (r loopRouter) Route(h *relay.ReqHead) (relay.Forward, bool) { return r.f.routeLoop(h) }
+
+// routeLoop is the kept-alive loop's router: a plain request
 // (plain path and query, no cluster call) for an instance live here goes
 // to its plugin (the owner side's routeLocal), an attested owner-side
 // request to the owner side's routeOwned, one for an id placed on a live
 // worker of another node to the forwarder's routeForward; anything else
 // goes back to net/http.
-func (f *FrontDoor) Route(h *relay.ReqHead) (relay.Forward, bool) {
+func (f *FrontDoor) routeLoop(h *relay.ReqHead) (relay.Forward, bool) {
 	if f.stopping.Load() {
 		return relay.Forward{}, false
 	}

@@ -19,7 +19,7 @@ import (
 	"github.com/pinnedd/pinnedd/supervisor"
 )
 
-// devToken is the token --dev accepts, as the seed's dev pinboard does.
+// devToken is the public token --dev accepts.
 const devToken = "dev-token"
 
 func agentCommand() *cli.Command {
@@ -50,7 +50,7 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "database-url", Usage: "Postgres for instance state, shared by the fleet, so any node can restore any id", EnvVars: []string{"DATABASE_URL"}},
 			&cli.BoolFlag{Name: "local-state", Usage: "keep instance state in --data-dir instead of a shared --database-url: an id stays on its node while that node lives, but one that moves (a drain, a restart, the node's death) starts EMPTY on its new node", EnvVars: []string{"PINNEDD_LOCAL_STATE"}},
 			&cli.DurationFlag{Name: "scan-interval", Value: pinboard.DefaultScanInterval, Usage: "how often the leader looks for marked durable work to resume", EnvVars: []string{"PINNEDD_SCAN_INTERVAL"}},
-			&cli.BoolFlag{Name: "no-hosts", Usage: "serve no instances: a pure front door and Raft member (the seed's pinboard role)", EnvVars: []string{"PINNEDD_NO_HOSTS"}},
+			&cli.BoolFlag{Name: "no-hosts", Usage: "serve no instances: a pure front door and Raft member (what a pinboard-only node is)", EnvVars: []string{"PINNEDD_NO_HOSTS"}},
 			&cli.StringFlag{Name: "token", Usage: "deployment token (worker and operator scopes)", EnvVars: []string{"PINBOARD_TOKEN"}},
 			&cli.DurationFlag{Name: "lease-ttl", Value: pinboard.DefaultLeaseTTL, Usage: "worker lease TTL (also PINBOARD_LEASE_TTL_MS)", EnvVars: []string{"PINNEDD_LEASE_TTL"}},
 			&cli.DurationFlag{Name: "heartbeat-interval", Value: pinboard.DefaultHeartbeatInterval, Usage: "worker heartbeat interval", EnvVars: []string{"PINNEDD_HEARTBEAT_INTERVAL"}},
@@ -255,7 +255,8 @@ func checkClusterTLS(cfg agent.Config) error {
 	return nil
 }
 
-// devAllowed refuses --dev in production, as the seed's local mode does.
+// devAllowed refuses --dev in production (NODE_ENV, ENVIRONMENT or APP_ENV
+// says production), unless PINBOARD_ALLOW_DEV_IN_PRODUCTION=1.
 func devAllowed(getenv func(string) string) error {
 	for _, v := range []string{"NODE_ENV", "ENVIRONMENT", "APP_ENV"} {
 		switch strings.ToLower(getenv(v)) {

@@ -244,7 +244,7 @@ func (m *Machine) applyClaim(c Claim) Result {
 		PlacedAt:     c.Now,
 	}
 	m.st.placements.set(np)
-	// The seed's placement decrement: each new placement takes one unit of
+	// Each new placement takes one unit of
 	// headroom until the next heartbeat reports the real figure.
 	if w.Headroom > 0 {
 		m.st.workers.edit(w.ClientID).Headroom--

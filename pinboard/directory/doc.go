@@ -74,8 +74,7 @@
 // max(current, min(Now+TTL, drain deadline)). Shrinking a lease the worker
 // was already told about would let the directory re-place an id while the
 // worker still believes it owns it. A drain deadline only stops further
-// extension, as the seed's "acks stop extending the lease past the drain
-// deadline" says.
+// extension: acks stop extending the lease past it.
 //
 // Register does not re-grant listed live ids that the worker no longer owns:
 // it reports them as Duplicates and the worker quits them. Re-granting there

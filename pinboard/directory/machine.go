@@ -280,7 +280,7 @@ func (m *Machine) ColdStart() int64 {
 
 // QuarantineMs returns how long placements stay refused at now for a
 // quarantine of quarantineMs: 0 before the first attempt and after it ends
-// (the seed's quarantineMs on GET /registry/health).
+// (quarantineMs on GET /registry/health).
 func (m *Machine) QuarantineMs(now, quarantineMs int64) int64 {
 	cs := m.ColdStart()
 	if cs == 0 {

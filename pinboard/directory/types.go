@@ -22,7 +22,7 @@ const (
 	// forgets it, when the GC command does not say otherwise.
 	DefaultWorkerRetention int64 = 60 * 60 * 1000
 	// DrainRetention is how long past its deadline a timed drain stays in
-	// force; the seed's timed drains expire on their own after 7 days.
+	// force: a timed drain expires on its own after 7 days.
 	DrainRetention int64 = 7 * 24 * 60 * 60 * 1000
 )
 
