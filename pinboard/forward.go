@@ -456,7 +456,7 @@ func (fw *forwarder) forwardWire(w http.ResponseWriter, r *http.Request, info *f
 		hop.Host = addr // as http.Request.Write does
 	}
 	bp := wireBufs.Get().(*[]byte)
-	wire, ok := hop.AppendRequest((*bp)[:0], r.Method, target, httpx.HeaderFields(r.Header), info.rq.body)
+	wire, ok := hop.AppendHeader((*bp)[:0], r.Method, target, r.Header, info.rq.body)
 	if !ok {
 		*bp = wire[:0]
 		wireBufs.Put(bp)
@@ -589,7 +589,7 @@ func (fw *forwarder) routeForward(h *relay.ReqHead, p directory.Placement, owner
 	_, signed, att := fw.attestFor(secret, p, owner, h.Method, rest, query, now)
 	hop := peerHop(h.RemoteAddr, h.Host, false, att)
 	wire := relay.WireBuffer()
-	*wire, _ = hop.AppendRequest(*wire, h.Method, base.path+signed, h.All(), h.Body) // the loop's parse admits no unsafe byte
+	*wire, _ = hop.AppendFields(*wire, h.Method, base.path+signed, h.Fields, h.Body) // the loop's parse admits no unsafe byte
 	return relay.Forward{
 		Addr:    base.host,
 		Wire:    *wire,

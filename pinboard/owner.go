@@ -240,7 +240,7 @@ func (o *ownerSide) routeOwned(h *relay.ReqHead, path, query string) (relay.Forw
 func toPlugin(h *relay.ReqHead, c *supervisor.Call, target string, trusted bool) relay.Forward {
 	hop := httpx.Hop{RemoteAddr: h.RemoteAddr, Host: h.Host, Trusted: trusted, Set: c.Fields()}
 	wire := relay.WireBuffer()
-	*wire, _ = hop.AppendRequest(*wire, h.Method, target, h.All(), h.Body) // the loop's parse admits no unsafe byte
+	*wire, _ = hop.AppendFields(*wire, h.Method, target, h.Fields, h.Body) // the loop's parse admits no unsafe byte
 	return relay.Forward{
 		Addr:    c.Socket(),
 		Wire:    *wire,

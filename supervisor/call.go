@@ -42,7 +42,7 @@ var errNotReady = errors.New("instance not ready here under that generation")
 // eviction waits, drains and wind-downs count it) and learns how it ended.
 type Call struct {
 	s     *Supervisor
-	rs    *reqState
+	rs    reqState
 	start time.Time
 }
 
@@ -68,13 +68,13 @@ func (s *Supervisor) Open(ctx context.Context, ns, id string, gen uint64, mode O
 			return nil, err
 		}
 	}
-	c := &Call{s: s, rs: &reqState{in: in}, start: time.Now()}
+	c := &Call{s: s, rs: reqState{in: in}, start: time.Now()}
 	if abort != nil {
 		s.mu.Lock()
 		if in.aborts == nil {
 			in.aborts = map[*reqState]func(){}
 		}
-		in.aborts[c.rs] = abort
+		in.aborts[&c.rs] = abort
 		gone := in.ctx.Err() != nil
 		s.mu.Unlock()
 		if gone {
@@ -117,7 +117,7 @@ func (c *Call) Generation() uint64 { return c.rs.in.gen }
 // Stream records that the response is a stream (server-sent events, a
 // body of unknown length, an upgrade): it keeps the instance resident,
 // but not one winding down.
-func (c *Call) Stream() { c.s.markStream(c.rs) }
+func (c *Call) Stream() { c.s.markStream(&c.rs) }
 
 // End ends the call: status is the one the client got (0: none), and
 // inactive says the plugin answered that it does not hold the instance
@@ -132,7 +132,7 @@ func (c *Call) End(status int, inactive bool) {
 	if status != 0 {
 		c.s.metrics.observe(in.key.Namespace, status, time.Since(c.start))
 	}
-	c.s.releaseConn(in, c.rs)
+	c.s.releaseConn(in, &c.rs)
 }
 
 // ServeHTTP carries r to the instance over net/http, with its path

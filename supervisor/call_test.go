@@ -42,7 +42,7 @@ func (r relayRouter) Route(h *relay.ReqHead) (relay.Forward, bool) {
 		return relay.Forward{}, false
 	}
 	hop := httpx.Hop{RemoteAddr: h.RemoteAddr, Host: h.Host, Trusted: r.trusted, Set: c.Fields()}
-	wire, _ := hop.AppendRequest(nil, h.Method, "/"+parts[3], h.All(), h.Body)
+	wire, _ := hop.AppendFields(nil, h.Method, "/"+parts[3], h.Fields, h.Body)
 	return relay.Forward{
 		Addr: c.Socket(), Wire: wire, Refusal: plugins.HeaderRefusal, Final: true, FailMsg: RestartingMsg, Timeout: -1,
 		Refused: func(status int, v string) bool { return plugins.ClassifyAnswer(status, v) == plugins.AnswerInactive },

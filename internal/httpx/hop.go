@@ -1,7 +1,6 @@
 package httpx
 
 import (
-	"iter"
 	"net"
 	"net/http"
 	"strings"
@@ -34,25 +33,130 @@ type Hop struct {
 	Set        []Field
 }
 
-// replaced are the fields a hop sets itself or never passes on.
-var replaced = map[string]bool{
-	"Host": true, "Content-Length": true, "Expect": true, "Forwarded": true,
-	"X-Forwarded-For": true, "X-Forwarded-Host": true, "X-Forwarded-Proto": true,
+// fieldKind is what a hop does with a sender's field.
+type fieldKind uint8
+
+const (
+	kindPass fieldKind = iota // passes as it is
+	kindDrop                  // hop-by-hop, framing, forwarding (Forwarded) or pinnedd's own (X-Pinned-*)
+	kindTe                    // Te: only "trailers" passes
+	kindXFF                   // X-Forwarded-For
+	kindXFH                   // X-Forwarded-Host
+	kindXFP                   // X-Forwarded-Proto
+)
+
+// fieldKinds is the rule's table, by lower-case name; every other field
+// passes, but X-Pinned-* ones (kindOf).
+var fieldKinds = map[string]fieldKind{
+	"connection": kindDrop, "proxy-connection": kindDrop, "keep-alive": kindDrop, "proxy-authenticate": kindDrop,
+	"proxy-authorization": kindDrop, "trailer": kindDrop, "transfer-encoding": kindDrop, "upgrade": kindDrop,
+	"host": kindDrop, "content-length": kindDrop, "expect": kindDrop, "forwarded": kindDrop,
+	"te": kindTe, "x-forwarded-for": kindXFF, "x-forwarded-host": kindXFH, "x-forwarded-proto": kindXFP,
 }
 
-// Passes reports whether a sender's field (canonical name) passes as it is.
-func Passes(name string) bool {
-	return !HopByHop[name] && !replaced[name] && !strings.HasPrefix(name, "X-Pinned-")
-}
-
-// forwarding is the hop's X-Forwarded-For, -Host and -Proto, given the
-// sender's (used only from a trusted sender).
-func (h *Hop) forwarding(xff []string, xfh, xfp string) (forChain []string, host, proto string) {
-	if !h.Trusted {
-		xff, xfh, xfp = nil, "", ""
+// kindOf looks name up in fieldKinds whatever its case, without
+// allocating (a request's fields arrive as sent).
+func kindOf(name string) fieldKind {
+	const pinned = "x-pinned-"
+	var lower [24]byte // longer than any name in fieldKinds
+	n := min(len(name), len(lower))
+	for i := 0; i < n; i++ {
+		c := name[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		lower[i] = c
 	}
-	if ip, _, err := net.SplitHostPort(h.RemoteAddr); err == nil {
-		xff = append(xff, ip)
+	if len(name) <= len(lower) {
+		if k, ok := fieldKinds[string(lower[:n])]; ok {
+			return k
+		}
+	}
+	if n >= len(pinned) && string(lower[:len(pinned)]) == pinned {
+		return kindDrop
+	}
+	return kindPass
+}
+
+// Passes reports whether a sender's field passes as it is.
+func Passes(name string) bool { return kindOf(name) == kindPass }
+
+// hopWriter writes one forwarded request head field by field, keeping
+// what the hop's own fields need (all on the caller's stack).
+type hopWriter struct {
+	h        *Hop
+	dst      []byte
+	conn     []string // the Connection fields' values: they name hop-by-hop fields too
+	xff      []string // the sender's X-Forwarded-For values
+	xfh, xfp string   // its first X-Forwarded-Host and -Proto
+	trailers bool     // it takes trailers (Te)
+	ok       bool     // every field written was safe
+}
+
+func (w *hopWriter) field(k, v string) {
+	switch kindOf(k) {
+	case kindXFF:
+		w.xff = append(w.xff, v)
+	case kindXFH:
+		if w.xfh == "" {
+			w.xfh = v
+		}
+	case kindXFP:
+		if w.xfp == "" {
+			w.xfp = v
+		}
+	case kindTe:
+		w.trailers = w.trailers || TokenListHas(v, "trailers")
+	case kindPass:
+		if len(w.conn) > 0 && listed(w.conn, k) {
+			return
+		}
+		w.ok = w.ok && safe(k) && safe(v)
+		w.dst = AppendField(w.dst, k, v)
+	}
+}
+
+// end writes the hop's own fields, then a length for every body and the
+// body.
+func (w *hopWriter) end(method string, body []byte) ([]byte, bool) {
+	h := w.h
+	if w.trailers {
+		w.dst = append(w.dst, "Te: trailers\r\n"...)
+	}
+	if !h.Trusted {
+		w.xff, w.xfh, w.xfp = nil, "", ""
+	}
+	ip, _, err := net.SplitHostPort(h.RemoteAddr)
+	if len(w.xff) > 0 || err == nil {
+		w.dst = append(w.dst, "X-Forwarded-For: "...)
+		for i, v := range w.xff {
+			if i > 0 {
+				w.dst = append(w.dst, ", "...)
+			}
+			w.dst = append(w.dst, v...)
+		}
+		if err == nil {
+			if len(w.xff) > 0 {
+				w.dst = append(w.dst, ", "...)
+			}
+			w.dst = append(w.dst, ip...)
+		}
+		w.dst = append(w.dst, "\r\n"...)
+	}
+	host, proto := h.hostProto(w.xfh, w.xfp)
+	w.dst = AppendField(w.dst, "X-Forwarded-Host", host)
+	w.dst = AppendField(w.dst, "X-Forwarded-Proto", proto)
+	for _, f := range h.Set {
+		w.dst = AppendField(w.dst, f.Name, f.Value)
+	}
+	return AppendBody(w.dst, method, body), w.ok && safe(host) && safe(proto)
+}
+
+// hostProto is the hop's X-Forwarded-Host and -Proto, given the sender's
+// (kept only from a trusted sender).
+func (h *Hop) hostProto(xfh, xfp string) (host, proto string) {
+	if !h.Trusted {
+		xfh, xfp = "", ""
 	}
 	host, proto = xfh, xfp
 	if host == "" {
@@ -64,85 +168,40 @@ func (h *Hop) forwarding(xff []string, xfh, xfp string) (forChain []string, host
 			proto = "https"
 		}
 	}
-	return xff, host, proto
+	return host, proto
 }
 
-// HeaderFields iterates an http.Header's fields.
-func HeaderFields(h http.Header) iter.Seq2[string, string] {
-	return func(yield func(string, string) bool) {
-		for k, vs := range h {
-			for _, v := range vs {
-				if !yield(k, v) {
-					return
-				}
-			}
-		}
-	}
-}
-
-// AppendRequest writes the forwarded request to dst: its request line
+// AppendFields writes the forwarded request to dst: its request line
 // (target is the escaped path with the query), Host, the sender's fields
 // (names as sent) under the hop's rule, then a length for every body and
 // the body. ok is false if a field cannot be written safely (a CR, LF or
 // NUL in it); dst is then not a request.
-func (h *Hop) AppendRequest(dst []byte, method, target string, fields iter.Seq2[string, string], body []byte) (_ []byte, ok bool) {
-	var conn []string // what Connection fields name: hop-by-hop too
-	for k, v := range fields {
-		if len(k) == len("Connection") && strings.EqualFold(k, "Connection") {
-			conn = append(conn, v)
+func (h *Hop) AppendFields(dst []byte, method, target string, fields []Field, body []byte) (_ []byte, ok bool) {
+	var buf [4]string // room for conn and xff, on the stack
+	w := hopWriter{h: h, ok: safe(target) && safe(h.Host), conn: buf[:0:2], xff: buf[2:2]}
+	for _, f := range fields {
+		if len(f.Name) == len("Connection") && strings.EqualFold(f.Name, "Connection") {
+			w.conn = append(w.conn, f.Value)
 		}
 	}
-	ok = safe(target) && safe(h.Host)
-	dst = AppendRequestLine(dst, method, target, h.Host)
-	var xff []string
-	var xfh, xfp string
-	trailers := false
-	for k, v := range fields {
-		name := http.CanonicalHeaderKey(k)
-		switch name {
-		case "X-Forwarded-For":
-			xff = append(xff, v)
-			continue
-		case "X-Forwarded-Host":
-			if xfh == "" {
-				xfh = v
-			}
-			continue
-		case "X-Forwarded-Proto":
-			if xfp == "" {
-				xfp = v
-			}
-			continue
-		case "Te":
-			trailers = trailers || TokenListHas(v, "trailers")
-			continue
+	w.dst = AppendRequestLine(dst, method, target, h.Host)
+	for _, f := range fields {
+		w.field(f.Name, f.Value)
+	}
+	return w.end(method, body)
+}
+
+// AppendHeader is AppendFields for a request net/http parsed.
+func (h *Hop) AppendHeader(dst []byte, method, target string, header http.Header, body []byte) (_ []byte, ok bool) {
+	var buf [2]string // room for xff, on the stack
+	w := hopWriter{h: h, ok: safe(target) && safe(h.Host), conn: header["Connection"], xff: buf[:0]}
+	w.dst = AppendRequestLine(dst, method, target, h.Host)
+	for k, vs := range header {
+		for _, v := range vs {
+			w.field(k, v)
 		}
-		if !Passes(name) || listed(conn, name) {
-			continue
-		}
-		ok = ok && safe(k) && safe(v)
-		dst = AppendField(dst, k, v)
 	}
-	if trailers {
-		dst = append(dst, "Te: trailers\r\n"...)
-	}
-	chain, host, proto := h.forwarding(xff, xfh, xfp)
-	if len(chain) > 0 {
-		dst = append(dst, "X-Forwarded-For: "...)
-		for i, v := range chain {
-			if i > 0 {
-				dst = append(dst, ", "...)
-			}
-			dst = append(dst, v...)
-		}
-		dst = append(dst, "\r\n"...)
-	}
-	dst = AppendField(dst, "X-Forwarded-Host", host)
-	dst = AppendField(dst, "X-Forwarded-Proto", proto)
-	for _, f := range h.Set {
-		dst = AppendField(dst, f.Name, f.Value)
-	}
-	return AppendBody(dst, method, body), ok && safe(host) && safe(proto)
+	return w.end(method, body)
 }
 
 // Rewrite applies the hop's rule to httputil.ReverseProxy's outbound
@@ -155,10 +214,17 @@ func (h *Hop) Rewrite(out, in http.Header) {
 			delete(out, k)
 		}
 	}
-	chain, host, proto := h.forwarding(in["X-Forwarded-For"], in.Get("X-Forwarded-Host"), in.Get("X-Forwarded-Proto"))
+	var chain []string
+	if h.Trusted {
+		chain = append(chain, in["X-Forwarded-For"]...)
+	}
+	if ip, _, err := net.SplitHostPort(h.RemoteAddr); err == nil {
+		chain = append(chain, ip)
+	}
 	if len(chain) > 0 {
 		out.Set("X-Forwarded-For", strings.Join(chain, ", "))
 	}
+	host, proto := h.hostProto(in.Get("X-Forwarded-Host"), in.Get("X-Forwarded-Proto"))
 	out.Set("X-Forwarded-Host", host)
 	out.Set("X-Forwarded-Proto", proto)
 	for _, f := range h.Set {

@@ -13,7 +13,7 @@ import (
 	"testing"
 )
 
-// The two sinks of Hop's rule agree: a request written by AppendRequest
+// The two sinks of Hop's rule agree: a request written by AppendHeader
 // and the same request sent by httputil.ReverseProxy with Rewrite reach a
 // server with the same header, for a trusted and an untrusted sender.
 func TestHopSinksAgree(t *testing.T) {
@@ -47,9 +47,9 @@ func TestHopSinksAgree(t *testing.T) {
 		hop := Hop{RemoteAddr: "192.0.2.7:4321", Host: "front.example", Trusted: trusted,
 			Set: []Field{{Name: "X-Pinned-Attestation", Value: "v1.sig"}}}
 
-		wire, ok := hop.AppendRequest(nil, "POST", "/x?q=1", HeaderFields(in), []byte("body"))
+		wire, ok := hop.AppendHeader(nil, "POST", "/x?q=1", in, []byte("body"))
 		if !ok {
-			t.Fatal("AppendRequest refused safe fields")
+			t.Fatal("AppendHeader refused safe fields")
 		}
 		conn, err := net.Dial("tcp", u.Host)
 		if err != nil {
@@ -60,7 +60,7 @@ func TestHopSinksAgree(t *testing.T) {
 		}
 		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 		if err != nil {
-			t.Fatalf("AppendRequest's request got no response: %v\n%s", err, wire)
+			t.Fatalf("AppendHeader's request got no response: %v\n%s", err, wire)
 		}
 		resp.Body.Close()
 		conn.Close()
@@ -78,7 +78,7 @@ func TestHopSinksAgree(t *testing.T) {
 		proxied := <-seen
 
 		if !reflect.DeepEqual(written, proxied) {
-			t.Errorf("trusted %v: the sinks disagree:\nAppendRequest: %v\nReverseProxy:  %v", trusted, written, proxied)
+			t.Errorf("trusted %v: the sinks disagree:\nAppendHeader:  %v\nReverseProxy:  %v", trusted, written, proxied)
 		}
 		wantFor := "192.0.2.7"
 		if trusted {
@@ -106,12 +106,12 @@ func TestHopSinksAgree(t *testing.T) {
 func TestHopRefusesUnsafeFields(t *testing.T) {
 	hop := Hop{RemoteAddr: "192.0.2.7:1", Host: "h"}
 	for _, h := range []http.Header{{"X-A": {"a\r\nX-Injected: 1"}}, {"X-A\n": {"v"}}, {"X-A": {"v\x00"}}} {
-		if _, ok := hop.AppendRequest(nil, "GET", "/", HeaderFields(h), nil); ok {
+		if _, ok := hop.AppendHeader(nil, "GET", "/", h, nil); ok {
 			t.Errorf("%q written", h)
 		}
 	}
 	bad := Hop{RemoteAddr: "192.0.2.7:1", Host: "h\r\nX: y"}
-	if _, ok := bad.AppendRequest(nil, "GET", "/", HeaderFields(nil), nil); ok {
+	if _, ok := bad.AppendHeader(nil, "GET", "/", nil, nil); ok {
 		t.Error("an unsafe Host written")
 	}
 }

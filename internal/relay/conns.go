@@ -3,12 +3,13 @@ package relay
 import (
 	"bytes"
 	"errors"
-	"iter"
 	"net"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/pinnedd/pinnedd/internal/httpx"
 )
 
 // Keep-alive forwarding (Conns): a client connection on which the front
@@ -45,18 +46,7 @@ type ReqHead struct {
 }
 
 // Field is one header field.
-type Field struct{ Name, Value string }
-
-// All iterates the head's fields (names as sent; Host is not among them).
-func (h *ReqHead) All() iter.Seq2[string, string] {
-	return func(yield func(string, string) bool) {
-		for _, f := range h.Fields {
-			if !yield(f.Name, f.Value) {
-				return
-			}
-		}
-	}
-}
+type Field = httpx.Field
 
 // Forward is where a Router sends a request.
 type Forward struct {

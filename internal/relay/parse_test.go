@@ -26,15 +26,15 @@ func TestParseRequest(t *testing.T) {
 		want
 	}{
 		"plain": {"GET /a?b=1 HTTP/1.1\r\nHost: h:1\r\nUser-Agent: u\r\nX-Empty:\r\n\r\n",
-			want{ok: true, method: "GET", target: "/a?b=1", host: "h:1", fields: []Field{{"User-Agent", "u"}, {"X-Empty", ""}}}},
+			want{ok: true, method: "GET", target: "/a?b=1", host: "h:1", fields: []Field{{Name: "User-Agent", Value: "u"}, {Name: "X-Empty", Value: ""}}}},
 		"values trimmed of spaces and tabs": {"GET / HTTP/1.1\r\nhost:  h \t\r\nX-A:\t 1 2 \r\n\r\n",
-			want{ok: true, method: "GET", target: "/", host: "h", fields: []Field{{"X-A", "1 2"}}}},
+			want{ok: true, method: "GET", target: "/", host: "h", fields: []Field{{Name: "X-A", Value: "1 2"}}}},
 		"obs-text in a value": {"GET / HTTP/1.1\r\nHost: h\r\nX-A: caf\xc3\xa9\r\n\r\n",
-			want{ok: true, method: "GET", target: "/", host: "h", fields: []Field{{"X-A", "caf\xc3\xa9"}}}},
+			want{ok: true, method: "GET", target: "/", host: "h", fields: []Field{{Name: "X-A", Value: "caf\xc3\xa9"}}}},
 		"body and the next request": {"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabcGET",
-			want{ok: true, method: "POST", target: "/p", host: "h", fields: []Field{{"Content-Length", "3"}}, body: "abc"}},
+			want{ok: true, method: "POST", target: "/p", host: "h", fields: []Field{{Name: "Content-Length", Value: "3"}}, body: "abc"}},
 		"expect 100-continue": {"POST /p HTTP/1.1\r\nHost: h\r\nExpect: 100-Continue\r\nContent-Length: 1\r\n\r\nz",
-			want{ok: true, method: "POST", target: "/p", host: "h", fields: []Field{{"Content-Length", "1"}}, body: "z", expect: true}},
+			want{ok: true, method: "POST", target: "/p", host: "h", fields: []Field{{Name: "Content-Length", Value: "1"}}, body: "z", expect: true}},
 		"keep-alive": {"GET / HTTP/1.1\r\nConnection: Keep-Alive\r\nHost: h\r\n\r\n",
 			want{ok: true, method: "GET", target: "/", host: "h"}},
 
@@ -72,7 +72,7 @@ func TestParseRequest(t *testing.T) {
 	}
 	for name, tc := range cases {
 		var h ReqHead
-		h.Fields = []Field{{"Stale", "field"}}
+		h.Fields = []Field{{Name: "Stale", Value: "field"}}
 		n, need, ok := parseRequest([]byte(tc.in), &headScan{}, &h)
 		got := want{n: n, need: need, ok: ok}
 		if ok && !need {
