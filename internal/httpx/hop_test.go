@@ -115,3 +115,31 @@ func TestHopRefusesUnsafeFields(t *testing.T) {
 		t.Error("an unsafe Host written")
 	}
 }
+
+// Field names are matched whatever their case, as the kept-alive loop
+// passes them on as sent.
+func TestHopNamesAnyCase(t *testing.T) {
+	hop := Hop{RemoteAddr: "192.0.2.7:1", Host: "h", Trusted: true}
+	wire, ok := hop.AppendFields(nil, "GET", "/", []Field{
+		{Name: "x-forwarded-for", Value: "10.0.0.1"},
+		{Name: "X-PINNED-ID", Value: "spoofed"},
+		{Name: "connection", Value: "x-listed"},
+		{Name: "X-Listed", Value: "hop"},
+		{Name: "tE", Value: "trailers"},
+		{Name: "x-keep", Value: "1"},
+	}, nil)
+	if !ok {
+		t.Fatal("safe fields refused")
+	}
+	got := string(wire)
+	for _, want := range []string{"\r\nx-keep: 1\r\n", "\r\nTe: trailers\r\n", "\r\nX-Forwarded-For: 10.0.0.1, 192.0.2.7\r\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("lacks %q:\n%s", want, got)
+		}
+	}
+	for _, not := range []string{"spoofed", "X-Listed", "connection", "x-forwarded-for"} {
+		if strings.Contains(got, not) {
+			t.Errorf("passes %q:\n%s", not, got)
+		}
+	}
+}
