@@ -17,48 +17,18 @@ import (
 	"github.com/pinnedd/pinnedd/supervisor"
 )
 
-// testUser returns the account name, creating it (a system user with no
-// home) when missing. The suite runs as root, as CI does.
+// runAs runs a command as u, with its groups, and returns its output.
+// testUser returns the account name, creating it when missing.
 func testUser(t *testing.T, name string) *supervisor.User {
 	t.Helper()
-	var u *supervisor.User
-	testutil.WaitForErr(t, 30*time.Second, "user "+name, func() error {
-		var err error
-		if u, err = supervisor.LookupUser(name); err == nil {
-			return nil
-		}
-		// useradd refuses while another holds /etc/passwd's lock: try
-		// again until the deadline.
-		out, err := exec.Command("useradd", "--system", "--no-create-home", name).CombinedOutput()
-		return fmt.Errorf("useradd %s: %v: %s", name, err, out)
-	})
+	testutil.EnsureUser(t, name)
+	u, err := supervisor.LookupUser(name)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return u
 }
 
-// sharedBin copies a test binary where any user may run it: testutil.Bin
-// builds into a directory only root can enter.
-func sharedBin(t *testing.T, name string) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "pinnedd-shared-bin-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	b, err := os.ReadFile(testutil.Bin(t, name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, name)
-	if err := os.WriteFile(path, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
-// runAs runs a command as u, with its groups, and returns its output.
 func runAs(u *supervisor.User, name string, args ...string) (string, error) {
 	cmd := exec.Command(name, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}}
@@ -106,8 +76,8 @@ func TestPluginUser(t *testing.T) {
 	t.Parallel()
 	a, b := testUser(t, "pinnedd-test-a"), testUser(t, "pinnedd-test-b")
 	dataDir := t.TempDir()
-	agent := testutil.StartAgentBin(t, sharedBin(t, "pinnedd"), nil,
-		"--dev", "--data-dir", dataDir, "--plugin", "/counters="+sharedBin(t, "counter"),
+	agent := testutil.StartAgentBin(t, testutil.SharedBin(t, "pinnedd"), nil,
+		"--dev", "--data-dir", dataDir, "--plugin", "/counters="+testutil.SharedBin(t, "counter"),
 		"--plugin-user", a.Name, "--plugin-user", "/counters="+b.Name)
 
 	expect(t, agent, "POST", "/counters/alice/increment", 200, `{"value":1}`)
@@ -184,7 +154,7 @@ func runAgent(t *testing.T, bin string, cred *syscall.Credential, args ...string
 func TestPluginUserRefused(t *testing.T) {
 	t.Parallel()
 	a, b := testUser(t, "pinnedd-test-a"), testUser(t, "pinnedd-test-b")
-	bin := sharedBin(t, "pinnedd")
+	bin := testutil.SharedBin(t, "pinnedd")
 	for _, c := range []struct {
 		name string
 		cred *syscall.Credential
@@ -215,7 +185,7 @@ func TestPluginUserRefused(t *testing.T) {
 func TestAgentNonDumpable(t *testing.T) {
 	t.Parallel()
 	a := testUser(t, "pinnedd-test-a")
-	bin := sharedBin(t, "pinnedd")
+	bin := testutil.SharedBin(t, "pinnedd")
 	parent, err := os.MkdirTemp("", "pinnedd-nondumpable-")
 	if err != nil {
 		t.Fatal(err)

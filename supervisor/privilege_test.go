@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -112,39 +111,14 @@ func TestApplyPluginEnv(t *testing.T) {
 func startPrivileged(t *testing.T, fdURL string, env []string) (*Supervisor, *httptest.Server) {
 	t.Helper()
 	bin := testutil.Bin(t, "testhost")
-	s, err := New(Config{
+	return serveSupervisor(t, Config{
 		Specs: []Spec{
 			{Name: "p", Path: bin, Namespaces: []string{"/misc"}, Env: env},
 			{Name: "q", Path: bin, Namespaces: []string{"/tally"}},
 		},
-		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
 		FrontDoorURL: fdURL,
 		BackoffMin:   10 * time.Millisecond,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		parts := strings.SplitN(r.URL.Path, "/", 4)
-		serveCall(s, w, r, "/"+parts[1], parts[2], 1, "/"+parts[3])
-	}))
-	var pids []int
-	for _, p := range s.Plugins() {
-		pids = append(pids, p.PID)
-	}
-	t.Cleanup(func() {
-		srv.Close()
-		for _, p := range s.Plugins() {
-			pids = append(pids, p.PID)
-		}
-		s.Stop(context.Background())
-		testutil.CheckGone(t, pids)
-		checkNoPlugins(t)
-	})
-	return s, srv
 }
 
 func current(t *testing.T, s *Supervisor, name string) *incarnation {
@@ -353,45 +327,15 @@ func TestControlSocketNeedsPinneddCertificate(t *testing.T) {
 	}
 }
 
-// ensureUser returns the account name, creating it (a system user with no
-// home) when missing. The tests run as root, as CI does.
+// ensureUser returns the account name, creating it when missing.
 func ensureUser(t *testing.T, name string) *User {
 	t.Helper()
-	var u *User
-	testutil.WaitForErr(t, 30*time.Second, "user "+name, func() error {
-		var err error
-		if u, err = LookupUser(name); err == nil {
-			return nil
-		}
-		// useradd refuses while another holds /etc/passwd's lock: try
-		// again until the deadline.
-		out, err := exec.Command("useradd", "--system", "--no-create-home", name).CombinedOutput()
-		return fmt.Errorf("useradd %s: %v: %s", name, err, out)
-	})
+	testutil.EnsureUser(t, name)
+	u, err := LookupUser(name)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return u
-}
-
-// sharedBin copies a test binary where any user may run it: testutil.Bin
-// builds into a directory only root can enter.
-func sharedBin(t *testing.T, name string) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "pinnedd-shared-bin-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	b, err := os.ReadFile(testutil.Bin(t, name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, name)
-	if err := os.WriteFile(path, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 // asUser runs a command as u, with its groups, and returns its output.
@@ -435,7 +379,7 @@ func ids(n uint32, times int) string {
 // user can neither list that directory nor connect to its data socket.
 func TestPluginRunsAsItsUser(t *testing.T) {
 	a, b := ensureUser(t, "pinnedd-test-a"), ensureUser(t, "pinnedd-test-b")
-	bin := sharedBin(t, "testhost")
+	bin := testutil.SharedBin(t, "testhost")
 	// A runtime dir others can pass through, as systemd's /run/pinnedd.
 	parent, err := os.MkdirTemp("", "pinnedd-rt-")
 	if err != nil {
@@ -446,33 +390,12 @@ func TestPluginRunsAsItsUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	runtimeDir := filepath.Join(parent, "run")
-	s, err := New(Config{
+	s, srv := serveSupervisor(t, Config{
 		Specs: []Spec{
 			{Name: "p", Path: bin, Namespaces: []string{"/misc"}, User: a},
 			{Name: "q", Path: bin, Namespaces: []string{"/tally"}, User: b},
 		},
-		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 		RuntimeDir: runtimeDir,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		parts := strings.SplitN(r.URL.Path, "/", 4)
-		serveCall(s, w, r, "/"+parts[1], parts[2], 1, "/"+parts[3])
-	}))
-	var pids []int
-	for _, p := range s.Plugins() {
-		pids = append(pids, p.PID)
-	}
-	t.Cleanup(func() {
-		srv.Close()
-		s.Stop(context.Background())
-		testutil.CheckGone(t, pids)
-		checkNoPlugins(t)
 	})
 
 	if s.runtimeDir != runtimeDir {
@@ -544,7 +467,6 @@ func TestPluginRunsAsItsUser(t *testing.T) {
 		return err == nil && inc != p
 	})
 	next := current(t, s, "p")
-	pids = append(pids, next.pid)
 	if uid, _, _ := procIDs(t, next.pid); uid != ids(a.UID, 4) || filepath.Dir(next.socket) != filepath.Dir(p.socket) {
 		t.Errorf("restarted plugin p: Uid %q, socket %s; want %s's uid, in %s", uid, next.socket, a.Name, filepath.Dir(p.socket))
 	}

@@ -46,9 +46,14 @@ func serveSupervisor(t testing.TB, cfg Config) (*Supervisor, *httptest.Server) {
 		}
 		serveCall(s, w, r, "/"+parts[1], parts[2], 1, rest)
 	}))
+	// The first incarnations' and the last: a test may have crashed or
+	// swapped some in between (checkNoPlugins sees every one).
+	var pids []int
+	for _, p := range s.Plugins() {
+		pids = append(pids, p.PID)
+	}
 	t.Cleanup(func() {
 		srv.Close()
-		pids := []int{}
 		for _, p := range s.Plugins() {
 			pids = append(pids, p.PID)
 		}

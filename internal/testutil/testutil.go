@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -665,4 +666,42 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// EnsureUser makes sure the system account name exists, creating it (no
+// home) when missing; the tests that need one run as root, as CI does.
+func EnsureUser(t testing.TB, name string) {
+	t.Helper()
+	WaitForErr(t, 30*time.Second, "user "+name, func() error {
+		if _, err := user.Lookup(name); err == nil {
+			return nil
+		}
+		// useradd refuses while another holds /etc/passwd's lock: try
+		// again until the deadline.
+		out, err := exec.Command("useradd", "--system", "--no-create-home", name).CombinedOutput()
+		return fmt.Errorf("useradd %s: %v: %s", name, err, out)
+	})
+}
+
+// SharedBin copies the binary Bin builds where any user may run it (Bin
+// builds into a directory only its owner can enter).
+func SharedBin(t testing.TB, name string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "pinnedd-shared-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	b, err := os.ReadFile(Bin(t, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
