@@ -52,30 +52,27 @@ type Call struct {
 // transport outside net/http ends its exchange there); ServeHTTP needs
 // none. The errors are the ones WriteOpenError answers.
 func (s *Supervisor) Open(ctx context.Context, ns, id string, gen uint64, mode OpenMode, abort func()) (*Call, error) {
-	var in *instance
+	c := &Call{s: s, start: time.Now()}
 	switch mode {
 	case IfReady:
-		in = s.ready(Key{ns, id}, gen)
-		if in == nil {
+		if !s.ready(Key{ns, id}, gen, c, abort) {
 			return nil, errNotReady
 		}
-	default:
-		if mode == IfLive {
-			gen = 0
-		}
-		var err error
-		if in, err = s.acquire(ctx, Key{ns, id}, gen); err != nil {
-			return nil, err
-		}
+		return c, nil
+	case IfLive:
+		gen = 0
 	}
-	c := &Call{s: s, rs: reqState{in: in}, start: time.Now()}
+	in, err := s.acquire(ctx, Key{ns, id}, gen)
+	if err != nil {
+		return nil, err
+	}
+	c.rs.in = in
 	if abort != nil {
 		s.mu.Lock()
-		if in.aborts == nil {
-			in.aborts = map[*reqState]func(){}
-		}
-		in.aborts[&c.rs] = abort
 		gone := in.ctx.Err() != nil
+		if !gone {
+			in.addAbort(&c.rs, abort)
+		}
 		s.mu.Unlock()
 		if gone {
 			c.End(0, false)
@@ -85,18 +82,31 @@ func (s *Supervisor) Open(ctx context.Context, ns, id string, gen uint64, mode O
 	return c, nil
 }
 
-// ready is the instance live under exactly gen, activated, on a running
-// plugin, with one more open request counted on it; nil if there is none
-// (it never waits).
-func (s *Supervisor) ready(k Key, gen uint64) *instance {
+// addAbort registers abort for rs's request; the caller holds s.mu.
+func (in *instance) addAbort(rs *reqState, abort func()) {
+	if in.aborts == nil {
+		in.aborts = map[*reqState]func(){}
+	}
+	in.aborts[rs] = abort
+}
+
+// ready opens c on the instance live under exactly gen, activated, on a
+// running plugin: one more open request counted on it, and abort (if set)
+// registered, under one hold of the lock. It reports false if there is no
+// such instance (it never waits).
+func (s *Supervisor) ready(k Key, gen uint64, c *Call, abort func()) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	in := s.instances[k]
 	if s.stopping || in == nil || in.evicting || in.gen != gen || !closed(in.ready) || in.err != nil || !in.inc.alive() || in.ctx.Err() != nil {
-		return nil
+		return false
 	}
 	in.conns++ // see armIdleLocked
-	return in
+	c.rs.in = in
+	if abort != nil {
+		in.addAbort(&c.rs, abort)
+	}
+	return true
 }
 
 // Socket is the plugin's data socket (a unix socket path) the request
