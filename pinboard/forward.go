@@ -265,11 +265,11 @@ var errHeld = errors.New("held stream went to the relay loop")
 
 // isHeldStream reports whether resp, answering in, may stay open for as long
 // as its client likes (server-sent events, a long poll: a body of unknown
-// length) and the relay loop can carry it: HTTP/1.1 both ways, in plain
-// text. 101 responses never get here (ReverseProxy passes Upgrades through
+// length) and the relay loop (where this platform has one: keptAlive.holds)
+// can carry it: HTTP/1.1 both ways, in plain text. 101 responses never get here (ReverseProxy passes Upgrades through
 // as they are), nor do bodies of known length.
 func isHeldStream(in *http.Request, resp *http.Response) bool {
-	return relay.Supported && in.ProtoMajor == 1 && in.ProtoMinor == 1 && in.TLS == nil && in.Method != http.MethodHead &&
+	return in.ProtoMajor == 1 && in.ProtoMinor == 1 && in.TLS == nil && in.Method != http.MethodHead &&
 		resp.ProtoAtLeast(1, 1) && resp.ContentLength < 0 &&
 		resp.StatusCode >= 200 && resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusNotModified
 }

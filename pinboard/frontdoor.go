@@ -16,12 +16,6 @@ import (
 	"github.com/pinnedd/pinnedd/supervisor"
 )
 
-// Sentinel errors of the control plane.
-var (
-	// ErrRefused: the directory answered, and the answer was no.
-	ErrRefused = errors.New("refused by the directory")
-)
-
 // FrontDoorConfig wires a FrontDoor.
 type FrontDoorConfig struct {
 	Dir    *Directory

@@ -43,14 +43,20 @@ func (h *Housekeeping) Run(ctx context.Context) {
 			h.log.Warn("init cluster secret", "err", err)
 		}
 	}
-	t := time.NewTicker(h.every)
+	everyTick(ctx, h.every, h.collect)
+}
+
+// everyTick runs fn every interval until ctx ends: the leader-only parts'
+// loop.
+func everyTick(ctx context.Context, every time.Duration, fn func(context.Context)) {
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			h.collect(ctx)
+			fn(ctx)
 		}
 	}
 }

@@ -56,11 +56,11 @@ func (k *keptAlive) collectors() []prometheus.Collector {
 	}
 }
 
-// serveHandBacks lets the loop take connections from srv: the ones it
-// gives back (requests it does not serve itself) are served by srv again,
-// until srv shuts down.
+// serveHandBacks lets the loop take connections from srv, where this
+// platform has the loop: the ones it gives back (requests it does not
+// serve itself) are served by srv again, until srv shuts down.
 func (k *keptAlive) serveHandBacks(srv *http.Server) {
-	k.on.Store(true)
+	k.on.Store(relay.Supported)
 	go func() { _ = srv.Serve(k.handBack) }()
 }
 
@@ -84,7 +84,7 @@ func (k *keptAlive) close() error {
 // connection caps (limitedConn.Detach). It reports whether it did; the
 // handler must then return at once.
 func (k *keptAlive) adopt(w http.ResponseWriter, r *http.Request) bool {
-	if !k.on.Load() || !relay.Supported || k.stopped.Load() || k.never ||
+	if !k.on.Load() || k.stopped.Load() || k.never ||
 		r.ProtoMajor != 1 || r.ProtoMinor != 1 || r.TLS != nil || r.Close {
 		return false
 	}

@@ -115,6 +115,8 @@ func (r *Registry) TTL() time.Duration { return r.ttl }
 
 // Registration failures the registry HTTP API maps to status codes.
 var (
+	// ErrRefused: the directory answered, and the answer was no.
+	ErrRefused         = errors.New("refused by the directory")
 	ErrBadRequest      = errors.New("bad request")
 	ErrChallengeFailed = errors.New("challenge failed")
 	ErrAdvertiseInUse  = errors.New("advertise URL held by another live worker")

@@ -53,18 +53,7 @@ func NewMarkedScanner(states MarkedLister, w KeyWaker, every time.Duration, log 
 
 // Run scans every interval until ctx ends (leadership lost, or the store
 // closes).
-func (s *MarkedScanner) Run(ctx context.Context) {
-	t := time.NewTicker(s.every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		s.scan(ctx)
-	}
-}
+func (s *MarkedScanner) Run(ctx context.Context) { everyTick(ctx, s.every, s.scan) }
 
 // scan walks every marked instance once, a page at a time. A failed wake
 // is logged and the walk goes on; a failed listing ends this pass (the

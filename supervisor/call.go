@@ -121,9 +121,6 @@ func (c *Call) Fields() []httpx.Field {
 	return c.rs.in.fields
 }
 
-// Generation is the generation the instance runs under.
-func (c *Call) Generation() uint64 { return c.rs.in.gen }
-
 // Stream records that the response is a stream (server-sent events, a
 // body of unknown length, an upgrade): it keeps the instance resident,
 // but not one winding down.
@@ -134,10 +131,8 @@ func (c *Call) Stream() { c.s.markStream(&c.rs) }
 // (plugins.RefusalInactive), which is then dropped here.
 func (c *Call) End(status int, inactive bool) {
 	in := c.rs.in
-	if inactive && c.s.remove(in) {
-		c.s.metrics.evictions.WithLabelValues(in.key.Namespace, "inactive").Inc()
-		c.s.metrics.instances.WithLabelValues(in.key.Namespace).Dec()
-		c.s.count(in.key.Namespace, false)
+	if inactive {
+		c.s.drop(in, 0, "inactive")
 	}
 	if status != 0 {
 		c.s.metrics.observe(in.key.Namespace, status, time.Since(c.start))
