@@ -330,18 +330,7 @@ func TestStreamsFlushThrough(t *testing.T) {
 	}
 	// The handler never ends on its own: each event must arrive while the
 	// stream is open.
-	sc := bufio.NewScanner(resp.Body)
-	for i := 0; i < 3; {
-		if !sc.Scan() {
-			t.Fatalf("stream ended after %d events: %v", i, sc.Err())
-		}
-		if line := sc.Text(); line != "" {
-			if line != fmt.Sprintf("data: %d", i) {
-				t.Fatalf("event %d = %q", i, line)
-			}
-			i++
-		}
-	}
+	testutil.ReadCountedEvents(t, resp.Body, 3)
 	// The client leaving frees the instance's connection.
 	cancel()
 	if err := testutil.Eventually(5*time.Second, func() bool {

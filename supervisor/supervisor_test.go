@@ -3,7 +3,6 @@ package supervisor
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -83,18 +82,7 @@ func TestDataPlaneFlushesThrough(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for i := 0; i < 3; {
-		if !sc.Scan() {
-			t.Fatalf("stream ended after %d events: %v", i, sc.Err())
-		}
-		if line := sc.Text(); line != "" {
-			if line != fmt.Sprintf("data: %d", i) {
-				t.Fatalf("event %d = %q", i, line)
-			}
-			i++
-		}
-	}
+	testutil.ReadCountedEvents(t, resp.Body, 3)
 	// Request bodies and queries travel too.
 	r, err := testutil.Do(context.Background(), "POST", srv.URL+"/misc/b/echo?q=1", "payload", nil)
 	if err != nil || !strings.Contains(r.Body, `"body":"payload"`) || !strings.Contains(r.Body, `"query":"q=1"`) {

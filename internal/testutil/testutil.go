@@ -705,3 +705,22 @@ func SharedBin(t testing.TB, name string) string {
 	}
 	return path
 }
+
+// ReadCountedEvents reads n server-sent events from body and fails t
+// unless they are "data: 0", "data: 1", ... in order (the test plugin's
+// /sse stream), each read as it arrives.
+func ReadCountedEvents(t testing.TB, body io.Reader, n int) {
+	t.Helper()
+	sc := bufio.NewScanner(body)
+	for i := 0; i < n; {
+		if !sc.Scan() {
+			t.Fatalf("stream ended after %d events: %v", i, sc.Err())
+		}
+		if line := sc.Text(); line != "" {
+			if line != fmt.Sprintf("data: %d", i) {
+				t.Fatalf("event %d = %q", i, line)
+			}
+			i++
+		}
+	}
+}
