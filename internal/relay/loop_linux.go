@@ -87,15 +87,10 @@ type life struct {
 // holdFor bounds a held wait (see life).
 const holdFor = time.Millisecond
 
-// yieldEvery: a loop that holds gives way to the scheduler this often.
-// To the scheduler a loop that keeps holding is one goroutine running on
-// and on, which sysmon stops after 10 ms with a signal that can land
-// mid-request; measured on two nodes under a sequential client, about 100
-// signals a second each. Yielding first avoids the signal. Not more often
-// than that: a yield goes through the global run queue (for a locked loop,
-// a hand-off between threads), and at every 5 ms the hop's p50 and p99 on
-// bench/hop were worse than without yields in 3 A/B runs of 3, where at
-// 9 ms they match (p50 272 vs 270 µs, p99 847 vs 843).
+// yieldEvery: a loop that holds gives way to the scheduler this often, so
+// sysmon never has to preempt it (after 10 ms, with a signal that can land
+// mid-request); not more often, since each yield goes through the global
+// run queue (DESIGN.md has the measurements).
 const yieldEvery = 9 * time.Millisecond
 
 var (
