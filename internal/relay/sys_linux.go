@@ -13,10 +13,9 @@ import (
 // scheduler's syscall bookkeeping (entersyscall/exitsyscall): every
 // descriptor they touch is non-blocking, and a poll waits at most a held
 // wait's bound (epollHold). Only an idle loop's wait (epollBlock) goes
-// through the bookkeeping, so that its P can be taken back. On the hop
-// benchmark the bookkeeping, and the futex wake-up of a sleeping sysmon
-// that a syscall entry costs, took the forwarding node from 26-27 to 33-34
-// µs of CPU per request (A/B in one session, bench/hop's CPU column).
+// through the bookkeeping, so that its P can be taken back. The
+// bookkeeping, and the sysmon wake-up a syscall entry costs, are a large
+// share of a forwarded request's CPU (DESIGN.md).
 
 func sysRead(fd int, p []byte) (int, error) { return rawIO(unix.SYS_READ, fd, p) }
 
