@@ -241,6 +241,9 @@ func (a *Agent) provisionFrontDoor(context.Context) error {
 	// Go's profiles, for an operator chasing CPU or memory in a running
 	// node (Consul and Nomad expose them behind an operator ACL too).
 	a.fd.Handle("/_pinned/debug/pprof/", a.fd.RequireScope(pinboard.ScopeOperator, servePprof))
+	// The cluster port's HTTP (with mutual TLS): the other nodes' calls,
+	// raftstore's and the front door's peer routes.
+	store.ServePeers(a.fd.PeerHandler())
 	return nil
 }
 
@@ -257,6 +260,7 @@ func (a *Agent) frontDoorConfig() pinboard.FrontDoorConfig {
 		MetricsPublic: cfg.MetricsPublic, BodyReadTimeout: cfg.BodyReadTimeout,
 		MaxConnsPerIP: cfg.MaxConnsPerIP, MaxConns: cfg.MaxConns, PeerAddrs: func() []string { return memberAPIAddrs(store) },
 		Policy: pinboard.PlacementPolicy{BalanceFactor: cfg.BalanceFactor}, TrustedProxies: cfg.TrustedProxies,
+		PeerTLS: store.PeerTLS(), PeerAddr: store.PeerAddr,
 		Ready:  func() bool { id, _ := store.Leader(); return id != "" && store.Fault() == nil },
 		Health: func() map[string]any { return raftHealth(store) },
 		Status: func() map[string]any {

@@ -151,7 +151,7 @@ func TestRaftMutualTLS(t *testing.T) {
 	if strings.Contains(follower.a.Logs(), `"leader":"evil"`) {
 		t.Fatal("the follower logged evil as its leader")
 	}
-	if _, err := follower.a.WaitLog(5*time.Second, "refused a raft connection"); err != nil {
+	if _, err := follower.a.WaitLog(5*time.Second, "refused a cluster connection"); err != nil {
 		t.Fatalf("the follower does not log the refusals: %v", err)
 	}
 
@@ -179,7 +179,7 @@ func TestRaftMutualTLS(t *testing.T) {
 		if err := forgeAppend(removed, n.raft, term); err == nil {
 			t.Fatalf("%s answered the removed node %s", n.id, gone.id)
 		}
-		if _, err := n.a.WaitLog(5*time.Second, "refused a raft connection", `is not a member`, `"node":"`+gone.id+`"`); err != nil {
+		if _, err := n.a.WaitLog(5*time.Second, "refused a cluster connection", `is not a member`, `"node":"`+gone.id+`"`); err != nil {
 			t.Fatalf("%s does not say why it refused %s: %v", n.id, gone.id, err)
 		}
 	}

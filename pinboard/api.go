@@ -19,9 +19,9 @@ type api struct {
 	worker     *Worker   // nil on a node without hosts
 	registry   *Registry // nil: this node serves no registrations
 	tokens     *Tokens
-	res        *resolver    // selfID, storeHealth, knownNamespace
-	owner      *ownerSide   // attested (the owner-side operator routes)
-	client     *http.Client // attested calls to other nodes (stats, wind-down)
+	res        *resolver     // selfID, storeHealth, knownNamespace
+	owner      *ownerSide    // attested (the owner-side operator routes)
+	peer       peerTransport // attested calls to other nodes (stats, wind-down)
 	logger     *slog.Logger
 	quarantine time.Duration
 	stopping   func() bool // the node is shutting down: not ready

@@ -2,6 +2,7 @@ package pinboard
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"log/slog"
@@ -56,11 +57,12 @@ type forwarder struct {
 	// again once after an in-band refusal.
 	reroute func(http.ResponseWriter, *http.Request, *instanceRequest)
 
+	peer  peerTransport // where an owner's node takes the hop (base)
 	proxy *httputil.ReverseProxy
 	sync  *httpx.SyncTransport // nil with a supplied Transport: every forward takes the proxy
 	bufs  httpx.BufferPool
 	held  *relay.Loop // held streams, out of net/http
-	bases sync.Map    // advertise URL -> loopBase (routeForward)
+	bases sync.Map    // advertise URL -> loopBase (ownerBase)
 
 	forwarded prometheus.Counter // resolutions{outcome=forwarded}
 	failures  *prometheus.CounterVec
@@ -72,7 +74,7 @@ func newForwarder(dir *Directory, res *resolver, keep *keptAlive, peer peerTrans
 	reroute func(http.ResponseWriter, *http.Request, *instanceRequest)) *forwarder {
 	fw := &forwarder{
 		dir: dir, res: res, keep: keep, logger: logger, reroute: reroute,
-		sync: peer.sync, held: relay.New(logger),
+		peer: peer, sync: peer.sync, held: relay.New(logger),
 		forwarded: res.counter(outcomeForwarded),
 		failures: newCounterVec("pinboard_forward_failures_total",
 			"Requests this front door could not complete at the owner, by outcome.", "outcome", forwardOutcomes),
@@ -102,21 +104,26 @@ func (fw *forwarder) collectors() []prometheus.Collector {
 func (fw *forwarder) close() error { return fw.held.Close() }
 
 // peerTransport carries node-to-node requests: the forwarder's and the
-// front door's own calls (stats, wind-down, wake).
+// front door's own calls (stats, wind-down, wake), and says where each
+// node takes them (base).
 type peerTransport struct {
 	rt     http.RoundTripper
 	sync   *httpx.SyncTransport // the default transport's head-writing side; nil with a supplied one
 	client *http.Client
+	// With the cluster's mutual TLS, a member node's peer routes are on
+	// its cluster port (addr, by node id), reached with tls.
+	addr func(nodeID string) (string, bool)
+	tls  *tls.Config
 }
 
-// newPeerTransport is tr, or (nil) a plain http.Transport and the
-// SyncTransport over it.
-func newPeerTransport(tr http.RoundTripper) peerTransport {
+// newPeerTransport is tr, or (nil) an http.Transport and the SyncTransport
+// over it, over TLS with tlsCfg (nil: plain http).
+func newPeerTransport(tr http.RoundTripper, tlsCfg *tls.Config, addr func(string) (string, bool)) peerTransport {
 	if tr != nil {
-		return peerTransport{rt: tr, client: &http.Client{Transport: tr}}
+		return peerTransport{rt: tr, client: &http.Client{Transport: tr}, addr: addr, tls: tlsCfg}
 	}
 	std := &http.Transport{
-		Proxy: nil, MaxIdleConns: 1024, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second,
+		Proxy: nil, MaxIdleConns: 1024, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, TLSClientConfig: tlsCfg,
 		DialContext: (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		// An owner that accepts the connection but never answers (a
 		// frozen process) must not hold the client forever: after
@@ -124,8 +131,36 @@ func newPeerTransport(tr http.RoundTripper) peerTransport {
 		// time the owner's lease may have lapsed and the id moved.
 		ResponseHeaderTimeout: ownerHeaderTimeout,
 	}
-	st := &httpx.SyncTransport{Fallback: std, ResponseHeaderTimeout: ownerHeaderTimeout}
-	return peerTransport{rt: st, sync: st, client: &http.Client{Transport: std}}
+	st := &httpx.SyncTransport{TLS: tlsCfg, Fallback: std, ResponseHeaderTimeout: ownerHeaderTimeout}
+	return peerTransport{rt: st, sync: st, client: &http.Client{Transport: std}, addr: addr, tls: tlsCfg}
+}
+
+// secure: node-to-node requests run over the cluster's mutual TLS, and
+// the peer routes are served only on the cluster port.
+func (p peerTransport) secure() bool { return p.tls != nil }
+
+// base is the URL (no trailing slash) under which w's node serves the
+// peer routes: with mutual TLS, a member's cluster port; otherwise, or for
+// a worker that is no member (an outside worker, which checks the
+// attestation itself), its advertise URL.
+func (p peerTransport) base(w directory.Worker) string {
+	if addr, ok := p.clusterAddr(w); ok {
+		return "https://" + addr
+	}
+	return strings.TrimRight(w.AdvertiseURL, "/")
+}
+
+// overTLS: w's node is reached on its cluster port, over TLS.
+func (p peerTransport) overTLS(w directory.Worker) bool {
+	_, ok := p.clusterAddr(w)
+	return ok
+}
+
+func (p peerTransport) clusterAddr(w directory.Worker) (string, bool) {
+	if p.tls == nil || w.NodeID == "" {
+		return "", false
+	}
+	return p.addr(w.NodeID)
 }
 
 // close closes the pooled connections, if the pools are ours (not a
@@ -186,7 +221,7 @@ func (fw *forwarder) forward(w http.ResponseWriter, r *http.Request, rq *instanc
 		httpx.WriteError(w, http.StatusServiceUnavailable, "cluster secret not replicated yet", time.Second)
 		return
 	}
-	base, err := url.Parse(owner.AdvertiseURL)
+	base, err := url.Parse(fw.peer.base(owner))
 	if err != nil {
 		httpx.WriteError(w, http.StatusBadGateway, "owner has an invalid advertise URL", 0)
 		return
@@ -282,7 +317,9 @@ func isHeldStream(in *http.Request, resp *http.Response) bool {
 // the bytes read with its head is no held stream: the proxy copies it and
 // both connections stay alive.
 func (fw *forwarder) holdStream(info *fwdInfo, resp *http.Response) bool {
-	if !fw.keep.holds || !isHeldStream(info.orig, resp) {
+	if !fw.keep.holds || !isHeldStream(info.orig, resp) || fw.peer.overTLS(info.owner) {
+		// The relay loop reads raw descriptors: a stream from an owner
+		// over TLS stays in net/http.
 		return false
 	}
 	chunked := relay.Chunked(resp)
@@ -378,7 +415,7 @@ func (fw *forwarder) forwardError(w http.ResponseWriter, info *fwdInfo, err erro
 	}
 	u := classifyUnanswered(err)
 	info.failure = u.Outcome
-	fw.logger.Warn("owner did not answer", "outcome", u.Outcome, "owner", info.owner.ClientID, "advertise_url", info.owner.AdvertiseURL, "key", info.p.Key.String(), "err", err)
+	fw.logger.Warn("owner did not answer", "outcome", u.Outcome, "owner", info.owner.ClientID, "node", info.owner.NodeID, "url", fw.peer.base(info.owner), "key", info.p.Key.String(), "err", err)
 	u.Write(w)
 }
 
@@ -400,7 +437,7 @@ var wireBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2<<10); return &
 // reached with scheme: no body or a buffered one, no Upgrade, plain http,
 // the front door's own transport.
 func (fw *forwarder) fastForwardable(r *http.Request, rq *instanceRequest, scheme string) bool {
-	return fw.sync != nil && scheme == "http" && rq.retryable && len(rq.body) <= httpx.SyncBodyLimit &&
+	return fw.sync != nil && scheme == fw.sync.Scheme() && rq.retryable && len(rq.body) <= httpx.SyncBodyLimit &&
 		r.Header["Upgrade"] == nil &&
 		// ReverseProxy re-encodes a query holding ';' or a bad escape;
 		// leave those to it.
@@ -511,9 +548,10 @@ func (fw *forwarder) forwardWire(w http.ResponseWriter, r *http.Request, info *f
 		panic(http.ErrAbortHandler)
 	}
 	_ = resp.Body.Close() // now, to read the trailers
-	// An owner advertised by name stays with net/http: the loop does not
-	// resolve names, so it would give every request back.
-	if resp.ContentLength >= 0 && announced == 0 && len(resp.Trailer) == 0 && ipLiteral(addr) && fw.keep.adopt(w, r) {
+	// An owner the loop cannot reach (advertised by name: the loop does not
+	// resolve names) stays with net/http: the loop would give every request
+	// back.
+	if resp.ContentLength >= 0 && announced == 0 && len(resp.Trailer) == 0 && fw.ownerBase(info.owner).host != "" && fw.keep.adopt(w, r) {
 		return true // the connection's next requests go to the kept-alive loop
 	}
 	if len(resp.Trailer) > 0 {
@@ -582,7 +620,7 @@ func (fw *forwarder) routeForward(h *relay.ReqHead, p directory.Placement, owner
 		return relay.Forward{}, false // forwards go through the Transport the front door was given
 	}
 	secret := fw.dir.Machine().Secret()
-	base := fw.ownerBase(owner.AdvertiseURL)
+	base := fw.ownerBase(owner)
 	if len(secret) == 0 || base.host == "" {
 		return relay.Forward{}, false
 	}
@@ -619,22 +657,24 @@ func ownerRefused(status int, marker string) bool {
 	return plugins.ClassifyAnswer(status, marker) != plugins.AnswerServed
 }
 
-// loopBase is an owner's advertise URL as the loop uses it: host (an IP
-// and a port) and path prefix; host "" if the loop cannot use it (not
-// plain http, or a name it would have to resolve).
-type loopBase struct{ host, path string }
+// loopBase is where the loop sends an owner's hop: host (an IP and a
+// port) and path prefix; host "" if the loop cannot use it (TLS, or a name
+// it would have to resolve). via is the cluster address it was made for
+// ("" without mutual TLS).
+type loopBase struct{ host, path, via string }
 
-// ownerBase parses an advertise URL once; workers are few and their URLs
-// stable, so the cache stays small.
-func (fw *forwarder) ownerBase(advertise string) loopBase {
-	if b, ok := fw.bases.Load(advertise); ok {
+// ownerBase is peerTransport.base for the loop, parsed once per worker;
+// workers are few and their addresses stable, so the cache stays small.
+func (fw *forwarder) ownerBase(owner directory.Worker) loopBase {
+	via, _ := fw.peer.clusterAddr(owner)
+	if b, ok := fw.bases.Load(owner.AdvertiseURL); ok && b.(loopBase).via == via {
 		return b.(loopBase)
 	}
-	var b loopBase
-	if u, err := url.Parse(advertise); err == nil && u.Scheme == "http" && ipLiteral(u.Host) {
-		b = loopBase{host: u.Host, path: strings.TrimSuffix(u.Path, "/")}
+	b := loopBase{via: via}
+	if u, err := url.Parse(fw.peer.base(owner)); err == nil && u.Scheme == "http" && ipLiteral(u.Host) {
+		b.host, b.path = u.Host, strings.TrimSuffix(u.Path, "/")
 	}
-	fw.bases.Store(advertise, b)
+	fw.bases.Store(owner.AdvertiseURL, b)
 	return b
 }
 

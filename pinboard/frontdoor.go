@@ -2,6 +2,7 @@ package pinboard
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
@@ -41,9 +42,17 @@ type FrontDoorConfig struct {
 	Ready func() bool
 	// Status returns extra status for /_pinned/status (plugins, instances).
 	Status func() map[string]any
-	// Transport carries node-to-node requests; nil is a plain
-	// http.Transport. Mutual TLS between nodes plugs in here.
+	// Transport carries node-to-node requests; nil is the front door's own
+	// (over PeerTLS, if set). Tests plug in here.
 	Transport http.RoundTripper
+	// PeerTLS, with the cluster's mutual TLS, is the client side of
+	// node-to-node requests, and PeerAddr the cluster address of a member
+	// node: its peer routes (the hop's owner side, wake, stats,
+	// wind-down) are reached there, and this front door serves them only
+	// through PeerHandler, on its own cluster port. nil: an insecure
+	// cluster, whose nodes call each other's advertise URLs.
+	PeerTLS  *tls.Config
+	PeerAddr func(nodeID string) (string, bool)
 	// Policy chooses the worker for a new placement.
 	Policy PlacementPolicy
 	// TrustedProxies are the peers whose forwarding headers name the
@@ -152,7 +161,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		trustedProxies: cfg.TrustedProxies, affinityKey: cfg.AffinityKey, clusterCalls: cfg.ClusterCalls,
 		bodyReadTimeout: cfg.BodyReadTimeout, accessLog: cfg.AccessLog, fastPath: cfg.FastPath,
 		peerAddrs: cfg.PeerAddrs, capPerIP: cfg.MaxConnsPerIP > 0,
-		transport: newPeerTransport(cfg.Transport),
+		transport: newPeerTransport(cfg.Transport, cfg.PeerTLS, cfg.PeerAddr),
 	}
 	f.res = newResolver(cfg.Dir, cfg.Worker, cfg.Local, cfg.Policy, cfg.Quarantine, cfg.Logger)
 	f.keep = newKeptAlive(loopRouter{f}, cfg.FastPath, cfg.AccessLog, cfg.Logger)
@@ -160,7 +169,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 	f.fwd = newForwarder(cfg.Dir, f.res, f.keep, f.transport, cfg.Logger, f.routeRequest)
 	f.api = &api{
 		dir: cfg.Dir, worker: cfg.Worker, registry: cfg.Registry, tokens: cfg.Tokens, res: f.res, owner: f.owner,
-		client: f.transport.client, logger: cfg.Logger, quarantine: cfg.Quarantine, stopping: f.stopping.Load,
+		peer: f.transport, logger: cfg.Logger, quarantine: cfg.Quarantine, stopping: f.stopping.Load,
 		metrics: cfg.Metrics, metricsPublic: cfg.MetricsPublic, health: cfg.Health, ready: cfg.Ready, status: cfg.Status,
 		workerStats: cfg.WorkerStats, drainHook: cfg.Drain, windDown: cfg.WindDown, reload: cfg.Reload,
 	}

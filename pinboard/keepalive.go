@@ -85,7 +85,7 @@ func (k *keptAlive) close() error {
 // handler must then return at once.
 func (k *keptAlive) adopt(w http.ResponseWriter, r *http.Request) bool {
 	if !k.on.Load() || k.stopped.Load() || k.never ||
-		r.ProtoMajor != 1 || r.ProtoMinor != 1 || r.TLS != nil || r.Close {
+		r.ProtoMajor != 1 || r.ProtoMinor != 1 || r.TLS != nil || r.Close || fromPeer(r) {
 		return false
 	}
 	rc := http.NewResponseController(w)
@@ -113,7 +113,7 @@ func (k *keptAlive) adopt(w http.ResponseWriter, r *http.Request) bool {
 // says none of r's body is left unread: the connection's next requests
 // are the loop's.
 func (k *keptAlive) serveAdopting(w http.ResponseWriter, r *http.Request, bodyRead func() bool, serve func(http.ResponseWriter)) {
-	if !k.on.Load() || k.never {
+	if !k.on.Load() || k.never || fromPeer(r) {
 		serve(w)
 		return
 	}

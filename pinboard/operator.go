@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -215,13 +214,13 @@ func (a *api) windDownOn(ctx context.Context, wk directory.Worker, ns, id string
 		return a.localWindDown(ns, id, atMs), nil
 	}
 	body, _ := json.Marshal(map[string]any{"namespace": ns, "id": id, "deadlineUnixMs": atMs})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(wk.AdvertiseURL, "/")+windDownPath, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.peer.base(wk)+windDownPath, bytes.NewReader(body))
 	if err != nil {
 		return 0, err
 	}
 	gen := max(a.dir.Machine().AppliedIndex(), 1)
 	req.Header.Set(AttestationHeader, SignFor(a.dir.Machine().Secret(), wk.SessionID, Attestation{Target: wk.ClientID, Caller: a.res.selfID(), Generation: gen, At: time.Now()}, http.MethodPost, windDownPath))
-	resp, err := a.client.Do(req)
+	resp, err := a.peer.client.Do(req)
 	if err != nil {
 		return 0, err
 	}

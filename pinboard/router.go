@@ -2,6 +2,7 @@ package pinboard
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -95,6 +96,10 @@ func (f *FrontDoor) serve(w http.ResponseWriter, r *http.Request) {
 			httpx.WriteError(w, http.StatusInternalServerError, "internal error", 0)
 		}
 	}()
+	if f.transport.secure() && !fromPeer(r) && isPeerRoute(r.URL.Path) {
+		httpx.WriteError(w, http.StatusForbidden, "a node-to-node route: served only on the cluster port, over mutual TLS", 0)
+		return
+	}
 	if strings.HasPrefix(r.URL.Path, ownerRoutePrefix+"/") {
 		f.owner.owned(w, r)
 		return
@@ -111,6 +116,28 @@ func (f *FrontDoor) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	f.mux.ServeHTTP(w, r)
 }
+
+// isPeerRoute: p is one of the routes only other nodes call (the owner
+// side of the hop, wake, stats, wind-down).
+func isPeerRoute(p string) bool {
+	return strings.HasPrefix(p, ownerRoutePrefix+"/") || strings.HasPrefix(p, wakePrefix+"/") ||
+		p == statsPath || p == windDownPath
+}
+
+type peerKey struct{}
+
+// PeerHandler serves the front door to the cluster's other nodes, on the
+// cluster port (raftstore.Store.ServePeers authenticates them): the peer
+// routes, and everything else as the front door does. Its connections stay
+// in net/http.
+func (f *FrontDoor) PeerHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), peerKey{}, true)))
+	})
+}
+
+// fromPeer: r came through PeerHandler.
+func fromPeer(r *http.Request) bool { return r.Context().Value(peerKey{}) != nil }
 
 // isInstancePath: anything whose first segment is not one of the front
 // door's own (reserved names, or starting with "_").

@@ -59,7 +59,7 @@ func (a *api) registryStats(w http.ResponseWriter, r *http.Request) {
 		go func() {
 			defer wg.Done()
 			entry := map[string]any{}
-			err := a.fetchStats(ctx, secret, gen, wk.ClientID, wk.SessionID, wk.AdvertiseURL, &entry)
+			err := a.fetchStats(ctx, secret, gen, wk.ClientID, wk.SessionID, a.peer.base(wk), &entry)
 			if err != nil {
 				entry = map[string]any{"error": err.Error()}
 			}
@@ -77,16 +77,16 @@ func (a *api) registryStats(w http.ResponseWriter, r *http.Request) {
 	httpx.WriteJSON(w, http.StatusOK, map[string]any{"workers": out})
 }
 
-func (a *api) fetchStats(ctx context.Context, secret []byte, gen uint64, target, session, advertise string, into *map[string]any) error {
+func (a *api) fetchStats(ctx context.Context, secret []byte, gen uint64, target, session, base string, into *map[string]any) error {
 	if len(secret) == 0 {
 		return fmt.Errorf("no cluster secret yet")
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(advertise, "/")+statsPath, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+statsPath, nil)
 	if err != nil {
 		return err
 	}
 	req.Header.Set(AttestationHeader, SignFor(secret, session, Attestation{Target: target, Caller: a.res.selfID(), Generation: gen, At: time.Now()}, http.MethodGet, statsPath))
-	resp, err := a.client.Do(req)
+	resp, err := a.peer.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("unreachable: %w", err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/pinnedd/pinnedd/pinboard/directory"
@@ -28,7 +27,7 @@ func (f *FrontDoor) Wake(ctx context.Context, key directory.Key) (bool, error) {
 	if p.Owner == f.res.selfID() {
 		return true, f.owner.wakeLocal(ctx, p)
 	}
-	if err := wakeOn(ctx, f.transport.client, f.dir.Machine().Secret(), f.res.selfID(), p, owner); err != nil {
+	if err := wakeOn(ctx, f.transport, f.dir.Machine().Secret(), f.res.selfID(), p, owner); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -36,14 +35,14 @@ func (f *FrontDoor) Wake(ctx context.Context, key directory.Key) (bool, error) {
 
 // wakeOn asks owner's node to activate p's instance (POST
 // /_pinned/wake/<ns>/<id>, attested by caller).
-func wakeOn(ctx context.Context, client *http.Client, secret []byte, caller string, p directory.Placement, owner directory.Worker) error {
+func wakeOn(ctx context.Context, peer peerTransport, secret []byte, caller string, p directory.Placement, owner directory.Worker) error {
 	path := wakePrefix + p.Key.Namespace + "/" + p.Key.ID
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(owner.AdvertiseURL, "/")+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, peer.base(owner)+path, nil)
 	if err != nil {
 		return err
 	}
 	req.Header.Set(AttestationHeader, SignFor(secret, owner.SessionID, Attestation{Target: owner.ClientID, Caller: caller, Generation: p.Generation, At: time.Now()}, http.MethodPost, path))
-	resp, err := client.Do(req)
+	resp, err := peer.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("wake %s on %s: %w", p.Key, owner.AdvertiseURL, err)
 	}

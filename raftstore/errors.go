@@ -29,6 +29,9 @@ var (
 	ErrBadRequest = errors.New("raftstore: bad request")
 	// ErrUnauthorized means the authorize hook rejected an RPC.
 	ErrUnauthorized = errors.New("raftstore: unauthorized")
+	// ErrForbidden means an RPC came on a port that does not serve it (a node-to-node call on
+	// the public port of a cluster running mutual TLS), or from a node no longer a member.
+	ErrForbidden = errors.New("raftstore: forbidden")
 	// ErrLastVoter means the operation would remove the only voter and so destroy the cluster.
 	ErrLastVoter = errors.New("raftstore: refusing to remove the last voter")
 	// ErrStorageFault means a write to this node's Raft log or stable store failed (a full disk,

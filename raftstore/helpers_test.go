@@ -161,6 +161,10 @@ func startNodeSM(t testing.TB, id, dir, raftAddr string, bootstrap bool, mod fun
 		t.Fatalf("open %s: %v", id, err)
 	}
 	n.s = s
+	// As the agent does: the cluster port's HTTP, for forwards to the leader over TLS.
+	s.ServePeers(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "peer "+r.URL.Path)
+	}))
 	h := s.Handler(func(r *http.Request) bool { return r.Header.Get("Authorization") == "Bearer secret" })
 	n.handler.Store(&h)
 	t.Cleanup(n.close)

@@ -7,12 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/clustertls"
+	"github.com/pinnedd/pinnedd/internal/httpx"
 )
 
 // HandlerPrefix is the path prefix Handler serves; mount it as mux.Handle(HandlerPrefix, h).
@@ -71,6 +71,7 @@ const (
 	codeClosed         = "closed"
 	codeBadRequest     = "bad_request"
 	codeUnauthorized   = "unauthorized"
+	codeForbidden      = "forbidden"
 	codeLastVoter      = "last_voter"
 	codeUnknownMember  = "unknown_member"
 	codeNoClusterCA    = "no_cluster_ca"
@@ -93,15 +94,12 @@ const (
 // set); any other request may be forwarded once to the leader. authorize decides every
 // request (e.g. check the bearer token); nil allows all, which only suits tests and closed
 // networks.
+//
+// With mutual TLS, node-to-node calls (apply, meta, and whatever a follower forwards) travel
+// only over the cluster port (ServePeers): Handler, for the public port, refuses them whatever
+// token they carry, and keeps what an operator or a joining node asks.
 func (s *Store) Handler(authorize func(*http.Request) bool) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+HandlerPrefix+"apply", s.handleApply)
-	mux.HandleFunc("POST "+HandlerPrefix+"join", s.handleJoin)
-	mux.HandleFunc("POST "+HandlerPrefix+"remove", s.handleRemove)
-	mux.HandleFunc("POST "+HandlerPrefix+"meta", s.handleMeta)
-	mux.HandleFunc("GET "+HandlerPrefix+"members", s.handleMembers)
-	mux.HandleFunc("POST "+HandlerPrefix+"certificate", s.handleCertificate)
-	mux.HandleFunc("GET "+HandlerPrefix+"ca", s.handleCA)
+	mux := s.routes(s.stream == nil)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The CA certificate is public and its pin reveals nothing of the token: a joining
 		// node reads both before it sends the token anywhere.
@@ -110,8 +108,35 @@ func (s *Store) Handler(authorize func(*http.Request) bool) http.Handler {
 			writeError(w, fmt.Errorf("%w: missing or wrong bearer token for %s", ErrUnauthorized, r.URL.Path))
 			return
 		}
+		if s.stream != nil && forwarded(r) {
+			writeError(w, errPeerOnly(r))
+			return
+		}
 		mux.ServeHTTP(w, r)
 	})
+}
+
+// routes are the RPCs; peer says whether node-to-node ones (apply, meta) are served.
+func (s *Store) routes(peer bool) *http.ServeMux {
+	mux := http.NewServeMux()
+	nodeToNode := func(h http.HandlerFunc) http.HandlerFunc {
+		if peer {
+			return h
+		}
+		return func(w http.ResponseWriter, r *http.Request) { writeError(w, errPeerOnly(r)) }
+	}
+	mux.HandleFunc("POST "+HandlerPrefix+"apply", nodeToNode(s.handleApply))
+	mux.HandleFunc("POST "+HandlerPrefix+"meta", nodeToNode(s.handleMeta))
+	mux.HandleFunc("POST "+HandlerPrefix+"join", s.handleJoin)
+	mux.HandleFunc("POST "+HandlerPrefix+"remove", s.handleRemove)
+	mux.HandleFunc("GET "+HandlerPrefix+"members", s.handleMembers)
+	mux.HandleFunc("POST "+HandlerPrefix+"certificate", s.handleCertificate)
+	mux.HandleFunc("GET "+HandlerPrefix+"ca", s.handleCA)
+	return mux
+}
+
+func errPeerOnly(r *http.Request) error {
+	return fmt.Errorf("%w: %s is a node-to-node call: it is served only on the cluster port, over mutual TLS", ErrForbidden, r.URL.Path)
 }
 
 func forwarded(r *http.Request) bool { return r.Header.Get(forwardedHeader) != "" }
@@ -337,6 +362,8 @@ func writeError(w http.ResponseWriter, err error) {
 		status, code = http.StatusBadRequest, codeBadRequest
 	case errors.Is(err, ErrUnauthorized):
 		status, code = http.StatusUnauthorized, codeUnauthorized
+	case errors.Is(err, ErrForbidden):
+		status, code = http.StatusForbidden, codeForbidden
 	case errors.Is(err, ErrLastVoter):
 		status, code = http.StatusConflict, codeLastVoter
 	case errors.Is(err, ErrUnknownMember):
@@ -353,11 +380,13 @@ func writeError(w http.ResponseWriter, err error) {
 // call sends one RPC to the node at baseURL. forwarded marks it as sent by a raftstore node to
 // the leader.
 func (s *Store) call(ctx context.Context, baseURL, op string, body []byte, forwarded bool) ([]byte, error) {
-	return doRPC(ctx, s.client, baseURL, s.cfg.Token, http.MethodPost, op, "application/octet-stream", body, forwarded)
+	client, token := s.clientFor()
+	return doRPC(ctx, client, baseURL, token, http.MethodPost, op, "application/octet-stream", body, forwarded)
 }
 
 func (s *Store) callJSON(ctx context.Context, baseURL, op string, in, out any, forwarded bool) error {
-	return callJSON(ctx, s.client, baseURL, s.cfg.Token, op, in, out, forwarded)
+	client, token := s.clientFor()
+	return callJSON(ctx, client, baseURL, token, op, in, out, forwarded)
 }
 
 func callJSON(ctx context.Context, client *http.Client, baseURL, token, op string, in, out any, forwarded bool) error {
@@ -406,9 +435,8 @@ func doRPC(ctx context.Context, client *http.Client, baseURL, token, method, op,
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		var opErr *net.OpError
-		if errors.As(err, &opErr) && opErr.Op == "dial" {
-			// Never reached the node: nothing was started there.
+		if httpx.NotSent(err) {
+			// Never reached the node (no connection, no handshake): nothing was started there.
 			return nil, fmt.Errorf("raftstore: %s via %s: %w: %w", op, baseURL, ErrNoLeader, err)
 		}
 		if cause := context.Cause(ctx); errors.Is(cause, ErrLeaderChanged) {
@@ -467,6 +495,8 @@ func remoteError(op, baseURL string, status int, data []byte) *RemoteError {
 		e.sentinel = ErrBadRequest
 	case codeUnauthorized:
 		e.sentinel = ErrUnauthorized
+	case codeForbidden:
+		e.sentinel = ErrForbidden
 	case codeLastVoter:
 		e.sentinel = ErrLastVoter
 	case codeUnknownMember:

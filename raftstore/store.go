@@ -2,6 +2,7 @@ package raftstore
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -56,6 +57,11 @@ type Store struct {
 	client    *http.Client
 	// closeClient closes the connections of a client Open made itself.
 	closeClient func()
+	// peerTLS and peerClient call other nodes' cluster ports, with mutual TLS (nil without).
+	peerTLS    *tls.Config
+	peerClient *http.Client
+	members    memberCache
+	peerSrv    atomic.Pointer[http.Server] // ServePeers'
 
 	notifyCh chan bool
 	obsCh    chan raft.Observation
@@ -192,6 +198,11 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		if err := s.setupTLS(); err != nil {
 			return nil, err
 		}
+		s.peerTLS = s.ident.ClientConfig(alpnHTTP)
+		tr := &http.Transport{TLSClientConfig: s.peerTLS, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}
+		sync := &httpx.SyncTransport{TLS: s.peerTLS, Fallback: tr, MaxIdlePerHost: 64, DialTimeout: 5 * time.Second}
+		s.peerClient = &http.Client{Transport: sync}
+		cleanups = append(cleanups, func() { sync.Close(); tr.CloseIdleConnections() })
 		ln, err := net.Listen("tcp", cfg.RaftAddr)
 		if err != nil {
 			return nil, fmt.Errorf("raftstore: raft transport on %s: %w", cfg.RaftAddr, err)
@@ -687,8 +698,12 @@ func (s *Store) shutdown(ctx context.Context, graceful bool) error {
 			err = cerr
 		}
 		_ = s.lock.Close() // releases the data dir for the next process
+		s.stopPeers()
 		if s.closeClient != nil {
 			s.closeClient()
+		}
+		if s.peerClient != nil {
+			s.peerClient.CloseIdleConnections()
 		}
 		if err != nil {
 			s.closeErr = fmt.Errorf("raftstore: shutdown: %w", err)
@@ -742,7 +757,7 @@ func (s *Store) onLeader(ctx context.Context, op string, local func(context.Cont
 		var err error
 		if s.IsLeader() {
 			err = local(ctx)
-		} else if id, api := s.Leader(); id != "" && id != s.cfg.NodeID && api != "" {
+		} else if id, api := s.leaderBase(); id != "" && id != s.cfg.NodeID && api != "" {
 			rctx, stop := s.whileLeader(ctx, id)
 			err = remote(rctx, api)
 			stop()

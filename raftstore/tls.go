@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -50,7 +51,9 @@ type tlsStream struct {
 	allow     func(nodeID string) error
 	log       *slog.Logger
 
-	conns   chan net.Conn
+	conns   chan net.Conn // Raft's
+	http    chan net.Conn // the cluster port's HTTP (ServePeers)
+	dialCfg *tls.Config
 	pending chan struct{}
 	done    chan struct{}
 	once    sync.Once
@@ -65,6 +68,8 @@ func newTLSStream(ln net.Listener, advertise net.Addr, id *clustertls.Identity, 
 	s := &tlsStream{
 		ln: ln, advertise: advertise, id: id, allow: allow, log: log,
 		conns:    make(chan net.Conn),
+		http:     make(chan net.Conn),
+		dialCfg:  id.ClientConfig(alpnRaft),
 		pending:  make(chan struct{}, maxPendingHandshakes),
 		done:     make(chan struct{}),
 		accepted: map[*peerConn]string{},
@@ -74,7 +79,7 @@ func newTLSStream(ln net.Listener, advertise net.Addr, id *clustertls.Identity, 
 }
 
 func (s *tlsStream) acceptLoop() {
-	cfg := s.id.ServerConfig()
+	cfg := s.id.ServerConfig(alpnRaft, alpnHTTP)
 	for {
 		raw, err := s.ln.Accept()
 		if err != nil {
@@ -95,7 +100,7 @@ func (s *tlsStream) acceptLoop() {
 		case s.pending <- struct{}{}:
 			go s.handshake(raw, cfg)
 		default:
-			s.log.Warn("refused a raft connection: too many handshakes under way", "remote", raw.RemoteAddr().String())
+			s.log.Warn("refused a cluster connection: too many handshakes under way", "remote", raw.RemoteAddr().String())
 			_ = raw.Close()
 		}
 	}
@@ -111,19 +116,42 @@ func (s *tlsStream) handshake(raw net.Conn, cfg *tls.Config) {
 		node = clustertls.PeerNodeID(conn.ConnectionState())
 		err = s.allow(node)
 	}
+	var pre []byte
+	proto := conn.ConnectionState().NegotiatedProtocol
+	if err == nil && proto == "" {
+		// No ALPN: the first byte tells (see alpnRaft).
+		var b [1]byte
+		if _, err = io.ReadFull(conn, b[:]); err == nil {
+			pre = b[:]
+			if 'A' <= b[0] && b[0] <= 'Z' {
+				proto = alpnHTTP
+			}
+		}
+	}
 	if err != nil {
-		s.log.Warn("refused a raft connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
+		s.log.Warn("refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
 		_ = raw.Close()
 		return
 	}
 	_ = raw.SetDeadline(time.Time{})
-	pc := &peerConn{Conn: conn, stream: s}
-	s.mu.Lock()
-	s.accepted[pc] = node
-	s.mu.Unlock()
+	pc := &peerConn{Conn: conn, stream: s, node: node, pre: pre}
+	to := s.http
+	if proto != alpnHTTP {
+		// Raft's connections are swept when their node is removed; HTTP's
+		// check membership per request instead (ServePeers), so a removal
+		// does not cut the answer to the request that made it.
+		to = s.conns
+		s.mu.Lock()
+		s.accepted[pc] = node
+		s.mu.Unlock()
+	}
+	t := time.NewTimer(handshakeTimeout) // nobody serving HTTP (ServePeers never called)
+	defer t.Stop()
 	select {
-	case s.conns <- pc:
+	case to <- pc:
 	case <-s.done:
+		_ = pc.Close()
+	case <-t.C:
 		_ = pc.Close()
 	}
 }
@@ -154,11 +182,7 @@ func (s *tlsStream) Addr() net.Addr { return s.advertise }
 // Dial connects to a member, presenting this node's certificate and accepting only a server
 // certificate from the cluster CA.
 func (s *tlsStream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	cfg, err := s.id.ClientConfig()
-	if err != nil {
-		return nil, err
-	}
-	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: timeout}, Config: cfg}
+	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: timeout}, Config: s.dialCfg}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	return d.DialContext(ctx, "tcp", string(address))
@@ -187,10 +211,40 @@ func (s *tlsStream) nodeOf(c *peerConn) string {
 	return s.accepted[c]
 }
 
+// httpListener hands out the authenticated connections that asked for HTTP.
+func (s *tlsStream) httpListener() net.Listener { return httpListener{s} }
+
+type httpListener struct{ s *tlsStream }
+
+func (l httpListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.s.http:
+		return c, nil
+	case <-l.s.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l httpListener) Close() error   { return nil } // the stream's Close closes the port
+func (l httpListener) Addr() net.Addr { return l.s.advertise }
+
+// peerConn is an inbound connection from the member node, with the byte read to tell its
+// protocol, if one was.
 type peerConn struct {
 	net.Conn
 	stream *tlsStream
+	node   string
+	pre    []byte
 	once   sync.Once
+}
+
+func (c *peerConn) Read(p []byte) (int, error) {
+	if len(c.pre) > 0 && len(p) > 0 {
+		n := copy(p, c.pre)
+		c.pre = c.pre[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
 }
 
 func (c *peerConn) Close() error {
@@ -324,9 +378,10 @@ func (s *Store) allowPeer(nodeID string) error {
 	return fmt.Errorf("node %q is not a member of the Raft configuration (removed, or never joined)", nodeID)
 }
 
-// configurationCommitted sweeps connections from nodes a committed configuration no longer
-// holds.
+// configurationCommitted records the members, and sweeps connections from nodes a committed
+// configuration no longer holds.
 func (s *Store) configurationCommitted(c raft.Configuration) {
+	s.members.set(c)
 	if s.stream == nil || len(c.Servers) == 0 {
 		return
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -118,10 +119,7 @@ func TestTLSStreamAcceptsOnlyClusterMembers(t *testing.T) {
 	otherCA := &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true,
 		// Sent whatever CAs the server asks for (Go's client would otherwise send none).
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &evilPair, nil }}
-	removed, err := identityFrom(t, ca, "removed").ClientConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
+	removed := identityFrom(t, ca, "removed").ClientConfig(alpnRaft)
 	for name, cfg := range map[string]*tls.Config{"plain tcp": nil, "no certificate": noCert, "another CA": otherCA, "a non-member": removed} {
 		err := refused(t, addr, cfg)
 		t.Logf("%s: refused: %v", name, err)
@@ -133,7 +131,8 @@ func TestTLSStreamAcceptsOnlyClusterMembers(t *testing.T) {
 	}
 
 	// A member's certificate gets through, both ways verified (Dial checks the server's).
-	good := &tlsStream{id: identityFrom(t, ca, "member")}
+	memberID := identityFrom(t, ca, "member")
+	good := &tlsStream{id: memberID, dialCfg: memberID.ClientConfig(alpnRaft)}
 	c, err := good.Dial(raft.ServerAddress(addr), 2*time.Second)
 	if err != nil {
 		t.Fatalf("member dial: %v", err)
@@ -257,10 +256,7 @@ func TestTLSClusterBootstrapJoinRefuse(t *testing.T) {
 	if gone == leader {
 		gone = nodes[1]
 	}
-	goneCfg, err := gone.s.ident.ClientConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
+	goneCfg := gone.s.ident.ClientConfig(alpnRaft)
 	if err := leader.s.Remove(ctxTimeout(t, 10*time.Second), gone.id); err != nil {
 		t.Fatal(err)
 	}
@@ -369,4 +365,102 @@ func TestTLSJoinThroughAJoiningMember(t *testing.T) {
 	}
 	mustApply(t, n1, "a")
 	converged(t, []*testNode{n1, n2, n3}, []string{"a"})
+}
+
+// The cluster port's HTTP: a member reaches ServePeers' handler and raftstore's node-to-node
+// RPCs, asking for it by ALPN or not (a proxy that cannot); a follower's Apply travels there;
+// the public port refuses node-to-node RPCs whatever token they carry; a removed node's
+// connection is closed and a new one refused.
+func TestTLSClusterPortHTTP(t *testing.T) {
+	n1 := startNode(t, "n1", t.TempDir(), "", true, tlsOn)
+	waitLeader(t, n1)
+	nodes := []*testNode{n1}
+	for _, id := range []string{"n2", "n3"} {
+		n := startNode(t, id, t.TempDir(), "", false, tlsOn)
+		joinTLS(t, n1.srv.URL, n)
+		nodes = append(nodes, n)
+	}
+	leader := leaderOf(t, nodes)
+	follower := followerOf(nodes, leader)
+	if got := mustApply(t, follower, "via-peer"); got == "" {
+		t.Fatal("no result")
+	}
+	converged(t, nodes, []string{"via-peer"})
+
+	get := func(cfg *tls.Config, addr, path string) (int, string, error) {
+		c := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 5 * time.Second}
+		defer c.CloseIdleConnections()
+		resp, err := c.Get("https://" + addr + path)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), nil
+	}
+	withALPN := follower.s.PeerTLS()
+	noALPN := withALPN.Clone()
+	noALPN.NextProtos = nil
+	for name, cfg := range map[string]*tls.Config{"alpn": withALPN, "no alpn": noALPN} {
+		code, body, err := get(cfg, leader.s.RaftAddr(), "/x/y")
+		if err != nil || code != 200 || body != "peer /x/y" {
+			t.Fatalf("%s: %d %q %v", name, code, body, err)
+		}
+		code, body, err = get(cfg, leader.s.RaftAddr(), HandlerPrefix+"members")
+		if err != nil || code != 200 || !strings.Contains(body, `"n3"`) {
+			t.Fatalf("%s: members: %d %q %v", name, code, body, err)
+		}
+	}
+	if addr, ok := follower.s.PeerAddr(leader.id); !ok || addr != leader.s.RaftAddr() {
+		t.Fatalf("PeerAddr(%s) = %q %v, want %s", leader.id, addr, ok, leader.s.RaftAddr())
+	}
+	if _, ok := follower.s.PeerAddr("nobody"); ok {
+		t.Fatal("PeerAddr of a non-member")
+	}
+
+	// The public port: apply, meta and a forwarded join are node-to-node, refused with the token.
+	for _, op := range []string{"apply", "meta"} {
+		_, err := doRPC(t.Context(), nil, leader.srv.URL, "secret", http.MethodPost, op, "application/json", []byte(`{}`), false)
+		if !errors.Is(err, ErrForbidden) {
+			t.Fatalf("%s on the public port: %v, want ErrForbidden", op, err)
+		}
+	}
+	err := callJSON(t.Context(), nil, leader.srv.URL, "secret", "join", joinRequest{ID: "evil", RaftAddr: "127.0.0.1:1"}, nil, true)
+	if !errors.Is(err, ErrForbidden) {
+		t.Fatalf("a forwarded join on the public port: %v, want ErrForbidden", err)
+	}
+
+	// Removed: a request on its open connection is refused (and the connection closed), a new
+	// connection is refused in the handshake.
+	gone := nodes[2]
+	if gone == leader {
+		gone = nodes[1]
+	}
+	goneCfg := gone.s.PeerTLS()
+	tr := &http.Transport{TLSClientConfig: goneCfg}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+	resp, err := c.Get("https://" + leader.s.RaftAddr() + "/before")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err := leader.s.Remove(ctxTimeout(t, 10*time.Second), gone.id); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitForErr(t, 5*time.Second, "the removed node refused", func() error {
+		resp, err := c.Get("https://" + leader.s.RaftAddr() + "/after")
+		if err != nil {
+			return nil
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusForbidden && resp.Close {
+			return nil
+		}
+		return fmt.Errorf("answered %d", resp.StatusCode)
+	})
+	if _, _, err := get(goneCfg, leader.s.RaftAddr(), "/new"); err == nil {
+		t.Fatal("a removed node's new connection was served")
+	}
 }

@@ -429,11 +429,13 @@ func (id *Identity) CAPEM() []byte {
 	return nil
 }
 
-// ServerConfig accepts only TLS 1.3 clients that present a certificate from the cluster CA.
-// Until a certificate is installed every handshake fails.
-func (id *Identity) ServerConfig() *tls.Config {
+// ServerConfig accepts only TLS 1.3 clients that present a certificate from the cluster CA,
+// offering the application protocols protos (ALPN) in order of preference. Until a certificate
+// is installed every handshake fails.
+func (id *Identity) ServerConfig(protos ...string) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
+		NextProtos: protos,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 			m := id.cur.Load()
 			if m == nil {
@@ -441,6 +443,7 @@ func (id *Identity) ServerConfig() *tls.Config {
 			}
 			return &tls.Config{
 				MinVersion:   tls.VersionTLS13,
+				NextProtos:   protos,
 				Certificates: []tls.Certificate{m.cert},
 				ClientAuth:   tls.RequireAndVerifyClientCert,
 				ClientCAs:    m.pool,
@@ -450,21 +453,35 @@ func (id *Identity) ServerConfig() *tls.Config {
 }
 
 // ClientConfig presents this node's certificate and accepts only a server certificate from the
-// cluster CA. Node addresses come from the Raft configuration, not from names, so no host name
-// is checked: the CA is the trust, the certificate's CommonName the node.
-func (id *Identity) ClientConfig() (*tls.Config, error) {
-	m := id.cur.Load()
-	if m == nil {
-		return nil, ErrNoIdentity
-	}
-	return &tls.Config{
+// cluster CA, asking for the application protocol proto (ALPN; "" none). It reads the identity
+// at every handshake, so one config serves for the process's life (a joining node gets its
+// certificate later; its session cache lets reconnects skip the full handshake). Node
+// addresses come from the Raft configuration, not from names, so no host name is checked: the
+// CA is the trust, the certificate's CommonName the node.
+func (id *Identity) ClientConfig(proto string) *tls.Config {
+	cfg := &tls.Config{
 		MinVersion:         tls.VersionTLS13,
-		Certificates:       []tls.Certificate{m.cert},
 		InsecureSkipVerify: true, // replaced by VerifyConnection: the chain, not the name
+		ClientSessionCache: tls.NewLRUClientSessionCache(64),
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			m := id.cur.Load()
+			if m == nil {
+				return nil, ErrNoIdentity
+			}
+			return &m.cert, nil
+		},
 		VerifyConnection: func(cs tls.ConnectionState) error {
+			m := id.cur.Load()
+			if m == nil {
+				return ErrNoIdentity
+			}
 			return verifyChain(cs, m.pool, x509.ExtKeyUsageServerAuth)
 		},
-	}, nil
+	}
+	if proto != "" {
+		cfg.NextProtos = []string{proto}
+	}
+	return cfg
 }
 
 func verifyChain(cs tls.ConnectionState, pool *x509.CertPool, usage x509.ExtKeyUsage) error {

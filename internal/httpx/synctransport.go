@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -28,14 +29,18 @@ const SyncBodyLimit = 64 << 10
 // wake-up, and dropping them takes a large share off a proxy hop (see
 // BenchmarkDataPlane in package supervisor), and two goroutines off every
 // held stream. Upgrades and streamed or large uploads go to Fallback,
-// which writes and reads concurrently, and so does anything but plain http
-// (TLS is Fallback's).
+// which writes and reads concurrently, and so does any scheme but its own
+// (http, or https with TLS).
 type SyncTransport struct {
 	// Dial opens a connection to addr (the request's URL host). Default:
 	// TCP, with DialTimeout (default 3s) and 30s keep-alives.
 	Dial        func(ctx context.Context, addr string) (net.Conn, error)
 	DialTimeout time.Duration
-	Fallback    http.RoundTripper
+	// TLS, if set, makes every connection a TLS client with this config
+	// (its handshake bounded by DialTimeout too) and the transport's
+	// scheme https: a transport speaks to peers of one kind.
+	TLS      *tls.Config
+	Fallback http.RoundTripper
 	// MaxIdlePerHost bounds the pool per host (default 256).
 	MaxIdlePerHost int
 	// ResponseHeaderTimeout, if set, bounds the wait for a response head.
@@ -65,7 +70,7 @@ const ioBuf = 4 << 10
 
 // RoundTrip implements http.RoundTripper.
 func (t *SyncTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.URL.Scheme != "http" || req.Header.Get("Upgrade") != "" || !(req.Body == nil || req.Body == http.NoBody ||
+	if req.URL.Scheme != t.Scheme() || req.Header.Get("Upgrade") != "" || !(req.Body == nil || req.Body == http.NoBody ||
 		(req.ContentLength > 0 && req.ContentLength <= SyncBodyLimit)) {
 		return t.Fallback.RoundTrip(req)
 	}
@@ -77,8 +82,17 @@ func (t *SyncTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.roundTrip(req.Context(), req.URL.Host, req, bodyless, got1xx, func(bw *bufio.Writer) error { return req.Write(bw) })
 }
 
+// Scheme is the URL scheme the transport carries itself: https with TLS,
+// else http.
+func (t *SyncTransport) Scheme() string {
+	if t.TLS != nil {
+		return "https"
+	}
+	return "http"
+}
+
 // RoundTripHead sends a request whose head (and body, if any) the caller
-// wrote already, as HTTP/1.1 bytes, to the plain-http host addr, and reads
+// wrote already, as HTTP/1.1 bytes, to the host addr (over TLS with TLS), and reads
 // the response head. in is the request it answers (its method and context
 // count: cancelling the context interrupts the exchange). A caller that
 // builds the bytes itself skips http.Request's cloning and header sorting;
@@ -318,6 +332,13 @@ func (t *SyncTransport) get(ctx context.Context, addr string, peek bool) (*pconn
 // and spares a request with a body from being written into a dead
 // connection, where its outcome could not be told.
 func alive(c net.Conn) bool {
+	if tc, ok := c.(*tls.Conn); ok {
+		// Bytes waiting under TLS on an idle connection are an alert (a
+		// close_notify) or data nothing asked for: either way not reusable.
+		// A server's session tickets came before the first response, which
+		// the connection's first exchange read past.
+		c = tc.NetConn()
+	}
 	sc, ok := c.(syscall.Conn)
 	if !ok {
 		return true
@@ -337,14 +358,35 @@ func alive(c net.Conn) bool {
 }
 
 func (t *SyncTransport) dial(ctx context.Context, addr string) (net.Conn, error) {
+	timeout := t.DialTimeout
+	if timeout <= 0 {
+		timeout = 3 * time.Second
+	}
+	var c net.Conn
+	var err error
 	if t.Dial != nil {
-		return t.Dial(ctx, addr)
+		c, err = t.Dial(ctx, addr)
+	} else {
+		d := net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
+		c, err = d.DialContext(ctx, "tcp", addr)
 	}
-	d := net.Dialer{Timeout: t.DialTimeout, KeepAlive: 30 * time.Second}
-	if d.Timeout <= 0 {
-		d.Timeout = 3 * time.Second
+	if err != nil || t.TLS == nil {
+		return c, err
 	}
-	return d.DialContext(ctx, "tcp", addr)
+	hctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cfg := t.TLS
+	if cfg.ServerName == "" && !cfg.InsecureSkipVerify {
+		// As net/http's Transport does: the name checked is the host dialed.
+		cfg = cfg.Clone()
+		cfg.ServerName, _, _ = net.SplitHostPort(addr)
+	}
+	tc := tls.Client(c, cfg)
+	if err := tc.HandshakeContext(hctx); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return tc, nil
 }
 
 func (t *SyncTransport) put(pc *pconn) {

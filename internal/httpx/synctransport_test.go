@@ -1,6 +1,7 @@
 package httpx
 
 import (
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -168,3 +169,50 @@ func TestSyncTransportRetriesOnlyIdempotent(t *testing.T) {
 		})
 	}
 }
+
+// With TLS the transport speaks https on the caller's goroutine: one
+// handshake for many requests, a POST after the server dropped the idle
+// connection goes out on a new one, and plain http goes to Fallback.
+func TestSyncTransportTLS(t *testing.T) {
+	var conns atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		io.WriteString(w, "got "+string(b))
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.StartTLS()
+	defer srv.Close()
+	var fellBack atomic.Int32
+	tr := &SyncTransport{
+		TLS: srv.Client().Transport.(*http.Transport).TLSClientConfig,
+		Fallback: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			fellBack.Add(1)
+			return nil, errors.New("fallback")
+		}),
+	}
+	t.Cleanup(tr.Close)
+	c := &http.Client{Transport: tr}
+	for i := 0; i < 3; i++ {
+		if got := post(t, c, srv.URL); got != "got body" {
+			t.Fatalf("POST %d: %q", i, got)
+		}
+	}
+	if conns.Load() != 1 || fellBack.Load() != 0 {
+		t.Fatalf("3 POSTs took %d connections and %d fallbacks, want 1 and 0", conns.Load(), fellBack.Load())
+	}
+	srv.CloseClientConnections()
+	if got := post(t, c, srv.URL); got != "got body" {
+		t.Fatalf("POST after the server closed the idle connection: %q", got)
+	}
+	if _, err := c.Get("http://" + srv.Listener.Addr().String()); err == nil || fellBack.Load() != 1 {
+		t.Fatalf("plain http through a TLS transport: err %v, %d fallbacks, want Fallback's error", err, fellBack.Load())
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

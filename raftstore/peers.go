@@ -1,0 +1,174 @@
+package raftstore
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// The Raft port carries two protocols under the cluster's mutual TLS, told apart by the
+// application protocol the client asked for in its handshake (ALPN): Raft's own RPCs, and
+// HTTP between nodes (ServePeers). A client that asks for none (a node of an earlier version
+// dialing Raft, or a proxy that cannot set ALPN) is told apart by its first byte: Raft's RPCs
+// start with a small type number, HTTP with a method's capital letter.
+const (
+	alpnRaft = "pinnedd-raft"
+	alpnHTTP = "pinnedd-http"
+)
+
+// PeerTLS is the client side of node-to-node HTTP: this node's certificate, the cluster CA,
+// ALPN for the cluster port's HTTP. nil on a cluster without mutual TLS (peers are then called
+// on their public ports). One config for the process's life: it reads the identity at every
+// handshake and keeps sessions to resume.
+func (s *Store) PeerTLS() *tls.Config { return s.peerTLS }
+
+// PeerAddr is the cluster address (host:port of the Raft port, over mutual TLS) of node id, if
+// it is a member of this node's latest Raft configuration. A miss re-reads the configuration at
+// most once a second, so a node no configuration holds (an outside worker) costs a map lookup.
+func (s *Store) PeerAddr(id string) (string, bool) {
+	m := s.members.get(s)
+	addr, ok := m[id]
+	return addr, ok
+}
+
+// clientFor is the client and bearer token for a call to another node: over mutual TLS to its
+// cluster port, with no token (the certificate speaks for this node), or to its public port
+// with the deployment token.
+func (s *Store) clientFor() (*http.Client, string) {
+	if s.peerClient != nil {
+		return s.peerClient, ""
+	}
+	return s.client, s.cfg.Token
+}
+
+// leaderBase is the current leader's id and the base URL its node-to-node RPCs take: its
+// cluster port over TLS, else its public API. "" when no leader is known (or, without TLS,
+// it has not recorded its API address).
+func (s *Store) leaderBase() (id, base string) {
+	addr, lid := s.raft.LeaderWithID()
+	if lid == "" {
+		return "", ""
+	}
+	if s.peerClient != nil {
+		return string(lid), "https://" + string(addr)
+	}
+	return string(lid), s.fsm.apiAddr(string(lid))
+}
+
+// memberCache is the latest configuration's members (id -> Raft address) for the per-request
+// checks of the cluster port and PeerAddr: replaced on every committed configuration, and read
+// again from Raft on a miss, at most once a second.
+type memberCache struct {
+	cur    atomic.Pointer[map[string]string]
+	mu     sync.Mutex
+	readAt time.Time
+}
+
+func (c *memberCache) get(s *Store) map[string]string {
+	if m := c.cur.Load(); m != nil {
+		return *m
+	}
+	return c.reread(s)
+}
+
+// reread reads the configuration from Raft, unless that was done less than a second ago.
+func (c *memberCache) reread(s *Store) map[string]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m := c.cur.Load(); m != nil && time.Since(c.readAt) < time.Second {
+		return *m
+	}
+	c.readAt = time.Now()
+	select {
+	case <-s.raftUp:
+	default:
+		return nil
+	}
+	fut := s.raft.GetConfiguration()
+	if fut.Error() != nil {
+		return nil
+	}
+	c.set(fut.Configuration())
+	return *c.cur.Load()
+}
+
+func (c *memberCache) set(cfg raft.Configuration) {
+	m := make(map[string]string, len(cfg.Servers))
+	for _, srv := range cfg.Servers {
+		m[string(srv.ID)] = string(srv.Address)
+	}
+	c.cur.Store(&m)
+}
+
+// isMember: node may call this node's cluster port. As for Raft (allowPeer), a node with no
+// configuration yet accepts any cluster certificate.
+func (s *Store) isMember(node string) bool {
+	if _, ok := s.members.get(s)[node]; ok {
+		return true
+	}
+	m := s.members.reread(s)
+	_, ok := m[node]
+	return ok || m != nil && len(m) == 0
+}
+
+type peerNodeKey struct{}
+
+// ServePeers serves HTTP between nodes on the cluster port, until Close: raftstore's own
+// node-to-node RPCs under HandlerPrefix, and everything else with h. Only a member of the
+// cluster reaches either: its certificate was checked in the handshake, and its membership is
+// checked again on every request (a removed node's request is answered 403 and its connection
+// closed). It does nothing on a cluster without mutual TLS.
+func (s *Store) ServePeers(h http.Handler) {
+	if s.stream == nil {
+		return
+	}
+	rpc := s.routes(true)
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			node, _ := r.Context().Value(peerNodeKey{}).(string)
+			if !s.isMember(node) {
+				w.Header().Set("Connection", "close")
+				writeError(w, fmt.Errorf("%w: node %q is not a member of the cluster", ErrForbidden, node))
+				return
+			}
+			if strings.HasPrefix(r.URL.Path, HandlerPrefix) {
+				rpc.ServeHTTP(w, r)
+				return
+			}
+			h.ServeHTTP(w, r)
+		}),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			if pc, ok := c.(*peerConn); ok {
+				ctx = context.WithValue(ctx, peerNodeKey{}, pc.node)
+			}
+			return ctx
+		},
+		ReadHeaderTimeout: handshakeTimeout,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    1 << 20,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	s.peerSrv.Store(srv)
+	go func() {
+		if err := srv.Serve(s.stream.httpListener()); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+			s.log.Error("serving the cluster port's HTTP failed", "err", err)
+		}
+	}()
+}
+
+// stopPeers closes the cluster port's HTTP server and its connections.
+func (s *Store) stopPeers() {
+	if srv := s.peerSrv.Load(); srv != nil {
+		_ = srv.Close()
+	}
+}
