@@ -103,7 +103,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		a.tokens.AllowLoopbackAnonymous()
 	}
 	if cfg.InsecureCluster {
-		a.log.Warn("INSECURE CLUSTER: Raft runs without mutual TLS (--insecure-cluster); anyone who reaches --raft-addr can take this cluster over or destroy it")
+		a.log.Warn("INSECURE CLUSTER: Raft and node-to-node calls run without mutual TLS (--insecure-cluster); anyone who reaches --raft-addr or the front door's node-to-node routes can take this cluster over or destroy it")
 	}
 	for _, p := range []struct {
 		part      string

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -53,6 +54,34 @@ func certFrom(t *testing.T, certPEM, keyPEM []byte) *tls.Config {
 	}
 	return &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &pair, nil }}
+}
+
+// readTLSFiles is n's certificate and key, as its join stored them.
+func readTLSFiles(t *testing.T, n *node) (certPEM, keyPEM []byte) {
+	t.Helper()
+	certPEM, err := os.ReadFile(filepath.Join(n.dir, "tls", clustertls.CertFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err = os.ReadFile(filepath.Join(n.dir, "tls", clustertls.KeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return certPEM, keyPEM
+}
+
+// clusterGet is an HTTP GET on a node's cluster port with cfg, and its status.
+func clusterGet(cfg *tls.Config, addr, path string) (int, error) {
+	tr := &http.Transport{TLSClientConfig: cfg}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	resp, err := c.Get("https://" + addr + path)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, nil
 }
 
 // raftLeader is the leader and term via's /registry/health reports.
@@ -155,6 +184,24 @@ func TestRaftMutualTLS(t *testing.T) {
 		t.Fatalf("the follower does not log the refusals: %v", err)
 	}
 
+	// The cluster port's HTTP: a member's certificate reaches it; none, or another CA's, does not.
+	n1Cert, n1Key := readTLSFiles(t, n1)
+	if code, err := clusterGet(certFrom(t, n1Cert, n1Key), follower.raft, "/registry/health"); err != nil || code != 200 {
+		t.Fatalf("a member's GET on the cluster port: %d %v", code, err)
+	}
+	noCert := &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true}
+	for name, cfg := range map[string]*tls.Config{"no certificate": noCert, "another CA's certificate": certFrom(t, evilCert, evilKey)} {
+		if code, err := clusterGet(cfg, follower.raft, "/registry/health"); err == nil {
+			t.Fatalf("%s: the cluster port answered HTTP %d", name, code)
+		}
+	}
+	// The front door refuses the node-to-node routes, token or not.
+	for _, rq := range [][2]string{{"GET", "/_pinned/i/counters/tls/value"}, {"POST", "/_pinned/wake/counters/tls"}, {"POST", "/_raft/apply"}, {"GET", "/_pinned/stats"}} {
+		if r := follower.a.MustDo(rq[0], rq[1], "x"); r.Code != 403 {
+			t.Fatalf("%s %s on the front door with the token: %d %s", rq[0], rq[1], r.Code, r.Body)
+		}
+	}
+
 	// A node leaves; its certificate (from the cluster CA, still valid) opens nothing.
 	if out, err := testutil.CLI(t, "leave", "--addr", gone.url(), "--deadline", "0"); err != nil {
 		t.Fatalf("pinnedd leave: %v\n%s", err, out)
@@ -165,14 +212,7 @@ func TestRaftMutualTLS(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, gone.id+" gone", func() bool {
 		return !strings.Contains(memberSummary(members(t, follower)), gone.id)
 	})
-	certG, err := os.ReadFile(filepath.Join(gone.dir, "tls", clustertls.CertFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyG, err := os.ReadFile(filepath.Join(gone.dir, "tls", clustertls.KeyFile))
-	if err != nil {
-		t.Fatal(err)
-	}
+	certG, keyG := readTLSFiles(t, gone)
 	removed := raft.NewNetworkTransport(tlsDialer{certFrom(t, certG, keyG)}, 1, 3*time.Second, io.Discard)
 	defer removed.Close()
 	for _, n := range []*node{byID[leader], follower} {
@@ -181,6 +221,9 @@ func TestRaftMutualTLS(t *testing.T) {
 		}
 		if _, err := n.a.WaitLog(5*time.Second, "refused a cluster connection", `is not a member`, `"node":"`+gone.id+`"`); err != nil {
 			t.Fatalf("%s does not say why it refused %s: %v", n.id, gone.id, err)
+		}
+		if code, err := clusterGet(certFrom(t, certG, keyG), n.raft, "/registry/health"); err == nil {
+			t.Fatalf("%s's cluster port answered the removed node %s: %d", n.id, gone.id, code)
 		}
 	}
 
@@ -206,4 +249,45 @@ func TestRaftMutualTLS(t *testing.T) {
 		l, _ := raftLeader(t, follower)
 		return l != "" && byID[l] != nil && l != gone.id
 	})
+}
+
+// --insecure-cluster is the explicit way out of mutual TLS, and the node says so everywhere an
+// operator looks (its log, status, /readyz); the fleet still forwards, through the front doors.
+func TestInsecureClusterSaysSo(t *testing.T) {
+	t.Parallel()
+	n1 := newNode(t, "n1", "--bootstrap", "--insecure-cluster").start(t, true)
+	n2 := newNode(t, "n2", "--join", n1.url(), "--insecure-cluster").start(t, true)
+	for _, n := range []*node{n1, n2} {
+		if _, err := n.a.WaitLog(5*time.Second, "INSECURE CLUSTER"); err != nil {
+			t.Fatalf("%s: %v", n.id, err)
+		}
+		var st struct {
+			ClusterTLS string `json:"clusterTLS"`
+		}
+		n.a.MustDo("GET", "/_pinned/status", "").JSON(t, &st)
+		var rd struct {
+			Cluster string `json:"cluster"`
+		}
+		n.a.MustDo("GET", "/readyz", "").JSON(t, &rd)
+		if st.ClusterTLS != "insecure" || rd.Cluster != "insecure" {
+			t.Fatalf("%s: status clusterTLS %q, readyz cluster %q", n.id, st.ClusterTLS, rd.Cluster)
+		}
+	}
+	// Ids land on both nodes; each is served through both, so half the requests are forwarded.
+	testutil.WaitFor(t, 20*time.Second, "the fleet serves", func() bool {
+		r, err := testutil.Do(context.Background(), "POST", n1.url()+"/counters/plain0/increment", "", nil)
+		return err == nil && r.Code == 200
+	})
+	for i := 0; i < 6; i++ {
+		id := "/counters/plain" + strconv.Itoa(i)
+		for _, n := range []*node{n1, n2} {
+			r, err := testutil.Do(context.Background(), "GET", n.url()+id+"/value", "", nil)
+			if err != nil || r.Code != 200 {
+				t.Fatalf("GET %s via %s: %v %d %s", id, n.id, err, r.Code, r.Body)
+			}
+		}
+	}
+	if fwd := n1.a.Metric(`pinboard_placement_resolutions_total{outcome="forwarded"}`) + n2.a.Metric(`pinboard_placement_resolutions_total{outcome="forwarded"}`); fwd == 0 {
+		t.Fatal("no request was forwarded")
+	}
 }

@@ -99,7 +99,8 @@ func (a *api) readyz(w http.ResponseWriter, _ *http.Request) {
 }
 
 // readiness is /readyz's body: "ready", and why not (lease, stateStore,
-// reason).
+// reason); "cluster": "insecure" on a node whose node-to-node traffic runs
+// without mutual TLS (--insecure-cluster), for whoever watches readiness.
 func (a *api) readiness() map[string]any {
 	ready := a.ready == nil || a.ready()
 	body := map[string]any{}
@@ -112,6 +113,9 @@ func (a *api) readiness() map[string]any {
 		ready = false
 		body["stateStore"] = "unavailable"
 		body["reason"] = err.Error()
+	}
+	if !a.peer.secure() {
+		body["cluster"] = "insecure"
 	}
 	body["ready"] = ready
 	return body

@@ -37,7 +37,7 @@ func agentCommand() *cli.Command {
 			&cli.BoolFlag{Name: "bootstrap", Usage: "start a new cluster with this node as its only voter (a no-op once the data dir holds Raft state)", EnvVars: []string{"PINNEDD_BOOTSTRAP"}},
 			&cli.StringFlag{Name: "join", Usage: "join the cluster through the member at `URL` (any member; repeated harmlessly on restart)", EnvVars: []string{"PINNEDD_JOIN"}},
 			&cli.StringFlag{Name: "raft-log-store", Usage: "Raft log format for a new data dir: wal (one fsync per batch) or bolt; an existing data dir keeps its own", EnvVars: []string{"PINNEDD_RAFT_LOG_STORE"}},
-			&cli.BoolFlag{Name: "insecure-cluster", Usage: "run Raft between nodes WITHOUT mutual TLS: anyone who reaches --raft-addr can take the cluster over (default: mutual TLS under the cluster's CA)", EnvVars: []string{"PINNEDD_INSECURE_CLUSTER"}},
+			&cli.BoolFlag{Name: "insecure-cluster", Usage: "run Raft and every node-to-node call WITHOUT mutual TLS: anyone who reaches --raft-addr or the front door's node-to-node routes can take the cluster over (default: mutual TLS under the cluster's CA)", EnvVars: []string{"PINNEDD_INSECURE_CLUSTER"}},
 			&cli.StringFlag{Name: "tls-ca", Usage: "your own cluster CA certificate (PEM) for Raft's mutual TLS, with --tls-cert and --tls-key (default: the CA the bootstrap node creates)", EnvVars: []string{"PINNEDD_TLS_CA"}},
 			&cli.StringFlag{Name: "tls-cert", Usage: "this node's certificate (PEM, CommonName = --node-id) from --tls-ca", EnvVars: []string{"PINNEDD_TLS_CERT"}},
 			&cli.StringFlag{Name: "tls-key", Usage: "this node's private key (PEM) for --tls-cert", EnvVars: []string{"PINNEDD_TLS_KEY"}},
