@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"net"
 	"strconv"
@@ -55,6 +56,16 @@ type Forward struct {
 	Addr string
 	// Wire is the whole request to write there (head and body).
 	Wire []byte
+	// TLS, if set, makes the connection to Addr a TLS client connection
+	// with this config; nil: plain. Pass the same pointer for the same
+	// peer each time: pooled connections are kept apart by address and
+	// config, and the config's ClientSessionCache, if any, resumes
+	// sessions. The handshake runs off the loop; one that fails or does
+	// not finish within a few seconds is an upstream that could not be
+	// reached, as a refused connection is (nothing of the request was
+	// sent). With no ServerName and verification on, the name checked is
+	// Addr's host, as tls.Dial does.
+	TLS *tls.Config
 	// Refusal names a response field, and Refused reads its value: a
 	// response it calls refused ran nothing, and the request goes back to
 	// net/http instead (a Final request is answered 503 + Retry-After,

@@ -4,6 +4,7 @@ package relay
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,6 +32,10 @@ type Conns struct {
 	// idleAfter closes a connection that sent no request for this long
 	// (idleTimeout; tests shorten it before the first Adopt).
 	idleAfter time.Duration
+	// hsTimeout bounds a TLS upstream's connect and handshake
+	// (handshakeTimeout; tests shorten it under mu).
+	hsTimeout time.Duration
+	hsWG      sync.WaitGroup // handshake goroutines (tls_linux.go)
 
 	life     // its mu guards everything below
 	draining bool
@@ -38,9 +43,10 @@ type Conns struct {
 	nextID   uint32
 	clients  map[uint32]*client
 	ups      map[uint32]*upstream
-	idle     map[string][]*upstream // pooled upstream connections by address
-	fresh    []*client              // adopted, not yet looked at by the loop
-	runq     []*client              // cut off by their read budget: go on next turn
+	idle     map[poolKey][]*upstream // pooled upstream connections
+	fresh    []*client               // adopted, not yet looked at by the loop
+	shaken   []*upstream             // TLS handshakes ended, not yet taken back by the loop
+	runq     []*client               // cut off by their read budget: go on next turn
 
 	live    atomic.Int64 // client connections held
 	served  atomic.Int64 // requests the loop forwarded itself
@@ -94,7 +100,8 @@ type client struct {
 type upstream struct {
 	id       uint32
 	fd       int
-	addr     string
+	key      poolKey
+	tls      *tlsUp  // nil: a plain connection
 	c        *client // nil while pooled
 	in       []byte
 	hs       headScan // the search for the response head's end in in
@@ -105,6 +112,13 @@ type upstream struct {
 	eof      bool   // the upstream closed (after the bytes in in)
 	reused   bool
 	idleAt   time.Time
+}
+
+// poolKey is what a pooled upstream connection can carry requests for:
+// its address, and the TLS config it was made with (nil: plain).
+type poolKey struct {
+	addr string
+	tls  *tls.Config
 }
 
 // Event sides.
@@ -121,8 +135,8 @@ func NewConns(logger *slog.Logger, r Router, handBack func(net.Conn), respTimeou
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Conns{log: logger, router: r, handBack: handBack, respTimeout: respTimeout, idleAfter: idleTimeout, life: life{epfd: -1, wakefd: -1},
-		clients: map[uint32]*client{}, ups: map[uint32]*upstream{}, idle: map[string][]*upstream{}, drained: make(chan struct{})}
+	return &Conns{log: logger, router: r, handBack: handBack, respTimeout: respTimeout, idleAfter: idleTimeout, hsTimeout: handshakeTimeout, life: life{epfd: -1, wakefd: -1},
+		clients: map[uint32]*client{}, ups: map[uint32]*upstream{}, idle: map[poolKey][]*upstream{}, drained: make(chan struct{})}
 }
 
 // Len is the number of client connections the loop holds.
@@ -227,7 +241,11 @@ func (l *Conns) Shutdown(ctx context.Context) error {
 }
 
 // Close closes every connection the loop holds and stops it.
-func (l *Conns) Close() error { return l.close() }
+func (l *Conns) Close() error {
+	err := l.close()
+	l.hsWG.Wait() // handshakes the loop let go of as it closed
+	return err
+}
 
 // run is the loop.
 func (l *Conns) run(epfd, wakefd int) {
@@ -266,6 +284,11 @@ func (l *Conns) run(epfd, wakefd int) {
 					}
 				}
 				l.fresh = l.fresh[:0]
+				for i, u := range l.shaken {
+					l.shaken[i] = nil
+					l.shook(u, buf, &after)
+				}
+				l.shaken = l.shaken[:0]
 				if l.draining {
 					for _, c := range l.clients {
 						if c.state == stHead && len(c.in) == 0 {
@@ -299,7 +322,7 @@ func (l *Conns) run(epfd, wakefd int) {
 					// Pooled: a hang-up, or bytes out of turn, end it. A
 					// readiness edge for bytes already read with the last
 					// response (edges queue per packet) is not one.
-					if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 || !quiet(u.fd) {
+					if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 || !u.quiet() {
 						l.dropIdle(u)
 					}
 					continue
@@ -343,7 +366,7 @@ func (l *Conns) sweepLocked(now time.Time, after *[]func()) {
 			l.upstreamFailed(c, ErrUpstreamTimeout, after)
 		}
 	}
-	for addr, us := range l.idle {
+	for key, us := range l.idle {
 		kept := us[:0]
 		for _, u := range us {
 			if now.Sub(u.idleAt) > upstreamIdle {
@@ -353,9 +376,9 @@ func (l *Conns) sweepLocked(now time.Time, after *[]func()) {
 			}
 		}
 		if len(kept) == 0 {
-			delete(l.idle, addr)
+			delete(l.idle, key)
 		} else {
-			l.idle[addr] = kept
+			l.idle[key] = kept
 		}
 	}
 }
@@ -420,7 +443,7 @@ func (l *Conns) readRequest(c *client, buf []byte, after *[]func()) bool {
 			c.idem = h.Method == "GET" || h.Method == "HEAD" || h.Method == "OPTIONS"
 			c.isHead = h.Method == "HEAD"
 			c.wrote = false
-			u := l.upstreamFor(fwd.Addr)
+			u := l.upstreamFor(poolKey{fwd.Addr, fwd.TLS})
 			if u == nil {
 				if fwd.Final {
 					l.unavailable(c, notSent(ErrUpstreamFailed), after)
@@ -447,7 +470,7 @@ func (l *Conns) readRequest(c *client, buf []byte, after *[]func()) bool {
 		if len(c.in) == 0 {
 			c.since = time.Now() // the head timeout runs from its first byte
 		}
-		if !l.readInto(c.fd, &c.in, buf, maxHead+maxLoopBody, &c.readable, c.hup) {
+		if !l.readInto(c.fd, nil, &c.in, buf, maxHead+maxLoopBody, &c.readable, c.hup) {
 			l.closeClient(c, after) // the client closed or failed between requests
 			return false
 		}
@@ -468,16 +491,22 @@ func (l *Conns) start(c *client, u *upstream) {
 	c.state, c.since = stSend, time.Now()
 }
 
-// readInto reads fd until it is drained (readable goes false) or limit
-// bytes are buffered; false on EOF or an error. A read shorter than asked
-// drained the socket: more data arriving later is a new edge, so the
-// EAGAIN read that would only confirm it is skipped (a syscall a request
-// on each side). Once the peer hung up, it reads on to the EOF, which no
-// later edge would report.
-func (l *Conns) readInto(fd int, dst *[]byte, buf []byte, limit int, readable *bool, hup bool) bool {
+// readInto reads fd (through t, a TLS upstream's, if not nil) until it is
+// drained (readable goes false) or limit bytes are buffered; false on EOF
+// or an error. A plain read shorter than asked drained the socket: more
+// data arriving later is a new edge, so the EAGAIN read that would only
+// confirm it is skipped (a syscall a request on each side). Once the peer
+// hung up, it reads on to the EOF, which no later edge would report.
+func (l *Conns) readInto(fd int, t *tlsUp, dst *[]byte, buf []byte, limit int, readable *bool, hup bool) bool {
 	for len(*dst) < limit {
 		want := min(len(buf), limit-len(*dst))
-		n, err := sysRead(fd, buf[:want])
+		var n int
+		var err error
+		if t == nil {
+			n, err = sysRead(fd, buf[:want])
+		} else {
+			n, err = t.read(buf[:want])
+		}
 		switch {
 		case errors.Is(err, unix.EAGAIN):
 			*readable = false
@@ -488,7 +517,7 @@ func (l *Conns) readInto(fd int, dst *[]byte, buf []byte, limit int, readable *b
 			return false
 		}
 		*dst = append(*dst, buf[:n]...)
-		if n < want && !hup {
+		if n < want && !hup && t == nil {
 			*readable = false
 			return true
 		}
@@ -499,6 +528,9 @@ func (l *Conns) readInto(fd int, dst *[]byte, buf []byte, limit int, readable *b
 // send writes the request upstream; true once all of it is out.
 func (l *Conns) send(c *client, after *[]func()) bool {
 	u := c.up
+	if u.tls != nil {
+		return l.sendTLS(c, after)
+	}
 	n, err := writeAll(u.fd, u.out)
 	u.out = u.out[n:]
 	u.sent = u.sent || n > 0
@@ -569,7 +601,7 @@ func (l *Conns) readResponse(c *client, buf []byte, after *[]func()) bool {
 		if !u.readable {
 			return false
 		}
-		if !l.readInto(u.fd, &u.in, buf, maxRespHead+1, &u.readable, u.hup) {
+		if !l.readInto(u.fd, u.tls, &u.in, buf, maxRespHead+1, &u.readable, u.hup) {
 			// Closed: what it sent before may still be a whole response.
 			u.eof, u.readable = true, false
 		}
@@ -658,7 +690,7 @@ func (l *Conns) relayBody(c *client, buf []byte, after *[]func()) bool {
 			}
 			return false
 		}
-		n, err := sysRead(u.fd, buf)
+		n, err := u.read(buf)
 		switch {
 		case errors.Is(err, unix.EAGAIN):
 			u.readable = false
@@ -673,7 +705,7 @@ func (l *Conns) relayBody(c *client, buf []byte, after *[]func()) bool {
 			return false
 		}
 		u.in = append(u.in, buf[:n]...)
-		if n < len(buf) && !u.hup {
+		if n < len(buf) && !u.hup && u.tls == nil {
 			u.readable = false // drained (see readInto)
 		}
 	}
@@ -685,7 +717,7 @@ func (l *Conns) relayBody(c *client, buf []byte, after *[]func()) bool {
 func (l *Conns) endExchange(c *client, after *[]func()) bool {
 	u := c.up
 	c.up = nil
-	keep := len(u.in) == 0 && !c.resp.close && !c.toEOF && !u.eof
+	keep := len(u.in) == 0 && !c.resp.close && !c.toEOF && !u.eof && (u.tls == nil || u.tls.quiet())
 	l.finish(c, c.resp.status, nil, after)
 	if keep {
 		l.pool(u)
@@ -747,7 +779,7 @@ func (l *Conns) upstreamFailed(c *client, err error, after *[]func()) {
 		// sending it again is safe (as net/http's Transport decides: a
 		// handler may have run it before the connection died).
 		c.retried = true
-		nu := l.dial(u.addr)
+		nu := l.dial(u.key)
 		if nu == nil {
 			if !u.sent {
 				err = notSent(err)
@@ -816,23 +848,24 @@ func (l *Conns) finish(c *client, status int, err error, after *[]func()) {
 	}
 }
 
-// upstreamFor takes a pooled connection to addr, or connects one.
-func (l *Conns) upstreamFor(addr string) *upstream {
-	if us := l.idle[addr]; len(us) > 0 {
+// upstreamFor takes a pooled connection for key, or connects one.
+func (l *Conns) upstreamFor(key poolKey) *upstream {
+	if us := l.idle[key]; len(us) > 0 {
 		// An emptied list stays, with its room, for the connection's
 		// return; the sweep deletes lists left empty.
 		u := us[len(us)-1]
 		us[len(us)-1] = nil
-		l.idle[addr] = us[:len(us)-1]
+		l.idle[key] = us[:len(us)-1]
 		u.reused = true
 		return u
 	}
-	return l.dial(addr)
+	return l.dial(key)
 }
 
-// dial connects a new upstream connection to addr (nil if it cannot).
-func (l *Conns) dial(addr string) *upstream {
-	family, sa, ok := sockaddr(addr)
+// dial connects a new upstream connection for key (nil if it cannot); a
+// TLS one starts its handshake (tls_linux.go).
+func (l *Conns) dial(key poolKey) *upstream {
+	family, sa, ok := sockaddr(key.addr)
 	if !ok {
 		return nil
 	}
@@ -840,7 +873,15 @@ func (l *Conns) dial(addr string) *upstream {
 	if err != nil {
 		return nil
 	}
-	u := &upstream{fd: fd, addr: addr, id: l.newIDLocked()}
+	u := &upstream{fd: fd, key: key, id: l.newIDLocked()}
+	if key.tls != nil {
+		if err := l.startHandshake(u); err != nil {
+			_ = unix.Close(fd)
+			return nil
+		}
+		l.ups[u.id] = u
+		return u
+	}
 	if err := l.ctl(unix.EPOLL_CTL_ADD, fd, unix.EPOLLIN|unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET, u.id, sideU); err != nil {
 		_ = unix.Close(fd)
 		return nil
@@ -888,6 +929,22 @@ func connect(family int, sa unix.Sockaddr) (int, error) {
 	return fd, nil
 }
 
+// quiet reports whether u, pooled, has nothing to read and is still open.
+func (u *upstream) quiet() bool {
+	if u.tls != nil {
+		return u.tls.quiet()
+	}
+	return quiet(u.fd)
+}
+
+// read is sysRead of u's descriptor (decrypted, for a TLS upstream).
+func (u *upstream) read(buf []byte) (int, error) {
+	if u.tls != nil {
+		return u.tls.read(buf)
+	}
+	return sysRead(u.fd, buf)
+}
+
 // quiet reports whether fd has nothing to read and is still open.
 func quiet(fd int) bool {
 	var b [1]byte
@@ -913,25 +970,31 @@ func (l *Conns) pool(u *upstream) {
 	if cap(u.in) > readBuf {
 		u.in = nil
 	}
-	l.idle[u.addr] = append(l.idle[u.addr], u)
+	l.idle[u.key] = append(l.idle[u.key], u)
 }
 
 func (l *Conns) dropIdle(u *upstream) {
-	us := l.idle[u.addr]
+	us := l.idle[u.key]
 	for i, x := range us {
 		if x == u {
-			l.idle[u.addr] = append(us[:i], us[i+1:]...)
+			l.idle[u.key] = append(us[:i], us[i+1:]...)
 			break
 		}
 	}
-	if len(l.idle[u.addr]) == 0 {
-		delete(l.idle, u.addr)
+	if len(l.idle[u.key]) == 0 {
+		delete(l.idle, u.key)
 	}
 	l.closeUp(u)
 }
 
 func (l *Conns) closeUp(u *upstream) {
 	if u.fd < 0 {
+		return
+	}
+	if u.tls != nil && u.tls.abandon() {
+		// Its handshake goroutine holds the descriptor, and closes it.
+		u.fd = -1
+		delete(l.ups, u.id)
 		return
 	}
 	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, u.fd, nil)
@@ -1030,7 +1093,9 @@ func (l *Conns) shutdownLocked(after *[]func()) {
 	for _, u := range l.ups {
 		l.closeUp(u)
 	}
-	l.idle = map[string][]*upstream{}
+	l.idle = map[poolKey][]*upstream{}
+	clear(l.shaken)
+	l.shaken = l.shaken[:0]
 	l.closeEpollLocked()
 }
 

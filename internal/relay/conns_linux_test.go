@@ -5,6 +5,7 @@ package relay
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -42,6 +43,8 @@ type connsRig struct {
 	ticket    atomic.Value // Ticket of the latest Final exchange
 	// /up/held: arrived gets each request, which waits for release.
 	arrived, release chan struct{}
+	mux              *http.ServeMux         // the upstreams' handlers
+	tls              atomic.Pointer[tlsRig] // TLS upstreams, once startTLS ran (tls_linux_test.go)
 }
 
 // testRouter forwards /up/... to the upstream; /local/... goes back to
@@ -51,6 +54,7 @@ type testRouter struct{ rig *connsRig }
 func (r testRouter) Route(h *ReqHead) (Forward, bool) {
 	addr, target, final := r.rig.upAddr, h.Target, false
 	var timeout time.Duration
+	var tlsConf *tls.Config
 	switch {
 	case strings.HasPrefix(h.Target, "/up/"):
 	case strings.HasPrefix(h.Target, "/dead/"):
@@ -63,6 +67,11 @@ func (r testRouter) Route(h *ReqHead) (Forward, bool) {
 		addr, target, final = r.rig.unixPath+".missing", "/up/fixed", true
 	case strings.HasPrefix(h.Target, "/flaky/"):
 		addr, final = r.rig.flakyPath, true
+	case strings.HasPrefix(h.Target, "/tls") && r.rig.tls.Load() != nil:
+		var ok bool
+		if addr, target, final, timeout, tlsConf, ok = r.rig.tls.Load().route(h.Target); !ok {
+			return Forward{}, false
+		}
 	default:
 		return Forward{}, false
 	}
@@ -74,7 +83,7 @@ func (r testRouter) Route(h *ReqHead) (Forward, bool) {
 		w = fmt.Appendf(w, "Content-Length: %d\r\n", len(h.Body))
 	}
 	w = append(append(w, "\r\n"...), h.Body...)
-	fwd := Forward{Addr: addr, Wire: w, Refusal: "X-Refused", Refused: refusedIf("draining"), Timeout: timeout}
+	fwd := Forward{Addr: addr, Wire: w, TLS: tlsConf, Refusal: "X-Refused", Refused: refusedIf("draining"), Timeout: timeout}
 	if final {
 		fwd.Final, fwd.FailMsg = true, "plugin gone"
 		r.rig.ticket.Store(h.Ticket)
@@ -89,6 +98,7 @@ func newConnsRig(t *testing.T) *connsRig {
 	rig := &connsRig{t: t, upClosed: make(chan struct{}, 16), hooks: make(chan string, 64),
 		arrived: make(chan struct{}, 16), release: make(chan struct{})}
 	mux := http.NewServeMux()
+	rig.mux = mux
 	mux.HandleFunc("/up/fixed", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "fixed "+r.URL.RawQuery)
 	})
