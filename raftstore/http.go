@@ -104,6 +104,14 @@ func (s *Store) Handler(authorize func(*http.Request) bool) http.Handler {
 		// The CA certificate is public and its pin reveals nothing of the token: a joining
 		// node reads both before it sends the token anywhere.
 		open := r.Method == http.MethodGet && r.URL.Path == HandlerPrefix+"ca"
+		if r.Header.Get(joinProofHeader) != "" {
+			// A joining node's request, proved with the token instead of carrying it.
+			if err := s.checkJoinProof(w, r); err != nil {
+				writeError(w, err)
+				return
+			}
+			open = true
+		}
 		if !open && authorize != nil && !authorize(r) {
 			writeError(w, fmt.Errorf("%w: missing or wrong bearer token for %s", ErrUnauthorized, r.URL.Path))
 			return
@@ -133,6 +141,27 @@ func (s *Store) routes(peer bool) *http.ServeMux {
 	mux.HandleFunc("POST "+HandlerPrefix+"certificate", s.handleCertificate)
 	mux.HandleFunc("GET "+HandlerPrefix+"ca", s.handleCA)
 	return mux
+}
+
+// checkJoinProof admits a join or certificate request by its join proof, made with this
+// node's token over the request's method, path and body (read here, and put back for the
+// handler).
+func (s *Store) checkJoinProof(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodPost || (r.URL.Path != HandlerPrefix+"join" && r.URL.Path != HandlerPrefix+"certificate") {
+		return fmt.Errorf("%w: a join proof admits only a join or certificate request", ErrUnauthorized)
+	}
+	if s.cfg.Token == "" {
+		return fmt.Errorf("%w: this node has no token to check a join proof with", ErrUnauthorized)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
+	if err != nil {
+		return fmt.Errorf("%w: reading the request: %w", ErrBadRequest, err)
+	}
+	if err := clustertls.CheckJoinProof(s.cfg.Token, r.Header.Get(joinProofHeader), r.Method, r.URL.Path, body, time.Now()); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnauthorized, err)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return nil
 }
 
 func errPeerOnly(r *http.Request) error {
@@ -381,15 +410,43 @@ func writeError(w http.ResponseWriter, err error) {
 // the leader.
 func (s *Store) call(ctx context.Context, baseURL, op string, body []byte, forwarded bool) ([]byte, error) {
 	client, token := s.clientFor()
-	return doRPC(ctx, client, baseURL, token, http.MethodPost, op, "application/octet-stream", body, forwarded)
+	return doRPC(ctx, client, baseURL, bearer(token), http.MethodPost, op, "application/octet-stream", body, forwarded)
 }
 
 func (s *Store) callJSON(ctx context.Context, baseURL, op string, in, out any, forwarded bool) error {
 	client, token := s.clientFor()
-	return callJSON(ctx, client, baseURL, token, op, in, out, forwarded)
+	return callJSON(ctx, client, baseURL, bearer(token), op, in, out, forwarded)
 }
 
-func callJSON(ctx context.Context, client *http.Client, baseURL, token, op string, in, out any, forwarded bool) error {
+// rpcAuth is how an RPC shows it may be made: the deployment token as a bearer token, or,
+// with prove, a join proof made with it (clustertls.JoinProof), which keeps the token on this
+// node. Zero: no authorization.
+type rpcAuth struct {
+	token string
+	prove bool
+}
+
+func bearer(token string) rpcAuth { return rpcAuth{token: token} }
+
+// joinProofHeader carries a join proof (certificate and join requests of a joining node).
+const joinProofHeader = "X-Pinnedd-Join-Proof"
+
+func (a rpcAuth) set(req *http.Request, path string, body []byte) error {
+	switch {
+	case a.token == "":
+	case a.prove:
+		proof, err := clustertls.JoinProof(a.token, req.Method, path, body, time.Now())
+		if err != nil {
+			return err
+		}
+		req.Header.Set(joinProofHeader, proof)
+	default:
+		req.Header.Set("Authorization", "Bearer "+a.token)
+	}
+	return nil
+}
+
+func callJSON(ctx context.Context, client *http.Client, baseURL string, auth rpcAuth, op string, in, out any, forwarded bool) error {
 	method, ctype := http.MethodGet, ""
 	var body []byte
 	if in != nil {
@@ -399,7 +456,7 @@ func callJSON(ctx context.Context, client *http.Client, baseURL, token, op strin
 		}
 		method, ctype, body = http.MethodPost, "application/json", b
 	}
-	res, err := doRPC(ctx, client, baseURL, token, method, op, ctype, body, forwarded)
+	res, err := doRPC(ctx, client, baseURL, auth, method, op, ctype, body, forwarded)
 	if err != nil {
 		return err
 	}
@@ -411,7 +468,7 @@ func callJSON(ctx context.Context, client *http.Client, baseURL, token, op strin
 	return nil
 }
 
-func doRPC(ctx context.Context, client *http.Client, baseURL, token, method, op, ctype string, body []byte, forwarded bool) ([]byte, error) {
+func doRPC(ctx context.Context, client *http.Client, baseURL string, auth rpcAuth, method, op, ctype string, body []byte, forwarded bool) ([]byte, error) {
 	if client == nil {
 		client = http.DefaultClient
 	}
@@ -427,8 +484,8 @@ func doRPC(ctx context.Context, client *http.Client, baseURL, token, method, op,
 	if ctype != "" {
 		req.Header.Set("Content-Type", ctype)
 	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+	if err := auth.set(req, HandlerPrefix+op, body); err != nil {
+		return nil, fmt.Errorf("raftstore: %s: %w", op, err)
 	}
 	if forwarded {
 		req.Header.Set(forwardedHeader, "1")
@@ -514,7 +571,7 @@ func JoinVia(ctx context.Context, client *http.Client, memberURL, token, nodeID,
 	if nodeID == "" || raftAddr == "" {
 		return fmt.Errorf("%w: join needs a node id and a raft address", ErrBadRequest)
 	}
-	return callJSON(ctx, client, memberURL, token, "join", joinRequest{ID: nodeID, RaftAddr: raftAddr, APIAddr: apiAddr}, nil, false)
+	return callJSON(ctx, client, memberURL, rpcAuth{token: token, prove: true}, "join", joinRequest{ID: nodeID, RaftAddr: raftAddr, APIAddr: apiAddr}, nil, false)
 }
 
 // RemoveVia asks the member at memberURL to remove nodeID from the group (forwarded to the
@@ -523,13 +580,13 @@ func RemoveVia(ctx context.Context, client *http.Client, memberURL, token, nodeI
 	if nodeID == "" {
 		return fmt.Errorf("%w: remove needs a node id", ErrBadRequest)
 	}
-	return callJSON(ctx, client, memberURL, token, "remove", removeRequest{ID: nodeID}, nil, false)
+	return callJSON(ctx, client, memberURL, bearer(token), "remove", removeRequest{ID: nodeID}, nil, false)
 }
 
 // MembersVia lists the group's members as the node at nodeURL sees them.
 func MembersVia(ctx context.Context, client *http.Client, nodeURL, token string) ([]Member, error) {
 	var ms []Member
-	if err := callJSON(ctx, client, nodeURL, token, "members", nil, &ms, false); err != nil {
+	if err := callJSON(ctx, client, nodeURL, bearer(token), "members", nil, &ms, false); err != nil {
 		return nil, err
 	}
 	return ms, nil

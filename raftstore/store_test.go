@@ -456,7 +456,7 @@ func TestApplyOutcomeErrors(t *testing.T) {
 	}
 
 	// A forwarded request that reaches a non-leader is refused as not started, not retried there.
-	_, err = doRPC(ctxTimeout(t, 5*time.Second), nil, n.srv.URL, "secret", http.MethodPost, "apply", "", []byte("x"), true)
+	_, err = doRPC(ctxTimeout(t, 5*time.Second), nil, n.srv.URL, bearer("secret"), http.MethodPost, "apply", "", []byte("x"), true)
 	if !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("forwarded apply on non-leader: %v, want ErrNotLeader", err)
 	}
@@ -468,7 +468,7 @@ func TestApplyOutcomeErrors(t *testing.T) {
 	}
 	dead := "http://" + ln.Addr().String()
 	ln.Close()
-	_, err = doRPC(ctxTimeout(t, 5*time.Second), nil, dead, "", http.MethodPost, "apply", "", []byte("x"), true)
+	_, err = doRPC(ctxTimeout(t, 5*time.Second), nil, dead, rpcAuth{}, http.MethodPost, "apply", "", []byte("x"), true)
 	if !errors.Is(err, ErrNoLeader) || errors.Is(err, ErrOutcomeUnknown) {
 		t.Fatalf("dial failure: %v, want ErrNoLeader", err)
 	}
@@ -830,7 +830,7 @@ func TestForwardedApply(t *testing.T) {
 	}
 	// An apply sent to a follower, even unmarked, is not passed on to the leader.
 	calls.Store(0)
-	if _, err := doRPC(ctxTimeout(t, 5*time.Second), nil, follower.srv.URL, "secret", http.MethodPost, "apply", "", []byte("not-here"), false); !errors.Is(err, ErrNotLeader) || calls.Load() != 0 {
+	if _, err := doRPC(ctxTimeout(t, 5*time.Second), nil, follower.srv.URL, bearer("secret"), http.MethodPost, "apply", "", []byte("not-here"), false); !errors.Is(err, ErrNotLeader) || calls.Load() != 0 {
 		t.Fatalf("unmarked apply sent to a follower: %v after %d hook calls, want ErrNotLeader and none", err, calls.Load())
 	}
 	if got, err := leader.s.ApplyLocal(ctxTimeout(t, 5*time.Second), []byte("here")); err != nil || string(got) != "4" {

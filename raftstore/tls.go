@@ -444,7 +444,7 @@ func (s *Store) fetchCertificate(ctx context.Context, client *http.Client, membe
 		return fmt.Errorf("%w: joining with the cluster's own CA needs the deployment token (it pins the CA)", ErrInvalidConfig)
 	}
 	var ca caAnswer
-	if err := callJSON(ctx, client, memberURL, "", "ca", nil, &ca, false); err != nil {
+	if err := callJSON(ctx, client, memberURL, rpcAuth{}, "ca", nil, &ca, false); err != nil {
 		return fmt.Errorf("raftstore: fetching the cluster CA: %w", err)
 	}
 	if err := clustertls.CheckPin(s.cfg.Token, []byte(ca.CA), ca.Pin); err != nil {
@@ -465,7 +465,9 @@ func (s *Store) fetchCertificate(ctx context.Context, client *http.Client, membe
 		return err
 	}
 	var ans certAnswer
-	if err := callJSON(ctx, client, memberURL, s.cfg.Token, "certificate", certRequest{ID: s.cfg.NodeID, CSR: string(csr)}, &ans, false); err != nil {
+	// The token proves itself without leaving this node (JoinProof): this request and the join
+	// go to the member's public port, maybe in clear.
+	if err := callJSON(ctx, client, memberURL, rpcAuth{token: s.cfg.Token, prove: true}, "certificate", certRequest{ID: s.cfg.NodeID, CSR: string(csr)}, &ans, false); err != nil {
 		return fmt.Errorf("raftstore: getting this node's certificate: %w", err)
 	}
 	if ans.CA != ca.CA {

@@ -3,14 +3,19 @@ package raftstore
 import (
 	"bytes"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -420,12 +425,12 @@ func TestTLSClusterPortHTTP(t *testing.T) {
 
 	// The public port: apply, meta and a forwarded join are node-to-node, refused with the token.
 	for _, op := range []string{"apply", "meta"} {
-		_, err := doRPC(t.Context(), nil, leader.srv.URL, "secret", http.MethodPost, op, "application/json", []byte(`{}`), false)
+		_, err := doRPC(t.Context(), nil, leader.srv.URL, bearer("secret"), http.MethodPost, op, "application/json", []byte(`{}`), false)
 		if !errors.Is(err, ErrForbidden) {
 			t.Fatalf("%s on the public port: %v, want ErrForbidden", op, err)
 		}
 	}
-	err := callJSON(t.Context(), nil, leader.srv.URL, "secret", "join", joinRequest{ID: "evil", RaftAddr: "127.0.0.1:1"}, nil, true)
+	err := callJSON(t.Context(), nil, leader.srv.URL, bearer("secret"), "join", joinRequest{ID: "evil", RaftAddr: "127.0.0.1:1"}, nil, true)
 	if !errors.Is(err, ErrForbidden) {
 		t.Fatalf("a forwarded join on the public port: %v, want ErrForbidden", err)
 	}
@@ -462,5 +467,79 @@ func TestTLSClusterPortHTTP(t *testing.T) {
 	})
 	if _, _, err := get(goneCfg, leader.s.RaftAddr(), "/new"); err == nil {
 		t.Fatal("a removed node's new connection was served")
+	}
+}
+
+// A joining node proves it holds the token instead of sending it: everything it sends to the
+// member's public port (recorded here by a proxy) is free of the token, the join succeeds, and
+// a proof moved onto another request, or a request without one, is refused.
+func TestTLSJoinKeepsTheTokenHome(t *testing.T) {
+	n1 := startNode(t, "n1", t.TempDir(), "", true, tlsOn)
+	waitLeader(t, n1)
+	target, err := url.Parse(n1.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string
+	rp := httputil.NewSingleHostReverseProxy(target)
+	spy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		dump, err := httputil.DumpRequest(r, true)
+		if err != nil {
+			t.Error(err)
+		}
+		mu.Lock()
+		seen = append(seen, string(dump))
+		mu.Unlock()
+		rp.ServeHTTP(w, r)
+	}))
+	defer spy.Close()
+
+	n2 := startNode(t, "n2", t.TempDir(), "", false, tlsOn)
+	joinTLS(t, spy.URL, n2)
+	mustApply(t, n1, "a")
+	converged(t, []*testNode{n1, n2}, []string{"a"})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) < 3 {
+		t.Fatalf("the spy saw %d requests, want the CA, certificate and join", len(seen))
+	}
+	for _, req := range seen {
+		if strings.Contains(req, "secret") {
+			t.Fatalf("the join sent the token:\n%s", req)
+		}
+	}
+
+	// A proof is good for its own request only.
+	body, _ := json.Marshal(joinRequest{ID: "n2", RaftAddr: n2.s.RaftAddr()})
+	proof, err := clustertls.JoinProof("secret", http.MethodPost, HandlerPrefix+"join", body, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	evil, _ := json.Marshal(joinRequest{ID: "evil", RaftAddr: "127.0.0.1:1"})
+	for name, hdr := range map[string]string{"a moved proof": proof, "a proof of another token": "1.00"} {
+		req, _ := http.NewRequest(http.MethodPost, n1.srv.URL+HandlerPrefix+"join", bytes.NewReader(evil))
+		req.Header.Set(joinProofHeader, hdr)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("%s: %d, want 401", name, resp.StatusCode)
+		}
+	}
+	req, _ := http.NewRequest(http.MethodPost, n1.srv.URL+HandlerPrefix+"remove", strings.NewReader(`{"id":"n2"}`))
+	req.Header.Set(joinProofHeader, proof)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("a join proof on remove: %d, want 401", resp.StatusCode)
+	}
+	if ms := membersByID(t, n1); len(ms) != 2 || ms["evil"].ID != "" {
+		t.Fatalf("members %v", ms)
 	}
 }
