@@ -3,10 +3,12 @@
 #
 # Builds pinnedd at REV (a commit, tag or branch) in a temporary git
 # worktree and runs bench/hop with HOP_AB_BIN pointing at it: the table
-# gains rows 5 and 6, REV's "no hop" and "pinnedd hop", measured in the same
-# interleaved rounds as this tree's rows 1 and 2, so the machine's drift
-# hits both builds alike. Each fleet runs its own build's plugins (the plugin
-# protocol may differ between the two).
+# gains REV's "no hop" and "pinnedd hop (plain)" rows, after this tree's mTLS
+# rows, measured in the same interleaved rounds as this tree's rows 1 and 2,
+# so the machine's drift hits both builds alike. REV's fleet runs with
+# --insecure-cluster, as this tree's rows 1 and 2 do, so REV must know the
+# flag (every build since c14e540, which brought mutual TLS). Each fleet runs
+# its own build's plugins (the plugin protocol may differ between the two).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rev="${1:?usage: scripts/bench-hop-ab.sh REV}"

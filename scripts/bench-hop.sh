@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # bench-hop.sh: the forwarding-hop benchmark table (bench/hop).
 #
-# Starts a real two-node pinnedd fleet on loopback and measures, in one run:
-# no hop, pinnedd's forwarding hop, a plain httputil.ReverseProxy and nginx
-# doing the same hop, plus the memory a held proxied SSE stream costs on the
-# forwarding node. Prints the table and writes bench/hop/RESULTS.md.
+# Starts real two-node pinnedd fleets on loopback and measures, in one run:
+# on a fleet started with --insecure-cluster, no hop, pinnedd's forwarding hop,
+# a plain httputil.ReverseProxy and nginx doing the same hop; on a fleet with
+# mutual TLS between nodes (the default), no hop, the hop over mTLS and nginx
+# proxy_ssl to the owner's cluster port; plus the memory a held proxied SSE
+# stream costs on the forwarding node. Prints the table and writes
+# bench/hop/RESULTS.md. HOP_ROUNDS=<n> (at least 2) sets the throughput rounds.
 #
-# Installs nginx (nginx-light, else nginx) with apt-get if it is missing; the
-# package's own service is kept from starting while it installs.
+# Installs nginx (nginx-light, else nginx; both have the ssl module the
+# proxy_ssl row needs) with apt-get if it is missing; the package's own
+# service is kept from starting while it installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
