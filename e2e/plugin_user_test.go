@@ -90,8 +90,8 @@ func TestPluginUser(t *testing.T) {
 		if p.Name == "counter" {
 			want = b
 		}
-		if got := procUID(t, p.PID); got != fmt.Sprint(want.UID) {
-			t.Errorf("plugin %s (pid %d) runs as uid %s, want %s's %d", p.Name, p.PID, got, want.Name, want.UID)
+		if got := procUID(t, p.PID); got != fmt.Sprint(want.UID) || p.User != want.Name {
+			t.Errorf("plugin %s (pid %d) runs as uid %s, status says user %q; want %s's %d", p.Name, p.PID, got, p.User, want.Name, want.UID)
 		}
 		dirs[p.Name] = filepath.Dir(envOf(t, p.PID, plugins.EnvDataSocket))
 	}

@@ -121,15 +121,20 @@ func opsCommands() []*cli.Command {
 								Restarts    int      `json:"restarts"`
 								Version     string   `json:"version"`
 								Namespaces  []string `json:"namespaces"`
+								User        string   `json:"user"`
 							} `json:"plugins"`
 						}
 						if err := apiCall(c, http.MethodGet, "/_pinned/status", nil, &st); err != nil {
 							return err
 						}
 						w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-						fmt.Fprintln(w, "PLUGIN\tNAMESPACES\tSTATE\tPID\tINCARNATION\tRESTARTS\tVERSION\tPATH")
+						fmt.Fprintln(w, "PLUGIN\tNAMESPACES\tSTATE\tPID\tUSER\tINCARNATION\tRESTARTS\tVERSION\tPATH")
 						for _, p := range st.Plugins {
-							fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", p.Name, strings.Join(p.Namespaces, ","), p.State, p.PID, p.Incarnation, p.Restarts, p.Version, p.Path)
+							user := p.User
+							if user == "" {
+								user = "-" // pinnedd's own
+							}
+							fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\t%s\n", p.Name, strings.Join(p.Namespaces, ","), p.State, p.PID, user, p.Incarnation, p.Restarts, p.Version, p.Path)
 						}
 						return w.Flush()
 					},

@@ -323,6 +323,8 @@ type PluginStatus struct {
 	Namespaces  []string `json:"namespaces"`
 	LastError   string   `json:"lastError,omitempty"`
 	Version     string   `json:"version,omitempty"` // sha256 prefix of the binary the process runs
+	// User is the account the process runs as (--plugin-user); empty: pinnedd's own.
+	User string `json:"user,omitempty"`
 }
 
 // InstanceStatus is one live instance.
@@ -414,6 +416,9 @@ func (s *Supervisor) Plugins() []PluginStatus {
 			Name: p.spec.Name, Path: p.spec.Path, State: p.state, Incarnation: p.seq,
 			Restarts: p.restarts, Degraded: p.degraded, LastError: p.lastErr,
 			Namespaces: append([]string(nil), p.namespaces...),
+		}
+		if p.spec.User != nil {
+			st.User = p.spec.User.Name
 		}
 		var bin binStat
 		if p.cur != nil {

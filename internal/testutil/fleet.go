@@ -22,6 +22,7 @@ type Status struct {
 		Restarts   int      `json:"restarts"`
 		Degraded   bool     `json:"degraded"`
 		Namespaces []string `json:"namespaces"`
+		User       string   `json:"user"`
 	} `json:"plugins"`
 	Instances []struct {
 		Namespace   string `json:"namespace"`
