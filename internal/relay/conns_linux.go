@@ -690,7 +690,13 @@ func (l *Conns) relayBody(c *client, buf []byte, after *[]func()) bool {
 			}
 			return false
 		}
-		n, err := u.read(buf)
+		var n int
+		var err error
+		if u.tls == nil {
+			n, err = sysRead(u.fd, buf)
+		} else {
+			n, err = u.tls.read(buf)
+		}
 		switch {
 		case errors.Is(err, unix.EAGAIN):
 			u.readable = false
@@ -717,7 +723,9 @@ func (l *Conns) relayBody(c *client, buf []byte, after *[]func()) bool {
 func (l *Conns) endExchange(c *client, after *[]func()) bool {
 	u := c.up
 	c.up = nil
-	keep := len(u.in) == 0 && !c.resp.close && !c.toEOF && !u.eof && (u.tls == nil || u.tls.quiet())
+	// A TLS connection read short of EAGAIN may hold more than the
+	// response in its tls.Conn, where no readiness edge will report it.
+	keep := len(u.in) == 0 && !c.resp.close && !c.toEOF && !u.eof && (u.tls == nil || !u.readable || u.tls.quiet())
 	l.finish(c, c.resp.status, nil, after)
 	if keep {
 		l.pool(u)
@@ -935,14 +943,6 @@ func (u *upstream) quiet() bool {
 		return u.tls.quiet()
 	}
 	return quiet(u.fd)
-}
-
-// read is sysRead of u's descriptor (decrypted, for a TLS upstream).
-func (u *upstream) read(buf []byte) (int, error) {
-	if u.tls != nil {
-		return u.tls.read(buf)
-	}
-	return sysRead(u.fd, buf)
 }
 
 // quiet reports whether fd has nothing to read and is still open.
