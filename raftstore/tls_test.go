@@ -197,19 +197,28 @@ func joinTLS(t testing.TB, url string, n *testNode) {
 	}
 }
 
+// tlsCluster is size nodes over mutual TLS, formed by the common path: n1 bootstraps, the
+// others join through it.
+func tlsCluster(t *testing.T, size int) []*testNode {
+	t.Helper()
+	n1 := startNode(t, "n1", t.TempDir(), "", true, tlsOn)
+	waitLeader(t, n1)
+	nodes := []*testNode{n1}
+	for i := 2; i <= size; i++ {
+		n := startNode(t, fmt.Sprintf("n%d", i), t.TempDir(), "", false, tlsOn)
+		joinTLS(t, n1.srv.URL, n)
+		nodes = append(nodes, n)
+	}
+	return nodes
+}
+
 // The common path: the bootstrap node creates the CA, joining nodes get certificates through
 // the join, the group replicates over mutual TLS; a forged AppendEntries from raft's own TCP
 // transport is refused and changes no leader; a removed node's certificate is refused; a
 // restarted node reuses its stored certificate.
 func TestTLSClusterBootstrapJoinRefuse(t *testing.T) {
-	n1 := startNode(t, "n1", t.TempDir(), "", true, tlsOn)
-	waitLeader(t, n1)
-	nodes := []*testNode{n1}
-	for _, id := range []string{"n2", "n3"} {
-		n := startNode(t, id, t.TempDir(), "", false, tlsOn)
-		joinTLS(t, n1.srv.URL, n)
-		nodes = append(nodes, n)
-	}
+	nodes := tlsCluster(t, 3)
+	n1 := nodes[0]
 	for _, n := range nodes {
 		waitLeader(t, n)
 		if got := n.s.ClusterTLS(); got != "mutual-tls" {
@@ -377,14 +386,7 @@ func TestTLSJoinThroughAJoiningMember(t *testing.T) {
 // the public port refuses node-to-node RPCs whatever token they carry; a removed node's
 // connection is closed and a new one refused.
 func TestTLSClusterPortHTTP(t *testing.T) {
-	n1 := startNode(t, "n1", t.TempDir(), "", true, tlsOn)
-	waitLeader(t, n1)
-	nodes := []*testNode{n1}
-	for _, id := range []string{"n2", "n3"} {
-		n := startNode(t, id, t.TempDir(), "", false, tlsOn)
-		joinTLS(t, n1.srv.URL, n)
-		nodes = append(nodes, n)
-	}
+	nodes := tlsCluster(t, 3)
 	leader := leaderOf(t, nodes)
 	follower := followerOf(nodes, leader)
 	if got := mustApply(t, follower, "via-peer"); got == "" {

@@ -12,6 +12,27 @@ import (
 	"time"
 )
 
+// echoServer answers "got <body>" and counts its connections.
+func echoServer(t *testing.T, tls bool) (*httptest.Server, *atomic.Int32) {
+	var conns atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		io.WriteString(w, "got "+string(b))
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	if tls {
+		srv.StartTLS()
+	} else {
+		srv.Start()
+	}
+	t.Cleanup(srv.Close)
+	return srv, &conns
+}
+
 func newSync(t *testing.T) *SyncTransport {
 	tr := &SyncTransport{Fallback: http.DefaultTransport} // the default TCP dial
 	t.Cleanup(tr.Close)
@@ -36,18 +57,7 @@ func post(t *testing.T, c *http.Client, url string) string {
 // timeout) is noticed before a request with a body is written into it:
 // the POST goes out on a new connection instead of failing.
 func TestSyncTransportSkipsConnectionsClosedWhileIdle(t *testing.T) {
-	var conns atomic.Int32
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		io.WriteString(w, "got "+string(b))
-	}))
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
-	srv.Start()
-	defer srv.Close()
+	srv, conns := echoServer(t, false)
 	c := &http.Client{Transport: newSync(t)}
 
 	if got := post(t, c, srv.URL); got != "got body" {
@@ -174,18 +184,7 @@ func TestSyncTransportRetriesOnlyIdempotent(t *testing.T) {
 // handshake for many requests, a POST after the server dropped the idle
 // connection goes out on a new one, and plain http goes to Fallback.
 func TestSyncTransportTLS(t *testing.T) {
-	var conns atomic.Int32
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		io.WriteString(w, "got "+string(b))
-	}))
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
-	srv.StartTLS()
-	defer srv.Close()
+	srv, conns := echoServer(t, true)
 	var fellBack atomic.Int32
 	tr := &SyncTransport{
 		TLS: srv.Client().Transport.(*http.Transport).TLSClientConfig,
