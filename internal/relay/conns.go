@@ -25,6 +25,8 @@ import (
 // Content-Length one, an id not placed on a live remote owner, an owner
 // that refuses in-band (it ran nothing, so the request is replayed), an
 // idempotent request whose pooled upstream connection turned out dead.
+// An upstream may be a TLS server (Forward.TLS): the loop handshakes off
+// its goroutine and runs crypto/tls over the connection (tls_linux.go).
 
 // ReqHead is a request head parsed by the loop, for Router.
 type ReqHead struct {

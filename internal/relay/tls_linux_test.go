@@ -147,6 +147,7 @@ var bigBlock = func() []byte {
 //	/tlsbadca/X     the same, trusting another CA (/tlsbadcafinal/X: Final)
 //	/tlsflaky/X     serveFlaky over TLS, Final
 //	/tlsstall/X     an upstream that accepts and never handshakes (/tlsstallfinal/X: Final)
+//	/tlsdeadfinal/X an address nothing listens on, Final
 //	/tlssplit/X     /up/X from an upstream writing one byte per write
 //	/tlsslow/X      /up/X from an upstream with a small send buffer that reports a blocked write
 func (rig *connsRig) startTLS() *tlsRig {
@@ -259,6 +260,7 @@ func (rig *connsRig) startTLS() *tlsRig {
 		{prefix: "/tlsflaky", addr: flakyLn.Addr().String(), target: "/flaky", cfg: tr.client, final: true},
 		{prefix: "/tlsstall", addr: stall, target: "/up", cfg: tr.client},
 		{prefix: "/tlsstallfinal", addr: stall, target: "/up", cfg: tr.client, final: true},
+		{prefix: "/tlsdeadfinal", addr: rig.deadAddr, target: "/up", cfg: tr.client, final: true},
 		{prefix: "/tlssplit", addr: split, target: "/up", cfg: tr.client},
 		{prefix: "/tlsslow", addr: slow, target: "/up", cfg: tr.client},
 	}
@@ -586,10 +588,14 @@ func TestConnsTLSHandshakeStall(t *testing.T) {
 
 // An upstream whose certificate the config does not trust: the handshake
 // fails and nothing is sent; a Final request gets 503, another goes to
-// net/http.
+// net/http. A refused connection is the same.
 func TestConnsTLSWrongCA(t *testing.T) {
 	rig := newConnsRig(t)
 	tr := rig.startTLS()
+	if code, h, body := rig.get(rig.client(), "POST", "/tlsdeadfinal/count", "x"); code != 503 || h.Get("Retry-After") != "1" {
+		t.Fatalf("refused connection: %d %v %q, want 503 + Retry-After", code, h, body)
+	}
+	rig.hookPrefix("done 503 " + httpx.ErrNotSent.Error() + ": " + ErrUpstreamFailed.Error() + ": tls handshake")
 	code, h, body := rig.get(rig.client(), "POST", "/tlsbadcafinal/count", "x")
 	if code != 503 || h.Get("Retry-After") != "1" {
 		t.Fatalf("untrusted upstream: %d %v %q, want 503 + Retry-After", code, h, body)
