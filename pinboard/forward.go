@@ -613,8 +613,8 @@ func (fw *forwarder) copyBody(w http.ResponseWriter, resp *http.Response) error 
 // another node: the request as forward sends it (the same attestation and
 // fields, by peerHop), carried by the loop, booked by endForward once the
 // owner answered or failed. It reports false when the loop cannot carry
-// it (a supplied Transport, an owner advertised by name or not over plain
-// http, no cluster secret yet).
+// it (a supplied Transport, an owner advertised by name, no cluster secret
+// yet).
 func (fw *forwarder) routeForward(h *relay.ReqHead, p directory.Placement, owner directory.Worker, rest, query string, now time.Time) (relay.Forward, bool) {
 	if fw.sync == nil {
 		return relay.Forward{}, false // forwards go through the Transport the front door was given
@@ -630,6 +630,7 @@ func (fw *forwarder) routeForward(h *relay.ReqHead, p directory.Placement, owner
 	*wire, _ = hop.AppendFields(*wire, h.Method, base.path+signed, h.Fields, h.Body) // the loop's parse admits no unsafe byte
 	return relay.Forward{
 		Addr:    base.host,
+		TLS:     base.tls,
 		Wire:    *wire,
 		Refusal: RefusalHeader,
 		Refused: ownerRefused,
@@ -658,10 +659,14 @@ func ownerRefused(status int, marker string) bool {
 }
 
 // loopBase is where the loop sends an owner's hop: host (an IP and a
-// port) and path prefix; host "" if the loop cannot use it (TLS, or a name
-// it would have to resolve). via is the cluster address it was made for
-// ("" without mutual TLS).
-type loopBase struct{ host, path, via string }
+// port), path prefix, and the TLS config for an owner reached over mutual
+// TLS (nil: plain); host "" if the loop cannot use it (a name it would
+// have to resolve). via is the cluster address it was made for ("" without
+// mutual TLS).
+type loopBase struct {
+	host, path, via string
+	tls             *tls.Config
+}
 
 // ownerBase is peerTransport.base for the loop, parsed once per worker;
 // workers are few and their addresses stable, so the cache stays small.
@@ -671,8 +676,11 @@ func (fw *forwarder) ownerBase(owner directory.Worker) loopBase {
 		return b.(loopBase)
 	}
 	b := loopBase{via: via}
-	if u, err := url.Parse(fw.peer.base(owner)); err == nil && u.Scheme == "http" && ipLiteral(u.Host) {
+	if u, err := url.Parse(fw.peer.base(owner)); err == nil && (u.Scheme == "http" || u.Scheme == "https") && ipLiteral(u.Host) {
 		b.host, b.path = u.Host, strings.TrimSuffix(u.Path, "/")
+		if u.Scheme == "https" {
+			b.tls = fw.peer.tls
+		}
 	}
 	fw.bases.Store(owner.AdvertiseURL, b)
 	return b
