@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -199,6 +200,26 @@ func TestRaftMutualTLS(t *testing.T) {
 	for _, rq := range [][2]string{{"GET", "/_pinned/i/counters/tls/value"}, {"POST", "/_pinned/wake/counters/tls"}, {"POST", "/_raft/apply"}, {"GET", "/_pinned/stats"}} {
 		if r := follower.a.MustDo(rq[0], rq[1], "x"); r.Code != 403 {
 			t.Fatalf("%s %s on the front door with the token: %d %s", rq[0], rq[1], r.Code, r.Body)
+		}
+	}
+	// Also on a kept-alive connection the fast path took after an instance request.
+	conn, err := net.DialTimeout("tcp", follower.http, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	br := bufio.NewReader(conn)
+	for _, path := range []string{"/counters/tls/value", "/counters/tls/value", "/_pinned/i/counters/tls/value"} {
+		fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", path, testutil.Token)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("GET %s on a kept-alive connection: %v", path, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if want := map[bool]int{true: 403, false: 200}[strings.HasPrefix(path, "/_pinned/")]; resp.StatusCode != want {
+			t.Fatalf("GET %s on a kept-alive connection: %d, want %d", path, resp.StatusCode, want)
 		}
 	}
 

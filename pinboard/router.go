@@ -360,6 +360,11 @@ func (f *FrontDoor) routeLoop(h *relay.ReqHead) (relay.Forward, bool) {
 		return relay.Forward{}, false
 	}
 	if owned, ok := strings.CutPrefix(path, ownerRoutePrefix); ok {
+		if f.transport.secure() {
+			// With mutual TLS the loop holds only public connections,
+			// where a peer route is refused: net/http answers it.
+			return relay.Forward{}, false
+		}
 		return f.owner.routeOwned(h, owned, query)
 	}
 	if !isInstancePath(path) {
