@@ -128,7 +128,11 @@ type peerNodeKey struct{}
 // cluster reaches either: its certificate was checked in the handshake, and its membership is
 // checked again on every request (a removed node's request is answered 403 and its connection
 // closed). It does nothing on a cluster without mutual TLS.
-func (s *Store) ServePeers(h http.Handler) {
+//
+// handBacks are more listeners of connections the cluster port accepted (a kept-alive loop
+// that served some of their requests itself gives them back there); a connection from them is
+// known by unwrapping NetConn() to the accepted one.
+func (s *Store) ServePeers(h http.Handler, handBacks ...net.Listener) {
 	if s.stream == nil {
 		return
 	}
@@ -148,8 +152,15 @@ func (s *Store) ServePeers(h http.Handler) {
 			h.ServeHTTP(w, r)
 		}),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			if pc, ok := c.(*peerConn); ok {
-				ctx = context.WithValue(ctx, peerNodeKey{}, pc.node)
+			for c != nil {
+				if pc, ok := c.(*peerConn); ok {
+					return context.WithValue(ctx, peerNodeKey{}, pc.node)
+				}
+				w, ok := c.(interface{ NetConn() net.Conn })
+				if !ok {
+					break
+				}
+				c = w.NetConn()
 			}
 			return ctx
 		},
@@ -159,11 +170,13 @@ func (s *Store) ServePeers(h http.Handler) {
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	s.peerSrv.Store(srv)
-	go func() {
-		if err := srv.Serve(s.stream.httpListener()); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
-			s.log.Error("serving the cluster port's HTTP failed", "err", err)
-		}
-	}()
+	for _, ln := range append([]net.Listener{s.stream.httpListener()}, handBacks...) {
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+				s.log.Error("serving the cluster port's HTTP failed", "err", err)
+			}
+		}()
+	}
 }
 
 // stopPeers closes the cluster port's HTTP server and its connections.

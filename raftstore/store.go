@@ -218,6 +218,9 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 			return nil, fmt.Errorf("%w: RaftAddr %s binds every interface: set AdvertiseRaftAddr", ErrInvalidConfig, cfg.RaftAddr)
 		}
 		s.stream = newTLSStream(ln, adv, s.ident, s.allowPeer, s.log.With("component", "raft-tls"))
+		if cfg.TLS.ServerConn != nil {
+			s.stream.server = cfg.TLS.ServerConn
+		}
 		s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 			Stream:  s.stream,
 			MaxPool: 3,

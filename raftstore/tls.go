@@ -21,6 +21,10 @@ import (
 
 // TLSConfig turns on mutual TLS for the Raft transport (see "Mutual TLS" in DESIGN.md).
 type TLSConfig struct {
+	// ServerConn, if set, makes the server side of TLS over a connection the cluster port
+	// accepted, in place of tls.Server (the agent's kept-alive loop supplies one whose
+	// connections it can later serve itself). The handshake still runs here.
+	ServerConn func(raw net.Conn, cfg *tls.Config) (*tls.Conn, error)
 	// CAFile, CertFile and KeyFile bring the operator's own PKI: the CA this node trusts and
 	// its certificate (CommonName = NodeID) and key, PEM. All three or none. With none, the
 	// cluster runs its own CA: created by the bootstrap node, replicated in the log so any
@@ -48,6 +52,7 @@ type tlsStream struct {
 	ln        net.Listener
 	advertise net.Addr
 	id        *clustertls.Identity
+	server    func(net.Conn, *tls.Config) (*tls.Conn, error)
 	allow     func(nodeID string) error
 	log       *slog.Logger
 
@@ -67,6 +72,7 @@ var _ raft.StreamLayer = (*tlsStream)(nil)
 func newTLSStream(ln net.Listener, advertise net.Addr, id *clustertls.Identity, allow func(string) error, log *slog.Logger) *tlsStream {
 	s := &tlsStream{
 		ln: ln, advertise: advertise, id: id, allow: allow, log: log,
+		server: func(raw net.Conn, cfg *tls.Config) (*tls.Conn, error) { return tls.Server(raw, cfg), nil },
 		conns:    make(chan net.Conn),
 		http:     make(chan net.Conn),
 		dialCfg:  id.ClientConfig(alpnRaft),
@@ -108,9 +114,14 @@ func (s *tlsStream) acceptLoop() {
 
 func (s *tlsStream) handshake(raw net.Conn, cfg *tls.Config) {
 	defer func() { <-s.pending }()
-	_ = raw.SetDeadline(time.Now().Add(handshakeTimeout))
-	conn := tls.Server(raw, cfg)
-	err := conn.Handshake()
+	conn, err := s.server(raw, cfg)
+	if err != nil {
+		s.log.Warn("refused a cluster connection", "remote", raw.RemoteAddr().String(), "err", err)
+		_ = raw.Close()
+		return
+	}
+	_ = conn.SetDeadline(time.Now().Add(handshakeTimeout))
+	err = conn.Handshake()
 	var node string
 	if err == nil {
 		node = clustertls.PeerNodeID(conn.ConnectionState())
@@ -130,10 +141,10 @@ func (s *tlsStream) handshake(raw net.Conn, cfg *tls.Config) {
 	}
 	if err != nil {
 		s.log.Warn("refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
-		_ = raw.Close()
+		_ = conn.Close()
 		return
 	}
-	_ = raw.SetDeadline(time.Time{})
+	_ = conn.SetDeadline(time.Time{})
 	pc := &peerConn{Conn: conn, stream: s, node: node, pre: pre}
 	to := s.http
 	if proto != alpnHTTP {
@@ -237,6 +248,12 @@ type peerConn struct {
 	pre    []byte
 	once   sync.Once
 }
+
+// NetConn is the connection this one wraps (the TLS connection), as tls.Conn's NetConn.
+func (c *peerConn) NetConn() net.Conn { return c.Conn }
+
+// PeerNode is the member node at the other end.
+func (c *peerConn) PeerNode() string { return c.node }
 
 func (c *peerConn) Read(p []byte) (int, error) {
 	if len(c.pre) > 0 && len(p) > 0 {
