@@ -95,6 +95,9 @@ func startBenchClusterTLS(b testing.TB, n int, withTLS bool) []*benchNode {
 		})
 		var handler http.Handler = mux
 		h.Store(&handler)
+		// With TLS, followers forward to the leader's cluster port (the
+		// silent switch above is for the plain rig).
+		store.ServePeers(http.NotFoundHandler())
 		b.Cleanup(func() {
 			nodes[i].dir.Close()
 			_ = store.Close(context.Background())
