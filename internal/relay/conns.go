@@ -26,7 +26,10 @@ import (
 // that refuses in-band (it ran nothing, so the request is replayed), an
 // idempotent request whose pooled upstream connection turned out dead.
 // An upstream may be a TLS server (Forward.TLS): the loop handshakes off
-// its goroutine and runs crypto/tls over the connection (tls_linux.go).
+// its goroutine and runs crypto/tls over the connection (tls_linux.go). A
+// client may be a TLS one made by ServerTLS: net/http runs its handshake
+// and first request, the loop runs crypto/tls over it once adopted, and
+// gives it back as it came (tlsclient_linux.go).
 
 // ReqHead is a request head parsed by the loop, for Router.
 type ReqHead struct {
@@ -40,6 +43,11 @@ type ReqHead struct {
 	Body []byte
 	// RemoteAddr is the client's address (ip:port).
 	RemoteAddr string
+	// Conn is the connection Adopt was given (a TLS connection the loop
+	// gave back and took again: the one it gave back wrapped, so a
+	// caller's wrapper type stays what it finds). The loop owns it: look,
+	// do not use.
+	Conn net.Conn
 	// Ticket names the exchange this request starts, should the Router
 	// route it: a Router that must be able to end it later (an instance
 	// evicted under an open stream) keeps it.

@@ -70,6 +70,8 @@ const (
 type client struct {
 	id       uint32
 	fd       int
+	conn     net.Conn // what Adopt was given (ReqHead.Conn)
+	tls      *tlsEnd  // nil: a plain connection (tlsclient_linux.go)
 	remote   string
 	in       []byte // bytes read from the client, the current request first
 	readable bool
@@ -101,7 +103,7 @@ type upstream struct {
 	id       uint32
 	fd       int
 	key      poolKey
-	tls      *tlsUp  // nil: a plain connection
+	tls      *tlsEnd // nil: a plain connection
 	c        *client // nil while pooled
 	in       []byte
 	hs       headScan // the search for the response head's end in in
@@ -150,22 +152,32 @@ func (l *Conns) HandedBack() int64 { return l.handed.Load() }
 
 // Adopt takes a client connection (HTTP/1.1, kept alive, its last response
 // complete) with buffered, bytes it already sent that net/http read ahead.
-// The loop owns it from here on, whatever Adopt returns, and with it the
+// The connection is a socket, or a TLS connection made by ServerTLS (a
+// *tls.Conn, or one wrapping it: see NetConn), its handshake done. The
+// loop owns it from here on, whatever Adopt returns, and with it the
 // connection's slot under a connection cap (see slot.go): given back when
 // the loop closes the connection, handed on when it gives it back to
 // net/http, and at once if Adopt fails.
 func (l *Conns) Adopt(c net.Conn, buffered []byte) error {
 	remote := c.RemoteAddr().String()
-	fd, release, err := takeClient(c)
+	cl := &client{conn: c, remote: remote, readable: true, since: time.Now()}
+	var err error
+	if tc, w := serverTLSOf(c); w != nil {
+		cl.conn, cl.in, cl.tls, cl.release, err = takeTLSClient(c, tc, w, buffered)
+		cl.fd = w.fd
+	} else {
+		cl.in = append([]byte(nil), buffered...)
+		cl.fd, cl.release, err = takeClient(c)
+	}
 	if err != nil {
 		return err
 	}
+	fd := cl.fd
 	refuse := func(err error) error {
 		_ = unix.Close(fd)
-		release()
+		cl.release()
 		return err
 	}
-	cl := &client{fd: fd, remote: remote, in: append([]byte(nil), buffered...), readable: true, since: time.Now(), release: release}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed || l.draining {
@@ -414,7 +426,7 @@ func (l *Conns) drive(c *client, buf []byte, after *[]func()) {
 
 // readRequest reads and routes the next request; true if the state moved.
 func (l *Conns) readRequest(c *client, buf []byte, after *[]func()) bool {
-	if len(c.out) > 0 && !l.flush(c, after) {
+	if c.unsent() && !l.flush(c, after) {
 		return false
 	}
 	for {
@@ -431,7 +443,7 @@ func (l *Conns) readRequest(c *client, buf []byte, after *[]func()) bool {
 				return false
 			}
 			h := &l.scratch
-			h.RemoteAddr = c.remote
+			h.RemoteAddr, h.Conn = c.remote, c.conn
 			h.Ticket = Ticket{l: l, id: c.id, seq: c.seq + 1}
 			fwd, ok := l.router.Route(h)
 			if !ok {
@@ -470,11 +482,17 @@ func (l *Conns) readRequest(c *client, buf []byte, after *[]func()) bool {
 		if len(c.in) == 0 {
 			c.since = time.Now() // the head timeout runs from its first byte
 		}
-		if !l.readInto(c.fd, nil, &c.in, buf, maxHead+maxLoopBody, &c.readable, c.hup) {
+		if !l.readInto(c.fd, c.tls, &c.in, buf, maxHead+maxLoopBody, &c.readable, c.hup) {
 			l.closeClient(c, after) // the client closed or failed between requests
 			return false
 		}
 	}
+}
+
+// unsent: bytes for the client wait, in c.out or (TLS) in its wire, for
+// the socket to take them.
+func (c *client) unsent() bool {
+	return len(c.out) > 0 || c.tls != nil && len(c.tls.wire.out) > 0
 }
 
 // consume drops the current request from c.in: the next one's head is
@@ -491,13 +509,13 @@ func (l *Conns) start(c *client, u *upstream) {
 	c.state, c.since = stSend, time.Now()
 }
 
-// readInto reads fd (through t, a TLS upstream's, if not nil) until it is
+// readInto reads fd (through t, a TLS connection's, if not nil) until it is
 // drained (readable goes false) or limit bytes are buffered; false on EOF
 // or an error. A plain read shorter than asked drained the socket: more
 // data arriving later is a new edge, so the EAGAIN read that would only
 // confirm it is skipped (a syscall a request on each side). Once the peer
 // hung up, it reads on to the EOF, which no later edge would report.
-func (l *Conns) readInto(fd int, t *tlsUp, dst *[]byte, buf []byte, limit int, readable *bool, hup bool) bool {
+func (l *Conns) readInto(fd int, t *tlsEnd, dst *[]byte, buf []byte, limit int, readable *bool, hup bool) bool {
 	for len(*dst) < limit {
 		want := min(len(buf), limit-len(*dst))
 		var n int
@@ -550,7 +568,7 @@ func (l *Conns) send(c *client, after *[]func()) bool {
 func (l *Conns) readResponse(c *client, buf []byte, after *[]func()) bool {
 	u := c.up
 	for {
-		if len(c.out) > 0 && !l.flush(c, after) {
+		if c.unsent() && !l.flush(c, after) {
 			return false // an informational response still going out
 		}
 		before := u.hs.scanned
@@ -668,7 +686,7 @@ func (l *Conns) relayBody(c *client, buf []byte, after *[]func()) bool {
 		if fixed && c.left == 0 || c.resp.chunked && c.sc.state == csDone {
 			return l.endExchange(c, after)
 		}
-		if len(c.out) > 0 && !l.flush(c, after) {
+		if c.unsent() && !l.flush(c, after) {
 			return false // the client is slow: the upstream waits (EPOLLOUT brings us back)
 		}
 		if u.eof {
@@ -750,13 +768,20 @@ func (l *Conns) endExchange(c *client, after *[]func()) bool {
 // flush writes c.out; true when all of it is out. A closed client is
 // closed here (state stClosed).
 func (l *Conns) flush(c *client, after *[]func()) bool {
-	n, err := writeAll(c.fd, c.out)
-	c.out = c.out[:copy(c.out, c.out[n:])]
+	var err error
+	if c.tls == nil {
+		var n int
+		n, err = writeAll(c.fd, c.out)
+		c.out = c.out[:copy(c.out, c.out[n:])]
+	} else {
+		err = c.tls.send(c.out)
+		c.out = c.out[:0]
+	}
 	if err != nil {
 		l.closeClient(c, after)
 		return false
 	}
-	if len(c.out) > 0 {
+	if c.unsent() {
 		return false
 	}
 	if c.closeAft && c.state == stHead {
@@ -1068,11 +1093,16 @@ func (l *Conns) detach(c *client) {
 	l.noteDrainedLocked()
 }
 
-// giveBack hands c to net/http with the bytes it has not answered.
+// giveBack hands c to net/http with the bytes it has not answered (a
+// TLS client: the object Adopt took, see giveBackTLS).
 func (l *Conns) giveBack(c *client, after *[]func()) {
 	l.detach(c)
 	l.handed.Add(1)
 	fd, pending, release := c.fd, c.in, c.takeRelease()
+	if c.tls != nil {
+		l.giveBackTLS(c, pending, release, after)
+		return
+	}
 	*after = append(*after, func() {
 		f := os.NewFile(uintptr(fd), "client")
 		nc, err := net.FileConn(f) // a duplicate, in Go's poller
@@ -1102,7 +1132,8 @@ func (l *Conns) shutdownLocked(after *[]func()) {
 // prefixConn is a connection given back to net/http: it reads prefix
 // before the connection's own bytes, and holds the connection's slot
 // (release) until Close, or until Detach hands it to whoever takes the
-// socket next (the loops again).
+// socket next (the loops again). Its Conn is a socket in Go's poller, or
+// the TLS connection Adopt took (giveBackTLS).
 type prefixConn struct {
 	net.Conn
 	prefix  []byte
@@ -1135,6 +1166,10 @@ func (p *prefixConn) takeRelease() func() {
 	p.release = nil
 	return rel
 }
+
+// NetConn is the connection under the prefix (for a TLS one, what Adopt
+// was given: a caller unwraps to its own type from here).
+func (p *prefixConn) NetConn() net.Conn { return p.Conn }
 
 func (p *prefixConn) Read(b []byte) (int, error) {
 	if len(p.prefix) > 0 {

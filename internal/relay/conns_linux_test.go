@@ -75,14 +75,7 @@ func (r testRouter) Route(h *ReqHead) (Forward, bool) {
 	default:
 		return Forward{}, false
 	}
-	w := fmt.Appendf(nil, "%s %s HTTP/1.1\r\nHost: %s\r\n", h.Method, target, h.Host)
-	for _, f := range h.Fields {
-		w = fmt.Appendf(w, "%s: %s\r\n", f.Name, f.Value)
-	}
-	if len(h.Body) > 0 || h.Method != "GET" && h.Method != "HEAD" {
-		w = fmt.Appendf(w, "Content-Length: %d\r\n", len(h.Body))
-	}
-	w = append(append(w, "\r\n"...), h.Body...)
+	w := requestWire(h, target)
 	fwd := Forward{Addr: addr, Wire: w, TLS: tlsConf, Refusal: "X-Refused", Refused: refusedIf("draining"), Timeout: timeout}
 	if final {
 		fwd.Final, fwd.FailMsg = true, "plugin gone"
@@ -91,6 +84,18 @@ func (r testRouter) Route(h *ReqHead) (Forward, bool) {
 		fwd.Done = func(status int, err error) { r.rig.hooks <- fmt.Sprintf("done %d %v", status, err) }
 	}
 	return fwd, true
+}
+
+// requestWire is h's request for target, as a Router writes it upstream.
+func requestWire(h *ReqHead, target string) []byte {
+	w := fmt.Appendf(nil, "%s %s HTTP/1.1\r\nHost: %s\r\n", h.Method, target, h.Host)
+	for _, f := range h.Fields {
+		w = fmt.Appendf(w, "%s: %s\r\n", f.Name, f.Value)
+	}
+	if len(h.Body) > 0 || h.Method != "GET" && h.Method != "HEAD" {
+		w = fmt.Appendf(w, "Content-Length: %d\r\n", len(h.Body))
+	}
+	return append(append(w, "\r\n"...), h.Body...)
 }
 
 func newConnsRig(t *testing.T) *connsRig {

@@ -4,6 +4,7 @@ package relay
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"net"
 	"time"
@@ -42,3 +43,6 @@ type Ticket struct{}
 
 // Abort does nothing.
 func (Ticket) Abort() {}
+
+// ServerTLS is tls.Server: there is no loop to adopt the connection.
+func ServerTLS(raw net.Conn, cfg *tls.Config) (*tls.Conn, error) { return tls.Server(raw, cfg), nil }

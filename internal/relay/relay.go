@@ -42,6 +42,10 @@ var (
 	ErrNotSocket = errors.New("connection is not a socket")
 	// errMalformedChunk: the upstream's chunked framing is broken.
 	errMalformedChunk = errors.New("malformed chunked body")
+	// errNotAdoptable: a TLS connection given to Conns.Adopt is not
+	// net/http's to give: its handshake is not done, a loop holds it, or
+	// it is closed.
+	errNotAdoptable = errors.New("tls connection not adoptable")
 )
 
 // Reason says why a relayed stream ended.

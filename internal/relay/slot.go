@@ -18,8 +18,9 @@ type detacher interface {
 }
 
 // detachSlot takes the slot of c, or of the connection under it (through
-// Unwrap), and returns its release; a connection that holds none gets one
-// that does nothing. Call it before closing c.
+// Unwrap, or NetConn as a tls.Conn has), and returns its release; a
+// connection that holds none gets one that does nothing. Call it before
+// closing c.
 func detachSlot(c net.Conn) (release func()) {
 	for c != nil {
 		if d, ok := c.(detacher); ok {
@@ -28,11 +29,14 @@ func detachSlot(c net.Conn) (release func()) {
 			}
 			break
 		}
-		u, ok := c.(interface{ Unwrap() net.Conn })
-		if !ok {
-			break
+		switch u := c.(type) {
+		case interface{ Unwrap() net.Conn }:
+			c = u.Unwrap()
+		case interface{ NetConn() net.Conn }:
+			c = u.NetConn()
+		default:
+			c = nil
 		}
-		c = u.Unwrap()
 	}
 	return func() {}
 }

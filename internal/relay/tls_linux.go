@@ -10,15 +10,20 @@ import (
 	"net"
 	"os"
 	"strings"
-	"syscall"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// TLS upstreams (Forward.TLS). There is no kernel TLS here, so the loop
-// runs crypto/tls in user space over the upstream's non-blocking
-// descriptor, and stays one goroutine that never waits on a socket:
+// TLS upstreams (Forward.TLS), and TLS clients (ServerTLS,
+// tlsclient_linux.go). There is no kernel TLS here, so the loop runs
+// crypto/tls in user space over the connection's non-blocking descriptor,
+// and stays one goroutine that never waits on a socket. A tlsWire has two
+// modes: in poller mode (an upstream's handshake; a client's whole life
+// under net/http) a duplicate of its descriptor in Go's poller carries its
+// I/O, which waits there like any Go conn's; in loop mode the loop reads
+// and writes the descriptor itself and nothing waits. For an upstream:
 //
 //   - the handshake runs on a goroutine of its own (handshake), which
 //     waits in Go's poller on a duplicate of the descriptor, bounded by
@@ -40,10 +45,11 @@ const handshakeTimeout = 5 * time.Second
 // aLongTimeAgo is a deadline that has passed: it ends a handshake's wait.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// tlsUp is a TLS upstream connection's state.
-type tlsUp struct {
+// tlsEnd is the loop's state of a TLS connection it holds: an upstream,
+// or a client adopted from net/http.
+type tlsEnd struct {
 	conn *tls.Conn
-	wire tlsWire
+	wire *tlsWire
 	// hs is set while the handshake goroutine holds the connection, and
 	// until the loop takes it back (shaken).
 	hs  *handshake
@@ -54,9 +60,8 @@ type tlsUp struct {
 // handshake is one handshake under way, shared by its goroutine and the
 // loop under the loop's lock.
 type handshake struct {
-	f    *os.File // the descriptor's duplicate the goroutine waits on
-	done bool     // the goroutine is finished with the descriptor
-	err  error    // why the handshake failed, once done
+	done bool  // the goroutine is finished with the descriptor
+	err  error // why the handshake failed, once done
 	// abandoned: the loop let go of the upstream while the goroutine held
 	// it; the goroutine closes the descriptor.
 	abandoned bool
@@ -78,20 +83,15 @@ func (l *Conns) startHandshake(u *upstream) error {
 }
 
 // newTLSUp makes fd, a connection to addr, a TLS client connection with
-// cfg, ready for its handshake, which waits on a duplicate of fd in Go's
-// poller for up to timeout; handshook ends that.
-func newTLSUp(fd int, addr string, cfg *tls.Config, timeout time.Duration) (*tlsUp, error) {
-	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("dup: %w", err)
+// cfg, ready for its handshake, which waits in Go's poller (the wire in
+// poller mode) for up to timeout; handshook ends that.
+func newTLSUp(fd int, addr string, cfg *tls.Config, timeout time.Duration) (*tlsEnd, error) {
+	w := &tlsWire{fd: fd, laddr: wireAddr(""), raddr: wireAddr(addr)}
+	if err := w.toPoller(); err != nil {
+		return nil, err
 	}
-	f := os.NewFile(uintptr(dup), "relay-tls") // non-blocking: in Go's poller
-	rc, err := f.SyscallConn()
-	if err == nil {
-		err = f.SetDeadline(time.Now().Add(timeout))
-	}
-	if err != nil {
-		_ = f.Close()
+	if err := w.pc.SetDeadline(time.Now().Add(timeout)); err != nil {
+		w.toLoop()
 		return nil, err
 	}
 	if cfg.ServerName == "" && !cfg.InsecureSkipVerify {
@@ -99,18 +99,16 @@ func newTLSUp(fd int, addr string, cfg *tls.Config, timeout time.Duration) (*tls
 		cfg = cfg.Clone()
 		cfg.ServerName, _, _ = net.SplitHostPort(addr)
 	}
-	t := &tlsUp{wire: tlsWire{fd: fd, addr: wireAddr(addr), rc: rc}, hs: &handshake{f: f}}
-	t.conn = tls.Client(&t.wire, cfg)
+	t := &tlsEnd{wire: w, hs: &handshake{}}
+	t.conn = tls.Client(w, cfg)
 	return t, nil
 }
 
 // handshook records the handshake's end (err: why it failed): the
 // descriptor is the loop's from here on, and never waited on.
-func (t *tlsUp) handshook(err error) {
-	h := t.hs
-	_ = h.f.Close()
-	t.wire.rc = nil
-	h.done, h.err = true, err
+func (t *tlsEnd) handshook(err error) {
+	t.wire.toLoop()
+	t.hs.done, t.hs.err = true, err
 }
 
 // handshake runs u's TLS handshake, off the loop, and hands u back to
@@ -158,13 +156,13 @@ func (l *Conns) shook(u *upstream, buf []byte, after *[]func()) {
 // abandon lets go of u while its handshake goroutine holds the
 // descriptor: the goroutine's wait ends now, and it closes the descriptor.
 // false if the handshake was over already.
-func (t *tlsUp) abandon() bool {
+func (t *tlsEnd) abandon() bool {
 	h := t.hs
 	if h == nil || h.done {
 		return false
 	}
 	h.abandoned = true
-	_ = h.f.SetDeadline(aLongTimeAgo)
+	_ = t.wire.pc.SetDeadline(aLongTimeAgo)
 	return true
 }
 
@@ -178,33 +176,39 @@ func (l *Conns) sendTLS(c *client, after *[]func()) bool {
 		return false // shook brings it back
 	}
 	before := t.wire.written
-	var err error
-	if len(u.out) > 0 {
-		_, err = t.conn.Write(u.out)
-		u.out = nil
-	}
-	flushed := false
-	if err == nil {
-		flushed, err = t.wire.flush()
-	}
+	err := t.send(u.out)
+	u.out = nil
 	u.sent = u.sent || t.wire.written > before
 	if err != nil {
 		l.upstreamFailed(c, fmt.Errorf("%w: %w", ErrUpstreamFailed, err), after)
 		return false
 	}
-	if !flushed {
+	if len(t.wire.out) > 0 {
 		return false // EPOLLOUT brings us back
 	}
 	c.state, c.since = stResp, time.Now()
 	return true
 }
 
-// read is sysRead for a TLS upstream, decrypted: n bytes; (0, EAGAIN)
+// send writes p through the tls.Conn, and as much as the socket takes of
+// what waits in the wire: the rest stays there, in order, for the next
+// send (on EPOLLOUT). Nothing is left once len(t.wire.out) is 0.
+func (t *tlsEnd) send(p []byte) error {
+	if len(p) > 0 {
+		if _, err := t.conn.Write(p); err != nil {
+			return err
+		}
+	}
+	_, err := t.wire.flush()
+	return err
+}
+
+// read is sysRead for a TLS connection, decrypted: n bytes; (0, EAGAIN)
 // once the socket and the tls.Conn hold no more; (0, nil) at the end of
 // the peer's stream (a close_notify, or an EOF between records). A short
 // read does not mean the socket is drained: the tls.Conn returns one
 // record at a time, and may hold more already read.
-func (t *tlsUp) read(p []byte) (int, error) {
+func (t *tlsEnd) read(p []byte) (int, error) {
 	switch {
 	case t.err != nil:
 		return 0, t.err
@@ -237,23 +241,60 @@ func (t *tlsUp) read(p []byte) (int, error) {
 // the loop: what arrived while it was idle (a session ticket, a key
 // update) is consumed through the tls.Conn, without waiting; application
 // data, a close_notify, an EOF or an error are not quiet.
-func (t *tlsUp) quiet() bool {
+func (t *tlsEnd) quiet() bool {
 	var b [1]byte
 	n, err := t.read(b[:])
 	return n == 0 && errors.Is(err, unix.EAGAIN) && len(t.wire.out) == 0
 }
 
-// tlsWire is the net.Conn under a TLS upstream's tls.Conn: its
-// descriptor, never waited on by the loop (see the top of this file).
+// tlsWire is the net.Conn under a tls.Conn the loop runs: its descriptor,
+// fd, which is the wire's for the connection's life, and in poller mode
+// pc, a duplicate of it in Go's poller (see the top of this file). The
+// mode changes only while nothing uses the wire.
 type tlsWire struct {
-	fd      int
-	addr    wireAddr
-	out     []byte // bytes the socket has not taken yet, in order
-	written int64  // bytes the socket took
-	err     error  // a write failed: every later one fails too
-	// rc is the descriptor's duplicate in Go's poller during the
-	// handshake, where reads and writes wait (until its deadline).
-	rc syscall.RawConn
+	fd           int
+	laddr, raddr net.Addr
+	out          []byte // loop mode: bytes the socket has not taken yet, in order
+	written      int64  // loop mode: bytes the socket took
+	err          error  // loop mode: a write failed: every later one fails too
+	// pc, in poller mode, carries the wire's I/O, deadlines and Close
+	// (nil: loop mode).
+	pc net.Conn
+	// mu guards what Close and Detach, from any goroutine, share.
+	mu      sync.Mutex
+	closed  bool
+	release func() // a client's slot under a connection cap (slot.go), until Detach
+}
+
+// toPoller puts w in poller mode: its I/O goes through a duplicate of its
+// descriptor in Go's poller. Bytes loop mode kept go out first (Write).
+func (w *tlsWire) toPoller() error {
+	dup, err := unix.FcntlInt(uintptr(w.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("dup: %w", err)
+	}
+	pc, err := pollerConn(dup)
+	if err != nil {
+		return err
+	}
+	w.pc = pc
+	return nil
+}
+
+// toLoop puts w in loop mode: the duplicate in Go's poller closes, and
+// its descriptor is the loop's alone.
+func (w *tlsWire) toLoop() {
+	_ = w.pc.Close()
+	w.pc = nil
+}
+
+// pollerConn makes fd a net.Conn in Go's poller (a duplicate of fd; fd
+// itself is closed).
+func pollerConn(fd int) (net.Conn, error) {
+	f := os.NewFile(uintptr(fd), "relay")
+	c, err := net.FileConn(f)
+	_ = f.Close()
+	return c, err
 }
 
 // wouldBlock is the wire's EAGAIN: a temporary net.Error, which
@@ -266,10 +307,11 @@ func (wouldBlock) Temporary() bool { return true }
 
 var errWouldBlock net.Error = wouldBlock{}
 
-// Read reads what the socket has: errWouldBlock if nothing yet.
+// Read reads what the socket has: in loop mode errWouldBlock if nothing
+// yet; in poller mode it waits.
 func (w *tlsWire) Read(p []byte) (int, error) {
-	if w.rc != nil {
-		return w.wait(false, p)
+	if w.pc != nil {
+		return w.pc.Read(p)
 	}
 	if len(p) == 0 {
 		return 0, nil
@@ -289,11 +331,18 @@ func (w *tlsWire) Read(p []byte) (int, error) {
 	}
 }
 
-// Write writes what the socket takes and keeps the rest for flush; it
-// fails only when the socket does.
+// Write, in loop mode, writes what the socket takes and keeps the rest
+// for flush; it fails only when the socket does. In poller mode it waits
+// until all of p (after what loop mode kept) is out.
 func (w *tlsWire) Write(p []byte) (int, error) {
-	if w.rc != nil {
-		return w.wait(true, p)
+	if w.pc != nil {
+		if len(w.out) > 0 {
+			if _, err := w.pc.Write(w.out); err != nil {
+				return 0, err
+			}
+			w.out = nil
+		}
+		return w.pc.Write(p)
 	}
 	if w.err != nil {
 		return 0, w.err
@@ -336,63 +385,69 @@ func (w *tlsWire) flush() (bool, error) {
 	return true, nil
 }
 
-// wait reads into p, or writes all of p, waiting in Go's poller (the
-// handshake's side).
-func (w *tlsWire) wait(write bool, p []byte) (int, error) {
-	done := 0
-	var ioErr error
-	try := func(fd uintptr) bool {
-		for len(p) > done {
-			var n int
-			var err error
-			if write {
-				n, err = sysWrite(int(fd), p[done:])
-			} else {
-				n, err = sysRead(int(fd), p)
-			}
-			switch {
-			case errors.Is(err, unix.EINTR):
-				continue
-			case errors.Is(err, unix.EAGAIN):
-				return false
-			case err != nil:
-				ioErr = err
-			case !write && n == 0:
-				ioErr = io.EOF
-			}
-			done += n
-			if ioErr != nil || !write {
-				return true
-			}
-		}
-		return true
+// Close, in poller mode, closes the connection (no one else holds it)
+// and gives its slot back. In loop mode it does nothing: the loop closes
+// the descriptor (closeUp, closeClient), with no close_notify.
+func (w *tlsWire) Close() error {
+	if w.pc == nil {
+		return nil
 	}
-	var err error
-	if write {
-		err = w.rc.Write(try)
-	} else {
-		err = w.rc.Read(try)
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return net.ErrClosed
 	}
-	if err == nil {
-		err = ioErr
+	w.closed = true
+	rel := w.release
+	w.release = nil
+	w.mu.Unlock()
+	err := w.pc.Close()
+	_ = unix.Close(w.fd)
+	if rel != nil {
+		rel()
 	}
-	return done, err
+	return err
 }
 
-// Close does nothing: the loop closes the descriptor (closeUp), with no
-// close_notify.
-func (w *tlsWire) Close() error { return nil }
+// Detach hands the connection's slot over (see slot.go): Close no longer
+// gives it back. nil if it holds none.
+func (w *tlsWire) Detach() func() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	rel := w.release
+	w.release = nil
+	return rel
+}
 
-func (w *tlsWire) LocalAddr() net.Addr { return wireAddr("") }
+// LocalAddr and RemoteAddr are the connection's (a client's, from its
+// accept), or for an upstream none and its address as Forward.Addr names
+// it (crypto/tls keys its session cache by it when the config names no
+// server).
+func (w *tlsWire) LocalAddr() net.Addr  { return w.laddr }
+func (w *tlsWire) RemoteAddr() net.Addr { return w.raddr }
 
-// RemoteAddr is the upstream's address (crypto/tls keys its session cache
-// by it when the config names no server).
-func (w *tlsWire) RemoteAddr() net.Addr { return w.addr }
+// The deadlines are the poller's in poller mode; in loop mode the loop
+// keeps its own.
+func (w *tlsWire) SetDeadline(t time.Time) error {
+	if w.pc == nil {
+		return nil
+	}
+	return w.pc.SetDeadline(t)
+}
 
-// The deadlines are the handshake's (on its duplicate) and the loop's own.
-func (w *tlsWire) SetDeadline(time.Time) error      { return nil }
-func (w *tlsWire) SetReadDeadline(time.Time) error  { return nil }
-func (w *tlsWire) SetWriteDeadline(time.Time) error { return nil }
+func (w *tlsWire) SetReadDeadline(t time.Time) error {
+	if w.pc == nil {
+		return nil
+	}
+	return w.pc.SetReadDeadline(t)
+}
+
+func (w *tlsWire) SetWriteDeadline(t time.Time) error {
+	if w.pc == nil {
+		return nil
+	}
+	return w.pc.SetWriteDeadline(t)
+}
 
 // wireAddr is an upstream's address as Forward.Addr names it.
 type wireAddr string
