@@ -72,7 +72,7 @@ var _ raft.StreamLayer = (*tlsStream)(nil)
 func newTLSStream(ln net.Listener, advertise net.Addr, id *clustertls.Identity, allow func(string) error, log *slog.Logger) *tlsStream {
 	s := &tlsStream{
 		ln: ln, advertise: advertise, id: id, allow: allow, log: log,
-		server: func(raw net.Conn, cfg *tls.Config) (*tls.Conn, error) { return tls.Server(raw, cfg), nil },
+		server:   func(raw net.Conn, cfg *tls.Config) (*tls.Conn, error) { return tls.Server(raw, cfg), nil },
 		conns:    make(chan net.Conn),
 		http:     make(chan net.Conn),
 		dialCfg:  id.ClientConfig(alpnRaft),
