@@ -179,9 +179,26 @@ func (s *Store) ServePeers(h http.Handler, handBacks ...net.Listener) {
 	}
 }
 
-// stopPeers closes the cluster port's HTTP server and its connections.
-func (s *Store) stopPeers() {
-	if srv := s.peerSrv.Load(); srv != nil {
+// stopPeers stops the cluster port's HTTP: no new connection (the port closes those at once),
+// idle ones closed, and those with a request under way closed once it is answered, until ctx
+// ends (then they are cut). A request cut mid-way would leave its sender unsure whether it ran.
+// Not graceful (a storage fault): everything is cut at once.
+func (s *Store) stopPeers(ctx context.Context, graceful bool) {
+	if s.stream != nil {
+		s.stream.stopHTTP()
+	}
+	srv := s.peerSrv.Load()
+	if srv != nil && !graceful {
 		_ = srv.Close()
+	} else if srv != nil {
+		ctx, cancel := context.WithTimeout(ctx, peerShutdownBound)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			s.log.Warn("requests on the cluster port still under way at the shutdown deadline; cut them off", "err", err)
+			_ = srv.Close()
+		}
 	}
 }
+
+// peerShutdownBound bounds the wait for the cluster port's requests under way at shutdown.
+const peerShutdownBound = 5 * time.Second

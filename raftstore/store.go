@@ -679,6 +679,9 @@ func (s *Store) shutdown(ctx context.Context, graceful bool) error {
 			}
 			cancel()
 		}
+		// After the hand-over no follower forwards here; the peers' requests under way get
+		// their answers before raft stops.
+		s.stopPeers(ctx, graceful)
 		s.baseCancel()
 		s.notifyChange()
 		s.raft.DeregisterObserver(s.observer)
@@ -701,7 +704,6 @@ func (s *Store) shutdown(ctx context.Context, graceful bool) error {
 			err = cerr
 		}
 		_ = s.lock.Close() // releases the data dir for the next process
-		s.stopPeers()
 		if s.closeClient != nil {
 			s.closeClient()
 		}

@@ -56,12 +56,14 @@ type tlsStream struct {
 	allow     func(nodeID string) error
 	log       *slog.Logger
 
-	conns   chan net.Conn // Raft's
-	http    chan net.Conn // the cluster port's HTTP (ServePeers)
-	dialCfg *tls.Config
-	pending chan struct{}
-	done    chan struct{}
-	once    sync.Once
+	conns    chan net.Conn // Raft's
+	http     chan net.Conn // the cluster port's HTTP (ServePeers)
+	httpDone chan struct{} // closed when HTTP is no longer served (stopHTTP)
+	httpOnce sync.Once
+	dialCfg  *tls.Config
+	pending  chan struct{}
+	done     chan struct{}
+	once     sync.Once
 
 	mu       sync.Mutex
 	accepted map[*peerConn]string // live inbound connections by peer node id
@@ -75,6 +77,7 @@ func newTLSStream(ln net.Listener, advertise net.Addr, id *clustertls.Identity, 
 		server:   func(raw net.Conn, cfg *tls.Config) (*tls.Conn, error) { return tls.Server(raw, cfg), nil },
 		conns:    make(chan net.Conn),
 		http:     make(chan net.Conn),
+		httpDone: make(chan struct{}),
 		dialCfg:  id.ClientConfig(alpnRaft),
 		pending:  make(chan struct{}, maxPendingHandshakes),
 		done:     make(chan struct{}),
@@ -158,14 +161,23 @@ func (s *tlsStream) handshake(raw net.Conn, cfg *tls.Config) {
 	}
 	t := time.NewTimer(handshakeTimeout) // nobody serving HTTP (ServePeers never called)
 	defer t.Stop()
+	var stopped chan struct{} // nil, never ready, for Raft's connections
+	if proto == alpnHTTP {
+		stopped = s.httpDone
+	}
 	select {
 	case to <- pc:
 	case <-s.done:
+		_ = pc.Close()
+	case <-stopped:
 		_ = pc.Close()
 	case <-t.C:
 		_ = pc.Close()
 	}
 }
+
+// stopHTTP makes the port close HTTP connections at once: nobody serves them any more.
+func (s *tlsStream) stopHTTP() { s.httpOnce.Do(func() { close(s.httpDone) }) }
 
 // Accept returns the next authenticated inbound connection.
 func (s *tlsStream) Accept() (net.Conn, error) {
@@ -232,6 +244,8 @@ func (l httpListener) Accept() (net.Conn, error) {
 	case c := <-l.s.http:
 		return c, nil
 	case <-l.s.done:
+		return nil, net.ErrClosed
+	case <-l.s.httpDone:
 		return nil, net.ErrClosed
 	}
 }
