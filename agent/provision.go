@@ -18,6 +18,7 @@ import (
 
 	"github.com/pinnedd/pinnedd/internal/datadir"
 	"github.com/pinnedd/pinnedd/internal/procstat"
+	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/pinboard"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/raftstore"
@@ -167,10 +168,16 @@ func runtimeDir(dataDir string) string {
 func (a *Agent) provisionRaft(ctx context.Context) error {
 	cfg := a.cfg
 	a.machine = directory.New()
+	tlsCfg := cfg.raftTLS()
+	if tlsCfg != nil && cfg.FastPath {
+		// The kept-alive loop may then take the cluster port's
+		// connections, as the front door's (FrontDoor.PeerHandBacks).
+		tlsCfg.ServerConn = relay.ServerTLS
+	}
 	store, err := raftstore.Open(ctx, raftstore.Config{
 		NodeID: cfg.NodeID, RaftAddr: cfg.RaftAddr, AdvertiseRaftAddr: cfg.RaftAdvertiseAddr,
 		APIAddr: a.advertise, DataDir: a.dataDir, Bootstrap: cfg.Bootstrap, MaxVoters: cfg.MaxVoters,
-		LogStore: cfg.RaftLogStore, TLS: cfg.raftTLS(),
+		LogStore: cfg.RaftLogStore, TLS: tlsCfg,
 		Logger: a.log, Token: cfg.Tokens[0], Registerer: a.reg,
 		HeartbeatTimeout: cfg.RaftTimeout, ElectionTimeout: cfg.RaftTimeout,
 		LeaderLeaseTimeout: cfg.RaftTimeout / 2,
@@ -243,7 +250,7 @@ func (a *Agent) provisionFrontDoor(context.Context) error {
 	a.fd.Handle("/_pinned/debug/pprof/", a.fd.RequireScope(pinboard.ScopeOperator, servePprof))
 	// The cluster port's HTTP (with mutual TLS): the other nodes' calls,
 	// raftstore's and the front door's peer routes.
-	store.ServePeers(a.fd.PeerHandler())
+	store.ServePeers(a.fd.PeerHandler(), a.fd.PeerHandBacks())
 	return nil
 }
 

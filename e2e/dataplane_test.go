@@ -447,6 +447,14 @@ func TestKeptAliveConnectionForwards(t *testing.T) {
 			t.Fatalf("ping %d: %d %s", i, resp.StatusCode, body)
 		}
 	}
+	switch relayed := owner.a.Metric("pinboard_kept_alive_requests_total"); {
+	case !fastPath(t):
+	case relayed < 1:
+		// The owner's loop took the peer's connection too (over mutual
+		// TLS, on its cluster port), and relays the peer's requests to
+		// the plugin itself.
+		t.Fatalf("%s's kept-alive loop relayed %v requests of 5 forwarded to it", owner.id, relayed)
+	}
 	// Straight to the owner, on a kept-alive connection: the client's own
 	// forwarding fields do not reach the instance.
 	for i := range 3 {
@@ -462,10 +470,8 @@ func TestKeptAliveConnectionForwards(t *testing.T) {
 		}
 	case kept() < 1:
 		t.Fatalf("%s's kept-alive loop holds no connection after 5 forwarded requests", via.id)
-	case relayed < 1:
-		// The owner's loop took the peer's connection too, and relays
-		// the peer's requests to the plugin itself.
-		t.Fatalf("%s's kept-alive loop relayed %v requests of 5 forwarded to it", owner.id, relayed)
+	case relayed < 3:
+		t.Fatalf("%s's kept-alive loop relayed %v requests, want the direct pings too", owner.id, relayed)
 	}
 	if resp, body := do(conn, br, "GET", "/registry/workers", ""); resp.StatusCode != 200 || !strings.Contains(body, `"workers"`) {
 		t.Fatalf("registry on a kept-alive connection: %d %s", resp.StatusCode, body)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -21,7 +22,11 @@ import (
 // (serveHandBacks).
 type keptAlive struct {
 	conns    *relay.Conns
-	handBack *relay.HandBack // where conns gives connections back
+	handBack *relay.HandBack // where conns gives the front door's connections back
+	// peerBack is where it gives the cluster port's back (PeerHandBacks),
+	// served by the cluster port's server; peersOn once it is.
+	peerBack *relay.HandBack
+	peersOn  atomic.Bool
 	logger   *slog.Logger
 	// never: the access log is on, and every request must pass through
 	// net/http to be logged.
@@ -38,9 +43,50 @@ type keptAlive struct {
 
 // newKeptAlive builds the loop with rt as its router.
 func newKeptAlive(rt relay.Router, fastPath, accessLog bool, logger *slog.Logger) *keptAlive {
-	k := &keptAlive{handBack: relay.NewHandBack(), logger: logger, never: accessLog, holds: fastPath && relay.Supported}
-	k.conns = relay.NewConns(logger, rt, k.handBack.Give, ownerHeaderTimeout)
+	k := &keptAlive{handBack: relay.NewHandBack(), peerBack: relay.NewHandBack(), logger: logger, never: accessLog, holds: fastPath && relay.Supported}
+	k.conns = relay.NewConns(logger, rt, k.giveBack, ownerHeaderTimeout)
 	return k
+}
+
+// giveBack returns a connection to the server it came from: a peer's to
+// the cluster port's, a client's to the front door's.
+func (k *keptAlive) giveBack(c net.Conn) {
+	if peerNode(c) != "" {
+		k.peerBack.Give(c)
+		return
+	}
+	k.handBack.Give(c)
+}
+
+// peerNode is the cluster member at the other end of c, "" for a client's
+// connection: the cluster port's connections say so (raftstore's, found
+// through their wrappers' NetConn).
+func peerNode(c net.Conn) string {
+	for c != nil {
+		if p, ok := c.(interface{ PeerNode() string }); ok {
+			return p.PeerNode()
+		}
+		w, ok := c.(interface{ NetConn() net.Conn })
+		if !ok {
+			break
+		}
+		c = w.NetConn()
+	}
+	return ""
+}
+
+// peerHandBacks lets the loop take the cluster port's connections (made
+// with relay.ServerTLS) too: the server that serves the returned listener
+// takes back the ones the loop gives up on.
+func (k *keptAlive) peerHandBacks() net.Listener {
+	k.peersOn.Store(relay.Supported && k.holds && !k.never)
+	return k.peerBack
+}
+
+// adoptable: r's connection may move to the loop, as far as where it came
+// from goes (a peer's only once peerHandBacks is served).
+func (k *keptAlive) adoptable(r *http.Request) bool {
+	return !fromPeer(r) || k.peersOn.Load()
 }
 
 // collectors are the loop's metrics, for the registry.
@@ -76,7 +122,7 @@ func (k *keptAlive) shutdown(ctx context.Context) error { return k.conns.Shutdow
 
 func (k *keptAlive) close() error {
 	err := k.conns.Close()
-	return errors.Join(err, k.handBack.Close())
+	return errors.Join(err, k.handBack.Close(), k.peerBack.Close())
 }
 
 // adopt hands r's connection to the kept-alive loop once its response
@@ -85,7 +131,7 @@ func (k *keptAlive) close() error {
 // handler must then return at once.
 func (k *keptAlive) adopt(w http.ResponseWriter, r *http.Request) bool {
 	if !k.on.Load() || k.stopped.Load() || k.never ||
-		r.ProtoMajor != 1 || r.ProtoMinor != 1 || r.TLS != nil || r.Close || fromPeer(r) {
+		r.ProtoMajor != 1 || r.ProtoMinor != 1 || r.TLS != nil || r.Close || !k.adoptable(r) {
 		return false
 	}
 	rc := http.NewResponseController(w)
@@ -113,7 +159,7 @@ func (k *keptAlive) adopt(w http.ResponseWriter, r *http.Request) bool {
 // says none of r's body is left unread: the connection's next requests
 // are the loop's.
 func (k *keptAlive) serveAdopting(w http.ResponseWriter, r *http.Request, bodyRead func() bool, serve func(http.ResponseWriter)) {
-	if !k.on.Load() || k.never || fromPeer(r) {
+	if !k.on.Load() || k.never || !k.adoptable(r) {
 		serve(w)
 		return
 	}

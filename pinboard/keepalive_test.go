@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -268,5 +269,44 @@ func TestKeptAliveRouteOwned(t *testing.T) {
 	}
 	if _, ok := f.routeLoop(&relay.ReqHead{Method: "GET", Target: "/misc/loc/x", Host: "h"}); ok {
 		t.Fatal("relayed to a local instance with the lease expired")
+	}
+}
+
+// peerConnStub is a cluster-port connection as raftstore wraps it: it
+// names its node.
+type peerConnStub struct{ net.Conn }
+
+func (peerConnStub) PeerNode() string { return "n2" }
+
+// wrapped is a wrapper that says what it wraps, as relay's given-back
+// connections do.
+type wrapped struct{ net.Conn }
+
+func (w wrapped) NetConn() net.Conn { return w.Conn }
+
+// A connection the loop gives back goes to the server it came from: a
+// peer's (found through wrappers) to the cluster port's listener, a
+// client's to the front door's.
+func TestKeptAliveGivesBackWhereItCameFrom(t *testing.T) {
+	k := newKeptAlive(nil, true, false, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	defer k.close()
+	peers := k.peerHandBacks()
+	client, _ := net.Pipe()
+	peer, _ := net.Pipe()
+	for _, c := range []struct {
+		conn net.Conn
+		to   net.Listener
+	}{
+		{wrapped{peerConnStub{peer}}, peers},
+		{wrapped{client}, k.handBack},
+	} {
+		go k.giveBack(c.conn)
+		got, err := c.to.Accept()
+		if err != nil || got != c.conn {
+			t.Fatalf("given back %v to the wrong listener (got %v, %v)", c.conn, got, err)
+		}
+	}
+	if peerNode(wrapped{wrapped{peerConnStub{peer}}}) != "n2" || peerNode(client) != "" {
+		t.Fatal("peerNode does not see through wrappers, or sees a node in a client's connection")
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -135,6 +136,12 @@ func (f *FrontDoor) PeerHandler() http.Handler {
 		f.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), peerKey{}, true)))
 	})
 }
+
+// PeerHandBacks is the listener of cluster-port connections the kept-alive
+// loop gives back (with FastPath: it adopts those too, when they were made
+// with relay.ServerTLS); serve it with PeerHandler, as the cluster port's
+// own listener.
+func (f *FrontDoor) PeerHandBacks() net.Listener { return f.keep.peerHandBacks() }
 
 // fromPeer: r came through PeerHandler.
 func fromPeer(r *http.Request) bool { return r.Context().Value(peerKey{}) != nil }
@@ -359,12 +366,19 @@ func (f *FrontDoor) routeLoop(h *relay.ReqHead) (relay.Forward, bool) {
 	if !cleanQuery(query) {
 		return relay.Forward{}, false
 	}
-	if owned, ok := strings.CutPrefix(path, ownerRoutePrefix); ok {
-		if f.transport.secure() {
-			// With mutual TLS the loop holds only public connections,
-			// where a peer route is refused: net/http answers it.
+	if f.transport.secure() {
+		// With mutual TLS the peer routes are the cluster port's: from a
+		// client's connection, net/http refuses them; a peer no longer a
+		// member is net/http's to refuse, too.
+		if node := peerNode(h.Conn); node != "" {
+			if _, member := f.transport.addr(node); !member {
+				return relay.Forward{}, false
+			}
+		} else if strings.HasPrefix(path, ownerRoutePrefix) {
 			return relay.Forward{}, false
 		}
+	}
+	if owned, ok := strings.CutPrefix(path, ownerRoutePrefix); ok {
 		return f.owner.routeOwned(h, owned, query)
 	}
 	if !isInstancePath(path) {

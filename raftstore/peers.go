@@ -171,6 +171,9 @@ func (s *Store) ServePeers(h http.Handler, handBacks ...net.Listener) {
 	}
 	s.peerSrv.Store(srv)
 	for _, ln := range append([]net.Listener{s.stream.httpListener()}, handBacks...) {
+		if ln == nil {
+			continue
+		}
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
 				s.log.Error("serving the cluster port's HTTP failed", "err", err)
