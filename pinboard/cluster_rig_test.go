@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/clustertls"
+	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/raftstore"
 )
@@ -149,7 +150,8 @@ func benchTLS(b testing.TB, ca *clustertls.CA, id string) *raftstore.TLSConfig {
 		b.Fatal(err)
 	}
 	dir := b.TempDir()
-	cfg := &raftstore.TLSConfig{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "cert.pem"), KeyFile: filepath.Join(dir, "key.pem")}
+	cfg := &raftstore.TLSConfig{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "cert.pem"), KeyFile: filepath.Join(dir, "key.pem"),
+		ServerConn: relay.ServerTLS} // as the agent with its fast path
 	for path, data := range map[string][]byte{cfg.CAFile: ca.CertPEM(), cfg.CertFile: cert, cfg.KeyFile: key} {
 		if err := clustertls.WriteFile(path, data, 0o600); err != nil {
 			b.Fatal(err)

@@ -203,5 +203,8 @@ func (s *Store) stopPeers(ctx context.Context, graceful bool) {
 	}
 }
 
+// peerIdlePerHost bounds the idle connections kept to each peer's cluster port.
+const peerIdlePerHost = 512
+
 // peerShutdownBound bounds the wait for the cluster port's requests under way at shutdown.
 const peerShutdownBound = 5 * time.Second
