@@ -111,7 +111,9 @@ func (t *SyncTransport) roundTrip(ctx context.Context, addr string, req *http.Re
 	// liveness peek before reuse.
 	retryable := bodyless && idempotent(req.Method)
 	for attempt := 0; ; attempt++ {
-		pc, reused, err := t.get(ctx, addr, !retryable)
+		// The one retry takes a new connection: the pooled ones may all
+		// have died together (the peer's idle timeout, its restart).
+		pc, reused, err := t.get(ctx, addr, !retryable, attempt > 0)
 		if err != nil {
 			return nil, notSent(err) // no connection, nothing written
 		}
@@ -298,15 +300,15 @@ func Detach(resp *http.Response) (net.Conn, []byte, error) {
 	return b.pc.c, raw, nil
 }
 
-// get takes a pooled connection to addr, or dials one. With peek, a pooled
-// one must pass alive first.
-func (t *SyncTransport) get(ctx context.Context, addr string, peek bool) (*pconn, bool, error) {
+// get takes a pooled connection to addr, or dials one (always, with
+// fresh). With peek, a pooled one must pass alive first.
+func (t *SyncTransport) get(ctx context.Context, addr string, peek, fresh bool) (*pconn, bool, error) {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
 		return nil, false, net.ErrClosed
 	}
-	for idle := t.idle[addr]; len(idle) > 0; idle = t.idle[addr] {
+	for idle := t.idle[addr]; len(idle) > 0 && !fresh; idle = t.idle[addr] {
 		pc := idle[len(idle)-1]
 		t.idle[addr] = idle[:len(idle)-1]
 		t.mu.Unlock()

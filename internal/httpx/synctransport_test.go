@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -215,3 +216,47 @@ func TestSyncTransportTLS(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// A GET whose pooled connection turns out dead goes again on a new one,
+// not on the next pooled one: when a peer closes its idle connections, it
+// closes all of them together.
+func TestSyncTransportRetriesOnAFreshConnection(t *testing.T) {
+	var arrived sync.WaitGroup
+	arrived.Add(3)
+	var first atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !first.Load() {
+			arrived.Done()
+			arrived.Wait() // three at once: three pooled connections after
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	c := &http.Client{Transport: newSync(t)}
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if resp, err := c.Get(srv.URL); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body) // read to the end: pooled
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	first.Store(true)
+	tr := c.Transport.(*SyncTransport)
+	tr.mu.Lock()
+	pooled := len(tr.idle[strings.TrimPrefix(srv.URL, "http://")])
+	tr.mu.Unlock()
+	if pooled != 3 {
+		t.Fatalf("%d pooled connections, want 3", pooled)
+	}
+	srv.CloseClientConnections() // all three, while pooled
+	resp, err := c.Get(srv.URL)
+	if err != nil {
+		t.Fatalf("GET after the server closed every pooled connection: %v", err)
+	}
+	resp.Body.Close()
+}
