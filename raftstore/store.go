@@ -201,8 +201,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		s.peerTLS = s.ident.ClientConfig(alpnHTTP)
 		tr := &http.Transport{TLSClientConfig: s.peerTLS, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}
 		// A connection beyond the idle pool is closed after its request, and a new one costs
-		// a handshake: keep as many as forwards run at once (512 writers: 0.78x the plain
-		// claims/s with 64, see DESIGN.md "The cluster port").
+		// a handshake: keep as many as forwards run at once.
 		sync := &httpx.SyncTransport{TLS: s.peerTLS, Fallback: tr, MaxIdlePerHost: peerIdlePerHost, DialTimeout: 5 * time.Second}
 		s.peerClient = &http.Client{Transport: sync}
 		cleanups = append(cleanups, func() { sync.Close(); tr.CloseIdleConnections() })
