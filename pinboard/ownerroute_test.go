@@ -18,6 +18,7 @@ import (
 type ownerRouteRig struct {
 	f          *FrontDoor
 	local      *supervisor.Supervisor
+	w          *Worker
 	srv        *httptest.Server
 	secret     []byte
 	m          *directory.Machine
@@ -29,8 +30,9 @@ type ownerRouteRig struct {
 
 func newOwnerRouteRig(t *testing.T) *ownerRouteRig {
 	t.Helper()
-	f, _, local, secret := newOwnerRig(t)
-	rig := &ownerRouteRig{f: f, local: local, secret: secret, m: f.dir.Machine(), now: time.Now().UnixMilli()}
+	f, w, local, secret := newOwnerRig(t)
+	w.sessionID = "s-owner" // the session registered below
+	rig := &ownerRouteRig{f: f, w: w, local: local, secret: secret, m: f.dir.Machine(), now: time.Now().UnixMilli()}
 	rig.nextClaimT = rig.now + 1000
 	for _, c := range []string{"owner", "other"} {
 		rig.apply(t, directory.Register{ClientID: c, SessionID: "s-" + c, NodeID: "n-" + c, AdvertiseURL: "http://" + c + ".internal",
@@ -216,4 +218,41 @@ func TestOwnerRouteWaitsForALaggingReplica(t *testing.T) {
 	rig.place(t, "elsewhere", "other")
 	a := <-done
 	rig.refused(t, "lagging replica, placed elsewhere", a.code, a.body, "elsewhere")
+}
+
+// After a re-registration (a partition healed: the old session lapsed, an
+// id moved meanwhile), a replica that has not applied the new session may
+// still show the moved id as ours under its old generation. Nothing
+// activates until the replica shows our session; then the replica also
+// shows the move, and the request is refused.
+func TestOwnerRouteWaitsForItsOwnSession(t *testing.T) {
+	rig := newOwnerRouteRig(t)
+	old := rig.place(t, "moved", "owner")
+	rig.w.sessionID = "s-owner-2" // re-registered; the replica has not applied it
+	type answer struct {
+		code int
+		body string
+	}
+	done := make(chan answer, 1)
+	go func() {
+		code, body := rig.call(t, "GET", "/_pinned/i/misc/moved/pid", "owner", old.Generation)
+		done <- answer{code, body}
+	}()
+	select {
+	case a := <-done:
+		t.Fatalf("answered before the replica showed this worker's session: %d %s", a.code, a.body)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if g, ok := rig.live("moved"); ok {
+		t.Fatalf("activated under %d on a replica older than this worker's session", g)
+	}
+	// What the log holds in this order: the move, then the re-registration.
+	rig.nextClaimT = rig.now + 2*time.Hour.Milliseconds() // past the old session's lease
+	rig.apply(t, directory.Register{ClientID: "other", SessionID: "s-other-2", NodeID: "n-other", AdvertiseURL: "http://other.internal",
+		Namespaces: []string{"/misc"}, Headroom: 10, TTLMs: time.Hour.Milliseconds(), Now: rig.nextClaimT})
+	rig.apply(t, directory.Claim{Key: old.Key, ClientID: "other", Now: rig.nextClaimT})
+	rig.apply(t, directory.Register{ClientID: "owner", SessionID: "s-owner-2", NodeID: "n-owner", AdvertiseURL: "http://owner.internal",
+		Namespaces: []string{"/misc"}, Headroom: 10, TTLMs: time.Hour.Milliseconds(), Now: rig.nextClaimT})
+	a := <-done
+	rig.refused(t, "a moved id on a replica catching up with a re-registration", a.code, a.body, "moved")
 }
