@@ -6,17 +6,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"io"
 	"log"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -31,6 +26,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pinnedd/pinnedd/internal/clustertls"
 	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/internal/testutil"
 )
@@ -44,39 +40,28 @@ type testPKI struct {
 
 func newPKI(t testing.TB) testPKI {
 	t.Helper()
-	key := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	caKey := key()
-	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	ca, err := clustertls.NewCA("test CA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ca, err = x509.ParseCertificate(der); err != nil {
-		t.Fatal(err)
-	}
-	leaf := func(serial int64, name string, usage x509.ExtKeyUsage) tls.Certificate {
-		k := key()
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
+	leaf := func(name string) tls.Certificate {
+		certPEM, keyPEM, err := ca.Issue(name, []string{"127.0.0.1"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
+		c, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	caCert, err := clustertls.ParseCert(ca.CertPEM())
+	if err != nil {
+		t.Fatal(err)
 	}
 	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	return testPKI{pool: pool, server: leaf(2, "node-b", x509.ExtKeyUsageServerAuth), client: leaf(3, "node-a", x509.ExtKeyUsageClientAuth)}
+	pool.AddCert(caCert)
+	return testPKI{pool: pool, server: leaf("node-b"), client: leaf("node-a")}
 }
 
 // serverConfig takes TLS 1.3 clients with a certificate from the CA and
