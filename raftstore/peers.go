@@ -36,8 +36,7 @@ func (s *Store) PeerTLS() *tls.Config { return s.peerTLS }
 // it is a member of this node's latest Raft configuration. A miss re-reads the configuration at
 // most once a second, so a node no configuration holds (an outside worker) costs a map lookup.
 func (s *Store) PeerAddr(id string) (string, bool) {
-	m := s.members.get(s)
-	addr, ok := m[id]
+	addr, ok, _ := s.members.lookup(s, id)
 	return addr, ok
 }
 
@@ -74,11 +73,17 @@ type memberCache struct {
 	readAt time.Time
 }
 
-func (c *memberCache) get(s *Store) map[string]string {
+// lookup is id's Raft address, re-reading the configuration on a miss (reread); none says
+// the configuration read holds no server at all (a node waiting to be joined).
+func (c *memberCache) lookup(s *Store, id string) (addr string, ok, none bool) {
 	if m := c.cur.Load(); m != nil {
-		return *m
+		if addr, ok = (*m)[id]; ok {
+			return addr, true, false
+		}
 	}
-	return c.reread(s)
+	m := c.reread(s)
+	addr, ok = m[id]
+	return addr, ok, m != nil && len(m) == 0
 }
 
 // reread reads the configuration from Raft, unless that was done less than a second ago.
@@ -113,12 +118,8 @@ func (c *memberCache) set(cfg raft.Configuration) {
 // isMember: node may call this node's cluster port. As for Raft (allowPeer), a node with no
 // configuration yet accepts any cluster certificate.
 func (s *Store) isMember(node string) bool {
-	if _, ok := s.members.get(s)[node]; ok {
-		return true
-	}
-	m := s.members.reread(s)
-	_, ok := m[node]
-	return ok || m != nil && len(m) == 0
+	_, ok, none := s.members.lookup(s, node)
+	return ok || none
 }
 
 type peerNodeKey struct{}
