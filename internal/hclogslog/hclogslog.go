@@ -1,7 +1,7 @@
 // Package hclogslog is pinnedd's one bridge from hclog, the logger hashicorp/raft and
 // hashicorp/go-plugin take, into log/slog. It owns how hclog's levels map onto slog's and how
-// a line that repeats for as long as its cause lasts is summarised; it never decides where
-// lines go (the slog.Logger it is given does).
+// what a repeated line is about (logrepeat summarises it); it never decides where lines go
+// (the slog.Logger it is given does).
 //
 // Levels: hclog INFO and below become slog DEBUG, WARN and ERROR keep their level. Both
 // libraries announce routine events at INFO (every election, every pipeline start, every
@@ -15,10 +15,11 @@ import (
 	"log"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/pinnedd/pinnedd/internal/logrepeat"
 )
 
 // Options say what a bridge drops and summarises.
@@ -39,7 +40,7 @@ type Options struct {
 func New(l *slog.Logger, opts Options) hclog.Logger {
 	b := &bridge{l: l, name: opts.Name, min: opts.MinLevel}
 	if opts.RepeatWindow > 0 {
-		b.repeats = newRepeats(opts.RepeatWindow, time.Now)
+		b.repeats = logrepeat.New(opts.RepeatWindow)
 	}
 	return b
 }
@@ -50,7 +51,7 @@ type bridge struct {
 	name    string
 	min     hclog.Level
 	implied []any
-	repeats *repeats // shared by every logger derived from one New; nil: off
+	repeats *logrepeat.Repeats // shared by every logger derived from one New; nil: off
 }
 
 var _ hclog.Logger = (*bridge)(nil)
@@ -78,12 +79,12 @@ func (b *bridge) Log(level hclog.Level, msg string, args ...any) {
 	lvl := slogLevel(level)
 	attrs := make([]any, 0, len(args)+6)
 	if lvl >= slog.LevelWarn && b.repeats != nil {
-		ok, suppressed := b.repeats.admit(repeatKey(b.name, msg, args))
+		ok, suppressed := b.repeats.Admit(repeatKey(b.name, msg, args))
 		if !ok {
 			return
 		}
 		if suppressed > 0 {
-			attrs = append(attrs, "repeated", suppressed, "repeated_within", b.repeats.window.String())
+			attrs = append(attrs, "repeated", suppressed, "repeated_within", b.repeats.Window().String())
 		}
 	}
 	if b.name != "" {
@@ -172,52 +173,6 @@ func (w stdWriter) Write(p []byte) (int, error) {
 	}
 	w.b.Log(level, line)
 	return len(p), nil
-}
-
-// repeats counts WARN/ERROR lines by what they are about, so one cause gives one line and
-// then a summary per window rather than a line per retry.
-type repeats struct {
-	window time.Duration
-	now    func() time.Time
-	mu     sync.Mutex
-	seen   map[string]*repeat
-}
-
-type repeat struct {
-	logged     time.Time // when a line for this key was last written
-	last       time.Time // when one last came
-	suppressed int       // lines dropped since logged
-}
-
-func newRepeats(window time.Duration, now func() time.Time) *repeats {
-	return &repeats{window: window, now: now, seen: map[string]*repeat{}}
-}
-
-// admit reports whether a line for key is written now, and how many dropped lines it stands
-// for. A key that has not come for a window is forgotten: its cause ended, and its return is
-// a new state change, logged at once.
-func (r *repeats) admit(key string) (ok bool, suppressed int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	now := r.now()
-	for k, v := range r.seen {
-		if now.Sub(v.last) >= r.window {
-			delete(r.seen, k)
-		}
-	}
-	rp := r.seen[key]
-	if rp == nil {
-		r.seen[key] = &repeat{logged: now, last: now}
-		return true, 0
-	}
-	rp.last = now
-	if now.Sub(rp.logged) < r.window {
-		rp.suppressed++
-		return false, 0
-	}
-	n := rp.suppressed
-	rp.logged, rp.suppressed = now, 0
-	return true, n
 }
 
 // repeatKey names what a line is about: its logger, message and peer.

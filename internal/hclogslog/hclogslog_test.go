@@ -39,7 +39,7 @@ func TestRepeatsAreSummarised(t *testing.T) {
 	now := time.Unix(1000, 0)
 	b := New(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Options{RepeatWindow: 30 * time.Second}).(*bridge)
-	b.repeats.now = func() time.Time { return now }
+	b.repeats.SetClock(func() time.Time { return now })
 	rep := b.Named("replication")
 	lines := func() []string { return strings.Split(strings.TrimSpace(buf.String()), "\n") }
 	for i := 0; i < 60; i++ { // 30 s at two a second
