@@ -18,6 +18,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -91,6 +92,10 @@ func Run(ctx context.Context, cfg Config) error {
 // registers the namespaces their handshakes announce; Raft is open). If a
 // part fails, what was built is taken down again and the error returned.
 func New(ctx context.Context, cfg Config) (*Agent, error) {
+	cfg.Specs = slices.Clone(cfg.Specs) // absolute changes them: the caller's stay as they were
+	if err := cfg.absolute(); err != nil {
+		return nil, err
+	}
 	a := &Agent{cfg: cfg, log: cfg.Logger, leave: make(chan time.Duration, 1), serveErr: make(chan error, 1)}
 	if cfg.Dev {
 		a.log.Warn("DEV MODE: one-node cluster, token dev-token accepted, and calls with no token from this machine; never run this in production")

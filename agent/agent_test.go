@@ -18,6 +18,7 @@ import (
 
 	"github.com/pinnedd/pinnedd/internal/datadir"
 	"github.com/pinnedd/pinnedd/internal/testutil"
+	"github.com/pinnedd/pinnedd/supervisor"
 )
 
 const testToken = "agent-test-token-0123456789abcdef0123456789"
@@ -264,4 +265,26 @@ func TestLeaveRemovesTheNodeFromRaft(t *testing.T) {
 		t.Fatalf("a leaving node stopped with steps %q, none of them leave Raft", steps)
 	}
 	inOrder(t, steps, shutdownOrder)
+}
+
+// Every path the agent keeps is absolute from the start, against the
+// working directory it started in: a plugin's socket under a relative data
+// dir is dialed long after, by code that must not depend on it.
+func TestConfigPathsMadeAbsolute(t *testing.T) {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{DataDir: "data/n1", TLSCA: "pki/ca.pem", TLSCert: "/etc/pinnedd/n1.pem", Specs: []supervisor.Spec{{Name: "c", Path: "bin/counter"}}}
+	if err := cfg.absolute(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range [][2]string{
+		{cfg.DataDir, filepath.Join(wd, "data/n1")}, {cfg.TLSCA, filepath.Join(wd, "pki/ca.pem")},
+		{cfg.TLSCert, "/etc/pinnedd/n1.pem"}, {cfg.TLSKey, ""}, {cfg.Specs[0].Path, filepath.Join(wd, "bin/counter")},
+	} {
+		if c[0] != c[1] {
+			t.Errorf("got %q, want %q", c[0], c[1])
+		}
+	}
 }

@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"fmt"
 	"log/slog"
 	"net/netip"
+	"path/filepath"
 	"time"
 
 	"github.com/pinnedd/pinnedd/raftstore"
@@ -90,4 +92,25 @@ func (c Config) raftTLS() *raftstore.TLSConfig {
 		return nil
 	}
 	return &raftstore.TLSConfig{CAFile: c.TLSCA, CertFile: c.TLSCert, KeyFile: c.TLSKey}
+}
+
+// absolute makes every path in c absolute, against the working directory
+// at start: the agent keeps them (a plugin's socket under DataDir is dialed
+// long after, by code that must not depend on the working directory).
+func (c *Config) absolute() error {
+	paths := []*string{&c.DataDir, &c.TLSCA, &c.TLSCert, &c.TLSKey}
+	for i := range c.Specs {
+		paths = append(paths, &c.Specs[i].Path)
+	}
+	for _, p := range paths {
+		if *p == "" || filepath.IsAbs(*p) {
+			continue
+		}
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return fmt.Errorf("making %q absolute: %w", *p, err)
+		}
+		*p = abs
+	}
+	return nil
 }

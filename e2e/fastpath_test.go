@@ -27,6 +27,7 @@ func TestDataPathWithoutFastPath(t *testing.T) {
 		{"OwnerRouteNeedsAttestation", TestOwnerRouteNeedsAttestation},
 		{"ClusterCallPrefersOwnNode", TestClusterCallPrefersOwnNode},
 		{"KeptAliveConnectionForwards", TestKeptAliveConnectionForwards},
+		{"RelativeDataDirKeptAliveClient", TestRelativeDataDirKeptAliveClient},
 		{"DevCounterFlow", TestDevCounterFlow},
 		{"StreamsFlushThrough", TestStreamsFlushThrough},
 		{"UpgradePassesThrough", TestUpgradePassesThrough},

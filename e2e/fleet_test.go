@@ -23,8 +23,11 @@ import (
 // with the same command line as systemd would.
 type node struct {
 	id, http, raft, dir string
-	args                []string
-	a                   *testutil.Agent
+	// wd, if set, is the agent's working directory (dir is then relative
+	// to it, as an operator types it).
+	wd   string
+	args []string
+	a    *testutil.Agent
 }
 
 var fleetEnv = []string{"PINBOARD_TOKEN=" + testutil.Token}
@@ -48,9 +51,9 @@ func (n *node) url() string { return "http://" + n.http }
 func (n *node) start(t *testing.T, ready bool) *node {
 	t.Helper()
 	if ready {
-		n.a = testutil.StartAgent(t, fleetEnv, n.args...)
+		n.a = testutil.StartAgentAt(t, n.wd, fleetEnv, n.args...)
 	} else {
-		n.a = testutil.LaunchAgent(t, fleetEnv, n.args...)
+		n.a = testutil.LaunchAgentAt(t, n.wd, fleetEnv, n.args...)
 	}
 	return n
 }

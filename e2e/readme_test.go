@@ -52,6 +52,11 @@ import (
 //     ^C in its terminal; everything in those groups and every plugin of
 //     their agents must then be gone within stopGrace, and at the end of the
 //     test no process started by the README may be left.
+//   - Passes. The README runs twice, each pass in a copy of its own: as
+//     written, then kept-alive: curl's requests go through a proxy
+//     (http_proxy) that carries each to its node over a connection it
+//     keeps open, so every request after a node's first arrives on a
+//     connection that carried others. The outputs must be the same.
 //
 // Sections needing what is not there yet fail, not skip: Postgres at
 // 127.0.0.1:5432 (user postgres, trust), node (20), curl and jq.
@@ -74,6 +79,22 @@ func TestReadme(t *testing.T) {
 	}
 	checkFirstCommands(t, blocks)
 
+	// Two passes: as written (each curl a new connection), then with every
+	// request of a section carried to its node over a connection kept open
+	// (a client that keeps its connection, as most do).
+	t.Run("as-written", func(t *testing.T) { runReadme(t, root, blocks, nil) })
+	t.Run("kept-alive", func(t *testing.T) {
+		p := startKeptAliveProxy(t)
+		runReadme(t, root, blocks, p)
+		if !p.reused() {
+			t.Errorf("the kept-alive pass carried %d requests on %d connections: none reused", p.requests.Load(), p.dials.Load())
+		}
+	})
+}
+
+// runReadme runs the README's sections in a copy of the module at root,
+// with curl's requests through p if it is set.
+func runReadme(t *testing.T, root string, blocks []mdBlock, p *keptAliveProxy) {
 	tmp := t.TempDir()
 	clone := filepath.Join(tmp, "pinnedd")
 	copyModule(t, root, clone)
@@ -95,10 +116,13 @@ func TestReadme(t *testing.T) {
 			t.Errorf("processes started by the README still alive after the test: %v", left)
 		}
 	})
-
+	env := shellEnv(ports, tag)
+	if p != nil {
+		env = append(env, p.env()...)
+	}
 	for _, sec := range sections(blocks) {
 		t.Run(sec.name, func(t *testing.T) {
-			sh := startShell(t, clone, shellEnv(ports, tag), ports, dbs)
+			sh := startShell(t, clone, env, ports, dbs)
 			for _, b := range sec.blocks {
 				runBlock(t, sh, b)
 			}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/internal/logrepeat"
 	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
@@ -68,13 +69,14 @@ type forwarder struct {
 	failures  *prometheus.CounterVec
 	seconds   prometheus.Histogram
 	relayEnds *prometheus.CounterVec
+	warnings  *logrepeat.Repeats // WARNs that repeat while an owner is down
 }
 
 func newForwarder(dir *Directory, res *resolver, keep *keptAlive, peer peerTransport, logger *slog.Logger,
 	reroute func(http.ResponseWriter, *http.Request, *instanceRequest)) *forwarder {
 	fw := &forwarder{
 		dir: dir, res: res, keep: keep, logger: logger, reroute: reroute,
-		peer: peer, sync: peer.sync, held: relay.New(logger),
+		peer: peer, sync: peer.sync, held: relay.New(logger), warnings: logrepeat.New(logrepeat.Window),
 		forwarded: res.counter(outcomeForwarded),
 		failures: newCounterVec("pinboard_forward_failures_total",
 			"Requests this front door could not complete at the owner, by outcome.", "outcome", forwardOutcomes),
@@ -415,8 +417,17 @@ func (fw *forwarder) forwardError(w http.ResponseWriter, info *fwdInfo, err erro
 	}
 	u := classifyUnanswered(err)
 	info.failure = u.Outcome
-	fw.logger.Warn("owner did not answer", "outcome", u.Outcome, "owner", info.owner.ClientID, "node", info.owner.NodeID, "url", fw.peer.base(info.owner), "key", info.p.Key.String(), "err", err)
+	fw.ownerDidNotAnswer(u.Outcome, info.owner, info.p.Key, err)
 	u.Write(w)
+}
+
+// ownerDidNotAnswer logs a forward its owner did not answer, whichever
+// path carried it: one line per owner node and outcome per window, with
+// the count of those held back (an owner that is down fails every request
+// sent to it until its lease lapses).
+func (fw *forwarder) ownerDidNotAnswer(outcome string, owner directory.Worker, key directory.Key, err error) {
+	fw.warnings.Log(context.Background(), fw.logger, slog.LevelWarn, owner.NodeID+"\x00"+owner.ClientID+"\x00"+outcome,
+		"owner did not answer", "outcome", outcome, "owner", owner.ClientID, "node", owner.NodeID, "url", fw.peer.base(owner), "key", key.String(), "err", err)
 }
 
 // ownerUnreachableMsg is the error of the 503 for a request that never reached its owner.
@@ -646,6 +657,7 @@ func (fw *forwarder) routeForward(h *relay.ReqHead, p directory.Placement, owner
 				failure = outcomeCanceled
 			default:
 				failure = classifyUnanswered(err).Outcome
+				fw.ownerDidNotAnswer(failure, owner, p.Key, err) // the loop answered the client itself
 			}
 			fw.endForward(now, failure)
 		},

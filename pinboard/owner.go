@@ -256,7 +256,7 @@ func toPlugin(h *relay.ReqHead, c *supervisor.Call, target string, trusted bool)
 		},
 		Done: func(status int, err error) {
 			relay.ReleaseWire(wire)
-			c.End(status, errors.Is(err, relay.ErrRefused))
+			c.EndRelayed(status, err)
 		},
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/plugins"
 )
 
@@ -107,6 +108,18 @@ func (s *Supervisor) ready(k Key, gen uint64, c *Call, abort func()) bool {
 		in.addAbort(&c.rs, abort)
 	}
 	return true
+}
+
+// EndRelayed is End for an exchange a relay loop carried, with what
+// relay.Forward.Done reports: a refusal means the plugin no longer holds
+// the instance, and an exchange that ended for the plugin's sake (it could
+// not be reached, or did not answer in full; the loop answered the client
+// itself) is booked as net/http's path books it (unanswered).
+func (c *Call) EndRelayed(status int, err error) {
+	if err != nil && !errors.Is(err, relay.ErrRefused) && !errors.Is(err, relay.ErrClientGone) && !errors.Is(err, relay.ErrAborted) {
+		c.s.unanswered(c.rs.in.inc, err)
+	}
+	c.End(status, errors.Is(err, relay.ErrRefused))
 }
 
 // Socket is the plugin's data socket (a unix socket path) the request

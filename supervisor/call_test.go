@@ -20,6 +20,7 @@ import (
 	"github.com/pinnedd/pinnedd/internal/testutil"
 	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/plugins/proto"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // relayRouter carries /<ns>/<id>/<rest> under generation 1 to the plugin
@@ -41,17 +42,21 @@ func (r relayRouter) Route(h *relay.ReqHead) (relay.Forward, bool) {
 	if err != nil {
 		return relay.Forward{}, false
 	}
+	addr := c.Socket()
+	if parts[3] == "gone" {
+		addr += ".gone" // a socket nothing listens on
+	}
 	hop := httpx.Hop{RemoteAddr: h.RemoteAddr, Host: h.Host, Trusted: r.trusted, Set: c.Fields()}
 	wire, _ := hop.AppendFields(nil, h.Method, "/"+parts[3], h.Fields, h.Body)
 	return relay.Forward{
-		Addr: c.Socket(), Wire: wire, Refusal: plugins.HeaderRefusal, Final: true, FailMsg: RestartingMsg, Timeout: -1,
+		Addr: addr, Wire: wire, Refusal: plugins.HeaderRefusal, Final: true, FailMsg: RestartingMsg, Timeout: -1,
 		Refused: func(status int, v string) bool { return plugins.ClassifyAnswer(status, v) == plugins.AnswerInactive },
 		Head: func(_ int, stream bool) {
 			if stream {
 				c.Stream()
 			}
 		},
-		Done: func(status int, err error) { c.End(status, errors.Is(err, relay.ErrRefused)) },
+		Done: c.EndRelayed,
 	}, true
 }
 
@@ -252,5 +257,51 @@ func TestRelayedStreamsAndRefusal(t *testing.T) {
 	testutil.WaitFor(t, 5*time.Second, "an instance the plugin refused to be dropped here", func() bool { return !s.Live("/misc", "gone") })
 	if got := evictions(t, s, "/misc", "inactive"); got != 1 {
 		t.Fatalf("evictions{reason=inactive} = %v, want 1: a dropped instance is booked as one", got)
+	}
+}
+
+// An answer the relay loop gives on its own (the plugin's socket cannot be
+// reached) is booked as net/http's path books one: counted in
+// pinned_plugin_unanswered_total{outcome="unreachable"} and logged, one
+// line per plugin and outcome per window, not one a request.
+func TestRelayedUnansweredIsCountedAndLogged(t *testing.T) {
+	logs, logger := newLogBuffer()
+	s, srv := serveSupervisor(t, Config{Specs: []Spec{{Name: "p", Path: testutil.Bin(t, "testhost"), Namespaces: []string{"/misc"}}}, Logger: logger})
+	if _, err := testutil.Do(context.Background(), "GET", srv.URL+"/misc/u/pid", "", nil); err != nil {
+		t.Fatal(err) // activates it under generation 1
+	}
+	unreachable := func() float64 {
+		var m dto.Metric
+		if err := s.metrics.unanswered.WithLabelValues("p", httpx.OutcomeUnreachable).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+	if n := unreachable(); n != 0 {
+		t.Fatalf("unanswered before any failure: %v", n)
+	}
+	loopAddr, _ := startRelayLoop(t, s, false)
+	conn, err := net.Dial("tcp", loopAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	for i := range 3 {
+		resp, body := rawDo(t, conn, br, "GET /misc/u/gone HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp.StatusCode != 503 || !strings.Contains(body, RestartingMsg) {
+			t.Fatalf("request %d to a socket nothing listens on: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	testutil.WaitFor(t, 5*time.Second, "3 unreachable in the metric", func() bool { return unreachable() == 3 })
+	if n := strings.Count(logs.String(), `"msg":"plugin did not answer"`); n != 1 {
+		t.Fatalf("%d 'plugin did not answer' lines for 3 failures within a window, want 1:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), `"outcome":"unreachable"`) || !strings.Contains(logs.String(), ".gone") {
+		t.Fatalf("the line does not say what failed:\n%s", logs.String())
+	}
+	// The instance still serves over the loop.
+	if resp, body := rawDo(t, conn, br, "GET /misc/u/pid HTTP/1.1\r\nHost: x\r\n\r\n"); resp.StatusCode != 200 {
+		t.Fatalf("after the failures: %d %s", resp.StatusCode, body)
 	}
 }

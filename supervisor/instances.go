@@ -558,12 +558,24 @@ func (s *Supervisor) newProxy(inc *incarnation) *httputil.ReverseProxy {
 				// The front door's rule for an unanswered request: 503 +
 				// Retry-After only if nothing reached the plugin (it
 				// certainly did not run), else 504, it may have run.
-				u := httpx.ClassifyUnanswered(err, "plugin restarting, retry")
-				s.cfg.Logger.Warn("plugin did not answer", "plugin", inc.proc.spec.Name, "outcome", u.Outcome, "alive", inc.alive(), "err", err)
-				u.Write(w)
+				s.unanswered(inc, err).Write(w)
 			}
 		},
 	}
+}
+
+// unanswered books a request inc's plugin did not answer, whichever
+// path carried it (net/http's proxy, or the front door's loop, which
+// answered the client itself: Call.EndRelayed): counted by outcome, and
+// logged, one line per plugin and outcome per window with the count held
+// back. It returns the answer the client gets.
+func (s *Supervisor) unanswered(inc *incarnation, err error) httpx.Unanswered {
+	u := httpx.ClassifyUnanswered(err, RestartingMsg)
+	name := inc.proc.spec.Name
+	s.metrics.unanswered.WithLabelValues(name, u.Outcome).Inc()
+	s.warnings.Log(context.Background(), s.cfg.Logger, slog.LevelWarn, name+"\x00"+u.Outcome,
+		"plugin did not answer", "plugin", name, "outcome", u.Outcome, "alive", inc.alive(), "err", err)
+	return u
 }
 
 var (

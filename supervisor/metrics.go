@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pinnedd/pinnedd/internal/httpx"
 )
 
 // metrics are the worker-side pinned_* collectors this package maintains.
@@ -13,6 +15,7 @@ type metrics struct {
 	activations *prometheus.CounterVec
 	evictions   *prometheus.CounterVec
 	restarts    *prometheus.CounterVec
+	unanswered  *prometheus.CounterVec
 	instances   *prometheus.GaugeVec
 	pluginUp    *prometheus.GaugeVec
 	requests    *prometheus.HistogramVec
@@ -47,6 +50,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pinned_plugin_restarts_total", Help: "Plugin processes restarted after they exited unexpectedly.",
 		}, []string{"plugin"}),
+		unanswered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pinned_plugin_unanswered_total", Help: "Instance requests their plugin did not answer, by outcome: unreachable (nothing reached it: 503, it did not run) or unknown (sent, then cut: 504, it may have run).",
+		}, []string{"plugin", "outcome"}),
 		instances: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "pinned_instances", Help: "Instances live on this node.",
 		}, []string{"namespace"}),
@@ -60,7 +66,19 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"namespace", "code"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.activations, m.evictions, m.restarts, m.instances, m.pluginUp, m.requests)
+		reg.MustRegister(m.activations, m.evictions, m.restarts, m.unanswered, m.instances, m.pluginUp, m.requests)
 	}
 	return m
+}
+
+// unansweredOutcomes are pinned_plugin_unanswered_total's outcomes, each
+// exported at 0 for every plugin from the start.
+var unansweredOutcomes = []string{httpx.OutcomeUnreachable, httpx.OutcomeUnknown}
+
+// plugin exports a configured plugin's labelled counters at 0, so an alert
+// on them has a series before the first failure.
+func (m *metrics) plugin(name string) {
+	for _, o := range unansweredOutcomes {
+		m.unanswered.WithLabelValues(name, o)
+	}
 }

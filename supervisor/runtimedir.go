@@ -36,14 +36,19 @@ func (s *Supervisor) openRuntimeDir() error {
 	if s.pluginUsers() {
 		mode = 0o711
 	}
-	dir := s.cfg.RuntimeDir
-	if dir == "" {
+	if s.cfg.RuntimeDir == "" {
 		tmp, err := os.MkdirTemp("", "pinnedd-")
 		if err != nil {
 			return err
 		}
 		s.runtimeDir, s.ownDir = tmp, true
 		return s.openPluginDirs(mode)
+	}
+	// A socket's path is dialed long after, by code that must not depend
+	// on the working directory.
+	dir, err := filepath.Abs(s.cfg.RuntimeDir)
+	if err != nil {
+		return err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/internal/logrepeat"
 	"github.com/pinnedd/pinnedd/plugins/proto"
 	"github.com/pinnedd/pinnedd/statestore"
 )
@@ -121,7 +122,9 @@ type Supervisor struct {
 	// through cfg.Store reports to it, and Start runs its probe.
 	storeHealth *statestore.Monitor
 
-	runCtx    context.Context
+	runCtx context.Context
+	// warnings summarises WARNs that repeat while their cause lasts.
+	warnings  *logrepeat.Repeats
 	runCancel context.CancelFunc
 	wg        sync.WaitGroup
 }
@@ -133,7 +136,7 @@ func New(cfg Config) (*Supervisor, error) {
 		return nil, errors.New("supervisor: no plugins configured")
 	}
 	s := &Supervisor{cfg: cfg, metrics: newMetrics(cfg.Registerer), byNS: map[string]*pluginProc{}, instances: map[Key]*instance{}, counts: map[string]*NamespaceStats{},
-		drains: map[string]drainSpec{}, drainedCh: make(chan struct{})}
+		drains: map[string]drainSpec{}, drainedCh: make(chan struct{}), warnings: logrepeat.New(logrepeat.Window)}
 	if cfg.Store != nil {
 		// The one place every state-store call of this node passes (the
 		// Store service plugins call, activation's load included): each has
@@ -163,6 +166,7 @@ func New(cfg Config) (*Supervisor, error) {
 				return nil, fmt.Errorf("supervisor: plugin %s as user %s: %w", sp.Name, sp.User.Name, err)
 			}
 		}
+		s.metrics.plugin(sp.Name)
 		s.procs = append(s.procs, &pluginProc{sup: s, spec: sp, state: StateStopped, logger: cfg.Logger.With("plugin", sp.Name), swapped: make(chan struct{})})
 	}
 	return s, nil

@@ -11,6 +11,10 @@ import (
 	"time"
 )
 
+// Window is the summary window pinnedd's own repeated lines use: an outage
+// of a minute is two or three lines, each with its count.
+const Window = 30 * time.Second
+
 // Repeats counts lines by what they are about. The zero value is not usable: see New.
 type Repeats struct {
 	window time.Duration

@@ -62,7 +62,8 @@ type Field = httpx.Field
 // Forward is where a Router sends a request.
 type Forward struct {
 	// Addr is the upstream's address: an IP literal and a port (TCP), or
-	// the absolute path of a unix socket.
+	// a unix socket's path (anything with a '/'; a relative one is taken
+	// from the working directory, as net.Dial("unix") takes it).
 	Addr string
 	// Wire is the whole request to write there (head and body).
 	Wire []byte

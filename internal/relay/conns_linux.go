@@ -455,10 +455,10 @@ func (l *Conns) readRequest(c *client, buf []byte, after *[]func()) bool {
 			c.idem = h.Method == "GET" || h.Method == "HEAD" || h.Method == "OPTIONS"
 			c.isHead = h.Method == "HEAD"
 			c.wrote = false
-			u := l.upstreamFor(poolKey{fwd.Addr, fwd.TLS})
+			u, err := l.upstreamFor(poolKey{fwd.Addr, fwd.TLS})
 			if u == nil {
 				if fwd.Final {
-					l.unavailable(c, notSent(ErrUpstreamFailed), after)
+					l.unavailable(c, notSent(fmt.Errorf("%w: %w", ErrUpstreamFailed, err)), after)
 					return c.state == stHead
 				}
 				l.finish(c, 0, nil, after)
@@ -812,8 +812,9 @@ func (l *Conns) upstreamFailed(c *client, err error, after *[]func()) {
 		// sending it again is safe (as net/http's Transport decides: a
 		// handler may have run it before the connection died).
 		c.retried = true
-		nu := l.dial(u.key)
+		nu, derr := l.dial(u.key)
 		if nu == nil {
+			err = fmt.Errorf("%w; a fresh connection: %w", err, derr)
 			if !u.sent {
 				err = notSent(err)
 			}
@@ -881,8 +882,9 @@ func (l *Conns) finish(c *client, status int, err error, after *[]func()) {
 	}
 }
 
-// upstreamFor takes a pooled connection for key, or connects one.
-func (l *Conns) upstreamFor(key poolKey) *upstream {
+// upstreamFor takes a pooled connection for key, or connects one (nil
+// and why if it cannot).
+func (l *Conns) upstreamFor(key poolKey) (*upstream, error) {
 	if us := l.idle[key]; len(us) > 0 {
 		// An emptied list stays, with its room, for the connection's
 		// return; the sweep deletes lists left empty.
@@ -890,57 +892,58 @@ func (l *Conns) upstreamFor(key poolKey) *upstream {
 		us[len(us)-1] = nil
 		l.idle[key] = us[:len(us)-1]
 		u.reused = true
-		return u
+		return u, nil
 	}
 	return l.dial(key)
 }
 
-// dial connects a new upstream connection for key (nil if it cannot); a
+// dial connects a new upstream connection for key (nil and why if it cannot); a
 // TLS one starts its handshake (tls_linux.go).
-func (l *Conns) dial(key poolKey) *upstream {
-	family, sa, ok := sockaddr(key.addr)
-	if !ok {
-		return nil
+func (l *Conns) dial(key poolKey) (*upstream, error) {
+	family, sa, err := sockaddr(key.addr)
+	if err != nil {
+		return nil, err
 	}
 	fd, err := connect(family, sa)
 	if err != nil {
-		return nil
+		return nil, fmt.Errorf("connect %s: %w", key.addr, err)
 	}
 	u := &upstream{fd: fd, key: key, id: l.newIDLocked()}
 	if key.tls != nil {
 		if err := l.startHandshake(u); err != nil {
 			_ = unix.Close(fd)
-			return nil
+			return nil, fmt.Errorf("tls handshake with %s: %w", key.addr, err)
 		}
 		l.ups[u.id] = u
-		return u
+		return u, nil
 	}
 	if err := l.ctl(unix.EPOLL_CTL_ADD, fd, unix.EPOLLIN|unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET, u.id, sideU); err != nil {
 		_ = unix.Close(fd)
-		return nil
+		return nil, fmt.Errorf("epoll: %w", err)
 	}
 	l.ups[u.id] = u
-	return u
+	return u, nil
 }
 
-// sockaddr is addr (an IP literal and a port, or a unix socket's absolute
-// path) as connect takes it.
-func sockaddr(addr string) (family int, sa unix.Sockaddr, ok bool) {
-	if strings.HasPrefix(addr, "/") {
-		return unix.AF_UNIX, &unix.SockaddrUnix{Name: addr}, true
+// sockaddr is addr as the kernel takes it: a unix socket's path (any
+// address with a '/', absolute or relative to the working directory, as
+// net.Dial("unix") takes it), else an IP literal and a port.
+func sockaddr(addr string) (family int, sa unix.Sockaddr, err error) {
+	if strings.Contains(addr, "/") {
+		return unix.AF_UNIX, &unix.SockaddrUnix{Name: addr}, nil
 	}
 	ip, port, ok := ipPort(addr)
 	if !ok {
-		return 0, nil, false
+		return 0, nil, fmt.Errorf("%q is neither a unix socket path nor an IP literal and a port", addr)
 	}
 	if ip4 := ip.To4(); ip4 != nil {
 		s := &unix.SockaddrInet4{Port: port}
 		copy(s.Addr[:], ip4)
-		return unix.AF_INET, s, true
+		return unix.AF_INET, s, nil
 	}
 	s := &unix.SockaddrInet6{Port: port}
 	copy(s.Addr[:], ip.To16())
-	return unix.AF_INET6, s, true
+	return unix.AF_INET6, s, nil
 }
 
 // connect starts a non-blocking connection; the request is queued on it

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -63,6 +64,8 @@ func (r testRouter) Route(h *ReqHead) (Forward, bool) {
 		target, timeout = "/up/hang", 300*time.Millisecond
 	case strings.HasPrefix(h.Target, "/final/"):
 		addr, target, final = r.rig.unixPath, strings.TrimPrefix(h.Target, "/final"), true
+	case strings.HasPrefix(h.Target, "/finalrel/"):
+		addr, target, final = "./"+filepath.Base(r.rig.unixPath), strings.TrimPrefix(h.Target, "/finalrel"), true
 	case strings.HasPrefix(h.Target, "/finaldead/"):
 		addr, target, final = r.rig.unixPath+".missing", "/up/fixed", true
 	case strings.HasPrefix(h.Target, "/flaky/"):
@@ -514,6 +517,27 @@ func (rig *connsRig) hook(want string) {
 	}
 }
 
+// A unix socket named by a relative path (a plugin's socket under a data
+// dir given as data/n1) is reached from the working directory, as
+// net.Dial("unix") reaches it, on every request of a kept-alive
+// connection; an address that is neither a path nor an IP and a port is
+// answered 503 with why.
+func TestConnsRelativeUnixSocket(t *testing.T) {
+	rig := newConnsRig(t)
+	t.Chdir(filepath.Dir(rig.unixPath))
+	c := rig.client()
+	for i := range 3 {
+		if code, _, body := rig.get(c, "GET", "/finalrel/up/fixed?r", ""); code != 200 || body != "fixed r" {
+			t.Fatalf("request %d over the relative unix socket: %d %q", i+1, code, body)
+		}
+		rig.hook("head 200 false")
+		rig.hook("done 200 <nil>")
+	}
+	if _, _, err := sockaddr("localhost:8080"); err == nil || !strings.Contains(err.Error(), "neither a unix socket path") {
+		t.Fatalf("a host name: %v, want refused", err)
+	}
+}
+
 // A Final request (one the router spent something on) never goes back to
 // net/http: it reaches a unix-socket upstream; a refusal, an upstream it
 // cannot reach, answer 503 with the route's message; a pooled connection
@@ -541,7 +565,7 @@ func TestConnsFinal(t *testing.T) {
 	if code, _, body := rig.get(c, "POST", "/finaldead/x", "x"); code != 503 || body != `{"error":"plugin gone"}`+"\n" {
 		t.Fatalf("unreachable: %d %q", code, body)
 	}
-	rig.hook("done 503 " + httpx.ErrNotSent.Error() + ": " + ErrUpstreamFailed.Error()) // nothing was sent
+	rig.hookPrefix("done 503 " + httpx.ErrNotSent.Error() + ": " + ErrUpstreamFailed.Error() + ": connect " + rig.unixPath + ".missing: ") // nothing was sent, and why
 	if got := rig.loop.HandedBack(); got != 0 {
 		t.Fatalf("%d connections handed back, want 0", got)
 	}

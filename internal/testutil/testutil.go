@@ -132,11 +132,36 @@ func LaunchAgent(t testing.TB, env []string, args ...string) *Agent {
 // LaunchAgentBin is LaunchAgent with another pinnedd binary.
 func LaunchAgentBin(t testing.TB, bin string, env []string, args ...string) *Agent {
 	t.Helper()
+	return launch(t, agentCommand(t, bin, args), env, "pinnedd")
+}
+
+// StartAgentAt is StartAgent with dir as the agent's working directory (a
+// relative --data-dir, as an operator types it).
+func StartAgentAt(t testing.TB, dir string, env []string, args ...string) *Agent {
+	t.Helper()
+	a := LaunchAgentAt(t, dir, env, args...)
+	if err := a.WaitReady(30 * time.Second); err != nil {
+		t.Fatalf("pinnedd not ready: %v\n%s", err, a.Logs())
+	}
+	return a
+}
+
+// LaunchAgentAt is LaunchAgent with dir as the agent's working directory.
+func LaunchAgentAt(t testing.TB, dir string, env []string, args ...string) *Agent {
+	t.Helper()
+	cmd := agentCommand(t, Bin(t, "pinnedd"), args)
+	cmd.Dir = dir
+	return launch(t, cmd, env, "pinnedd")
+}
+
+// agentCommand is `bin agent` with args, the test's added ones, and
+// --http-addr 127.0.0.1:0 unless args set it.
+func agentCommand(t testing.TB, bin string, args []string) *exec.Cmd {
 	full := agentArgs(append(args, addedArgs(t)...))
 	if !hasFlag(args, "--http-addr") {
 		full = append(full, "--http-addr", "127.0.0.1:0")
 	}
-	return launch(t, exec.Command(bin, full...), env, "pinnedd")
+	return exec.Command(bin, full...)
 }
 
 // added holds AddAgentArgs' arguments, by test name.
