@@ -68,9 +68,10 @@
 //
 // Names must also be non-empty UTF-8 without NUL bytes. A write that breaks
 // a limit fails at once with ErrInvalidWrite and changes nothing. The
-// store's limits on one commit (statestore.MaxMutations, 1024 mutations,
-// and statestore.MaxCommitBytes, 16 MiB) never reach a host: the SDK splits
-// the writes it queues into commits within them.
+// store's limits on one commit (statestore.MaxMutations (1024) and
+// statestore.MaxCommitBytes (16 MiB)) never reach a host: the SDK splits
+// the writes it queues into commits within them. (A test holds the numbers
+// in this doc to the constants.)
 //
 // # When a write fails, and what to answer
 //
