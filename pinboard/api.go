@@ -84,8 +84,8 @@ func (a *api) healthz(w http.ResponseWriter, _ *http.Request) {
 // readyz is 503 while waiting for the first registration (and until this
 // node's replica has applied it: before that the node cannot route, see
 // resolver.caughtUp) or past the lease's expiry, and 200 while registered,
-// also when the lease is merely
-// unhealthy or the node is draining (it still serves what it holds). A
+// also when the lease is merely unhealthy or the node is draining (it
+// still serves what it holds). A
 // state store that has failed for its grace (StoreHealth) is 503 too, with
 // the reason, and so is a node shutting down.
 //
