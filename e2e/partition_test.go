@@ -649,7 +649,7 @@ func (h *partitionHistory) check(t *testing.T, oi int, cutFrom, cutAt, healFrom,
 // failing a write (its memory moved on).
 func isFrontDoorRefusal(body string) bool {
 	for _, m := range []string{"lease expired", "lease unhealthy", "owner unreachable", "quarantine", "owner refused",
-		"placement moved", "not registered", "no live workers", "draining", "cluster secret"} {
+		"placement moved", "not registered", "no live workers", "node is starting", "draining", "cluster secret"} {
 		if strings.Contains(body, m) {
 			return true
 		}

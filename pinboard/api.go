@@ -81,9 +81,11 @@ func (a *api) healthz(w http.ResponseWriter, _ *http.Request) {
 	httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// readyz is 503 while waiting for the first registration or past the
-// lease's expiry, and 200 while registered, also when the lease is merely
-// unhealthy or the node is draining (it still serves what it holds). A
+// readyz is 503 while waiting for the first registration (and until this
+// node's replica has applied it: before that the node cannot route, see
+// resolver.caughtUp) or past the lease's expiry, and 200 while registered,
+// also when the lease is merely unhealthy or the node is draining (it
+// still serves what it holds). A
 // state store that has failed for its grace (StoreHealth) is 503 too, with
 // the reason, and so is a node shutting down.
 //
@@ -108,6 +110,10 @@ func (a *api) readiness() map[string]any {
 		lease := a.worker.Lease(time.Now())
 		body["lease"] = lease.String()
 		ready = ready && lease != LeaseUnregistered && lease != LeaseExpired
+		if !a.res.caughtUp() {
+			ready = false
+			body["directory"] = "catching up"
+		}
 	}
 	if err := a.res.storeHealth(); err != nil {
 		ready = false

@@ -19,6 +19,7 @@ const (
 	outcomeLocal       = "local"       // served on this node
 	outcomeQuarantined = "quarantined" // refused: the directory's cold-start quarantine
 	outcomeNoBackends  = "no-backends" // refused: no live, undrained worker serves the namespace
+	outcomeStarting    = "starting"    // refused: this node's replica has not caught up since it started
 	outcomeError       = "error"       // the directory could not answer
 
 	// pinboard_forward_failures_total{outcome}
@@ -41,7 +42,7 @@ const (
 )
 
 var (
-	resolutionOutcomes = []string{outcomePlaced, outcomeForwarded, outcomeLocal, outcomeQuarantined, outcomeNoBackends, outcomeError}
+	resolutionOutcomes = []string{outcomePlaced, outcomeForwarded, outcomeLocal, outcomeQuarantined, outcomeNoBackends, outcomeStarting, outcomeError}
 	forwardOutcomes    = []string{outcomeUnreachable, outcomeUnknown, outcomeRefused, outcomeMisdirected, outcomeCanceled}
 	relayEndReasons    = []string{relay.Complete.String(), relay.ClientGone.String(), relay.UpstreamFailed.String(), relay.Shutdown.String(), relayEndRefused}
 	attestReasons      = []string{attestMissing, attestMalformed, attestForged, attestExpired, attestReplayed, attestNoKey}

@@ -371,30 +371,17 @@ func (o *ownerSide) wakeLocal(ctx context.Context, p directory.Placement) error 
 	return o.local.Wake(ctx, p.Key.Namespace, p.Key.ID, p.Generation)
 }
 
-// replicaHasSession: the replica has applied this worker's current session.
-// One older than it (a re-registration after a partition, not applied here
-// yet) may still show as ours an id the re-registration found placed
-// elsewhere meanwhile (its duplicates), under the old generation: activating
-// it would run the id beside its new owner.
-func (o *ownerSide) replicaHasSession(m *directory.Machine) bool {
-	if o.worker == nil {
-		return true
-	}
-	wk, ok := m.Worker(o.res.selfID())
-	return ok && wk.SessionID == o.worker.SessionID()
-}
-
 // awaitPlacement waits (briefly) until this node's replica shows key
 // placed under generation or a newer one, and reports the placement if it
 // is ours under exactly that generation. The forwarder resolved it through
 // the leader, so our replica may be a few entries behind, and it must have
-// applied our own session (replicaHasSession).
+// applied our own session (resolver.replicaHasSession).
 func (o *ownerSide) awaitPlacement(ctx context.Context, key directory.Key, generation uint64) (directory.Placement, bool) {
 	m := o.dir.Machine()
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		p, found := m.Placement(key)
-		if found && p.Generation >= generation && o.replicaHasSession(m) {
+		if found && p.Generation >= generation && o.res.replicaHasSession() {
 			if p.Owner != o.res.selfID() || p.Generation != generation {
 				return directory.Placement{}, false
 			}

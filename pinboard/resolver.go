@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,7 +22,15 @@ const claimTimeout = 5 * time.Second
 var (
 	errNoBackends = errors.New("no live workers for namespace")
 	errQuarantine = errors.New("cold start quarantine")
+	// errStarting: this node's replica has not caught up with the leader
+	// since it started, so what it lacks (workers, namespaces) proves
+	// nothing. Its answer says so instead of "no live workers".
+	errStarting = errors.New("this node is starting: its copy of the directory has not caught up with the cluster yet")
 )
+
+// startingWait bounds how long a request on a starting node waits for its
+// replica to catch up before it is answered errStarting.
+const startingWait = claimTimeout
 
 // quarantineError is a claim refused by the directory's cold-start
 // quarantine, with how long it still lasts.
@@ -44,6 +53,8 @@ type resolver struct {
 	// resolutions is pinboard_placement_resolutions_total; the parts that
 	// serve a request book its outcome through counter.
 	resolutions *prometheus.CounterVec
+	// caught latches caughtUp once it first holds.
+	caught atomic.Bool
 }
 
 func newResolver(dir *Directory, worker *Worker, local *supervisor.Supervisor, policy PlacementPolicy, quarantine time.Duration, logger *slog.Logger) *resolver {
@@ -71,6 +82,51 @@ func (rv *resolver) selfID() string {
 		return ""
 	}
 	return rv.worker.ClientID()
+}
+
+// replicaHasSession: the replica has applied this worker's current session
+// (true without a worker). The session was granted by the leader after this
+// process started, so a replica holding it holds everything committed
+// before it. One older than it (a re-registration after a partition, not
+// applied here yet) may still show as ours an id the re-registration found
+// placed elsewhere meanwhile (its duplicates), under the old generation.
+func (rv *resolver) replicaHasSession() bool {
+	if rv.worker == nil {
+		return true
+	}
+	sid := rv.worker.SessionID()
+	wk, ok := rv.dir.Machine().Worker(rv.selfID())
+	return sid != "" && ok && wk.SessionID == sid
+}
+
+// caughtUp: this node's replica has caught up with the leader at least once
+// since the process started (replicaHasSession first held). Until then it
+// shows the directory as of the snapshot and log on disk: workers whose
+// leases lapsed long ago, none of those that joined since, so an absent
+// worker or namespace is no answer to give a client. A node without hosts
+// has no session to measure with and counts as caught up.
+func (rv *resolver) caughtUp() bool {
+	if rv.caught.Load() {
+		return true
+	}
+	if !rv.replicaHasSession() {
+		return false
+	}
+	rv.caught.Store(true)
+	return true
+}
+
+// awaitCaughtUp waits (up to startingWait, or ctx) until caughtUp holds,
+// and reports whether it does.
+func (rv *resolver) awaitCaughtUp(ctx context.Context) bool {
+	deadline := time.Now().Add(startingWait)
+	for !rv.caughtUp() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
 }
 
 // hostsInstances: this node has a worker.

@@ -205,6 +205,14 @@ func parseInstancePath(escaped string) (ns, id, rest string, err error) {
 // serveInstance serves a client's request for /<ns>/<id>/<rest>.
 func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request) {
 	ns, id, rest, err := parseInstancePath(r.URL.EscapedPath())
+	if err == nil && !f.res.knownNamespace(ns) && !f.res.caughtUp() {
+		// A namespace only other nodes serve is unknown to a replica that
+		// has not caught up yet.
+		if !f.res.awaitCaughtUp(r.Context()) {
+			f.starting(w, r)
+			return
+		}
+	}
 	if errors.Is(err, plugins.ErrInvalidNamespace) || err == nil && !f.res.knownNamespace(ns) {
 		httpx.WriteError(w, http.StatusNotFound, "unknown namespace", 0)
 		return
@@ -263,11 +271,31 @@ func (f *FrontDoor) routeRequest(w http.ResponseWriter, r *http.Request, rq *ins
 		hints.affinity = f.affinityKey(r)
 	}
 	p, owner, err := f.res.claimFor(r.Context(), rq.key, rq.exclude, hints)
+	if errors.Is(err, errNoBackends) && !f.res.caughtUp() {
+		// Our replica lacks the workers that joined or renewed since the
+		// state on disk: wait for it, then route again.
+		if !f.res.awaitCaughtUp(r.Context()) {
+			f.starting(w, r)
+			return
+		}
+		f.routeRequest(w, r, rq)
+		return
+	}
 	if err != nil {
 		f.claimFailed(w, r, rq.key, err)
 		return
 	}
 	f.dispatch(w, r, rq, p, owner)
+}
+
+// starting answers a request this node cannot route until its replica has
+// caught up (errStarting): nothing ran, retry.
+func (f *FrontDoor) starting(w http.ResponseWriter, r *http.Request) {
+	if r.Context().Err() != nil {
+		return
+	}
+	f.res.counter(outcomeStarting).Inc()
+	httpx.WriteError(w, http.StatusServiceUnavailable, errStarting.Error(), time.Second)
 }
 
 // dispatch serves on this node or forwards to the owner.

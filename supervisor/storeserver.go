@@ -41,7 +41,7 @@ func (s *Supervisor) serveStore(conn *plugins.Conn, logger *slog.Logger) uint32 
 	id := conn.Broker.NextId()
 	srv := &storeServer{store: s.cfg.Store, serves: s.Serves, logger: logger}
 	go conn.Broker.AcceptAndServe(id, func(opts []grpc.ServerOption) *grpc.Server {
-		g := grpc.NewServer(opts...)
+		g := grpc.NewServer(append(opts, plugins.StoreServerOptions()...)...)
 		proto.RegisterStoreServer(g, srv)
 		return g
 	})

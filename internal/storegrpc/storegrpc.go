@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/plugins/proto"
 	"github.com/pinnedd/pinnedd/statestore"
 	"github.com/pinnedd/pinnedd/supervisor"
@@ -23,11 +24,12 @@ func Client(t testing.TB, store statestore.Store) proto.StoreClient {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(plugins.StoreServerOptions()...)
 	proto.RegisterStoreServer(g, supervisor.NewStoreServer(store, func(string) bool { return true }))
 	go func() { _ = g.Serve(ln) }()
 	t.Cleanup(g.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(ln.Addr().String(),
+		append(plugins.StoreDialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -148,7 +149,72 @@ func main() {
 		// /tally: an in-memory count per instance (POST /inc, GET /value),
 		// so a test can tell whether a request ran.
 		"/tally": {New: func(*sdk.Instance) (http.Handler, error) { return tally(), nil }},
+		// /fields: a tray's fields and large appends, answered as the SDK's
+		// doc says a host answers a failed write.
+		"/fields": {New: func(inst *sdk.Instance) (http.Handler, error) { return fields(inst), nil }},
 	})
+}
+
+// fields serves the tray ("doc", "~"): PUT /f/{name} sets a field to the
+// body, DELETE /f/{name} deletes it, GET /f lists the field names; POST
+// /append?n=N&size=S appends N payloads of S bytes to the tray ("big", "~")
+// (no handler: they stay).
+func fields(inst *sdk.Instance) http.Handler {
+	doc := inst.Tray("doc", "~")
+	mux := http.NewServeMux()
+	mux.HandleFunc("PUT /f/{name}", func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		err := doc.Set(r.PathValue("name"), string(body))
+		if err == nil {
+			err = inst.Durable(r.Context())
+		}
+		if err != nil {
+			writeFailed(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("DELETE /f/{name}", func(w http.ResponseWriter, r *http.Request) {
+		doc.Delete(r.PathValue("name"))
+		if err := inst.Durable(r.Context()); err != nil {
+			writeFailed(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("GET /f", func(w http.ResponseWriter, _ *http.Request) {
+		_ = json.NewEncoder(w).Encode(doc.Fields())
+	})
+	mux.HandleFunc("POST /append", func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		size, _ := strconv.Atoi(r.URL.Query().Get("size"))
+		payloads := make([]any, n)
+		for i := range payloads {
+			payloads[i] = strings.Repeat("x", max(size-2, 0)) // a JSON string of size bytes
+		}
+		seqs, err := inst.Tray("big", "~").Append(r.Context(), payloads...)
+		if err != nil {
+			writeFailed(w, err)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"appended": len(seqs), "items": len(inst.Tray("big", "~").Items())})
+	})
+	return mux
+}
+
+// writeFailed answers a failed state write as the SDK's package doc says.
+func writeFailed(w http.ResponseWriter, err error) {
+	code := http.StatusGatewayTimeout // queued, not known stored: it may have run
+	switch {
+	case errors.Is(err, sdk.ErrInvalidWrite):
+		code = http.StatusRequestEntityTooLarge
+	case errors.Is(err, sdk.ErrFenced):
+		code = http.StatusServiceUnavailable
+		w.Header().Set("Retry-After", "1")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
 }
 
 func tally() http.Handler {

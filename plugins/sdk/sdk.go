@@ -1,17 +1,3 @@
-// Package sdk is what a host author imports to ship instance code as a
-// pinnedd plugin. A host builds one instance per id and returns an ordinary
-// http.Handler for it; pinnedd decides when instances exist (activation on
-// first request, eviction when idle, drained or swapped) and the SDK runs
-// them inside the plugin process.
-//
-//	func main() {
-//		sdk.Serve(map[string]sdk.Host{
-//			"/counters": {New: func(inst *sdk.Instance) (http.Handler, error) { ... }},
-//		})
-//	}
-//
-// The SDK never writes to stdout (go-plugin's handshake line owns it); logs
-// go to stderr as JSON, and pinnedd re-logs them tagged with the plugin.
 package sdk
 
 import (
@@ -38,7 +24,10 @@ type Host struct {
 	// routes with paths relative to the instance: a request for
 	// /counters/alice/increment reaches it as /increment.
 	//
-	// The handler may implement Starter, Idler and Stopper.
+	// The handler may implement the hooks Starter (before its first
+	// request), WindDowner (told of an eviction deadline: drain, operator
+	// wind-down, hot swap), Idler (asked before an idle eviction) and
+	// Stopper (last); see the package doc for their order.
 	New func(inst *Instance) (http.Handler, error)
 	// DetachedTimeout: an instance with no request or stream open for this
 	// long is evicted. 0 leaves pinnedd's default.
@@ -47,7 +36,8 @@ type Host struct {
 	// eviction, where its placement would otherwise be released.
 	KeepPlacementOnIdle bool
 	// Trays maps a tray namespace to the handler that executes its work
-	// items (see Tray.Append). Trays of other namespaces hold fields only.
+	// items (see Tray.Append). Trays of other namespaces hold fields only:
+	// items appended to them are never run.
 	Trays map[string]TrayHandler
 }
 

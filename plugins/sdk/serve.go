@@ -243,7 +243,7 @@ func (rt *Runtime) Describe(_ context.Context, req *proto.DescribeRequest) (*pro
 		if b == nil {
 			return nil, status.Error(codes.FailedPrecondition, "no broker to reach the store through")
 		}
-		conn, err := b.Dial(req.StoreBrokerId)
+		conn, err := b.DialWithOptions(req.StoreBrokerId, plugins.StoreDialOptions()...)
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "dial store: %v", err)
 		}

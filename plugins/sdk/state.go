@@ -199,9 +199,9 @@ func (st *state) flush() {
 	}
 }
 
-// maxBatchBytes keeps a Commit under gRPC's default 4 MiB message limit
-// (the store itself takes up to statestore.MaxCommitBytes).
-const maxBatchBytes = 3 << 20
+// maxBatchBytes is what one Commit carries at most: the store's limit,
+// which plugins.MaxCommitMessage makes room for on the wire.
+const maxBatchBytes = statestore.MaxCommitBytes
 
 // batchLen is how many queued writes fit one Commit within the store's
 // limits (mutations, appended items, bytes); at least one.
@@ -226,9 +226,28 @@ func batchLen(q []queued) int {
 	return len(q)
 }
 
-// ErrInvalidWrite: a write the store would refuse (a name too long or
-// empty, a value over statestore.MaxValueLen). Nothing was queued.
+// ErrInvalidWrite: a write the store would refuse (a name empty, too long,
+// not UTF-8 or holding a NUL byte; a value, or an Append, over its limit).
+// It is returned at once and nothing was queued.
 var ErrInvalidWrite = errors.New("invalid state write")
+
+// Limits of durable state: the state store's own (package statestore), the
+// same on every store. A write that breaks one fails at once with
+// ErrInvalidWrite.
+const (
+	// MaxTrayNameLen bounds a tray's namespace and its id, in bytes.
+	MaxTrayNameLen = statestore.MaxTrayNameLen
+	// MaxFieldNameLen bounds a field name, in bytes.
+	MaxFieldNameLen = statestore.MaxFieldNameLen
+	// MaxValueLen bounds a field's value and a work item's payload, in
+	// bytes of their JSON encoding.
+	MaxValueLen = statestore.MaxValueLen
+	// MaxAppendItems bounds the payloads of one Append.
+	MaxAppendItems = statestore.MaxCommitItems
+	// MaxAppendBytes bounds the sum of one Append's payloads (JSON bytes):
+	// one Append is one atomic write.
+	MaxAppendBytes = statestore.MaxCommitBytes
+)
 
 func (t *Tray) check(name string, values ...[]byte) error {
 	if err := statestore.ValidateTray(statestore.TrayKey{NS: t.key.NS, ID: t.key.ID}); err != nil {
@@ -239,13 +258,19 @@ func (t *Tray) check(name string, values ...[]byte) error {
 			return fmt.Errorf("%w: %w", ErrInvalidWrite, err)
 		}
 	}
-	if len(values) > statestore.MaxCommitItems {
-		return fmt.Errorf("%w: %d items in one append (max %d)", ErrInvalidWrite, len(values), statestore.MaxCommitItems)
+	if len(values) > MaxAppendItems {
+		return fmt.Errorf("%w: %d items in one append (max %d)", ErrInvalidWrite, len(values), MaxAppendItems)
 	}
+	total := 0
 	for _, v := range values {
-		if len(v) > statestore.MaxValueLen {
-			return fmt.Errorf("%w: %d bytes (max %d)", ErrInvalidWrite, len(v), statestore.MaxValueLen)
+		if len(v) > MaxValueLen {
+			return fmt.Errorf("%w: %d bytes (max %d)", ErrInvalidWrite, len(v), MaxValueLen)
 		}
+		total += len(v)
+	}
+	// The store would refuse it whole, after it was queued.
+	if total > MaxAppendBytes {
+		return fmt.Errorf("%w: %d bytes in one append (max %d)", ErrInvalidWrite, total, MaxAppendBytes)
 	}
 	return nil
 }
@@ -367,6 +392,20 @@ func (t *Tray) Delete(name string) {
 	delete(t.fields, name)
 	t.st.enqueueLocked(queued{m: &proto.StoreMutation{TrayNs: t.key.NS, TrayId: t.key.ID,
 		Op: &proto.StoreMutation_SetField{SetField: &proto.SetFieldOp{Name: name}}}})
+}
+
+// Fields lists the names of the tray's fields, sorted. The whole tray is in
+// memory from activation on (what the previous activation left, and every
+// Set and Delete since), so this reads no store.
+func (t *Tray) Fields() []string {
+	t.st.mu.Lock()
+	defer t.st.mu.Unlock()
+	names := make([]string, 0, len(t.fields))
+	for name := range t.fields {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
 }
 
 // Items returns the tray's pending work items.
