@@ -356,7 +356,7 @@ func (fw *forwarder) holdStream(info *fwdInfo, resp *http.Response) bool {
 		Done: fw.relayEnded,
 	}); err != nil {
 		fw.relayEnds.WithLabelValues(relayEndRefused).Inc()
-		fw.logger.Debug("relay refused a held stream; closed it", "key", info.p.Key.String(), "err", err)
+		fw.logger.Debug("relay refused a held stream; closed it", "instance", info.p.Key.String(), "err", err)
 	}
 	return true
 }
@@ -427,7 +427,7 @@ func (fw *forwarder) forwardError(w http.ResponseWriter, info *fwdInfo, err erro
 // sent to it until its lease lapses).
 func (fw *forwarder) ownerDidNotAnswer(outcome string, owner directory.Worker, key directory.Key, err error) {
 	fw.warnings.Log(context.Background(), fw.logger, slog.LevelWarn, owner.NodeID+"\x00"+owner.ClientID+"\x00"+outcome,
-		"owner did not answer", "outcome", outcome, "owner", owner.ClientID, "node", owner.NodeID, "url", fw.peer.base(owner), "key", key.String(), "err", err)
+		"owner did not answer", "outcome", outcome, "owner", owner.ClientID, "node", owner.NodeID, "url", fw.peer.base(owner), "instance", key.String(), "err", err)
 }
 
 // ownerUnreachableMsg is the error of the 503 for a request that never reached its owner.

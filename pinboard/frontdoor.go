@@ -185,7 +185,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		self := cfg.Worker.ClientID()
 		cfg.Dir.Machine().OnTakeover(func(t directory.Takeover) {
 			if t.Owner == self {
-				cfg.Logger.Info("took over instance", "ns", t.Key.Namespace, "id", t.Key.ID, "generation", t.Generation,
+				cfg.Logger.Info("took over instance", "instance", t.Key.String(), "generation", t.Generation,
 					"previous_owner", t.Previous, "previous_node", t.PreviousNode)
 			}
 		})

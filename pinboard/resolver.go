@@ -306,6 +306,6 @@ func (rv *resolver) release(key directory.Key, generation uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	if _, err := rv.dir.Do(ctx, directory.Release{Key: key, ClientID: rv.worker.ClientID(), Generation: generation}); err != nil {
-		rv.logger.Warn("release placement failed", "key", key.String(), "err", err)
+		rv.logger.Warn("release placement failed", "instance", key.String(), "err", err)
 	}
 }

@@ -94,7 +94,7 @@ func (s *storeServer) Load(ctx context.Context, req *proto.StoreLoadRequest) (*p
 		// on a survivor, after a swap): the operator's trace of who
 		// resumed it. Activations with nothing pending say nothing.
 		s.logger.Info("instance restored from store with unfinished work",
-			"namespace", req.Namespace, "id", req.Id, "generation", req.Generation,
+			"instance", req.Namespace+"/"+req.Id, "generation", req.Generation,
 			"trays", marked, "items", items, "resume", resume)
 	}
 	return resp, nil

@@ -128,7 +128,7 @@ func newInstance(ns, id string, generation uint64, logger *slog.Logger) *Instanc
 	return &Instance{
 		ns: ns, id: id, generation: generation, activatedAt: time.Now(),
 		ctx: ctx, cancel: cancel,
-		logger: logger.With("namespace", ns, "instance_id", id),
+		logger: logger.With("instance", ns+"/"+id),
 	}
 }
 
