@@ -20,6 +20,7 @@ import (
 	"os/signal"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -57,6 +58,7 @@ type Agent struct {
 	registry  *pinboard.Registry
 	worker    *pinboard.Worker
 	fd        *pinboard.FrontDoor
+	serving   atomic.Pointer[pinboard.FrontDoor] // fd, for hooks that may run before it exists
 
 	leave    chan time.Duration // POST /_pinned/leave, with its drain deadline
 	serveErr chan error

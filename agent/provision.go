@@ -134,7 +134,7 @@ func (a *Agent) provisionPlugins(ctx context.Context) error {
 		Specs: a.cfg.Specs, Logger: a.log, Registerer: a.reg, Store: a.states, RuntimeDir: runtimeDir(a.dataDir), FrontDoorURL: a.advertise,
 		DetachedTimeout: a.cfg.DetachedTimeout, StopGrace: a.cfg.StopGrace, StablePeriod: a.cfg.StablePeriod,
 		SwapDeadline: a.cfg.SwapDeadline, KeepPlacementsOnIdle: a.cfg.DatabaseURL == "",
-		OnEvicted: a.released,
+		OnEvicted: a.released, OnDegraded: a.degraded,
 	})
 	if err != nil {
 		return err
@@ -151,6 +151,15 @@ func (a *Agent) provisionPlugins(ctx context.Context) error {
 // activated through it, after New.
 func (a *Agent) released(k supervisor.Key, gen uint64, release bool) {
 	a.fd.Released(k.Namespace, k.ID, gen, release)
+}
+
+// degraded is the supervisor's OnDegraded hook: the front door gives up
+// the namespaces' placements here. A crash loop before the front door
+// exists is left to it: a request for such an id gives it up then.
+func (a *Agent) degraded(namespaces []string) {
+	if fd := a.serving.Load(); fd != nil {
+		fd.Degraded(namespaces)
+	}
 }
 
 // runtimeDir is where plugin sockets live: systemd's RuntimeDirectory= when
@@ -238,6 +247,7 @@ func (a *Agent) provisionWorker(context.Context) error {
 // mounts the cluster's routes on it.
 func (a *Agent) provisionFrontDoor(context.Context) error {
 	a.fd = pinboard.NewFrontDoor(a.frontDoorConfig())
+	a.serving.Store(a.fd)
 	tokens, store := a.tokens, a.store
 	member := func(r *http.Request) bool {
 		return tokens.Allowed(r, pinboard.ScopeWorker) || tokens.Allowed(r, pinboard.ScopeOperator)

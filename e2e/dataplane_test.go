@@ -583,3 +583,52 @@ func TestRelativeDataDirKeptAliveClient(t *testing.T) {
 		t.Fatal("no request took the kept-alive loop: the test proves nothing about it")
 	}
 }
+
+// A plugin that crash-loops on one node (a poison input) degrades its
+// namespaces there; the ids placed on that node are given up at once, and
+// every front door, the degraded node's included, serves them from another
+// node within a lease, while the degraded node's /readyz names the
+// namespaces. Before, they answered 503 "namespace degraded" until the
+// plugin recovered, or for ever.
+func TestCrashLoopingPluginGivesItsIDsUp(t *testing.T) {
+	t.Parallel()
+	th := testutil.Bin(t, "testhost")
+	nodes := startFleet(t, "--plugin", "/misc="+th, "--trusted-proxies", "127.0.0.1/32", "--plugin-stable-period", "1m")
+	owner, _ := placeMisc(t, nodes, "cl0")
+	ids := []string{"cl0"}
+	for i := 1; len(ids) < 3 && i < 40; i++ {
+		id := fmt.Sprintf("cl%d", i)
+		r, err := testutil.Do(context.Background(), "GET", owner.url()+"/misc/"+id+"/ping", "",
+			map[string]string{"Authorization": "Bearer " + testutil.Token, "X-Forwarded-For": fmt.Sprintf("198.51.100.%d", i)})
+		if err == nil && r.Code == 200 && ownerOf(t, nodes, "/misc", id) == owner {
+			ids = append(ids, id)
+		}
+	}
+	// Three quick crashes: the third degrades /misc on the owner.
+	for i := range 3 {
+		testutil.WaitFor(t, 10*time.Second, fmt.Sprintf("the plugin serving after %d crashes", i), func() bool {
+			r, err := owner.a.Do("GET", "/misc/"+ids[0]+"/ping", "")
+			return err == nil && r.Code == 200
+		})
+		_, _ = owner.a.Do("GET", "/misc/"+ids[0]+"/crash", "")
+	}
+	testutil.WaitFor(t, 10*time.Second, "/readyz on the owner naming /misc degraded", func() bool {
+		r, err := owner.a.Do("GET", "/readyz", "")
+		return err == nil && r.Code == 200 && strings.Contains(r.Body, `"degraded":["/misc"]`)
+	})
+	for _, id := range ids {
+		for _, via := range nodes {
+			var r testutil.Response
+			if err := testutil.Eventually(5*time.Second, func() bool {
+				r = via.a.MustDo("GET", "/misc/"+id+"/ping", "")
+				return r.Code == 200
+			}); err != nil {
+				t.Fatalf("%s via %s after its owner %s degraded: %d %s", id, via.id, owner.id, r.Code, r.Body)
+			}
+			if n := ownerOf(t, nodes, "/misc", id); n == owner {
+				t.Fatalf("%s still runs on the degraded %s", id, owner.id)
+			}
+		}
+	}
+	t.Logf("%d ids moved off %s", len(ids), owner.id)
+}

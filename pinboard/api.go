@@ -87,7 +87,9 @@ func (a *api) healthz(w http.ResponseWriter, _ *http.Request) {
 // also when the lease is merely unhealthy or the node is draining (it
 // still serves what it holds). A
 // state store that has failed for its grace (StoreHealth) is 503 too, with
-// the reason, and so is a node shutting down.
+// the reason, and so is a node shutting down. Namespaces whose plugin
+// crash-loops here are listed ("degraded"); the node stays ready, as its
+// front door still routes them to other nodes.
 //
 // A node without hosts (--no-hosts) has no lease: it is ready when Ready
 // says so (it follows a leader).
@@ -113,6 +115,13 @@ func (a *api) readiness() map[string]any {
 		if !a.res.caughtUp() {
 			ready = false
 			body["directory"] = "catching up"
+		}
+	}
+	if a.owner != nil && a.owner.local != nil {
+		// Still ready: the front door routes every id, and the node
+		// serves its other namespaces; these it gives up to other nodes.
+		if nss := a.owner.local.DegradedNamespaces(); len(nss) > 0 {
+			body["degraded"] = nss
 		}
 	}
 	if err := a.res.storeHealth(); err != nil {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -299,6 +300,22 @@ func (f *FrontDoor) Listener(ln net.Listener) net.Listener {
 func (f *FrontDoor) Released(ns, id string, generation uint64, release bool) {
 	if release {
 		f.res.release(directory.Key{Namespace: ns, ID: id}, generation)
+	}
+}
+
+// Degraded is the supervisor's OnDegraded hook: the ids this worker holds
+// in namespaces whose plugin crash-loops here are given up at once, so
+// other nodes take them on their next request (and the leader's scanner
+// wakes those with marked work elsewhere).
+func (f *FrontDoor) Degraded(namespaces []string) {
+	if f.owner.worker == nil {
+		return
+	}
+	self := f.res.selfID()
+	for _, p := range f.dir.Machine().PlacementsOf(self) {
+		if slices.Contains(namespaces, p.Key.Namespace) {
+			f.res.release(p.Key, p.Generation)
+		}
 	}
 }
 

@@ -120,7 +120,7 @@ func TestTakeoverLogged(t *testing.T) {
 		t.Fatalf("GET /misc/t1: %d %s", code, body)
 	}
 	p, _ := rig.m.Placement(key)
-	want := fmt.Sprintf(`msg="took over instance" ns=/misc id=t1 generation=%d previous_owner=gone previous_node=n9`, p.Generation)
+	want := fmt.Sprintf(`msg="took over instance" instance=/misc/t1 generation=%d previous_owner=gone previous_node=n9`, p.Generation)
 	if p.Owner != w.ClientID() || !strings.Contains(rig.logs.String(), want) {
 		t.Errorf("want %q in the log (owner %s):\n%s", want, p.Owner, rig.logs)
 	}

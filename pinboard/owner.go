@@ -132,6 +132,10 @@ func (o *ownerSide) serveOwned(w http.ResponseWriter, r *http.Request, p directo
 	o.keep.serveAdopting(w, r, func() bool { return body == nil || body.eof }, func(w http.ResponseWriter) { o.serveLocal(w, r, p, rest) })
 }
 
+// degraded reports whether ns is degraded on this node (its plugin
+// crash-loops): ids of it placed here are given up for other nodes.
+func (o *ownerSide) degraded(ns string) bool { return o.local != nil && o.local.Degraded(ns) }
+
 func notOwner(w http.ResponseWriter) {
 	w.Header().Set(RefusalHeader, plugins.RefusalNotOwner)
 	httpx.WriteError(w, http.StatusMisdirectedRequest, "not the owner of this placement", 0)

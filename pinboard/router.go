@@ -17,6 +17,7 @@ import (
 	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
+	"github.com/pinnedd/pinnedd/supervisor"
 )
 
 // The router's request paths. net/http's: ServeHTTP → serveInstance →
@@ -43,6 +44,9 @@ type instanceRequest struct {
 	retryable bool
 	attempt   int
 	exclude   string // a worker that refused in-band
+	// selfDegraded: exclude is this node, whose plugin for the namespace
+	// crash-loops.
+	selfDegraded bool
 	viaLeader bool   // the replica named a wrong owner: ask the leader
 	caller    string // this node's worker, on a cluster call from one of its instances
 }
@@ -260,6 +264,16 @@ func (f *FrontDoor) routeRequest(w http.ResponseWriter, r *http.Request, rq *ins
 	if _, live := f.res.liveHere(key); live && f.owner.serveLive(w, r, rq) {
 		return
 	}
+	if f.owner.degraded(key.Namespace) && rq.exclude == "" {
+		// This node serves none of the namespace until its plugin
+		// recovers: a placement here is given up, and the id goes to
+		// another node, as a forwarder does for an owner that refused.
+		self := f.res.selfID()
+		if p, ok := f.dir.Machine().Placement(key); ok && p.Owner == self {
+			f.res.releaseRefused(r.Context(), p)
+		}
+		rq.exclude, rq.selfDegraded = self, true
+	}
 	if !rq.viaLeader {
 		if p, owner, ok := f.res.placedOn(key, rq.exclude, now); ok {
 			f.dispatch(w, r, rq, p, owner)
@@ -279,6 +293,11 @@ func (f *FrontDoor) routeRequest(w http.ResponseWriter, r *http.Request, rq *ins
 			return
 		}
 		f.routeRequest(w, r, rq)
+		return
+	}
+	if errors.Is(err, errNoBackends) && rq.selfDegraded {
+		// No other node serves it: the truth is this node's degradation.
+		f.owner.local.WriteOpenError(w, r, key.Namespace, supervisor.ErrDegraded)
 		return
 	}
 	if err != nil {

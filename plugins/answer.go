@@ -11,7 +11,7 @@ const (
 	// AnswerServed: an answer for the client, whatever its status.
 	AnswerServed Answer = iota
 	// AnswerRefused: the owner ran nothing and takes no new activation
-	// (lease unhealthy, draining): release the placement and retry on
+	// (lease unhealthy, draining, the namespace degraded there): release the placement and retry on
 	// another worker.
 	AnswerRefused
 	// AnswerMisdirected: the owner does not hold the placement under the
@@ -28,7 +28,7 @@ func ClassifyAnswer(status int, refusal string) Answer {
 	switch {
 	case refusal == "":
 		return AnswerServed
-	case status == http.StatusServiceUnavailable && (refusal == RefusalLeaseUnhealthy || refusal == RefusalDraining):
+	case status == http.StatusServiceUnavailable && (refusal == RefusalLeaseUnhealthy || refusal == RefusalDraining || refusal == RefusalDegraded):
 		return AnswerRefused
 	case status == http.StatusMisdirectedRequest && refusal == RefusalNotOwner:
 		return AnswerMisdirected

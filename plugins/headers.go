@@ -53,11 +53,13 @@ const (
 	// RefusalInactive: the plugin does not have the instance (it
 	// restarted); pinnedd re-activates it.
 	RefusalInactive = "inactive"
-	// RefusalDraining and RefusalLeaseUnhealthy: the owner takes no new
+	// RefusalDraining, RefusalLeaseUnhealthy and RefusalDegraded (the
+	// namespace's plugin crash-loops on that node): the owner takes no new
 	// activation; a forwarding front door releases the placement and
 	// retries on another worker.
 	RefusalDraining       = "draining"
 	RefusalLeaseUnhealthy = "lease-unhealthy"
+	RefusalDegraded       = "degraded"
 	// RefusalNotOwner: the forwarded request named a placement this node
 	// does not hold under that generation; the forwarder asks the leader.
 	RefusalNotOwner = "not-owner"

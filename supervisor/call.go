@@ -191,7 +191,10 @@ func (s *Supervisor) WriteOpenError(w http.ResponseWriter, r *http.Request, ns s
 	case errors.Is(err, ErrUnknownNS):
 		httpx.WriteError(w, http.StatusNotFound, "unknown namespace", 0)
 	case errors.Is(err, ErrDegraded):
-		httpx.WriteError(w, http.StatusServiceUnavailable, "namespace degraded on this node", 5*time.Second)
+		// In-band refusal: a forwarding front door releases the placement
+		// and retries on another worker, as for a drain.
+		w.Header().Set(plugins.HeaderRefusal, plugins.RefusalDegraded)
+		httpx.WriteError(w, http.StatusServiceUnavailable, ErrDegraded.Error(), 5*time.Second)
 	case errors.Is(err, ErrPluginDown):
 		httpx.WriteError(w, http.StatusServiceUnavailable, "plugin restarting, retry", time.Second)
 	case errors.Is(err, ErrDraining):

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/testutil"
+	"github.com/pinnedd/pinnedd/plugins"
 )
 
 // Quick crashes degrade the plugin's namespaces, said once however many
@@ -78,8 +79,9 @@ func TestCrashLoopDegradesOnceAndRecovers(t *testing.T) {
 		}
 	}
 	r, err := testutil.Do(context.Background(), "GET", srv.URL+"/misc/a/pid", "", nil)
-	if err != nil || r.Code != http.StatusServiceUnavailable || r.Header.Get("Retry-After") != "5" || !strings.Contains(r.Body, "degraded") {
-		t.Fatalf("degraded namespace answered %v %+v, want 503 + Retry-After 5 'degraded'", err, r)
+	if err != nil || r.Code != http.StatusServiceUnavailable || r.Header.Get("Retry-After") != "5" || !strings.Contains(r.Body, "degraded") ||
+		plugins.ClassifyAnswer(r.Code, r.Header.Get(plugins.HeaderRefusal)) != plugins.AnswerRefused {
+		t.Fatalf("degraded namespace answered %v %+v, want 503 + Retry-After 5 'degraded', refused in-band (a forwarder places the id elsewhere)", err, r)
 	}
 	if n := degradedLines(); n != 1 {
 		t.Fatalf("%d degradation log lines after three crashes, want 1", n)

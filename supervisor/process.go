@@ -376,6 +376,9 @@ func (p *pluginProc) run(ctx context.Context, first chan<- error) {
 		if p.crashes >= cfg.CrashLoopThreshold && !p.degraded {
 			p.degraded = true
 			p.logger.Error("plugin is crash-looping; its namespaces are degraded on this node", "crashes", p.crashes, "namespaces", p.namespaces)
+			if cfg.OnDegraded != nil {
+				go cfg.OnDegraded(append([]string(nil), p.namespaces...))
+			}
 		}
 		delay := backoff(p.crashes, cfg.BackoffMin, cfg.BackoffMax)
 		p.state = StateBackoff

@@ -69,7 +69,7 @@ func TestResumedWorkLogged(t *testing.T) {
 	testutil.WaitFor(t, 20*time.Second, "the job resumed", happened("run j1 resume=true"))
 	testutil.WaitFor(t, 5*time.Second, "the takeover logged", func() bool { return len(restored()) == 1 })
 	line := restored()[0]
-	for _, want := range []string{`"namespace":"/jobs"`, `"id":"r1"`, `"generation":7`, `"resume":true`, `"plugin":"p"`} {
+	for _, want := range []string{`"instance":"/jobs/r1"`, `"generation":7`, `"resume":true`, `"plugin":"p"`} {
 		if !strings.Contains(line, want) {
 			t.Errorf("takeover line lacks %s: %s", want, line)
 		}

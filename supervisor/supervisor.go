@@ -61,6 +61,11 @@ type Config struct {
 	// crash takes an instance down: the id stays placed here and
 	// re-activates on its next request.
 	OnEvicted func(k Key, generation uint64, release bool)
+	// OnDegraded is called, on a goroutine of its own, when a plugin's
+	// crash loop degrades its namespaces on this node: the ids placed here
+	// in them cannot be served here until it recovers, so the node gives
+	// them up for other nodes to take.
+	OnDegraded func(namespaces []string)
 
 	// FrontDoorURL is the node's own front door, where instances make
 	// cluster calls (plugins.EnvFrontDoor in their environment).
@@ -249,6 +254,29 @@ func (s *Supervisor) Namespaces() []string {
 
 // Serves reports whether ns is served on this node.
 func (s *Supervisor) Serves(ns string) bool { _, ok := s.byNS[ns]; return ok }
+
+// Degraded reports whether ns is degraded on this node: its plugin
+// crash-loops, and no request for it is served here until it recovers.
+func (s *Supervisor) Degraded(ns string) bool {
+	p, ok := s.byNS[ns]
+	if !ok {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.degraded
+}
+
+// DegradedNamespaces are the namespaces degraded on this node, sorted.
+func (s *Supervisor) DegradedNamespaces() []string {
+	var out []string
+	for _, ns := range s.Namespaces() {
+		if s.Degraded(ns) {
+			out = append(out, ns)
+		}
+	}
+	return out
+}
 
 // Stop evicts every instance (tasks get StopGrace), ends every plugin and
 // waits until their processes are gone. It is idempotent.
