@@ -47,8 +47,8 @@ type instanceRequest struct {
 	// selfDegraded: exclude is this node, whose plugin for the namespace
 	// crash-loops.
 	selfDegraded bool
-	viaLeader bool   // the replica named a wrong owner: ask the leader
-	caller    string // this node's worker, on a cluster call from one of its instances
+	viaLeader    bool   // the replica named a wrong owner: ask the leader
+	caller       string // this node's worker, on a cluster call from one of its instances
 }
 
 // bodyRead: nothing of the request body is left on the connection (none,
