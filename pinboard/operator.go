@@ -122,10 +122,13 @@ func unknownWorker(w http.ResponseWriter, clientID string) {
 }
 
 type windDownReq struct {
-	Namespace string          `json:"namespace"`
-	ID        string          `json:"id,omitempty"`
-	Deadline  json.RawMessage `json:"deadline"`
-	Env       *string         `json:"env,omitempty"`
+	Namespace string `json:"namespace"`
+	// ID absent winds the whole namespace down; present it must name an
+	// id, so an empty one (an unset shell variable) is refused rather than
+	// read as "every instance".
+	ID       *string         `json:"id,omitempty"`
+	Deadline json.RawMessage `json:"deadline"`
+	Env      *string         `json:"env,omitempty"`
 }
 
 // registryWindDown serves POST /registry/wind_down: one id, or every id of
@@ -144,7 +147,10 @@ func (a *api) registryWindDown(w http.ResponseWriter, r *http.Request) {
 	case plugins.ValidateNamespace(req.Namespace) != nil:
 		httpx.WriteError(w, http.StatusBadRequest, "namespace must be a valid namespace such as /threads", 0)
 		return
-	case req.ID != "" && plugins.ValidateID(req.ID) != nil:
+	case req.ID != nil && *req.ID == "":
+		httpx.WriteError(w, http.StatusBadRequest, "id is empty: name an id, or leave id out to wind down the whole namespace", 0)
+		return
+	case req.ID != nil && plugins.ValidateID(*req.ID) != nil:
 		httpx.WriteError(w, http.StatusBadRequest, "invalid id", 0)
 		return
 	case err != nil:
@@ -153,6 +159,10 @@ func (a *api) registryWindDown(w http.ResponseWriter, r *http.Request) {
 	case !present:
 		httpx.WriteError(w, http.StatusBadRequest, "deadline is required: seconds, or null to revoke", 0)
 		return
+	}
+	var id string // "": the whole namespace
+	if req.ID != nil {
+		id = *req.ID
 	}
 	var at int64 // 0 revokes
 	if !revoke {
@@ -166,8 +176,8 @@ func (a *api) registryWindDown(w http.ResponseWriter, r *http.Request) {
 	m := a.dir.Machine()
 	now := time.Now().UnixMilli()
 	var targets []directory.Worker
-	if req.ID != "" {
-		key := directory.Key{Namespace: req.Namespace, ID: req.ID}
+	if id != "" {
+		key := directory.Key{Namespace: req.Namespace, ID: id}
 		_, owner, ok := m.Owner(key)
 		if !ok {
 			httpx.WriteError(w, http.StatusNotFound, "no placement for "+key.String(), 0)
@@ -190,7 +200,7 @@ func (a *api) registryWindDown(w http.ResponseWriter, r *http.Request) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n, err := a.windDownOn(r.Context(), wk, req.Namespace, req.ID, at)
+			n, err := a.windDownOn(r.Context(), wk, req.Namespace, id, at)
 			mu.Lock()
 			defer mu.Unlock()
 			total += n

@@ -195,6 +195,21 @@ func TestWindDownUnknownTargets(t *testing.T) {
 	}
 }
 
+// An empty id (`pinnedd wind-down /counters "$ID"` with ID unset) is a
+// 400, not a wind-down of the whole namespace; an absent id still means
+// the namespace.
+func TestWindDownEmptyIDRefused(t *testing.T) {
+	rig := newDoorRig(t, nil)
+	rig.register(t, "w1", "n1", time.Hour, "/counters")
+	code, body, _ := rig.call(t, "POST", "/registry/wind_down", "op-token", `{"namespace":"/counters","id":"","deadline":0}`)
+	if code != http.StatusBadRequest || !strings.Contains(errorOf(t, body), "id is empty") {
+		t.Errorf("wind_down with an empty id: %d %s, want 400 id is empty", code, body)
+	}
+	if code, body, _ := rig.call(t, "POST", "/registry/wind_down", "op-token", `{"namespace":"/counters","deadline":0}`); code != http.StatusOK {
+		t.Errorf("wind_down of the namespace: %d %s", code, body)
+	}
+}
+
 // When every live worker of a namespace is draining, a new id's 503 says
 // so rather than that there are no workers.
 func TestNoBackendsSaysDraining(t *testing.T) {

@@ -216,6 +216,7 @@ func TestCLIAgainstDevAgent(t *testing.T) {
 			{"drain", "--cordon", "--deadline", "10s"},
 			{"drain", "--deadline=-5s"},
 			{"wind-down", "/counters", "--deadline=-5s"},
+			{"wind-down", "/counters", ""}, // an unset $ID: not the whole namespace
 			{"plugins", "reload", "/counters", "--adr", a.URL},
 			{"stauts"},
 			{"status", "--addr", "ftp://x"},

@@ -82,7 +82,13 @@ func opsCommands() []*cli.Command {
 				if c.Bool("revoke") {
 					body["deadline"] = nil
 				}
-				if id := c.Args().Get(1); id != "" {
+				if c.NArg() == 2 {
+					// An empty id (an unset $ID) must not widen the
+					// wind-down to the whole namespace.
+					id := c.Args().Get(1)
+					if id == "" {
+						return usagef("the id is empty: name an instance, or give only the namespace to wind all of %s down", c.Args().Get(0))
+					}
 					body["id"] = id
 				}
 				var out struct {
