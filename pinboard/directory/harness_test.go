@@ -138,7 +138,7 @@ func (g *gen) key() Key {
 	return Key{Env: []string{"", "", "", "pr-1"}[g.s.pick(4)], Namespace: genNS[g.s.pick(2)], ID: fmt.Sprint(g.s.pick(5))}
 }
 
-func (g *gen) client() string  { return genClients[g.s.pick(len(genClients))] }
+func (g *gen) client() string { return genClients[g.s.pick(len(genClients))] }
 
 // node is the node id a client registers with: two clients per node (a
 // node restarted under a new client id), sometimes another one or none.
