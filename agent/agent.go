@@ -160,7 +160,7 @@ func (a *Agent) Start() {
 	if a.cfg.Join != "" {
 		a.background(ctx, func(ctx context.Context) { joinUntilDone(ctx, a.cfg.Join, a.cfg.Tokens[0], a.store, a.log) })
 	}
-	if !a.cfg.Bootstrap && a.cfg.Join == "" && !a.store.HadExistingState() {
+	if a.cfg.Join == "" && (!a.cfg.Bootstrap || a.store.HadExistingState()) {
 		a.background(ctx, func(ctx context.Context) { waitToBeJoined(ctx, a.store, a.advertise, a.log) })
 	}
 	if a.worker != nil {

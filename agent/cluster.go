@@ -102,9 +102,12 @@ func joinHandler(tokens *pinboard.Tokens, store *raftstore.Store, log *slog.Logg
 	})
 }
 
-// waitToBeJoined says, until this node has a leader, that it has neither
-// --bootstrap nor --join and waits for an operator to join it: without it
-// such a node would only log failed lease renewals.
+// waitToBeJoined says, until this node has a leader, why it has none when
+// an operator must act: a new node without --bootstrap or --join waits to
+// be joined, and a node restarted on the data dir of a node that left (or
+// was removed) is no member until it joins again. Without it such a node
+// would only log failed lease renewals, or Raft's own words. A member that
+// merely waits for its leader (a restart, a lost quorum) gets no hint.
 func waitToBeJoined(ctx context.Context, store *raftstore.Store, advertise string, log *slog.Logger) {
 	for {
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -113,13 +116,33 @@ func waitToBeJoined(ctx context.Context, store *raftstore.Store, advertise strin
 		if err == nil || ctx.Err() != nil {
 			return
 		}
-		log.Warn("not in a cluster yet: this node has neither --bootstrap nor --join and waits to be joined; run `pinnedd join --addr " + advertise + " <member url>`, or restart it with --join <member url>")
+		if !store.HadExistingState() {
+			log.Warn("not in a cluster yet: this node has neither --bootstrap nor --join and waits to be joined; run `pinnedd join --addr " + advertise + " <member url>`, or restart it with --join <member url>")
+		} else if removed, others, err := store.Removed(ctx); err == nil && removed {
+			member := "<member url>"
+			for _, m := range others {
+				if m.APIAddr != "" {
+					member = m.APIAddr
+					break
+				}
+			}
+			log.Warn("this node left the cluster (or was removed from it) and serves nothing until it joins again; run `pinnedd join --addr "+advertise+" "+member+"`, or restart it with --join "+member,
+				"members", memberIDs(others))
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(30 * time.Second):
 		}
 	}
+}
+
+func memberIDs(ms []raftstore.Member) []string {
+	ids := make([]string, 0, len(ms))
+	for _, m := range ms {
+		ids = append(ids, m.ID)
+	}
+	return ids
 }
 
 // leaveHandler serves POST /_pinned/leave {"deadline": seconds}: the node

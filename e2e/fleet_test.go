@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -218,6 +219,44 @@ func TestFleetMembership(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "n5 as nonvoter", func() bool {
 		s := memberSummary(members(t, n5))
 		return strings.Contains(s, "n4") && !strings.Contains(s, "n4(") && strings.Contains(s, "n5(nonvoter)")
+	})
+}
+
+// A node restarted on its data dir after `pinnedd leave` is no member: it
+// says so and names the `pinnedd join` to run, and running that command
+// makes it a member (and a worker) again.
+func TestRestartAfterLeaveNamesTheJoin(t *testing.T) {
+	t.Parallel()
+	n1 := newNode(t, "n1", "--bootstrap").start(t, true)
+	n2 := newNode(t, "n2", "--join", n1.url()).start(t, true)
+	n3 := newNode(t, "n3", "--join", n1.url()).start(t, true)
+	testutil.WaitFleet(t, 10*time.Second, n1.a, n2.a, n3.a)
+	before := liveWorkers(t, n2)["n1"].ClientID
+	if out, err := testutil.CLI(t, "leave", "--addr", n1.url(), "--deadline", "1s"); err != nil {
+		t.Fatalf("pinnedd leave: %v\n%s", err, out)
+	}
+	if code, err := n1.a.Wait(30 * time.Second); err != nil || code != 0 {
+		t.Fatalf("a node that left exits 0: code %d, %v", code, err)
+	}
+	// Restarted with its same command line (--bootstrap, an existing data dir).
+	n1.start(t, false)
+	line, err := n1.a.WaitLog(20*time.Second, "this node left the cluster", "pinnedd join --addr "+n1.url()+" ")
+	if err != nil {
+		t.Fatalf("no hint that the restarted node left and how to join: %v\n%s", err, n1.a.Logs())
+	}
+	m := regexp.MustCompile("run `pinnedd (join --addr [^ `]+ [^ `]+)`").FindStringSubmatch(line)
+	if m == nil || !strings.HasSuffix(m[1], " "+n2.url()) && !strings.HasSuffix(m[1], " "+n3.url()) {
+		t.Fatalf("the hint names no member to join through: %s", line)
+	}
+	if out, err := testutil.CLI(t, strings.Fields(m[1])...); err != nil {
+		t.Fatalf("pinnedd %s: %v\n%s", m[1], err, out)
+	}
+	if err := n1.a.WaitReady(30 * time.Second); err != nil {
+		t.Fatalf("not ready after joining again: %v\n%s", err, n1.a.Logs())
+	}
+	testutil.WaitFor(t, 10*time.Second, "n1 a member and a live worker again", func() bool {
+		w := liveWorkers(t, n2)["n1"]
+		return strings.Contains(memberSummary(members(t, n2)), "n1") && w.ClientID != "" && w.ClientID != before
 	})
 }
 

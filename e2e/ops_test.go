@@ -151,6 +151,59 @@ func TestCordonAndUndrain(t *testing.T) {
 	}
 }
 
+// An operator cordon of a node id outlives the node's restart (a new
+// process registers a new client id): it still takes no new placements.
+// Undraining the node id lets it take them again.
+func TestCordonByNodeIDSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	nodes := threeWorkers(t)
+	target := nodes[2]
+	before := liveWorkers(t, nodes[0])[target.id].ClientID
+	if out, err := testutil.CLI(t, "drain", target.id, "--cordon", "--addr", nodes[0].url()); err != nil || strings.TrimSpace(out) != "drain set on node "+target.id {
+		t.Fatalf("pinnedd drain %s --cordon: %v\n%s", target.id, err, out)
+	}
+	target.a.Signal(syscall.SIGTERM)
+	if code, err := target.a.Wait(30 * time.Second); err != nil || code != 0 {
+		t.Fatalf("%s did not stop cleanly: %d %v", target.id, code, err)
+	}
+	target.start(t, true)
+	testutil.WaitFor(t, 20*time.Second, "the restarted node's new worker is live", func() bool {
+		w := liveWorkers(t, nodes[0])[target.id]
+		return w.ClientID != "" && w.ClientID != before
+	})
+	testutil.WaitFor(t, 10*time.Second, "the restarted node reports the cordon", func() bool {
+		r, err := target.a.Do("GET", "/_pinned/status", "")
+		return err == nil && strings.Contains(r.Body, `"draining":true`) && strings.Contains(r.Body, `"cordoned":true`)
+	})
+	for i := 0; i < 20; i++ {
+		id := fmt.Sprintf("new%d", i)
+		var r testutil.Response
+		testutil.WaitFor(t, 15*time.Second, "new id "+id+" through the restarted node", func() bool {
+			r = doAs(t, target, "POST", "/counters/"+id+"/increment", fmt.Sprintf("10.1.0.%d", i))
+			return r.Code != 503 || r.Header.Get("Retry-After") == ""
+		})
+		if r.Code != 200 {
+			t.Fatalf("new id through the restarted node: %d %s", r.Code, r.Body)
+		}
+		if ownerOf(t, nodes, "/counters", id) == target {
+			t.Fatalf("new id %s placed on the node cordoned before its restart", id)
+		}
+	}
+	if out, err := testutil.CLI(t, "undrain", target.id, "--addr", nodes[1].url()); err != nil || strings.TrimSpace(out) != "undrained node "+target.id {
+		t.Fatalf("pinnedd undrain %s: %v\n%s", target.id, err, out)
+	}
+	testutil.WaitFor(t, 20*time.Second, "new placements reach the node again", func() bool {
+		for i := 0; i < 50; i++ {
+			id := fmt.Sprintf("after%d-%d", time.Now().UnixNano(), i)
+			_ = doAs(t, target, "POST", "/counters/"+id+"/increment", fmt.Sprintf("10.2.0.%d", i))
+			if ownerOf(t, nodes, "/counters", id) == target {
+				return true
+			}
+		}
+		return false
+	})
+}
+
 // An operator drain of a registered worker that is down applies when it
 // comes back (the drain lives in the directory, keyed by client id).
 func TestDrainOfDownNodeAppliesOnReturn(t *testing.T) {

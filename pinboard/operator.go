@@ -49,21 +49,48 @@ func (a *api) ttl() time.Duration {
 	return DefaultLeaseTTL
 }
 
-// registryDrain serves POST /registry/drain {"clientId", "deadline"}:
-// deadline in seconds (under one lease TTL becomes one TTL), null cordons.
+// drainTarget is what an operator drain or undrain names: a node id (every
+// worker that node registers, across restarts) or a client id (one worker
+// process), exactly one of them.
+type drainTarget struct {
+	ClientID string `json:"clientId"`
+	NodeID   string `json:"nodeId"`
+}
+
+// check answers a 400 when the request names no target or both.
+func (t drainTarget) check(w http.ResponseWriter) bool {
+	switch {
+	case t.ClientID == "" && t.NodeID == "":
+		httpx.WriteError(w, http.StatusBadRequest, "nodeId (or clientId, for one worker process) is required", 0)
+		return false
+	case t.ClientID != "" && t.NodeID != "":
+		httpx.WriteError(w, http.StatusBadRequest, "give nodeId or clientId, not both", 0)
+		return false
+	}
+	return true
+}
+
+// answer is the 200 body of a drain or undrain, naming its target.
+func (t drainTarget) answer() map[string]any {
+	if t.NodeID != "" {
+		return map[string]any{"ok": true, "nodeId": t.NodeID}
+	}
+	return map[string]any{"ok": true, "clientId": t.ClientID}
+}
+
+// registryDrain serves POST /registry/drain {"nodeId" | "clientId",
+// "deadline"}: deadline in seconds (under one lease TTL becomes one TTL),
+// null cordons.
 func (a *api) registryDrain(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		ClientID string          `json:"clientId"`
+		drainTarget
 		Deadline json.RawMessage `json:"deadline"`
 	}
-	if !decodeBody(w, r, &req) {
+	if !decodeBody(w, r, &req) || !req.check(w) {
 		return
 	}
 	d, cordon, present, err := optionalSeconds(req.Deadline)
 	switch {
-	case req.ClientID == "":
-		httpx.WriteError(w, http.StatusBadRequest, "clientId is required", 0)
-		return
 	case err != nil:
 		httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
 		return
@@ -72,9 +99,13 @@ func (a *api) registryDrain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := time.Now()
-	cmd := directory.DrainWorker{ClientID: req.ClientID, Cordon: cordon, Now: now.UnixMilli()}
+	var deadline int64
 	if !cordon {
-		cmd.Deadline = now.Add(max(d, a.ttl())).UnixMilli()
+		deadline = now.Add(max(d, a.ttl())).UnixMilli()
+	}
+	var cmd directory.Command = directory.DrainWorker{ClientID: req.ClientID, Deadline: deadline, Cordon: cordon, Now: now.UnixMilli()}
+	if req.NodeID != "" {
+		cmd = directory.DrainNode{NodeID: req.NodeID, Deadline: deadline, Cordon: cordon, Now: now.UnixMilli()}
 	}
 	res, err := a.dir.Do(r.Context(), cmd)
 	if err != nil {
@@ -82,50 +113,66 @@ func (a *api) registryDrain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if res.Code == directory.CodeUnknownWorker {
-		unknownWorker(w, req.ClientID)
+		a.unknownDrainTarget(w, req.drainTarget)
 		return
 	}
-	out := map[string]any{"ok": true, "clientId": req.ClientID, "deadline": nil}
+	out := req.answer()
+	out["deadline"] = nil
 	if !cordon {
-		out["deadline"] = cmd.Deadline
+		out["deadline"] = deadline
 	}
 	httpx.WriteJSON(w, http.StatusOK, out)
 }
 
+// registryUndrain serves POST /registry/undrain {"nodeId" | "clientId"}.
+// Undraining a node also clears the drains of its workers' client ids.
 func (a *api) registryUndrain(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		ClientID string `json:"clientId"`
-	}
-	if !decodeBody(w, r, &req) {
+	var req drainTarget
+	if !decodeBody(w, r, &req) || !req.check(w) {
 		return
 	}
-	if req.ClientID == "" {
-		httpx.WriteError(w, http.StatusBadRequest, "clientId is required", 0)
-		return
+	var cmd directory.Command = directory.UndrainWorker{ClientID: req.ClientID}
+	if req.NodeID != "" {
+		cmd = directory.UndrainNode{NodeID: req.NodeID}
 	}
-	res, err := a.dir.Do(r.Context(), directory.UndrainWorker{ClientID: req.ClientID})
+	res, err := a.dir.Do(r.Context(), cmd)
 	if err != nil {
 		a.registryError(w, r, err)
 		return
 	}
 	if res.Code == directory.CodeUnknownWorker {
-		unknownWorker(w, req.ClientID)
+		a.unknownDrainTarget(w, req)
 		return
 	}
-	httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "clientId": req.ClientID})
+	httpx.WriteJSON(w, http.StatusOK, req.answer())
 }
 
-// unknownWorker answers a drain or undrain for a client id the directory
-// has never registered (or has forgotten).
-func unknownWorker(w http.ResponseWriter, clientID string) {
-	httpx.WriteError(w, http.StatusNotFound, fmt.Sprintf("unknown client id %q: `pinnedd workers --all` lists the registered workers", clientID), 0)
+// unknownDrainTarget answers a drain or undrain of a node id no known
+// worker has, or of a client id the directory has never registered (or
+// has forgotten). A client id that is in fact a node id says so.
+func (a *api) unknownDrainTarget(w http.ResponseWriter, t drainTarget) {
+	if t.NodeID != "" {
+		httpx.WriteError(w, http.StatusNotFound, fmt.Sprintf("unknown node id %q: no worker has registered with it (`pinnedd workers --all` lists the nodes)", t.NodeID), 0)
+		return
+	}
+	msg := fmt.Sprintf("unknown client id %q: `pinnedd workers --all` lists the registered workers", t.ClientID)
+	for _, wk := range a.dir.Machine().Workers() {
+		if wk.NodeID == t.ClientID {
+			msg = fmt.Sprintf("unknown client id %q: that is a node id; drain the node with `pinnedd drain %s`", t.ClientID, t.ClientID)
+			break
+		}
+	}
+	httpx.WriteError(w, http.StatusNotFound, msg, 0)
 }
 
 type windDownReq struct {
-	Namespace string          `json:"namespace"`
-	ID        string          `json:"id,omitempty"`
-	Deadline  json.RawMessage `json:"deadline"`
-	Env       *string         `json:"env,omitempty"`
+	Namespace string `json:"namespace"`
+	// ID absent winds the whole namespace down; present it must name an
+	// id, so an empty one (an unset shell variable) is refused rather than
+	// read as "every instance".
+	ID       *string         `json:"id,omitempty"`
+	Deadline json.RawMessage `json:"deadline"`
+	Env      *string         `json:"env,omitempty"`
 }
 
 // registryWindDown serves POST /registry/wind_down: one id, or every id of
@@ -144,7 +191,10 @@ func (a *api) registryWindDown(w http.ResponseWriter, r *http.Request) {
 	case plugins.ValidateNamespace(req.Namespace) != nil:
 		httpx.WriteError(w, http.StatusBadRequest, "namespace must be a valid namespace such as /threads", 0)
 		return
-	case req.ID != "" && plugins.ValidateID(req.ID) != nil:
+	case req.ID != nil && *req.ID == "":
+		httpx.WriteError(w, http.StatusBadRequest, "id is empty: name an id, or leave id out to wind down the whole namespace", 0)
+		return
+	case req.ID != nil && plugins.ValidateID(*req.ID) != nil:
 		httpx.WriteError(w, http.StatusBadRequest, "invalid id", 0)
 		return
 	case err != nil:
@@ -153,6 +203,10 @@ func (a *api) registryWindDown(w http.ResponseWriter, r *http.Request) {
 	case !present:
 		httpx.WriteError(w, http.StatusBadRequest, "deadline is required: seconds, or null to revoke", 0)
 		return
+	}
+	var id string // "": the whole namespace
+	if req.ID != nil {
+		id = *req.ID
 	}
 	var at int64 // 0 revokes
 	if !revoke {
@@ -166,8 +220,8 @@ func (a *api) registryWindDown(w http.ResponseWriter, r *http.Request) {
 	m := a.dir.Machine()
 	now := time.Now().UnixMilli()
 	var targets []directory.Worker
-	if req.ID != "" {
-		key := directory.Key{Namespace: req.Namespace, ID: req.ID}
+	if id != "" {
+		key := directory.Key{Namespace: req.Namespace, ID: id}
 		_, owner, ok := m.Owner(key)
 		if !ok {
 			httpx.WriteError(w, http.StatusNotFound, "no placement for "+key.String(), 0)
@@ -190,7 +244,7 @@ func (a *api) registryWindDown(w http.ResponseWriter, r *http.Request) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n, err := a.windDownOn(r.Context(), wk, req.Namespace, req.ID, at)
+			n, err := a.windDownOn(r.Context(), wk, req.Namespace, id, at)
 			mu.Lock()
 			defer mu.Unlock()
 			total += n
@@ -318,12 +372,13 @@ func (a *api) drain(deadline time.Time, cordon bool) {
 
 // drainSources names the drains in force on wk at now, as the directory
 // knows them: "local" (the worker reported draining by itself) and
-// "operator" (a drain record). Every listing and refusal reads drains here.
+// "operator" (a drain record of its node id or client id). Every listing
+// and refusal reads drains here.
 func drainSources(m *directory.Machine, wk directory.Worker, now int64) (sources []string, d directory.Drain) {
 	if wk.Draining {
 		sources = append(sources, DrainSourceLocal)
 	}
-	if rec, ok := m.DrainOf(wk.ClientID); ok && rec.Active(now) {
+	if rec, ok := m.DrainFor(wk, now); ok {
 		sources, d = append(sources, DrainSourceOperator), rec
 	}
 	return sources, d

@@ -176,6 +176,70 @@ func TestOperatorDrainUnknownClient(t *testing.T) {
 	}
 }
 
+// An operator drain by node id holds for the worker the node registers
+// after a restart (a new client id); undraining the node lifts it. Bad
+// targets are a 4xx that changes nothing.
+func TestOperatorDrainByNodeID(t *testing.T) {
+	rig := newDoorRig(t, nil)
+	rig.register(t, "w1", "n1", time.Hour, "/counters")
+	for _, c := range []struct {
+		path, body string
+		code       int
+		want       string
+	}{
+		{"/registry/drain", `{"deadline":null}`, 400, "nodeId (or clientId, for one worker process) is required"},
+		{"/registry/drain", `{"nodeId":"n1","clientId":"w1","deadline":null}`, 400, "give nodeId or clientId, not both"},
+		{"/registry/undrain", `{}`, 400, "nodeId (or clientId, for one worker process) is required"},
+		{"/registry/drain", `{"nodeId":"n9","deadline":null}`, 404, `unknown node id "n9"`},
+		{"/registry/undrain", `{"nodeId":"n9"}`, 404, `unknown node id "n9"`},
+		{"/registry/drain", `{"clientId":"n1","deadline":null}`, 404, "that is a node id; drain the node with `pinnedd drain n1`"},
+	} {
+		code, body, _ := rig.call(t, "POST", c.path, "op-token", c.body)
+		if code != c.code || !strings.Contains(errorOf(t, body), c.want) {
+			t.Errorf("%s %s: %d %s, want %d %q", c.path, c.body, code, body, c.code, c.want)
+		}
+	}
+	if ds := rig.m.Drains(); len(ds) != 0 {
+		t.Fatalf("drains after refused requests: %+v", ds)
+	}
+
+	code, body, _ := rig.call(t, "POST", "/registry/drain", "op-token", `{"nodeId":"n1","deadline":null}`)
+	if code != http.StatusOK || strings.TrimSpace(body) != `{"deadline":null,"nodeId":"n1","ok":true}` {
+		t.Fatalf("cordon n1: %d %s", code, body)
+	}
+	// n1 restarts: its old worker deregisters, a new process registers.
+	if res, err := rig.dir.Do(t.Context(), directory.Deregister{ClientID: "w1", SessionID: "s-w1"}); err != nil || res.Code != directory.CodeOK {
+		t.Fatalf("deregister w1: %v %v", res.Code, err)
+	}
+	rig.register(t, "w1-restarted", "n1", time.Hour, "/counters")
+	workers := func() map[string]WorkerView {
+		t.Helper()
+		_, body, _ := rig.call(t, "GET", "/registry/workers", "op-token", "")
+		var out struct{ Workers []WorkerView }
+		if err := json.Unmarshal([]byte(body), &out); err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]WorkerView{}
+		for _, w := range out.Workers {
+			m[w.ClientID] = w
+		}
+		return m
+	}
+	if w := workers()["w1-restarted"]; !w.Draining || !w.Cordoned || strings.Join(w.DrainSources, ",") != DrainSourceOperator {
+		t.Fatalf("the restarted node's worker is not cordoned: %+v", w)
+	}
+	if code, body, _ := rig.call(t, "GET", "/counters/x/value", "", ""); code != http.StatusServiceUnavailable || !strings.Contains(body, "draining") {
+		t.Fatalf("a new id with the only node cordoned: %d %s", code, body)
+	}
+	code, body, _ = rig.call(t, "POST", "/registry/undrain", "op-token", `{"nodeId":"n1"}`)
+	if code != http.StatusOK || strings.TrimSpace(body) != `{"nodeId":"n1","ok":true}` {
+		t.Fatalf("undrain n1: %d %s", code, body)
+	}
+	if w := workers()["w1-restarted"]; w.Draining {
+		t.Fatalf("still draining after undrain: %+v", w)
+	}
+}
+
 // A wind-down of a namespace nobody serves, or of an id with no
 // placement, is a 404 that names it, not "0 instances".
 func TestWindDownUnknownTargets(t *testing.T) {
@@ -192,6 +256,21 @@ func TestWindDownUnknownTargets(t *testing.T) {
 		if code != http.StatusNotFound || errorOf(t, body) != c.want {
 			t.Errorf("wind_down %s: %d %s, want 404 %q", c.body, code, body, c.want)
 		}
+	}
+}
+
+// An empty id (`pinnedd wind-down /counters "$ID"` with ID unset) is a
+// 400, not a wind-down of the whole namespace; an absent id still means
+// the namespace.
+func TestWindDownEmptyIDRefused(t *testing.T) {
+	rig := newDoorRig(t, nil)
+	rig.register(t, "w1", "n1", time.Hour, "/counters")
+	code, body, _ := rig.call(t, "POST", "/registry/wind_down", "op-token", `{"namespace":"/counters","id":"","deadline":0}`)
+	if code != http.StatusBadRequest || !strings.Contains(errorOf(t, body), "id is empty") {
+		t.Errorf("wind_down with an empty id: %d %s, want 400 id is empty", code, body)
+	}
+	if code, body, _ := rig.call(t, "POST", "/registry/wind_down", "op-token", `{"namespace":"/counters","deadline":0}`); code != http.StatusOK {
+		t.Errorf("wind_down of the namespace: %d %s", code, body)
 	}
 }
 

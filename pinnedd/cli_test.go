@@ -200,6 +200,30 @@ func TestCLIAgainstDevAgent(t *testing.T) {
 		}
 	})
 
+	t.Run("drain and undrain by node id", func(t *testing.T) {
+		st := getStatusView(t, a)
+		r := runCLI(t, []string{token}, "drain", st.NodeID, "--cordon", "--addr", a.URL)
+		if r.code != 0 || strings.TrimSpace(r.stdout) != "drain set on node "+st.NodeID {
+			t.Fatalf("drain %s --cordon: %s", st.NodeID, r)
+		}
+		testutil.WaitFor(t, 10*time.Second, "status says cordoned by the operator", func() bool {
+			r := runCLI(t, []string{token}, "status", "--addr", a.URL)
+			return strings.Contains(lineWith(r.stdout, "worker"), "draining (operator, cordoned)")
+		})
+		r = runCLI(t, []string{token}, "undrain", st.NodeID, "--addr", a.URL)
+		if r.code != 0 || strings.TrimSpace(r.stdout) != "undrained node "+st.NodeID {
+			t.Fatalf("undrain %s: %s", st.NodeID, r)
+		}
+		testutil.WaitFor(t, 10*time.Second, "status no longer draining", func() bool {
+			r := runCLI(t, []string{token}, "status", "--addr", a.URL)
+			return r.code == 0 && !strings.Contains(r.stdout, "draining")
+		})
+		r = runCLI(t, []string{token}, "drain", "no-such-node", "--addr", a.URL, "--cordon")
+		if r.code != 1 || !strings.Contains(r.stderr, `unknown node id "no-such-node"`) {
+			t.Fatalf("drain no-such-node: %s", r)
+		}
+	})
+
 	t.Run("leave of the only voter fails and the node stays", func(t *testing.T) {
 		r := runCLI(t, []string{token}, "leave", "--addr", a.URL, "--deadline", "1s")
 		if r.code == 0 || !strings.Contains(r.stderr, "409") || strings.Contains(r.stdout, "left") {
@@ -216,6 +240,12 @@ func TestCLIAgainstDevAgent(t *testing.T) {
 			{"drain", "--cordon", "--deadline", "10s"},
 			{"drain", "--deadline=-5s"},
 			{"wind-down", "/counters", "--deadline=-5s"},
+			{"wind-down", "/counters", ""}, // an unset $ID: not the whole namespace
+			{"drain", "", "--cordon"},      // an unset $NODE: not this agent
+			{"undrain", ""},
+			{"drain", "n1", "--node", "c1"},
+			{"drain", "n1", "n2"},
+			{"undrain", "n1", "--node", "c1"},
 			{"plugins", "reload", "/counters", "--adr", a.URL},
 			{"stauts"},
 			{"status", "--addr", "ftp://x"},
@@ -229,6 +259,16 @@ func TestCLIAgainstDevAgent(t *testing.T) {
 			t.Fatalf("usage errors sent %d requests", n)
 		}
 	})
+}
+
+func getStatusView(t *testing.T, a *testutil.Agent) statusView {
+	t.Helper()
+	var st statusView
+	a.MustDo("GET", "/_pinned/status", "").JSON(t, &st)
+	if st.NodeID == "" {
+		t.Fatalf("status without a node id: %+v", st)
+	}
+	return st
 }
 
 func lineWith(s, prefix string) string {

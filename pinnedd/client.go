@@ -340,7 +340,7 @@ func printStatus(out io.Writer, st statusView) error {
 	fmt.Fprintf(w, "node\t%s (pinnedd %s, pid %d)\n", st.NodeID, st.Version, st.PID)
 	fmt.Fprintf(w, "mode\t%s\n", mode)
 	fmt.Fprintf(w, "advertise\t%s\n", st.AdvertiseURL)
-	fmt.Fprintf(w, "worker\t%s lease %s (expires in %dms)%s\n", st.Worker.ClientID, st.Worker.Lease, st.Worker.ExpiresInMs, st.Worker.drainView.text(", "))
+	fmt.Fprintf(w, "worker\t%s lease %s (expires in %dms)%s\n", st.Worker.ClientID, st.Worker.Lease, st.Worker.ExpiresInMs, st.Worker.drainView.text(", ", time.Now()))
 	fmt.Fprintln(w, "\nPLUGIN\tSTATE\tPID\tRESTARTS\tNAMESPACES")
 	for _, p := range st.Plugins {
 		state := p.State
@@ -366,8 +366,11 @@ type drainView struct {
 }
 
 // text is "" for a worker not draining, else sep + "draining (local,
-// until 15:04:05)" or "draining (operator, cordoned)".
-func (d drainView) text(sep string) string {
+// busy instances evicted at 15:04:05, lasts until undrain)" ("since" once
+// the deadline passed) or "draining (operator, cordoned)". A deadline is
+// when the busy instances go, not when the drain ends: it stays in force,
+// placing nothing new there, until an undrain.
+func (d drainView) text(sep string, now time.Time) string {
 	if !d.Draining {
 		return ""
 	}
@@ -376,10 +379,25 @@ func (d drainView) text(sep string) string {
 	case d.Cordoned:
 		detail = append(detail, "cordoned")
 	case d.DrainDeadline > 0:
-		detail = append(detail, "until "+time.UnixMilli(d.DrainDeadline).Format(time.TimeOnly))
+		at := time.UnixMilli(d.DrainDeadline)
+		when := "at"
+		if !at.After(now) {
+			when = "since"
+		}
+		detail = append(detail, "busy instances evicted "+when+" "+clockTime(at, now), "lasts until undrain")
 	}
 	if len(detail) == 0 {
 		return sep + "draining"
 	}
 	return sep + "draining (" + strings.Join(detail, ", ") + ")"
+}
+
+// clockTime is t as a time of day when it falls on now's date, else with
+// its date: a deadline days ago must not read as one today.
+func clockTime(t, now time.Time) string {
+	t = t.In(now.Location())
+	if y, m, d := t.Date(); y == now.Year() && m == now.Month() && d == now.Day() {
+		return t.Format(time.TimeOnly)
+	}
+	return t.Format(time.DateTime)
 }

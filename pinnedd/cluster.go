@@ -149,7 +149,7 @@ func clusterCommands() []*cli.Command {
 					if !wk.Live {
 						lease = "expired"
 					}
-					lease += wk.drainView.text(" ")
+					lease += wk.drainView.text(" ", time.Now())
 					if wk.Degraded {
 						lease += " degraded"
 					}

@@ -14,18 +14,24 @@ import (
 func opsCommands() []*cli.Command {
 	return []*cli.Command{
 		{
-			Name:  "drain",
-			Usage: "drain a node: no new activations, idle instances go at once, the rest by the deadline",
-			Description: "Without --node, drains the agent at --addr itself. With --node <client id> (from\n" +
-				"`pinnedd workers`), sets an operator drain in the directory; it survives\n" +
-				"re-registration and applies to a worker that is down when it comes back.",
+			Name:      "drain",
+			Usage:     "drain a node: no new activations, idle instances go at once, the rest by the deadline",
+			ArgsUsage: "[<node id>]",
+			Description: "With <node id> (from `pinnedd workers` or `members`), sets an operator drain in\n" +
+				"the directory on that node: it survives the node's restart and applies to a node\n" +
+				"that is down when it comes back, until `pinnedd undrain <node id>`. Without one,\n" +
+				"drains the agent at --addr itself, until `pinnedd undrain` or until it exits.\n" +
+				"--node <client id> drains one worker process only: its restart registers a new\n" +
+				"client id, which the drain does not follow.\n" +
+				"The deadline is when busy instances are evicted; the drain lasts until undrain.",
 			Flags: append(clientFlags(),
 				&cli.DurationFlag{Name: "deadline", Value: 30 * time.Second, Usage: "evict what is left at this deadline"},
 				&cli.BoolFlag{Name: "cordon", Usage: "no deadline: take no new placements, let running work finish"},
-				&cli.StringFlag{Name: "node", Usage: "the worker's `CLIENT_ID` (operator drain via the directory)"},
+				&cli.StringFlag{Name: "node", Usage: "one worker process's `CLIENT_ID` (operator drain via the directory)"},
 			),
 			Action: func(c *cli.Context) error {
-				if err := noArgs(c); err != nil {
+				target, err := drainTargetOf(c)
+				if err != nil {
 					return err
 				}
 				if c.Bool("cordon") && c.IsSet("deadline") {
@@ -39,24 +45,27 @@ func opsCommands() []*cli.Command {
 				if c.Bool("cordon") {
 					deadline = nil
 				}
-				if node := c.String("node"); node != "" {
-					return postJSON(c, "/registry/drain", map[string]any{"clientId": node, "deadline": deadline}, "drain set on "+node)
+				if target.body == nil {
+					return postJSON(c, "/_pinned/drain", map[string]any{"deadline": deadline, "cordon": c.Bool("cordon")}, "draining")
 				}
-				return postJSON(c, "/_pinned/drain", map[string]any{"deadline": deadline, "cordon": c.Bool("cordon")}, "draining")
+				target.body["deadline"] = deadline
+				return postJSON(c, "/registry/drain", target.body, "drain set on "+target.name)
 			},
 		},
 		{
-			Name:  "undrain",
-			Usage: "revoke a drain (this node's, or with --node an operator drain)",
-			Flags: append(clientFlags(), &cli.StringFlag{Name: "node", Usage: "the worker's `CLIENT_ID`"}),
+			Name:      "undrain",
+			Usage:     "revoke a drain: a node's (by node id), one worker process's (--node), or this agent's own",
+			ArgsUsage: "[<node id>]",
+			Flags:     append(clientFlags(), &cli.StringFlag{Name: "node", Usage: "one worker process's `CLIENT_ID`"}),
 			Action: func(c *cli.Context) error {
-				if err := noArgs(c); err != nil {
+				target, err := drainTargetOf(c)
+				if err != nil {
 					return err
 				}
-				if node := c.String("node"); node != "" {
-					return postJSON(c, "/registry/undrain", map[string]any{"clientId": node}, "undrained "+node)
+				if target.body == nil {
+					return postJSON(c, "/_pinned/undrain", map[string]any{}, "undrained")
 				}
-				return postJSON(c, "/_pinned/undrain", map[string]any{}, "undrained")
+				return postJSON(c, "/registry/undrain", target.body, "undrained "+target.name)
 			},
 		},
 		{
@@ -82,7 +91,13 @@ func opsCommands() []*cli.Command {
 				if c.Bool("revoke") {
 					body["deadline"] = nil
 				}
-				if id := c.Args().Get(1); id != "" {
+				if c.NArg() == 2 {
+					// An empty id (an unset $ID) must not widen the
+					// wind-down to the whole namespace.
+					id := c.Args().Get(1)
+					if id == "" {
+						return usagef("the id is empty: name an instance, or give only the namespace to wind all of %s down", c.Args().Get(0))
+					}
 					body["id"] = id
 				}
 				var out struct {
@@ -158,6 +173,38 @@ func opsCommands() []*cli.Command {
 			},
 		},
 	}
+}
+
+// drainTarget is what a drain or undrain acts on: an operator drain of a
+// node id (the argument) or of a client id (--node) through the directory,
+// or (body nil) the agent at --addr itself.
+type drainTarget struct {
+	body map[string]any // the /registry/{drain,undrain} body
+	name string         // for the confirmation line
+}
+
+func drainTargetOf(c *cli.Context) (drainTarget, error) {
+	cmd := "pinnedd " + c.Command.Name
+	switch {
+	case c.NArg() > 1:
+		return drainTarget{}, usagef("%s takes at most one node id, got %d arguments", cmd, c.NArg())
+	case c.NArg() == 1 && c.IsSet("node"):
+		return drainTarget{}, usagef("%s: give a node id or --node CLIENT_ID, not both", cmd)
+	case c.NArg() == 1:
+		node := c.Args().First()
+		if node == "" {
+			// An unset $NODE must not turn into a drain of this agent.
+			return drainTarget{}, usagef("%s: the node id is empty", cmd)
+		}
+		return drainTarget{body: map[string]any{"nodeId": node}, name: "node " + node}, nil
+	case c.IsSet("node"):
+		id := c.String("node")
+		if id == "" {
+			return drainTarget{}, usagef("%s: --node is empty: give a worker's client id", cmd)
+		}
+		return drainTarget{body: map[string]any{"clientId": id}, name: id}, nil
+	}
+	return drainTarget{}, nil
 }
 
 func postJSON(c *cli.Context, path string, body any, done string) error {

@@ -3,6 +3,7 @@ package raftstore
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -579,12 +580,98 @@ func (s *Store) Leave(ctx context.Context) error {
 			return fmt.Errorf("raftstore: leave: %w", err)
 		}
 	}
+	// The members' addresses, for the record below: a restarted node that has no leader has
+	// not replayed the entries that carry them.
+	members, _ := s.Members(ctx)
 	// Already gone (a retried leave) is what leave asked for.
 	if err := s.remove(ctx, s.cfg.NodeID); err != nil && !errors.Is(err, ErrUnknownMember) {
 		return fmt.Errorf("raftstore: leave: %w", err)
 	}
+	// The configuration without this node may never reach its own log (the leader stops
+	// replicating to it), so the leave is recorded beside the log for a restart to find.
+	if err := s.writeLeftMarker(members); err != nil {
+		s.log.Warn("could not record the leave in the data dir; a restart will not know it left", "err", err)
+	}
 	s.log.Info("left the cluster")
 	return nil
+}
+
+// leftMarker, in the Raft directory, records that this node left the cluster and the members it
+// left (leftRecord); a join removes it.
+const leftMarker = "left.json"
+
+type leftRecord struct {
+	At      time.Time `json:"at"`
+	Members []Member  `json:"members"` // the others, as they were
+}
+
+func (s *Store) leftPath() string { return filepath.Join(s.cfg.DataDir, "raft", leftMarker) }
+
+func (s *Store) writeLeftMarker(members []Member) error {
+	rec := leftRecord{At: time.Now().UTC()}
+	for _, m := range members {
+		if m.ID != s.cfg.NodeID {
+			rec.Members = append(rec.Members, Member{ID: m.ID, RaftAddr: m.RaftAddr, APIAddr: m.APIAddr, Voter: m.Voter})
+		}
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(s.leftPath(), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// readLeftMarker returns the record of an earlier leave, if this data dir holds one.
+func (s *Store) readLeftMarker() (leftRecord, bool) {
+	b, err := os.ReadFile(s.leftPath())
+	if err != nil {
+		return leftRecord{}, false
+	}
+	var rec leftRecord
+	_ = json.Unmarshal(b, &rec) // a torn record still says the node left
+	return rec, true
+}
+
+// Removed reports whether this node is out of the cluster its data dir knew: it left (Leave
+// ran to the end and no join followed) or the latest configuration it holds lists others but
+// not it (another member removed it). Such a node serves nothing until it joins again; others
+// are the members that configuration lists, to name one to join through.
+func (s *Store) Removed(ctx context.Context) (removed bool, others []Member, err error) {
+	ms, err := s.Members(ctx)
+	if err != nil {
+		return false, nil, err
+	}
+	rec, left := s.readLeftMarker()
+	listed := false
+	for _, m := range ms {
+		if m.ID == s.cfg.NodeID {
+			listed = true
+			continue
+		}
+		// Until a leader brings this node's directory up to date, the member addresses are
+		// the ones recorded when it left.
+		for _, r := range rec.Members {
+			if m.APIAddr == "" && r.ID == m.ID {
+				m.APIAddr = r.APIAddr
+			}
+		}
+		others = append(others, m)
+	}
+	if len(others) == 0 {
+		others = rec.Members
+	}
+	return left || !listed && len(ms) > 0, others, nil
 }
 
 // transferLeadership hands leadership to another voter. It fails with ErrLastVoter if there is

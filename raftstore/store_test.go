@@ -843,3 +843,40 @@ func TestForwardedApply(t *testing.T) {
 	}
 	converged(t, nodes, []string{"own", "forwarded", "refused-once", "here", "plain"})
 }
+
+// A node restarted on its data dir after leaving knows it is no member
+// (Removed, with the members to join through), whatever its own log last
+// saw; joining again clears it.
+func TestRemovedAfterLeaveUntilJoined(t *testing.T) {
+	nodes := newCluster(t, 3, nil)
+	n3 := nodes[2]
+	if removed, _, err := n3.s.Removed(ctxTimeout(t, 5*time.Second)); err != nil || removed {
+		t.Fatalf("a member reports removed=%v (%v)", removed, err)
+	}
+	if err := n3.s.Leave(ctxTimeout(t, 10*time.Second)); err != nil {
+		t.Fatalf("leave: %v", err)
+	}
+	raftAddr := n3.s.RaftAddr()
+	n3.close()
+	again := startNode(t, "n3", n3.dir, raftAddr, false, nil)
+	removed, others, err := again.s.Removed(ctxTimeout(t, 5*time.Second))
+	if err != nil || !removed {
+		t.Fatalf("restarted after leave: removed=%v (%v)", removed, err)
+	}
+	var ids []string
+	for _, m := range others {
+		ids = append(ids, m.ID+"="+m.APIAddr)
+	}
+	if want := []string{"n1=" + nodes[0].srv.URL, "n2=" + nodes[1].srv.URL}; !slices.Equal(ids, want) {
+		t.Fatalf("members to join through: %v, want %v", ids, want)
+	}
+	if err := again.s.JoinCluster(ctxTimeout(t, 10*time.Second), http.DefaultClient, nodes[0].srv.URL); err != nil {
+		t.Fatalf("join again: %v", err)
+	}
+	testutil.WaitForErr(t, 10*time.Second, "a member again", func() error {
+		if removed, _, err := again.s.Removed(ctxTimeout(t, 5*time.Second)); err != nil || removed {
+			return fmt.Errorf("removed=%v (%v)", removed, err)
+		}
+		return nil
+	})
+}

@@ -467,7 +467,14 @@ func (s *Store) JoinCluster(ctx context.Context, client *http.Client, memberURL 
 			return err
 		}
 	}
-	return JoinVia(ctx, client, memberURL, s.cfg.Token, s.cfg.NodeID, s.advertise, s.cfg.APIAddr)
+	if err := JoinVia(ctx, client, memberURL, s.cfg.Token, s.cfg.NodeID, s.advertise, s.cfg.APIAddr); err != nil {
+		return err
+	}
+	// A member again: a leave recorded before no longer holds.
+	if err := os.Remove(s.leftPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.log.Warn("could not clear the record of an earlier leave", "err", err)
+	}
+	return nil
 }
 
 func (s *Store) fetchCertificate(ctx context.Context, client *http.Client, memberURL string) error {

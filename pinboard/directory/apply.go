@@ -29,11 +29,29 @@ func (m *Machine) activeDrain(clientID string, now int64) (Drain, bool) {
 	return d, true
 }
 
+// drainFor returns the operator drain in force on w at now: its client
+// id's or its node id's, the stricter when both are (so the lease cap and
+// the deadline the worker is told come from one record).
+func (m *Machine) drainFor(w *Worker, now int64) (Drain, bool) {
+	d, ok := m.activeDrain(w.ClientID, now)
+	if w.NodeID == "" {
+		return d, ok
+	}
+	nd, nok := m.st.nodeDrains[w.NodeID]
+	if !nok || !nd.Active(now) {
+		return d, ok
+	}
+	if !ok || nd.stricter(d) {
+		return nd, true
+	}
+	return d, true
+}
+
 // renew extends w's lease for a registration or heartbeat at now. The lease
 // never moves backwards (the worker may already hold the later expiry) and
 // is not extended past a timed drain's deadline.
 func (m *Machine) renew(w *Worker, now, ttl int64) Result {
-	d, draining := m.activeDrain(w.ClientID, now)
+	d, draining := m.drainFor(w, now)
 	exp := now + ttl
 	if draining {
 		exp = d.capLease(exp, now)
@@ -176,7 +194,7 @@ func (m *Machine) eligible(w *Worker, ns string, now int64) string {
 	case w.Draining:
 		return ReasonDraining
 	}
-	if _, ok := m.activeDrain(w.ClientID, now); ok {
+	if _, ok := m.drainFor(w, now); ok {
 		return ReasonDraining
 	}
 	return ""
@@ -316,6 +334,50 @@ func (m *Machine) applyUndrain(c UndrainWorker) Result {
 	return Result{Code: CodeOK}
 }
 
+// nodeKnown reports whether a worker the directory knows registered with
+// nodeID (the order of the walk cannot matter: it only looks).
+func (m *Machine) nodeKnown(nodeID string) bool {
+	for _, w := range m.st.workers.all() {
+		if w.NodeID == nodeID {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *Machine) applyDrainNode(c DrainNode) Result {
+	if c.NodeID == "" {
+		return Result{Code: CodeInvalid, Reason: "empty node id"}
+	}
+	if _, ok := m.st.nodeDrains[c.NodeID]; !ok && !m.nodeKnown(c.NodeID) {
+		return Result{Code: CodeUnknownWorker}
+	}
+	d := Drain{NodeID: c.NodeID, Cordon: c.Cordon, SetAt: c.Now}
+	if !c.Cordon {
+		d.Deadline = c.Deadline
+	}
+	m.st.nodeDrains[c.NodeID] = d
+	return Result{Code: CodeOK, Draining: d.Active(c.Now), Drain: d}
+}
+
+func (m *Machine) applyUndrainNode(c UndrainNode) Result {
+	if c.NodeID == "" {
+		return Result{Code: CodeInvalid, Reason: "empty node id"}
+	}
+	_, known := m.st.nodeDrains[c.NodeID]
+	delete(m.st.nodeDrains, c.NodeID)
+	for id, w := range m.st.workers.all() {
+		if w.NodeID == c.NodeID {
+			known = true
+			delete(m.st.drains, id)
+		}
+	}
+	if !known {
+		return Result{Code: CodeUnknownWorker}
+	}
+	return Result{Code: CodeOK}
+}
+
 func (m *Machine) applyGC(c GC) Result {
 	keep := c.WorkerRetentionMs
 	if keep <= 0 {
@@ -330,10 +392,12 @@ func (m *Machine) applyGC(c GC) Result {
 			r.WorkersForgotten++
 		}
 	}
-	for id, d := range m.st.drains {
-		if !d.Active(c.Now) {
-			delete(m.st.drains, id)
-			r.DrainsExpired++
+	for _, drains := range []map[string]Drain{m.st.drains, m.st.nodeDrains} {
+		for id, d := range drains {
+			if !d.Active(c.Now) {
+				delete(drains, id)
+				r.DrainsExpired++
+			}
 		}
 	}
 	return r

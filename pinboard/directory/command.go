@@ -31,6 +31,10 @@ const (
 	TypeGC         CommandType = 9
 	TypeBatch      CommandType = 10
 	TypeGiveBack   CommandType = 11
+	// Added after the first release: a node that does not know them fails
+	// them (CodeError), so a proposer emits them once every node knows them.
+	TypeDrainNode   CommandType = 12
+	TypeUndrainNode CommandType = 13
 )
 
 // Command is one directory command. The set is closed: the concrete types in
@@ -126,6 +130,26 @@ type UndrainWorker struct {
 	ClientID string
 }
 
+// DrainNode sets an operator drain on a node id: it applies to every
+// worker that registers with that node id, so it survives the node's
+// restart (a new process registers under a new client id). A drain of a
+// client id (DrainWorker) applies to that one process only. The node id
+// must be known: some worker the directory knows registered with it, or
+// it already has a drain record.
+type DrainNode struct {
+	NodeID   string
+	Deadline int64 // unix ms; ignored with Cordon
+	Cordon   bool
+	Now      int64
+}
+
+// UndrainNode removes the drain record of a node id, and those of the
+// client ids of the workers the directory knows on that node: an undrained
+// node takes placements again, whichever way it was drained.
+type UndrainNode struct {
+	NodeID string
+}
+
 // GC forgets workers whose lease lapsed more than WorkerRetentionMs before
 // Now (DefaultWorkerRetention when 0), with their placements, and drops timed
 // drains DrainRetention past their deadline.
@@ -160,6 +184,8 @@ func (UndrainWorker) Type() CommandType { return TypeUndrain }
 func (GC) Type() CommandType            { return TypeGC }
 func (Batch) Type() CommandType         { return TypeBatch }
 func (GiveBack) Type() CommandType      { return TypeGiveBack }
+func (DrainNode) Type() CommandType     { return TypeDrainNode }
+func (UndrainNode) Type() CommandType   { return TypeUndrainNode }
 func (o Opaque) Type() CommandType      { return o.Code }
 
 func (c Init) appendPayload(b []byte) []byte {
@@ -224,6 +250,17 @@ func (c DrainWorker) appendPayload(b []byte) []byte {
 
 func (c UndrainWorker) appendPayload(b []byte) []byte {
 	return appendString(b, c.ClientID)
+}
+
+func (c DrainNode) appendPayload(b []byte) []byte {
+	b = appendString(b, c.NodeID)
+	b = binary.AppendVarint(b, c.Deadline)
+	b = appendBool(b, c.Cordon)
+	return binary.AppendVarint(b, c.Now)
+}
+
+func (c UndrainNode) appendPayload(b []byte) []byte {
+	return appendString(b, c.NodeID)
 }
 
 func (c GC) appendPayload(b []byte) []byte {
@@ -334,6 +371,10 @@ func decodeBody(t byte, payload []byte, inBatch bool) (Command, error) {
 		c = DrainWorker{ClientID: d.string(), Deadline: d.varint(), Cordon: d.bool(), Now: d.varint()}
 	case TypeUndrain:
 		c = UndrainWorker{ClientID: d.string()}
+	case TypeDrainNode:
+		c = DrainNode{NodeID: d.string(), Deadline: d.varint(), Cordon: d.bool(), Now: d.varint()}
+	case TypeUndrainNode:
+		c = UndrainNode{NodeID: d.string()}
 	case TypeGC:
 		c = GC{Now: d.varint(), WorkerRetentionMs: d.varint()}
 	case TypeBatch:

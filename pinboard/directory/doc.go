@@ -83,6 +83,17 @@
 // same worker. Placements the worker still owns from an earlier session are
 // adopted by the new session (same generation) when listed, dropped when not.
 //
+// # Drains
+//
+// An operator drains a client id (DrainWorker: that one process) or a
+// node id (DrainNode: every worker registered with it, so the drain
+// survives the node's restart, which registers a new client id). A worker
+// is held to the drain of its client id or of its node id, the stricter
+// when both are (a timed drain over a cordon, the earlier deadline): it
+// takes no new placements, and a timed drain caps its lease at the
+// deadline. UndrainNode clears the node's record and those of the client
+// ids of its known workers, so an undrained node takes placements again.
+//
 // # Garbage collection
 //
 // Workers stay known after their lease lapses so an operator drain can
@@ -92,5 +103,5 @@
 // partition that should keep its drain record meaningful, small enough that
 // a fleet with churning client ids stays bounded) together with their
 // placements, and removes timed drains 7 days past their deadline. Cordons
-// stay until Undrain, even when their worker is forgotten.
+// stay until undrained, even when their worker is forgotten.
 package directory

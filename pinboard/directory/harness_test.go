@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -113,6 +114,7 @@ type gen struct {
 var (
 	genClients = []string{"c0", "c1", "c2", "c3"}
 	genNS      = []string{"/a", "/b"}
+	genNodes   = []string{"n0", "n1"}
 )
 
 // claimKey is the key a claim asks for: during a partition, often one
@@ -136,7 +138,23 @@ func (g *gen) key() Key {
 	return Key{Env: []string{"", "", "", "pr-1"}[g.s.pick(4)], Namespace: genNS[g.s.pick(2)], ID: fmt.Sprint(g.s.pick(5))}
 }
 
-func (g *gen) client() string  { return genClients[g.s.pick(len(genClients))] }
+func (g *gen) client() string { return genClients[g.s.pick(len(genClients))] }
+
+// node is the node id a client registers with: two clients per node (a
+// node restarted under a new client id), sometimes another one or none.
+func (g *gen) node(client string) string {
+	switch g.s.pick(8) {
+	case 0:
+		return ""
+	case 1:
+		return g.nodeID()
+	}
+	return genNodes[slices.Index(genClients, client)%2]
+}
+
+func (g *gen) nodeID() string {
+	return append(genNodes, "n9")[g.s.pick(3)] // n9: a node id no worker has
+}
 func (g *gen) session() string { return fmt.Sprint("s", g.s.pick(3)) }
 
 // url is mostly client's own advertise URL, sometimes one another client
@@ -239,7 +257,7 @@ func (g *gen) command(inBatch bool) Command {
 		}
 		g.sessions[client] = session
 		g.renewed(client, g.now)
-		r := Register{ClientID: client, SessionID: session, NodeID: "n",
+		r := Register{ClientID: client, SessionID: session, NodeID: g.node(client),
 			AdvertiseURL: g.url(client), Namespaces: nss,
 			Headroom: int64(g.s.pick(4)), TTLMs: ttl, Now: g.stamp(), LiveIDs: live}
 		switch g.s.pick(24) {
@@ -284,9 +302,18 @@ func (g *gen) command(inBatch bool) Command {
 		return r
 	case 13:
 		now := g.stamp()
-		return DrainWorker{ClientID: g.client(), Deadline: now + int64(g.s.pick(40))*1000, Cordon: g.s.pick(3) == 0, Now: now}
-	case 14, 15:
+		deadline, cordon := now+int64(g.s.pick(40))*1000, g.s.pick(3) == 0
+		if g.s.pick(2) == 0 {
+			return DrainNode{NodeID: g.nodeID(), Deadline: deadline, Cordon: cordon, Now: now}
+		}
+		return DrainWorker{ClientID: g.client(), Deadline: deadline, Cordon: cordon, Now: now}
+	case 14:
 		return UndrainWorker{ClientID: g.client()}
+	case 15:
+		if g.s.pick(16) == 0 {
+			return UndrainNode{} // invalid: no node id
+		}
+		return UndrainNode{NodeID: g.nodeID()}
 	case 16:
 		now := g.tick()
 		if g.s.pick(8) == 0 {

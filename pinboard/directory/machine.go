@@ -68,7 +68,8 @@ type state struct {
 	workers    *workerTable
 	byURL      map[string]string // advertise URL -> client id holding it
 	placements *placementTable
-	drains     map[string]Drain
+	drains     map[string]Drain // by client id
+	nodeDrains map[string]Drain // by node id
 }
 
 func newState() state {
@@ -77,6 +78,7 @@ func newState() state {
 		byURL:      make(map[string]string),
 		placements: newPlacementTable(),
 		drains:     make(map[string]Drain),
+		nodeDrains: make(map[string]Drain),
 	}
 }
 
@@ -159,6 +161,10 @@ func (m *Machine) exec(c Command, inBatch bool) Result {
 		return m.applyDrain(c)
 	case UndrainWorker:
 		return m.applyUndrain(c)
+	case DrainNode:
+		return m.applyDrainNode(c)
+	case UndrainNode:
+		return m.applyUndrainNode(c)
 	case GC:
 		return m.applyGC(c)
 	case Batch:
@@ -258,16 +264,45 @@ func (m *Machine) DrainOf(clientID string) (Drain, bool) {
 	return d, ok
 }
 
-// Drains returns every drain record, sorted by client id.
+// NodeDrainOf returns the drain record of node id nodeID, whether or not
+// it is still in force.
+func (m *Machine) NodeDrainOf(nodeID string) (Drain, bool) {
+	m.mu.RLock()
+	d, ok := m.st.nodeDrains[nodeID]
+	m.mu.RUnlock()
+	return d, ok
+}
+
+// DrainFor returns the operator drain in force on w at now: the record of
+// its client id or of its node id (the stricter when both are). Placement,
+// lease renewal and every listing judge a worker's drain by it.
+func (m *Machine) DrainFor(w Worker, now int64) (Drain, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.drainFor(&w, now)
+}
+
+// Drains returns every drain record: those of client ids sorted by client
+// id, then those of node ids sorted by node id.
 func (m *Machine) Drains() []Drain {
 	m.mu.RLock()
-	ds := make([]Drain, 0, len(m.st.drains))
+	ds := make([]Drain, 0, len(m.st.drains)+len(m.st.nodeDrains))
 	for _, d := range m.st.drains {
 		ds = append(ds, d)
 	}
+	for _, d := range m.st.nodeDrains {
+		ds = append(ds, d)
+	}
 	m.mu.RUnlock()
-	slices.SortFunc(ds, func(a, b Drain) int { return cmp.Compare(a.ClientID, b.ClientID) })
+	slices.SortFunc(ds, compareDrains)
 	return ds
+}
+
+func compareDrains(a, b Drain) int {
+	if c := cmp.Compare(a.NodeID, b.NodeID); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.ClientID, b.ClientID)
 }
 
 // ColdStart returns the unix ms of the first placement attempt on this

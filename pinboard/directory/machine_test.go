@@ -2,7 +2,9 @@ package directory
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"hash/crc32"
 	"slices"
 	"testing"
 )
@@ -120,6 +122,115 @@ func TestDrainUndrainAndReregister(t *testing.T) {
 	}
 	if r := n.apply(UndrainWorker{ClientID: "nobody"}); r.Code != CodeUnknownWorker {
 		t.Fatalf("undrain unknown: %+v", r)
+	}
+}
+
+// A drain of a node id holds for every worker that node registers: a
+// restarted node (a new process, a new client id) comes back drained and
+// takes no placements until the node is undrained. A drain of the old
+// process's client id would not follow it.
+func TestNodeDrainSurvivesRestart(t *testing.T) {
+	n := fleet(t) // a on node n-a, b on n-b
+	for _, c := range []struct {
+		cmd  Command
+		want Code
+	}{
+		{DrainNode{NodeID: "", Cordon: true, Now: t0}, CodeInvalid},
+		{DrainNode{NodeID: "n-nobody", Cordon: true, Now: t0}, CodeUnknownWorker},
+		{UndrainNode{NodeID: ""}, CodeInvalid},
+		{UndrainNode{NodeID: "n-nobody"}, CodeUnknownWorker},
+	} {
+		if r := n.apply(c.cmd); r.Code != c.want {
+			t.Fatalf("%+v: %v, want %v", c.cmd, r.Code, c.want)
+		}
+	}
+	if ds := n.m.Drains(); len(ds) != 0 {
+		t.Fatalf("refused commands left drains: %+v", ds)
+	}
+	if r := n.apply(DrainNode{NodeID: "n-a", Cordon: true, Now: t0 + 1}); r.Code != CodeOK || !r.Draining || r.Drain.NodeID != "n-a" {
+		t.Fatalf("cordon n-a: %+v", r)
+	}
+	if r := n.apply(claim("x", "a", t0+2)); r.Code != CodeIneligible || r.Reason != ReasonDraining {
+		t.Fatalf("claim on the cordoned node: %+v", r)
+	}
+	// The node restarts: its old process deregisters, a new one registers.
+	n.apply(Deregister{ClientID: "a", SessionID: "sa"})
+	restarted := reg("a2", "sa2", "http://a", t0+3)
+	restarted.NodeID = "n-a"
+	if r := n.apply(restarted); r.Code != CodeOK || !r.Draining || !r.Drain.Cordon || r.Drain.NodeID != "n-a" {
+		t.Fatalf("the restarted node is not told of its cordon: %+v", r)
+	}
+	if r := n.apply(claim("x", "a2", t0+4)); r.Code != CodeIneligible || r.Reason != ReasonDraining {
+		t.Fatalf("claim on the restarted cordoned node: %+v", r)
+	}
+	w, _ := n.m.Worker("a2")
+	if d, ok := n.m.DrainFor(w, t0+4); !ok || d.NodeID != "n-a" {
+		t.Fatalf("DrainFor(a2) = %+v, %v", d, ok)
+	}
+	if c := n.m.Candidates(ns, t0+4); len(c) != 1 || c[0].ClientID != "b" {
+		t.Fatalf("candidates: %+v", c)
+	}
+	// A client-id drain on the new process too: undraining the node
+	// clears both, so the node takes placements again.
+	n.apply(DrainWorker{ClientID: "a2", Cordon: true, Now: t0 + 5})
+	if r := n.apply(UndrainNode{NodeID: "n-a"}); r.Code != CodeOK {
+		t.Fatalf("undrain n-a: %+v", r)
+	}
+	if ds := n.m.Drains(); len(ds) != 0 {
+		t.Fatalf("drains after undraining the node: %+v", ds)
+	}
+	if r := n.apply(claim("x", "a2", t0+6)); r.Code != CodeGranted {
+		t.Fatalf("claim after undrain: %+v", r)
+	}
+	// Undrain of a known node with no drain: nothing to do, ok.
+	if r := n.apply(UndrainNode{NodeID: "n-b"}); r.Code != CodeOK {
+		t.Fatalf("undrain of an undrained node: %+v", r)
+	}
+}
+
+// With a drain on both the client id and the node id, the worker is held
+// to the stricter: a timed drain's deadline caps the lease over a cordon.
+func TestNodeAndClientDrainTheStricterBinds(t *testing.T) {
+	n := fleet(t)
+	deadline := t0 + 20_000
+	n.apply(DrainWorker{ClientID: "a", Cordon: true, Now: t0})
+	n.apply(DrainNode{NodeID: "n-a", Deadline: deadline, Now: t0})
+	r := n.apply(Heartbeat{ClientID: "a", SessionID: "sa", Now: t0 + 9000, TTLMs: ttl, ProbeOK: true})
+	if r.LeaseExpiry != deadline || r.Drain.NodeID != "n-a" || r.Drain.Cordon {
+		t.Fatalf("heartbeat under a cordon and a timed node drain: %+v", r)
+	}
+	n.apply(DrainWorker{ClientID: "a", Deadline: deadline - 5000, Now: t0 + 9500})
+	r = n.apply(Heartbeat{ClientID: "a", SessionID: "sa", Now: t0 + 10_000, TTLMs: ttl, ProbeOK: true})
+	if r.Drain.ClientID != "a" || r.Drain.Deadline != deadline-5000 {
+		t.Fatalf("the earlier deadline does not bind: %+v", r)
+	}
+}
+
+// A node upgraded on its data dir restores the version 4 snapshot its old
+// version wrote (no node drains): the same state, written back as 5.
+func TestRestoreVersion4Snapshot(t *testing.T) {
+	n := fleet(t)
+	n.apply(DrainWorker{ClientID: "a", Cordon: true, Now: t0})
+	v5 := n.snapshot()
+	// Version 4 is version 5 without the node drains' count (0 here) at
+	// the end of the body.
+	body := append([]byte(nil), v5[:len(v5)-5]...)
+	if v5[len(v5)-5] != 0 {
+		t.Fatalf("snapshot does not end in an empty node-drain list: %x", v5[len(v5)-8:])
+	}
+	body[len(snapshotMagic)] = 4
+	v4 := binary.BigEndian.AppendUint32(body, crc32.Checksum(body, crcTable))
+	m := New()
+	if err := m.Restore(bytes.NewReader(v4)); err != nil {
+		t.Fatalf("restore a version 4 snapshot: %v", err)
+	}
+	if !bytes.Equal(snapshotBytes(t, m), v5) {
+		t.Fatal("the state restored from version 4 differs")
+	}
+	body[len(snapshotMagic)] = 3
+	v3 := binary.BigEndian.AppendUint32(body, crc32.Checksum(body, crcTable))
+	if err := New().Restore(bytes.NewReader(v3)); !errors.Is(err, ErrVersion) {
+		t.Fatalf("restore a version 3 snapshot: %v", err)
 	}
 }
 
@@ -418,6 +529,9 @@ func TestCommandRoundTrip(t *testing.T) {
 		Release{Key: key("x"), ClientID: "a", Generation: 1 << 40},
 		DrainWorker{ClientID: "a", Deadline: t0, Now: t0},
 		UndrainWorker{ClientID: "a"},
+		DrainNode{NodeID: "n1", Deadline: t0, Cordon: false, Now: t0},
+		DrainNode{NodeID: "n1", Cordon: true, Now: -1},
+		UndrainNode{NodeID: "n1"},
 		GC{Now: t0, WorkerRetentionMs: 5},
 		Batch{Commands: []Command{claim(string(make([]byte, 300)), "a", 1), Opaque{Code: 70, Ignorable: true, Payload: []byte{9}}}},
 	}

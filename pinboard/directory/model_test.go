@@ -25,7 +25,8 @@ type checker struct {
 	workers    map[string]*mWorker
 	byURL      map[string]string
 	placements map[Key]Placement
-	drains     map[string]Drain
+	drains     map[string]Drain // by client id
+	nodeDrains map[string]Drain // by node id
 	coldStart  int64
 	lastGen    uint64
 	secret     bool
@@ -73,6 +74,8 @@ func nowOf(c Command) int64 {
 		return c.Now
 	case DrainWorker:
 		return c.Now
+	case DrainNode:
+		return c.Now
 	case GC:
 		return c.Now
 	case Batch:
@@ -87,7 +90,7 @@ func nowOf(c Command) int64 {
 
 func newChecker(tb testing.TB) *checker {
 	return &checker{tb: tb, workers: map[string]*mWorker{}, byURL: map[string]string{},
-		placements: map[Key]Placement{}, drains: map[string]Drain{}, entryKeys: map[Key]bool{},
+		placements: map[Key]Placement{}, drains: map[string]Drain{}, nodeDrains: map[string]Drain{}, entryKeys: map[Key]bool{},
 		beliefs: map[string]map[Key]belief{}}
 }
 
@@ -226,6 +229,43 @@ func (c *checker) expect(cmd Command) Result {
 			return Result{Code: CodeUnknownWorker}
 		}
 		return Result{Code: CodeOK}
+	case DrainNode:
+		if cmd.NodeID == "" {
+			return Result{Code: CodeInvalid}
+		}
+		// A node id is known while a known worker registered with it (or
+		// it has a drain record already): a typo must not drain nothing.
+		if _, ok := c.nodeDrains[cmd.NodeID]; !ok && !c.nodeKnown(cmd.NodeID) {
+			return Result{Code: CodeUnknownWorker}
+		}
+		d := Drain{NodeID: cmd.NodeID, Cordon: cmd.Cordon, SetAt: cmd.Now}
+		if !cmd.Cordon {
+			d.Deadline = cmd.Deadline
+		}
+		c.nodeDrains[cmd.NodeID] = d
+		r := Result{Code: CodeOK, Draining: d.Cordon || cmd.Now <= d.Deadline+DrainRetention}
+		if r.Draining {
+			r.Drain = d
+		}
+		return r
+	case UndrainNode:
+		if cmd.NodeID == "" {
+			return Result{Code: CodeInvalid}
+		}
+		_, known := c.nodeDrains[cmd.NodeID]
+		delete(c.nodeDrains, cmd.NodeID)
+		// Undraining a node frees it whichever way it was drained: the
+		// drains of its workers' client ids go too.
+		for id, w := range c.workers {
+			if w.node == cmd.NodeID {
+				known = true
+				delete(c.drains, id)
+			}
+		}
+		if !known {
+			return Result{Code: CodeUnknownWorker}
+		}
+		return Result{Code: CodeOK}
 	case GC:
 		keep := cmd.WorkerRetentionMs
 		if keep <= 0 {
@@ -238,10 +278,12 @@ func (c *checker) expect(cmd Command) Result {
 				r.WorkersForgotten++
 			}
 		}
-		for id, d := range c.drains {
-			if !(d.Cordon || cmd.Now <= d.Deadline+DrainRetention) {
-				delete(c.drains, id)
-				r.DrainsExpired++
+		for _, drains := range []map[string]Drain{c.drains, c.nodeDrains} {
+			for id, d := range drains {
+				if !(d.Cordon || cmd.Now <= d.Deadline+DrainRetention) {
+					delete(drains, id)
+					r.DrainsExpired++
+				}
 			}
 		}
 		return r
@@ -255,12 +297,38 @@ func (c *checker) expect(cmd Command) Result {
 	return Result{}
 }
 
-// activeDrain is the operator drain of id in force at now: a cordon until
-// undrained, a timed drain until DrainRetention past its deadline.
+func (c *checker) nodeKnown(node string) bool {
+	for _, w := range c.workers {
+		if w.node == node {
+			return true
+		}
+	}
+	return false
+}
+
+// activeDrain is the operator drain in force on worker id at now, by its
+// client id or by its node id: a cordon until undrained, a timed drain
+// until DrainRetention past its deadline. With both, the one that binds
+// harder: a timed drain over a cordon, the earlier deadline of two.
 func (c *checker) activeDrain(id string, now int64) (Drain, bool) {
+	active := func(d Drain, ok bool) bool { return ok && (d.Cordon || now <= d.Deadline+DrainRetention) }
 	d, ok := c.drains[id]
-	if !ok || !(d.Cordon || now <= d.Deadline+DrainRetention) {
+	ok = active(d, ok)
+	var nd Drain
+	nok := false
+	if w := c.workers[id]; w != nil && w.node != "" {
+		nd, nok = c.nodeDrains[w.node]
+		nok = active(nd, nok)
+	}
+	switch {
+	case !ok && !nok:
 		return Drain{}, false
+	case !nok:
+		return d, true
+	case !ok:
+		return nd, true
+	case !nd.Cordon && (d.Cordon || nd.Deadline < d.Deadline):
+		return nd, true
 	}
 	return d, true
 }
@@ -543,6 +611,9 @@ func (c *checker) compareState(m *Machine) {
 	ds := m.Drains()
 	want := slices.Collect(maps.Values(c.drains))
 	slices.SortFunc(want, func(a, b Drain) int { return cmp.Compare(a.ClientID, b.ClientID) })
+	nodes := slices.Collect(maps.Values(c.nodeDrains))
+	slices.SortFunc(nodes, func(a, b Drain) int { return cmp.Compare(a.NodeID, b.NodeID) })
+	want = append(want, nodes...)
 	if !slices.Equal(ds, want) {
 		c.tb.Fatalf("drains %+v, model %+v", ds, want)
 	}

@@ -19,7 +19,7 @@ const (
 	CodeConflict           Code = 6  // Claim: the key was granted earlier in this entry; retry in a new one
 	CodeReregister         Code = 7  // Heartbeat: unknown client, stale session or lapsed lease; GiveBack: stale session
 	CodeDuplicateAdvertise Code = 8  // Register: another live client holds the advertise URL
-	CodeUnknownWorker      Code = 9  // Drain/Undrain/GiveBack: the client id never registered (API: 404)
+	CodeUnknownWorker      Code = 9  // Drain/Undrain/GiveBack: the client id never registered; DrainNode/UndrainNode: no known worker has the node id (API: 404)
 	CodeNotFound           Code = 10 // Release/Deregister: nothing matched (already done, or not yours); GiveBack: no placement
 	CodeUnknownCommand     Code = 11 // an ignorable command of an unknown type was skipped
 	CodeInvalid            Code = 12 // the command's arguments are invalid; Reason says which
@@ -63,7 +63,7 @@ type Result struct {
 
 	LeaseExpiry int64 // Register, Heartbeat: unix ms
 	ExpiresInMs int64 // Register, Heartbeat: LeaseExpiry - Now, never negative
-	Draining    bool  // Register, Heartbeat, DrainWorker: Drain is in force
+	Draining    bool  // Register, Heartbeat, DrainWorker, DrainNode: Drain is in force
 	Drain       Drain
 	Degraded    bool // Heartbeat
 
@@ -97,6 +97,7 @@ const (
 	tagDuplicates
 	tagGC
 	tagResults
+	tagDrainNode // the node id of a node's drain (added after tagResults, so it comes last)
 )
 
 // AppendResult appends the encoding of r to b.
@@ -159,6 +160,9 @@ func appendResultBody(b []byte, r Result) []byte {
 			b = appendResultBody(b, sub)
 		}
 	}
+	if r.Draining && r.Drain.NodeID != "" {
+		b = appendString(append(b, tagDrainNode), r.Drain.NodeID)
+	}
 	return append(b, tagEnd)
 }
 
@@ -187,7 +191,7 @@ func decodeResultBody(d *decoder, top bool) Result {
 		if tag == tagEnd {
 			return r
 		}
-		if tag <= last || tag > tagResults {
+		if tag <= last || tag > tagDrainNode {
 			d.fail() // one encoding per result: known tags, in order
 			return r
 		}
@@ -220,6 +224,14 @@ func decodeResultBody(d *decoder, top bool) Result {
 			r.Results = make([]Result, n)
 			for i := range r.Results {
 				r.Results[i] = decodeResultBody(d, false)
+			}
+		case tagDrainNode:
+			if !r.Draining {
+				d.fail() // only with the drain it names
+				return r
+			}
+			if r.Drain.NodeID = d.string(); r.Drain.NodeID == "" {
+				d.fail() // written only when not empty
 			}
 		}
 	}

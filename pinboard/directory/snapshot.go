@@ -15,7 +15,10 @@ import (
 // CRC-32C of everything before it.
 const (
 	snapshotMagic   = "PDIR"
-	snapshotVersion = 4 // 2: lastGen after coldStart; 3: Worker.Draining; 4: Worker.Revoked
+	snapshotVersion = 5 // 2: lastGen after coldStart; 3: Worker.Draining; 4: Worker.Revoked; 5: node drains
+	// oldestSnapshot is the oldest version Restore still reads: a node
+	// upgraded on a data dir restores the snapshot its old version wrote.
+	oldestSnapshot = 4
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -31,6 +34,7 @@ type snapshot struct {
 	workers    []Worker
 	placements []Placement
 	drains     []Drain
+	nodeDrains []Drain
 }
 
 // Snapshot captures the state for raftstore to persist. Worker namespaces are
@@ -46,6 +50,7 @@ func (m *Machine) Snapshot() (io.WriterTo, error) {
 		workers:    make([]Worker, 0, m.st.workers.len()),
 		placements: make([]Placement, 0, m.st.placements.n),
 		drains:     make([]Drain, 0, len(m.st.drains)),
+		nodeDrains: make([]Drain, 0, len(m.st.nodeDrains)),
 	}
 	for _, w := range m.st.workers.all() {
 		s.workers = append(s.workers, *w)
@@ -55,6 +60,9 @@ func (m *Machine) Snapshot() (io.WriterTo, error) {
 	})
 	for _, d := range m.st.drains {
 		s.drains = append(s.drains, d)
+	}
+	for _, d := range m.st.nodeDrains {
+		s.nodeDrains = append(s.nodeDrains, d)
 	}
 	return s, nil
 }
@@ -79,6 +87,7 @@ func (s *snapshot) WriteTo(w io.Writer) (int64, error) {
 	slices.SortFunc(s.workers, func(a, b Worker) int { return cmp.Compare(a.ClientID, b.ClientID) })
 	slices.SortFunc(s.placements, func(a, b Placement) int { return a.Key.Compare(b.Key) })
 	slices.SortFunc(s.drains, func(a, b Drain) int { return cmp.Compare(a.ClientID, b.ClientID) })
+	slices.SortFunc(s.nodeDrains, func(a, b Drain) int { return cmp.Compare(a.NodeID, b.NodeID) })
 
 	cw := &countingWriter{w: bufio.NewWriterSize(w, 64<<10)}
 	b := make([]byte, 0, 4096)
@@ -118,6 +127,13 @@ func (s *snapshot) WriteTo(w io.Writer) (int64, error) {
 	b = binary.AppendUvarint(b, uint64(len(s.drains)))
 	for _, d := range s.drains {
 		b = appendDrain(b, d)
+	}
+	b = binary.AppendUvarint(b, uint64(len(s.nodeDrains)))
+	for _, d := range s.nodeDrains {
+		b = appendString(b, d.NodeID)
+		b = binary.AppendVarint(b, d.Deadline)
+		b = appendBool(b, d.Cordon)
+		b = binary.AppendVarint(b, d.SetAt)
 	}
 	if err := flush(true); err != nil {
 		return cw.n, err
@@ -177,7 +193,8 @@ func decodeSnapshot(data []byte) (state, error) {
 	if crc32.Checksum(body, crcTable) != sum {
 		return state{}, fmt.Errorf("%w: checksum mismatch", ErrSnapshot)
 	}
-	if v := body[len(snapshotMagic)]; v != snapshotVersion {
+	v := body[len(snapshotMagic)]
+	if v < oldestSnapshot || v > snapshotVersion {
 		return state{}, fmt.Errorf("%w: snapshot version %d", ErrVersion, v)
 	}
 	d := decoder{b: body[len(snapshotMagic)+1:]}
@@ -212,6 +229,12 @@ func decodeSnapshot(data []byte) (state, error) {
 	for n := d.count(4); n > 0 && d.err == nil; n-- {
 		dr := Drain{ClientID: d.string(), Deadline: d.varint(), Cordon: d.bool(), SetAt: d.varint()}
 		st.drains[dr.ClientID] = dr
+	}
+	if v >= 5 {
+		for n := d.count(4); n > 0 && d.err == nil; n-- {
+			dr := Drain{NodeID: d.string(), Deadline: d.varint(), Cordon: d.bool(), SetAt: d.varint()}
+			st.nodeDrains[dr.NodeID] = dr
+		}
 	}
 	if err := d.done(); err != nil {
 		return state{}, fmt.Errorf("%w: %w", ErrSnapshot, err)

@@ -97,10 +97,13 @@ type Placement struct {
 	PlacedAt     int64 // unix ms
 }
 
-// Drain is an operator drain of one client id. A cordon has no deadline and
-// holds until Undrain; a timed drain expires DrainRetention past Deadline.
+// Drain is an operator drain of one client id (ClientID set: that worker
+// process) or of one node id (NodeID set: every worker registered with
+// it, whatever its client id). A cordon has no deadline and holds until
+// undrained; a timed drain expires DrainRetention past Deadline.
 type Drain struct {
 	ClientID string
+	NodeID   string
 	Deadline int64 // unix ms; 0 with Cordon
 	Cordon   bool
 	SetAt    int64 // unix ms
@@ -109,6 +112,12 @@ type Drain struct {
 // Active reports whether the drain is still in force at now.
 func (d Drain) Active(now int64) bool {
 	return d.Cordon || now <= d.Deadline+DrainRetention
+}
+
+// stricter reports whether d binds harder than o: a timed drain over a
+// cordon (it evicts and caps the lease), the earlier of two deadlines.
+func (d Drain) stricter(o Drain) bool {
+	return !d.Cordon && (o.Cordon || d.Deadline < o.Deadline)
 }
 
 // capLease applies the drain to a lease extension: acks stop extending the
