@@ -632,3 +632,71 @@ func TestCrashLoopingPluginGivesItsIDsUp(t *testing.T) {
 	}
 	t.Logf("%d ids moved off %s", len(ids), owner.id)
 }
+
+// An owner that stops (SIGSTOP: it keeps its connections but answers
+// nothing, and stops renewing its lease) holds a forwarded request only
+// until its lease lapses, not for the forward's own 10 s bound: the client
+// gets its 504 (the request may have run) when the id can be placed again,
+// on a new connection (net/http's path) and on a kept-alive one (the
+// loop's) alike, and the id is then served by another node.
+func TestStoppedOwnerAnsweredWhenItsLeaseLapses(t *testing.T) {
+	t.Parallel()
+	nodes := startFleet(t) // --lease-ttl 3s
+	const id = "frozen"
+	if r := nodes[0].a.MustDo("POST", "/counters/"+id+"/increment", ""); r.Code != 200 {
+		t.Fatalf("first increment: %d %s", r.Code, r.Body)
+	}
+	owner := ownerOf(t, nodes, "/counters", id)
+	var via *node
+	for _, n := range nodes {
+		if n != owner {
+			via = n
+		}
+	}
+	kept := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+	defer kept.CloseIdleConnections()
+	post := func(c *http.Client) (int, string, time.Duration) {
+		req, _ := http.NewRequest("POST", via.url()+"/counters/"+id+"/increment", nil)
+		req.Header.Set("Authorization", "Bearer "+testutil.Token)
+		start := time.Now()
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("POST via %s: %v", via.id, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b), time.Since(start)
+	}
+	for range 2 { // the connection's second request rides the loop
+		if code, body, _ := post(kept); code != 200 {
+			t.Fatalf("warm-up via %s: %d %s", via.id, code, body)
+		}
+	}
+	owner.a.Signal(syscall.SIGSTOP)
+	t.Cleanup(func() { owner.a.Signal(syscall.SIGCONT) })
+
+	type answer struct {
+		code int
+		body string
+		took time.Duration
+	}
+	answers := make(chan answer, 2)
+	for _, c := range []*http.Client{kept, {Transport: &http.Transport{}}} {
+		go func() {
+			code, body, took := post(c)
+			answers <- answer{code, body, took}
+		}()
+	}
+	for range 2 {
+		a := <-answers
+		// The lease is 3 s; the forward's own bound is 10 s.
+		if a.code != 504 && a.code != 503 || a.took > 8*time.Second {
+			t.Fatalf("a request to the stopped owner: %d %s after %s, want a 504 or 503 once its 3 s lease lapsed", a.code, a.body, a.took)
+		}
+		t.Logf("answered %d after %s", a.code, a.took.Round(time.Millisecond))
+	}
+	testutil.WaitFor(t, 15*time.Second, id+" served by another node", func() bool {
+		code, _, _ := post(&http.Client{Timeout: 10 * time.Second})
+		return code == 200
+	})
+}

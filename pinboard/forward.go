@@ -28,6 +28,26 @@ import (
 // activation restoring state normally takes milliseconds).
 const ownerHeaderTimeout = 10 * time.Second
 
+// headWait is how long a forward waits for its owner's response head:
+// ownerHeaderTimeout, or less when the owner's lease (as this replica
+// knows it) lapses sooner. A frozen or cut-off owner stops renewing it, and
+// once it lapses the id can be placed again: holding the client past that
+// only keeps it from the id's next owner, so it gets its 504 (the request
+// may have run) then. A live owner renews its lease a TTL ahead with every
+// heartbeat, so only a head slower than about a TTL is cut short; the
+// floor keeps a lease about to be renewed from cutting a request at once.
+func headWait(owner directory.Worker, now time.Time) time.Duration {
+	left := time.Duration(owner.LeaseExpiry-now.UnixMilli())*time.Millisecond + leaseLapseGrace
+	return min(ownerHeaderTimeout, max(left, minHeadWait))
+}
+
+const (
+	// leaseLapseGrace: past the lease's expiry, so that a claim elsewhere
+	// can succeed by the time the client retries.
+	leaseLapseGrace = 250 * time.Millisecond
+	minHeadWait     = time.Second
+)
+
 // RefusalHeader marks a 503 refused by the owner's worker in-band (lease
 // unhealthy, draining): the front door may release the placement and retry
 // elsewhere.
@@ -231,6 +251,9 @@ func (fw *forwarder) forward(w http.ResponseWriter, r *http.Request, rq *instanc
 	path, signed, att := fw.attestFor(secret, p, owner, r.Method, rq.rest, r.URL.RawQuery, time.Now())
 	info.hop = peerHop(r.RemoteAddr, r.Host, r.TLS != nil, att)
 	basePath := strings.TrimSuffix(base.Path, "/")
+	// Whichever transport carries it, the head's wait ends with the
+	// owner's lease (headWait).
+	r = r.WithContext(httpx.WithHeadTimeout(r.Context(), headWait(owner, time.Now())))
 	if fw.fastForwardable(r, rq, base.Scheme) && fw.forwardWire(w, r, info, base.Host, basePath+signed) {
 		return
 	}
@@ -645,6 +668,7 @@ func (fw *forwarder) routeForward(h *relay.ReqHead, p directory.Placement, owner
 		Wire:    *wire,
 		Refusal: RefusalHeader,
 		Refused: ownerRefused,
+		Timeout: headWait(owner, now),
 		Done: func(status int, err error) {
 			relay.ReleaseWire(wire)
 			if status == 0 && err == nil {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -43,7 +44,8 @@ type SyncTransport struct {
 	Fallback http.RoundTripper
 	// MaxIdlePerHost bounds the pool per host (default 256).
 	MaxIdlePerHost int
-	// ResponseHeaderTimeout, if set, bounds the wait for a response head.
+	// ResponseHeaderTimeout, if set, bounds the wait for a response head;
+	// a request's WithHeadTimeout overrides it, on both paths.
 	ResponseHeaderTimeout time.Duration
 
 	mu     sync.Mutex
@@ -68,11 +70,33 @@ var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, ioBuf)
 // pieces).
 const ioBuf = 4 << 10
 
+type headTimeoutKey struct{}
+
+// WithHeadTimeout bounds the wait for the response head of a request made
+// with ctx to d (a SyncTransport's ResponseHeaderTimeout for this one
+// request): a caller that knows better than the transport-wide bound (an
+// owner whose lease lapses sooner) says so here.
+func WithHeadTimeout(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, headTimeoutKey{}, d)
+}
+
+// headTimeout is the bound on req's response head: its WithHeadTimeout, or
+// the transport's.
+func (t *SyncTransport) headTimeout(ctx context.Context) time.Duration {
+	if d, ok := ctx.Value(headTimeoutKey{}).(time.Duration); ok {
+		return d
+	}
+	return t.ResponseHeaderTimeout
+}
+
+// errHeadTimeout ends a Fallback request whose head did not come in time.
+var errHeadTimeout = errors.New("timeout awaiting response headers")
+
 // RoundTrip implements http.RoundTripper.
 func (t *SyncTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Scheme != t.Scheme() || req.Header.Get("Upgrade") != "" || !(req.Body == nil || req.Body == http.NoBody ||
 		(req.ContentLength > 0 && req.ContentLength <= SyncBodyLimit)) {
-		return t.Fallback.RoundTrip(req)
+		return t.fallback(req)
 	}
 	var got1xx func(int, http.Header)
 	if trace := httptrace.ContextClientTrace(req.Context()); trace != nil && trace.Got1xxResponse != nil {
@@ -80,6 +104,42 @@ func (t *SyncTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	bodyless := req.Body == nil || req.Body == http.NoBody
 	return t.roundTrip(req.Context(), req.URL.Host, req, bodyless, got1xx, func(bw *bufio.Writer) error { return req.Write(bw) })
+}
+
+// fallback is Fallback's round trip of req, its head bounded by a
+// WithHeadTimeout shorter than Fallback's own bound (a Transport's
+// ResponseHeaderTimeout is one for all requests). An Upgrade keeps
+// Fallback's: its 101 body is the connection itself.
+func (t *SyncTransport) fallback(req *http.Request) (*http.Response, error) {
+	d, ok := req.Context().Value(headTimeoutKey{}).(time.Duration)
+	if !ok || req.Header.Get("Upgrade") != "" {
+		return t.Fallback.RoundTrip(req)
+	}
+	ctx, cancel := context.WithCancelCause(req.Context())
+	timer := time.AfterFunc(d, func() { cancel(errHeadTimeout) })
+	resp, err := t.Fallback.RoundTrip(req.WithContext(ctx))
+	timer.Stop()
+	if err != nil {
+		if context.Cause(ctx) == errHeadTimeout {
+			err = fmt.Errorf("%w: %w", errHeadTimeout, err)
+		}
+		cancel(nil)
+		return nil, err
+	}
+	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// cancelOnClose ends a fallback request's context with its body.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelCauseFunc
+}
+
+func (b *cancelOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel(nil)
+	return err
 }
 
 // Scheme is the URL scheme the transport carries itself: https with TLS,
@@ -173,8 +233,9 @@ func (t *SyncTransport) exchange(ctx context.Context, req *http.Request, pc *pco
 		stop()
 		return nil, isConnGone(err), err
 	}
-	if t.ResponseHeaderTimeout > 0 {
-		_ = pc.c.SetReadDeadline(time.Now().Add(t.ResponseHeaderTimeout))
+	headTimeout := t.headTimeout(ctx)
+	if headTimeout > 0 {
+		_ = pc.c.SetReadDeadline(time.Now().Add(headTimeout))
 	}
 	// The first byte tells a connection that was gone (EOF, reset) from
 	// a response that failed part way, which is the request's outcome.
@@ -200,7 +261,7 @@ func (t *SyncTransport) exchange(ctx context.Context, req *http.Request, pc *pco
 			got1xx(resp.StatusCode, resp.Header)
 		}
 	}
-	if t.ResponseHeaderTimeout > 0 && err == nil {
+	if headTimeout > 0 && err == nil {
 		_ = pc.c.SetReadDeadline(time.Time{})
 		if ctx.Err() != nil { // cancelled while we cleared it
 			_ = pc.c.SetDeadline(time.Unix(1, 0))

@@ -260,3 +260,57 @@ func TestSyncTransportRetriesOnAFreshConnection(t *testing.T) {
 	}
 	resp.Body.Close()
 }
+
+// WithHeadTimeout bounds one request's wait for its response head, on the
+// transport's own path and on Fallback's (a large upload); the body of an
+// answer that came in time streams on past the bound.
+func TestSyncTransportWithHeadTimeout(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/hang" {
+			<-release
+			return
+		}
+		w.(http.Flusher).Flush() // the head now, the body after the bound
+		time.Sleep(300 * time.Millisecond)
+		io.WriteString(w, "late body")
+	}))
+	defer srv.Close()
+	defer close(release)
+	tr := newSync(t)
+	tr.ResponseHeaderTimeout = time.Minute
+	for _, body := range []string{"", strings.Repeat("x", SyncBodyLimit+1)} {
+		path := "sync"
+		if body != "" {
+			path = "fallback"
+		}
+		req, _ := http.NewRequestWithContext(WithHeadTimeout(t.Context(), 100*time.Millisecond), "POST", srv.URL+"/hang", strings.NewReader(body))
+		if body == "" {
+			req.Body = nil
+		}
+		start := time.Now()
+		if resp, err := tr.RoundTrip(req); err == nil {
+			resp.Body.Close()
+			t.Fatalf("%s: a head that never comes answered %d", path, resp.StatusCode)
+		} else if errors.Is(err, ErrNotSent) {
+			t.Fatalf("%s: %v: the request was sent, its outcome is unknown", path, err)
+		}
+		if waited := time.Since(start); waited > 30*time.Second {
+			t.Fatalf("%s: waited %s, the transport's bound, not the request's", path, waited)
+		}
+		req, _ = http.NewRequestWithContext(WithHeadTimeout(t.Context(), 100*time.Millisecond), "POST", srv.URL+"/slowbody", strings.NewReader(body))
+		if body == "" {
+			req.Body = nil
+		}
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || string(b) != "late body" {
+			t.Fatalf("%s: the body after the head's bound: %q %v", path, b, err)
+		}
+	}
+}
