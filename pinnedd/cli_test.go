@@ -200,6 +200,22 @@ func TestCLIAgainstDevAgent(t *testing.T) {
 		}
 	})
 
+	t.Run("a bad id or namespace fails with the agent's reason, in the characters typed", func(t *testing.T) {
+		for args, want := range map[[2]string]string{
+			{"/counters", "héllo"}: `answered 400: invalid id "héllo": character 'é' not allowed`,
+			{"/Counters", "x"}:     `answered 400: invalid namespace "/Counters": only a-z, 0-9, - and _ after the slash`,
+		} {
+			r := runCLI(t, []string{token}, "wind-down", args[0], args[1], "--addr", a.URL)
+			if r.code == 0 || !strings.Contains(r.stderr, want) {
+				t.Fatalf("wind-down %s %s: %s\nwant stderr with: %s", args[0], args[1], r, want)
+			}
+		}
+		r := runCLI(t, []string{token}, "plugins", "reload", "/Nope", "--addr", a.URL)
+		if want := `answered 400: invalid namespace "/Nope"`; r.code == 0 || !strings.Contains(r.stderr, want) {
+			t.Fatalf("plugins reload /Nope: %s\nwant stderr with: %s", r, want)
+		}
+	})
+
 	t.Run("leave of the only voter fails and the node stays", func(t *testing.T) {
 		r := runCLI(t, []string{token}, "leave", "--addr", a.URL, "--deadline", "1s")
 		if r.code == 0 || !strings.Contains(r.stderr, "409") || strings.Contains(r.stdout, "left") {
