@@ -32,7 +32,7 @@ const (
 // clientFlags are shared by every command that talks to an agent.
 func clientFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "addr", Value: defaultAddr, Usage: "the agent's front door: a URL, host:port or :port", EnvVars: []string{"PINNEDD_ADDR"}},
+		&cli.StringFlag{Name: "addr", Value: defaultAddr, Usage: "the agent's front door: a URL, host:port, :port or port", EnvVars: []string{"PINNEDD_ADDR"}},
 		&cli.StringFlag{Name: "token", Usage: "operator token (none: only an agent in --dev accepts calls from loopback without one)", EnvVars: []string{"PINBOARD_TOKEN"}},
 		&cli.DurationFlag{Name: "timeout", Value: defaultTimeout, Usage: "give up on a call the agent has not answered within this long", EnvVars: []string{"PINNEDD_TIMEOUT"}},
 	}
@@ -71,7 +71,8 @@ func newAgentClient(c *cli.Context) (*agentClient, error) {
 }
 
 // normalizeAddr turns what an operator may type for an agent's address
-// (what names it in errors: a URL, host:port or :port) into a base URL.
+// (what names it in errors: a URL, host:port, :port or a bare port) into a
+// base URL; a port alone means this machine's loopback.
 func normalizeAddr(what, addr string) (string, error) {
 	s := strings.TrimSpace(addr)
 	bad := func(why string) error {
@@ -79,6 +80,9 @@ func normalizeAddr(what, addr string) (string, error) {
 	}
 	if s == "" {
 		return "", bad("is empty")
+	}
+	if isPort(s) {
+		s = ":" + s // a bare port, as `--http-addr 8080` would be typed
 	}
 	if strings.HasPrefix(s, ":") {
 		s = "127.0.0.1" + s
@@ -106,6 +110,19 @@ func normalizeAddr(what, addr string) (string, error) {
 		return "", bad("has an empty port")
 	}
 	return strings.TrimRight(u.String(), "/"), nil
+}
+
+// isPort says s is all digits: a port, never a host name.
+func isPort(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // refusedDialer redials a refused connection until window passes: nothing
