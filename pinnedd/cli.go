@@ -23,6 +23,7 @@ func init() {
 	if version == "" {
 		version = buildVersion()
 	}
+	cli.VersionPrinter = printVersion
 }
 
 // exitCoder lets a command choose its exit status.

@@ -171,6 +171,14 @@ func TestCLIAgainstDevAgent(t *testing.T) {
 		}
 	})
 
+	t.Run("plugins list --json", func(t *testing.T) {
+		r := runCLI(t, []string{token}, "plugins", "list", "--json", "--addr", a.URL)
+		var out pluginStatus
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &out) != nil || len(out.Plugins) == 0 || out.Plugins[0].PID == 0 {
+			t.Fatalf("plugins list --json: %s", r)
+		}
+	})
+
 	t.Run("status says the node is dev", func(t *testing.T) {
 		r := runCLI(t, []string{token}, "status", "--addr", a.URL)
 		if r.code != 0 {
@@ -372,10 +380,10 @@ func TestVersionStamp(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	for _, args := range [][]string{{"--version"}, {"version"}} {
+	for _, args := range [][]string{{"--version"}, {"version"}, {"-v"}} {
 		out, err := exec.Command(bin, args...).Output()
-		if err != nil || !strings.Contains(string(out), "v1.2.3") {
-			t.Fatalf("pinnedd %q with -X main.version=v1.2.3: %q, %v", args, out, err)
+		if err != nil || string(out) != "pinnedd v1.2.3\n" {
+			t.Fatalf("pinnedd %q with -X main.version=v1.2.3: %q, %v; want one line, the same for every form", args, out, err)
 		}
 	}
 }
