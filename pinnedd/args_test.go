@@ -37,7 +37,7 @@ func sampleValue(t *testing.T, f cli.Flag) string {
 	switch f.(type) {
 	case *cli.BoolFlag:
 		return ""
-	case *cli.DurationFlag:
+	case *cli.DurationFlag, *cli.GenericFlag:
 		return "7s"
 	case *cli.IntFlag:
 		return "7"
