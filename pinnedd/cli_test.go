@@ -139,6 +139,14 @@ func TestCLIAgainstDevAgent(t *testing.T) {
 		})
 	})
 
+	t.Run("flags before the command reach the agent they name", func(t *testing.T) {
+		decoy, hits := countingServer(t)
+		r := runCLI(t, []string{token, "PINNEDD_ADDR=" + decoy}, "--addr", a.URL, "--timeout", "20s", "plugins", "list", "--json")
+		if r.code != 0 || !strings.Contains(r.stdout, `"plugins"`) || hits.Load() != 0 {
+			t.Fatalf("pinnedd --addr %s plugins list --json: %s (decoy hit %d times)", a.URL, r, hits.Load())
+		}
+	})
+
 	t.Run("host:port as --addr, flags after", func(t *testing.T) {
 		r := runCLI(t, []string{token}, "workers", "--json", "--addr", hostPort)
 		if r.code != 0 || !strings.Contains(r.stdout, `"workers"`) {
