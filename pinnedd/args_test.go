@@ -201,3 +201,30 @@ func TestClosest(t *testing.T) {
 		}
 	}
 }
+
+// TestComplete: what the completion scripts are offered for a partial line
+// (its last word is the one being typed).
+func TestComplete(t *testing.T) {
+	for line, want := range map[string]string{
+		"":                               "agent status version token tls completion join leave remove members workers drain undrain wind-down plugins",
+		"st":                             "status",
+		"plugins ":                       "list reload",
+		"status --":                      "--addr --token --timeout --json --help",
+		"status -":                       "--addr --token --timeout --json --help -h",
+		"wind-down /threads --dead":      "--deadline",
+		"--addr x pl":                    "plugins",
+		"status -- ":                     "",
+		"status --addr ":                 "",
+		"status --addr=x --t":            "--token --timeout",
+		"plugins reload /counters --add": "--addr",
+		"-":                              "--version -v --help -h",
+	} {
+		words := strings.Split(line, " ")
+		if line == "" {
+			words = nil
+		}
+		if got := strings.Join(complete(newApp(), words), " "); got != want {
+			t.Errorf("complete %q = %q, want %q", line, got, want)
+		}
+	}
+}

@@ -31,6 +31,13 @@ type exitCoder interface{ ExitCode() int }
 
 func run(args []string) int {
 	app := newApp()
+	if n := len(args); n > 1 && args[n-1] == completionFlag {
+		// A shell completing a line: list candidates, never run it.
+		for _, c := range complete(app, args[1:n-1]) {
+			fmt.Fprintln(os.Stdout, c)
+		}
+		return 0
+	}
 	args, err := reorderArgs(app, args)
 	if err == nil {
 		err = app.Run(args)
@@ -65,7 +72,6 @@ func newApp() *cli.App {
 		}, append(clusterCommands(), opsCommands()...)...),
 		HideHelpCommand:      true,
 		Suggest:              true,
-		EnableBashCompletion: true,
 		// A usage error prints what is wrong, not the whole help text; run
 		// prints it once.
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {

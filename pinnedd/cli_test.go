@@ -420,15 +420,24 @@ func TestCompletionScripts(t *testing.T) {
 			t.Fatalf("completion candidates lack %s: %s", cmd, r)
 		}
 	}
-	// The bash script itself, as a shell that sourced it completes.
+	// The bash script itself, as a shell that sourced it completes; no
+	// completion runs a command (the decoy is where one would go).
+	decoy, hits := countingServer(t)
 	script := `source <(pinnedd completion bash)
 COMP_WORDS=(pinnedd plugins re); COMP_CWORD=2; _pinnedd_complete; echo "${COMPREPLY[@]}"
-COMP_WORDS=(pinnedd wind-down /threads --dead); COMP_CWORD=3; _pinnedd_complete; echo "${COMPREPLY[@]}"`
+COMP_WORDS=(pinnedd wind-down /threads --dead); COMP_CWORD=3; _pinnedd_complete; echo "${COMPREPLY[@]}"
+COMP_WORDS=(pinnedd status --); COMP_CWORD=2; _pinnedd_complete; echo "${COMPREPLY[@]}"
+COMP_WORDS=(pinnedd --addr x pl); COMP_CWORD=3; _pinnedd_complete; echo "${COMPREPLY[@]}"
+COMP_WORDS=(pinnedd status -- ""); COMP_CWORD=3; _pinnedd_complete; echo "[${COMPREPLY[@]}]"`
 	bash := exec.Command("bash", "-c", script)
-	bash.Env = cliEnv([]string{"PATH=" + filepath.Dir(testutil.Bin(t, "pinnedd")) + ":" + os.Getenv("PATH")})
+	bash.Env = cliEnv([]string{"PATH=" + filepath.Dir(testutil.Bin(t, "pinnedd")) + ":" + os.Getenv("PATH"), "PINNEDD_ADDR=" + decoy})
 	out, err := bash.CombinedOutput()
-	if err != nil || string(out) != "reload\n--deadline\n" {
-		t.Fatalf("bash completion: %v\n%s", err, out)
+	want := "reload\n--deadline\n--addr --token --timeout --json --help\nplugins\n[]\n"
+	if err != nil || string(out) != want {
+		t.Fatalf("bash completion: %v\n%s\nwant:\n%s", err, out, want)
+	}
+	if n := hits.Load(); n != 0 {
+		t.Fatalf("completing a line ran it: %d requests reached the agent", n)
 	}
 }
 
