@@ -70,8 +70,8 @@ func newApp() *cli.App {
 			completionCommand(),
 			pluginHostCommand(),
 		}, append(clusterCommands(), opsCommands()...)...),
-		HideHelpCommand:      true,
-		Suggest:              true,
+		HideHelpCommand: true,
+		Suggest:         true,
 		// A usage error prints what is wrong, not the whole help text; run
 		// prints it once.
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
