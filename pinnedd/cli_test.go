@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
@@ -290,8 +292,10 @@ func TestRefusedThenListening(t *testing.T) {
 		_ = cmd.Process.Kill()
 		<-done
 	})
+	// stdin is not a terminal (exec gives /dev/null): the full window, so a
+	// script may start an agent and call it at once.
 	testutil.WaitFor(t, 10*time.Second, "the CLI reports a refused connection", func() bool {
-		return strings.Contains(stderr.String(), "refused the connection; retrying")
+		return strings.Contains(stderr.String(), "refused the connection; retrying for up to 10s")
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -330,6 +334,53 @@ func TestNothingListens(t *testing.T) {
 	if el := time.Since(start); el > 15*time.Second {
 		t.Fatalf("gave up after %s, want about --timeout (1s)", el)
 	}
+}
+
+// TestNothingListensOnATerminal: typed at a prompt (stdin a terminal), a
+// command against an address where nothing listens gives up after the short
+// window, not the 10 s a script gets.
+func TestNothingListensOnATerminal(t *testing.T) {
+	tty := openPTY(t)
+	addr := testutil.FreeAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, testutil.Bin(t, "pinnedd"), "status", "--addr", addr)
+	cmd.Env = cliEnv(nil)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, &stdout, &stderr
+	start := time.Now()
+	err := cmd.Run()
+	el := time.Since(start)
+	if err == nil || !strings.Contains(stderr.String(), "retrying for up to 2s") || !strings.Contains(stderr.String(), "connection refused for 2s") {
+		t.Fatalf("status against nothing, on a terminal: %v\nstderr: %s", err, stderr.String())
+	}
+	if el > 8*time.Second {
+		t.Fatalf("gave up after %s on a terminal, want about 2s", el)
+	}
+}
+
+// openPTY opens a pseudo-terminal and returns its terminal side, closed with
+// the test.
+func openPTY(t *testing.T) *os.File {
+	t.Helper()
+	ptmx, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminals here: %v", err)
+	}
+	t.Cleanup(func() { ptmx.Close() })
+	if err := unix.IoctlSetPointerInt(int(ptmx.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatalf("unlock the pty: %v", err)
+	}
+	n, err := unix.IoctlGetInt(int(ptmx.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatalf("pty number: %v", err)
+	}
+	tty, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatalf("open the pty's terminal side: %v", err)
+	}
+	t.Cleanup(func() { tty.Close() })
+	return tty
 }
 
 // TestTimeoutSilentPeer: a peer that accepts and never answers fails the
