@@ -71,6 +71,8 @@ type memberCache struct {
 	cur    atomic.Pointer[map[string]string]
 	mu     sync.Mutex
 	readAt time.Time
+	// hosts are the members' addresses' IPs, for the cluster port's admission (handshakeSlots).
+	hosts memberHosts
 }
 
 // lookup is id's Raft address, re-reading the configuration on a miss (reread); none says
@@ -109,10 +111,22 @@ func (c *memberCache) reread(s *Store) map[string]string {
 
 func (c *memberCache) set(cfg raft.Configuration) {
 	m := make(map[string]string, len(cfg.Servers))
+	addrs := make([]string, 0, len(cfg.Servers))
 	for _, srv := range cfg.Servers {
 		m[string(srv.ID)] = string(srv.Address)
+		addrs = append(addrs, string(srv.Address))
 	}
+	c.hosts.set(addrs)
 	c.cur.Store(&m)
+}
+
+// memberHost: ip is the address of one of the latest configuration's members (reading the
+// configuration if it was never read).
+func (s *Store) memberHost(ip string) bool {
+	if s.members.cur.Load() == nil {
+		s.members.reread(s)
+	}
+	return s.members.hosts.has(ip)
 }
 
 // isMember: node may call this node's cluster port. As for Raft (allowPeer), a node with no

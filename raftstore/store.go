@@ -220,7 +220,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 			_ = ln.Close()
 			return nil, fmt.Errorf("%w: RaftAddr %s binds every interface: set AdvertiseRaftAddr", ErrInvalidConfig, cfg.RaftAddr)
 		}
-		s.stream = newTLSStream(ln, adv, s.ident, s.allowPeer, s.log.With("component", "raft-tls"))
+		s.stream = newTLSStream(ln, adv, s.ident, s.allowPeer, s.memberHost, s.log.With("component", "raft-tls"))
 		if cfg.TLS.ServerConn != nil {
 			s.stream.server = cfg.TLS.ServerConn
 		}

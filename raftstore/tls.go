@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/pinnedd/pinnedd/internal/clustertls"
+	"github.com/pinnedd/pinnedd/internal/logrepeat"
 )
 
 // TLSConfig turns on mutual TLS for the Raft transport (see "Mutual TLS" in DESIGN.md).
@@ -41,10 +42,6 @@ func (c *TLSConfig) own() bool {
 // connects and sends nothing holds a goroutine this long at most.
 const handshakeTimeout = 5 * time.Second
 
-// maxPendingHandshakes bounds inbound handshakes under way; beyond it a connection is closed
-// at once.
-const maxPendingHandshakes = 64
-
 // tlsStream is a raft.StreamLayer over mutual TLS. Accept hands raft only connections whose
 // handshake succeeded with a certificate from the cluster CA and whose node passed allow; the
 // rest are closed before raft reads a byte.
@@ -61,7 +58,8 @@ type tlsStream struct {
 	httpDone chan struct{} // closed when HTTP is no longer served (stopHTTP)
 	httpOnce sync.Once
 	dialCfg  *tls.Config
-	pending  chan struct{}
+	slots    *handshakeSlots    // admission to a handshake, by source (handshakes.go)
+	refused  *logrepeat.Repeats // refusals, summarised by source
 	done     chan struct{}
 	once     sync.Once
 
@@ -71,7 +69,9 @@ type tlsStream struct {
 
 var _ raft.StreamLayer = (*tlsStream)(nil)
 
-func newTLSStream(ln net.Listener, advertise net.Addr, id *clustertls.Identity, allow func(string) error, log *slog.Logger) *tlsStream {
+// newTLSStream serves ln; memberHost says whether a source IP is a current member's (its
+// handshakes are admitted from the members' pool).
+func newTLSStream(ln net.Listener, advertise net.Addr, id *clustertls.Identity, allow func(string) error, memberHost func(ip string) bool, log *slog.Logger) *tlsStream {
 	s := &tlsStream{
 		ln: ln, advertise: advertise, id: id, allow: allow, log: log,
 		server:   func(raw net.Conn, cfg *tls.Config) (*tls.Conn, error) { return tls.Server(raw, cfg), nil },
@@ -79,7 +79,8 @@ func newTLSStream(ln net.Listener, advertise net.Addr, id *clustertls.Identity, 
 		http:     make(chan net.Conn),
 		httpDone: make(chan struct{}),
 		dialCfg:  id.ClientConfig(alpnRaft),
-		pending:  make(chan struct{}, maxPendingHandshakes),
+		slots:    newHandshakeSlots(memberHost),
+		refused:  logrepeat.New(logrepeat.Window),
 		done:     make(chan struct{}),
 		accepted: map[*peerConn]string{},
 	}
@@ -105,25 +106,39 @@ func (s *tlsStream) acceptLoop() {
 			s.Close()
 			return
 		}
-		select {
-		case s.pending <- struct{}{}:
-			go s.handshake(raw, cfg)
-		default:
-			s.log.Warn("refused a cluster connection: too many handshakes under way", "remote", raw.RemoteAddr().String())
+		ip := sourceIP(raw.RemoteAddr())
+		release, member, ok := s.slots.take(ip)
+		if !ok {
+			s.refuse(ip, "refused a cluster connection: too many handshakes under way from its address", "remote", raw.RemoteAddr().String(), "member_address", member)
 			_ = raw.Close()
+			continue
 		}
+		timeout := strangerHandshakeTimeout
+		if member {
+			timeout = handshakeTimeout
+		}
+		go s.handshake(raw, cfg, release, timeout)
 	}
 }
 
-func (s *tlsStream) handshake(raw net.Conn, cfg *tls.Config) {
-	defer func() { <-s.pending }()
+// refuse logs a refused connection from ip: one line per source and reason per window, with
+// the count held back (a flood of refusals must not fill the disk the node needs).
+func (s *tlsStream) refuse(ip, msg string, args ...any) {
+	s.refused.Log(context.Background(), s.log, slog.LevelWarn, ip+"\x00"+msg, msg, args...)
+}
+
+// handshake authenticates raw within timeout and hands it to Raft or HTTP; release gives its
+// admission slot back.
+func (s *tlsStream) handshake(raw net.Conn, cfg *tls.Config, release func(), timeout time.Duration) {
+	defer release()
+	ip := sourceIP(raw.RemoteAddr())
 	conn, err := s.server(raw, cfg)
 	if err != nil {
-		s.log.Warn("refused a cluster connection", "remote", raw.RemoteAddr().String(), "err", err)
+		s.refuse(ip, "refused a cluster connection", "remote", raw.RemoteAddr().String(), "err", err)
 		_ = raw.Close()
 		return
 	}
-	_ = conn.SetDeadline(time.Now().Add(handshakeTimeout))
+	_ = conn.SetDeadline(time.Now().Add(timeout))
 	err = conn.Handshake()
 	var node string
 	if err == nil {
@@ -143,7 +158,7 @@ func (s *tlsStream) handshake(raw net.Conn, cfg *tls.Config) {
 		}
 	}
 	if err != nil {
-		s.log.Warn("refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
+		s.refuse(ip, "refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
 		_ = conn.Close()
 		return
 	}

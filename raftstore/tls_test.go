@@ -96,7 +96,7 @@ func TestTLSStreamAcceptsOnlyClusterMembers(t *testing.T) {
 		}
 		return fmt.Errorf("node %q is not a member", id)
 	}
-	st := newTLSStream(ln, ln.Addr(), server, member, testLogger())
+	st := newTLSStream(ln, ln.Addr(), server, member, func(string) bool { return true }, testLogger())
 	defer st.Close()
 	addr := ln.Addr().String()
 
@@ -162,7 +162,7 @@ func TestTLSStreamAcceptsOnlyClusterMembers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	evil := newTLSStream(evilLn, evilLn.Addr(), identityFrom(t, newTestCA(t, "evil"), "evil"), func(string) error { return nil }, testLogger())
+	evil := newTLSStream(evilLn, evilLn.Addr(), identityFrom(t, newTestCA(t, "evil"), "evil"), func(string) error { return nil }, func(string) bool { return true }, testLogger())
 	defer evil.Close()
 	if c, err := good.Dial(raft.ServerAddress(evilLn.Addr().String()), 2*time.Second); err == nil {
 		c.Close()

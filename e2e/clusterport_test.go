@@ -1,0 +1,106 @@
+package e2e
+
+import (
+	"fmt"
+	"net"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
+)
+
+// A stranger on the fleet's network (no certificate, not a member's address)
+// holds more idle connections to every node's cluster port than it once had
+// handshake slots, reconnecting as they close. The leader is killed: the
+// survivors elect a new one in their usual time. Before, the stranger's 64
+// idle connections took every handshake slot for 5 s each, and no member
+// could reconnect: no leader for as long as the hold lasted.
+func TestElectionWhileAStrangerHoldsTheClusterPorts(t *testing.T) {
+	t.Parallel()
+	nw := testutil.NewNet(t, 3)
+	counter := testutil.Bin(t, "counter")
+	nodes := make([]*node, 3)
+	for i := range nodes {
+		ip := nw.IP(i + 1)
+		n := &node{id: fmt.Sprintf("n%d", i+1), http: ip + ":8080", raft: ip + ":8300"}
+		n.dir = filepath.Join(t.TempDir(), n.id)
+		n.args = []string{
+			"--node-id", n.id, "--http-addr", n.http, "--raft-addr", n.raft, "--data-dir", n.dir,
+			"--plugin", "/counters=" + counter, "--local-state",
+			"--lease-ttl", "3s", "--heartbeat-interval", "500ms", "--raft-timeout", "300ms",
+		}
+		if i == 0 {
+			n.args = append(n.args, "--bootstrap")
+		} else {
+			n.args = append(n.args, "--join", nodes[0].url())
+		}
+		n.a = testutil.StartAgentIn(t, nw.NS(i+1), fleetEnv, n.args...)
+		nodes[i] = n
+	}
+	for _, n := range nodes {
+		testutil.WaitFor(t, 15*time.Second, n.id+" sees 3 workers", func() bool { return len(liveWorkers(t, n)) == 3 })
+	}
+
+	// The hold: holdPerNode connections a node from the test's own address, each
+	// reopened 100 ms after it is closed.
+	const holdPerNode = 130
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	defer func() { close(stop); wg.Wait() }()
+	d := &net.Dialer{Timeout: time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(nw.HostIP)}}
+	var dialed atomic.Int64
+	for _, n := range nodes {
+		for range holdPerNode {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					if c, err := d.Dial("tcp", n.raft); err == nil {
+						dialed.Add(1)
+						go func() { <-stop; c.Close() }()
+						_, _ = c.Read(make([]byte, 1)) // until the node closes it
+						c.Close()
+					}
+					select {
+					case <-stop:
+						return
+					case <-time.After(100 * time.Millisecond):
+					}
+				}
+			}()
+		}
+	}
+	testutil.WaitFor(t, 10*time.Second, "the hold in place", func() bool { return dialed.Load() >= 3*holdPerNode })
+
+	var leader *node
+	testutil.WaitFor(t, 10*time.Second, "a leader", func() bool {
+		h := health(t, nodes[0])
+		for _, n := range nodes {
+			if h != nil && h["leader"] == n.id {
+				leader = n
+			}
+		}
+		return leader != nil
+	})
+	leader.a.Signal(syscall.SIGKILL)
+	if _, err := leader.a.Wait(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	for _, n := range nodes {
+		if n == leader {
+			continue
+		}
+		// Elections take a second or two at --raft-timeout 300ms; the hold
+		// lasts far longer than this bound.
+		testutil.WaitFor(t, 10*time.Second, n.id+" sees a new leader while the stranger holds", func() bool {
+			h := health(t, n)
+			return h != nil && h["leader"] != "" && h["leader"] != leader.id
+		})
+	}
+	t.Logf("new leader %s after the old one's death, under the hold", time.Since(killed).Round(10*time.Millisecond))
+}
