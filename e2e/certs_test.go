@@ -107,6 +107,17 @@ func TestCertificatesAndJoinReplay(t *testing.T) {
 		t.Fatalf("n2 asking for n3's certificate over its own: %d %s", code, body)
 	}
 
+	// n3 rebuilt with an empty data dir, while the old n3 is still listed, gets no certificate
+	// and says to remove the old member first.
+	rebuilt := newNode(t, "n3", "--join", n1.url()).start(t, false)
+	if _, err := rebuilt.a.WaitLog(20*time.Second, "join refused", "pinnedd remove"); err != nil {
+		t.Fatalf("a rebuilt n3 does not say why it cannot join: %v", err)
+	}
+	rebuilt.a.Signal(syscall.SIGKILL)
+	if _, err := rebuilt.a.Wait(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+
 	// n3 dies and is removed; its captured join, sent again, is refused.
 	n3.a.Signal(syscall.SIGKILL)
 	if _, err := n3.a.Wait(10 * time.Second); err != nil {
