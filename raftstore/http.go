@@ -477,10 +477,12 @@ func writeError(w http.ResponseWriter, err error) {
 		status, code = http.StatusNotFound, codeUnknownMember
 	case errors.Is(err, ErrNoClusterCA):
 		status, code = http.StatusConflict, codeNoClusterCA
+	case errors.Is(err, ErrStaleJoin):
+		status, code = http.StatusConflict, codeStaleJoin
 	}
 	body := errorBody{Error: err.Error(), Code: code}
 	if stale := (*staleJoinError)(nil); errors.As(err, &stale) {
-		status, body.Code, body.Fence = http.StatusConflict, codeStaleJoin, stale.current
+		body.Fence = stale.current
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
