@@ -2,7 +2,9 @@ package raftstore
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -221,5 +223,27 @@ func TestTLSJoinReplayAfterRemovalIsRefused(t *testing.T) {
 	defer mu.Unlock()
 	if len(joins) < 3 {
 		t.Fatalf("the spy saw %d joins", len(joins))
+	}
+}
+
+// A member whose data dir lost its certificate cannot ask for one in its own name: it does not
+// start, and says to remove it and join again with a fresh data dir.
+func TestTLSMemberWithoutItsCertificateSaysWhatToDo(t *testing.T) {
+	nodes := tlsCluster(t, 2)
+	n2 := nodes[1]
+	n2.close()
+	if err := os.RemoveAll(filepath.Join(n2.dir, "tls")); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(context.Background(), n2.cfg, &listSM{})
+	if err == nil {
+		_ = s.Close(context.Background())
+		t.Fatal("a member without its certificate started")
+	}
+	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "pinnedd remove n2") {
+		t.Fatalf("open: %v", err)
+	}
+	if code, _ := postCert(t, http.DefaultClient, nodes[0].srv.URL, "n2", proved); code != http.StatusForbidden {
+		t.Fatalf("a certificate for the member n2: %d, want 403", code)
 	}
 }
