@@ -57,6 +57,8 @@ func joinUntilDone(ctx context.Context, url, token string, store *raftstore.Stor
 		}
 		if errors.Is(err, raftstore.ErrUnauthorized) {
 			log.Error("join refused: the member does not accept this node's token; every node of a cluster needs the same PINBOARD_TOKEN", "via", url, "retry_in", delay)
+		} else if errors.Is(err, raftstore.ErrForbidden) {
+			log.Error("join refused: a member of the cluster already has this node's id; if this node was rebuilt without its data dir, remove the old member first (`pinnedd remove <id>`)", "via", url, "err", err, "retry_in", delay)
 		} else if errors.Is(err, raftstore.ErrUntrustedCA) || errors.Is(err, raftstore.ErrNoClusterCA) {
 			log.Error("join failed: no trusted cluster certificate", "via", url, "err", err, "retry_in", delay)
 		} else {

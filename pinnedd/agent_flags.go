@@ -47,11 +47,12 @@ func agentCommand() *cli.Command {
 			&cli.StringSliceFlag{Name: "plugin-env", Usage: "pass `[/NS=]KEY` (pinnedd's own value) or set `[/NS=]KEY=VALUE` in plugins' environments, every plugin's or the one serving NS (repeatable); plugins get nothing else of pinnedd's environment but PATH, HOME, LANG, LC_*, TZ, TMPDIR", EnvVars: []string{"PINNEDD_PLUGIN_ENV"}},
 			&cli.StringSliceFlag{Name: "plugin-user", Usage: "run plugins as user `[/NS=]NAME`: every plugin, or the one serving NS (repeatable); its uid, groups and HOME, its sockets in a directory of its own; pinnedd must run as root, NAME must not be root", EnvVars: []string{"PINNEDD_PLUGIN_USER"}},
 			&cli.BoolFlag{Name: "watch-plugins", Usage: "hot-swap a plugin when its binary is replaced", DefaultText: "on with --dev, off otherwise", EnvVars: []string{"PINNEDD_WATCH_PLUGINS"}},
-			&cli.StringFlag{Name: "database-url", Usage: "Postgres for instance state, shared by the fleet, so any node can restore any id", EnvVars: []string{"DATABASE_URL"}},
+			&cli.StringFlag{Name: "database-url", Usage: "Postgres for instance state, shared by the fleet, so any node can restore any id; prefer DATABASE_URL (e.g. from a 0600 environment file): on the command line its password is visible to every local user (ps)", EnvVars: []string{"DATABASE_URL"}},
 			&cli.BoolFlag{Name: "local-state", Usage: "keep instance state in --data-dir instead of a shared --database-url: an id stays on its node while that node lives, but one that moves (a drain, a restart, the node's death) starts EMPTY on its new node", EnvVars: []string{"PINNEDD_LOCAL_STATE"}},
 			&cli.DurationFlag{Name: "scan-interval", Value: pinboard.DefaultScanInterval, Usage: "how often the leader looks for marked durable work to resume", EnvVars: []string{"PINNEDD_SCAN_INTERVAL"}},
 			&cli.BoolFlag{Name: "no-hosts", Usage: "serve no instances: a pure front door and Raft member (what a pinboard-only node is)", EnvVars: []string{"PINNEDD_NO_HOSTS"}},
-			&cli.StringFlag{Name: "token", Usage: "deployment token (worker and operator scopes)", EnvVars: []string{"PINBOARD_TOKEN"}},
+			&cli.StringFlag{Name: "token", Usage: "deployment token (worker and operator scopes); prefer PINBOARD_TOKEN or --token-file: on the command line it is visible to every local user (ps)", EnvVars: []string{"PINBOARD_TOKEN"}},
+			tokenFileFlag(),
 			&cli.GenericFlag{Name: "lease-ttl", Value: &msDuration{pinboard.DefaultLeaseTTL}, Usage: "worker lease TTL: a duration (15s) or milliseconds (15000)", EnvVars: envVars("PINBOARD_LEASE_TTL_MS")},
 			&cli.DurationFlag{Name: "heartbeat-interval", Value: pinboard.DefaultHeartbeatInterval, Usage: "worker heartbeat interval", EnvVars: []string{"PINNEDD_HEARTBEAT_INTERVAL"}},
 			&cli.DurationFlag{Name: "detached-timeout", Value: 60 * time.Second, Usage: "evict an instance with no open request for this long (a host may set its own)", EnvVars: []string{"PINNEDD_DETACHED_TIMEOUT"}},
@@ -150,7 +151,9 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 	if cfg.NodeID == "" {
 		cfg.NodeID, _ = os.Hostname()
 	}
-	if t := c.String("token"); t != "" {
+	if t, err := tokenFrom(c); err != nil {
+		return cfg, err
+	} else if t != "" {
 		cfg.Tokens = append(cfg.Tokens, t)
 	}
 	if cfg.Dev {
@@ -171,10 +174,10 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 		}
 	} else {
 		if len(cfg.Tokens) == 0 {
-			return cfg, errors.New("a fleet node needs a deployment token: set PINBOARD_TOKEN (or --token); make one with `pinnedd token generate`")
+			return cfg, errors.New("a fleet node needs a deployment token: set PINBOARD_TOKEN (or --token-file); make one with `pinnedd token generate`")
 		}
 		if err := validateToken(cfg.Tokens[0]); err != nil {
-			return cfg, fmt.Errorf("PINBOARD_TOKEN (or --token) refused: %w", err)
+			return cfg, fmt.Errorf("PINBOARD_TOKEN (or --token-file, --token) refused: %w", err)
 		}
 		if cfg.DataDir == "" {
 			return cfg, errors.New("a fleet node needs --data-dir (its Raft log lives there)")

@@ -38,7 +38,7 @@ func cliEnv(env []string) []string {
 	var out []string
 	for _, kv := range os.Environ() {
 		switch strings.SplitN(kv, "=", 2)[0] {
-		case "PINBOARD_TOKEN", "PINNEDD_ADDR", "PINNEDD_TIMEOUT":
+		case "PINBOARD_TOKEN", "PINBOARD_TOKEN_FILE", "PINNEDD_ADDR", "PINNEDD_TIMEOUT":
 			continue
 		}
 		out = append(out, kv)
@@ -523,7 +523,7 @@ COMP_WORDS=(pinnedd status -- ""); COMP_CWORD=3; _pinnedd_complete; echo "[${COM
 	bash := exec.Command("bash", "-c", script)
 	bash.Env = cliEnv([]string{"PATH=" + filepath.Dir(testutil.Bin(t, "pinnedd")) + ":" + os.Getenv("PATH"), "PINNEDD_ADDR=" + decoy})
 	out, err := bash.CombinedOutput()
-	want := "reload\n--deadline\n--addr --token --timeout --json --help\nplugins\n[]\n"
+	want := "reload\n--deadline\n--addr --token --token-file --timeout --json --help\nplugins\n[]\n"
 	if err != nil || string(out) != want {
 		t.Fatalf("bash completion: %v\n%s\nwant:\n%s", err, out, want)
 	}
@@ -561,5 +561,55 @@ func TestLeaveWaitsForExit(t *testing.T) {
 	r = runCLI(t, env, "members", "--json", "--addr", n1.URL)
 	if r.code != 0 || strings.Contains(r.stdout, `"n2"`) {
 		t.Fatalf("members after n2 left: %s", r)
+	}
+}
+
+// TestTokenFile: the agent and the CLI read the token from --token-file (or
+// PINBOARD_TOKEN_FILE), trimmed, so it never shows on a command line (ps);
+// given together with --token or PINBOARD_TOKEN, or empty, it is refused.
+func TestTokenFile(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "token")
+	if err := os.WriteFile(file, []byte("  "+testutil.Token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty")
+	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	agentArgs := func(extra ...string) []string {
+		return append([]string{
+			"--node-id", "n1", "--http-addr", testutil.FreeAddr(t), "--raft-addr", testutil.FreeAddr(t),
+			"--data-dir", filepath.Join(t.TempDir(), "n1"), "--bootstrap", "--no-hosts", "--local-state",
+			"--raft-timeout", "300ms",
+		}, extra...)
+	}
+	// testutil gives every agent PINBOARD_TOKEN; the last value wins.
+	a := testutil.StartAgent(t, []string{"PINBOARD_TOKEN="}, agentArgs("--token-file", file)...)
+	if r := runCLI(t, nil, "members", "--json", "--addr", a.URL, "--token-file", file); r.code != 0 || !strings.Contains(r.stdout, `"n1"`) {
+		t.Fatalf("members --token-file: %s", r)
+	}
+	if r := runCLI(t, []string{"PINBOARD_TOKEN_FILE=" + file}, "members", "--json", "--addr", a.URL); r.code != 0 {
+		t.Fatalf("members with PINBOARD_TOKEN_FILE: %s", r)
+	}
+	if r := runCLI(t, nil, "members", "--addr", a.URL); r.code == 0 || !strings.Contains(r.stderr, "401") {
+		t.Fatalf("members without a token: %s", r)
+	}
+	for name, c := range map[string]struct {
+		env  []string
+		args []string
+		want string
+	}{
+		"CLI, --token too":          {nil, []string{"members", "--addr", a.URL, "--token-file", file, "--token", "x"}, "use one"},
+		"CLI, PINBOARD_TOKEN too":   {[]string{"PINBOARD_TOKEN=x"}, []string{"members", "--addr", a.URL, "--token-file", file}, "use one"},
+		"CLI, an empty file":        {nil, []string{"members", "--addr", a.URL, "--token-file", empty}, "is empty"},
+		"CLI, no such file":         {nil, []string{"members", "--addr", a.URL, "--token-file", filepath.Join(dir, "nope")}, "no such file"},
+		"agent, --token too":        {nil, append([]string{"agent"}, agentArgs("--token-file", file, "--token", testutil.Token)...), "use one"},
+		"agent, PINBOARD_TOKEN too": {[]string{"PINBOARD_TOKEN=" + testutil.Token}, append([]string{"agent"}, agentArgs("--token-file", file)...), "use one"},
+		"agent, an empty file":      {nil, append([]string{"agent"}, agentArgs("--token-file", empty)...), "is empty"},
+	} {
+		if r := runCLI(t, c.env, c.args...); r.code == 0 || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("%s: %s\nwant an error with %q", name, r, c.want)
+		}
 	}
 }

@@ -58,7 +58,8 @@ func stdinIsTerminal() bool {
 func clientFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "addr", Value: defaultAddr, Usage: "the agent's front door: a URL, host:port, :port or port", EnvVars: []string{"PINNEDD_ADDR"}},
-		&cli.StringFlag{Name: "token", Usage: "operator token (none: only an agent in --dev accepts calls from loopback without one)", EnvVars: []string{"PINBOARD_TOKEN"}},
+		&cli.StringFlag{Name: "token", Usage: "operator token (none: only an agent in --dev accepts calls from loopback without one); prefer PINBOARD_TOKEN or --token-file: on the command line it is visible to every local user (ps)", EnvVars: []string{"PINBOARD_TOKEN"}},
+		tokenFileFlag(),
 		&cli.DurationFlag{Name: "timeout", Value: defaultTimeout, Usage: "give up on a call the agent has not answered within this long", EnvVars: []string{"PINNEDD_TIMEOUT"}},
 	}
 }
@@ -88,9 +89,13 @@ func newAgentClient(c *cli.Context) (*agentClient, error) {
 	rd := &refusedDialer{window: refusedWindowFor(stdinIsTerminal(), timeout), notice: func(addr string, window time.Duration) {
 		fmt.Fprintf(errw, "pinnedd: %s refused the connection; retrying for up to %s (is the agent still starting?)\n", addr, window)
 	}}
+	token, err := tokenFrom(c)
+	if err != nil {
+		return nil, err
+	}
 	return &agentClient{
 		base:    base,
-		token:   c.String("token"),
+		token:   token,
 		timeout: timeout,
 		refused: rd.window,
 		http:    &http.Client{Transport: rd.transport()},

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -23,6 +24,33 @@ var errWeakToken = errors.New("weak token")
 // is long enough that a generated token starts with one by chance about
 // never (under 1 in 10^9).
 var placeholderTokens = []string{"change-me", "changeme", "change_me", "replace-me", "replaceme", "dev-token", "devtoken", "secret", "password", "example"}
+
+// tokenFileFlag is --token-file, beside every --token: a token on the command
+// line is visible to every local user (ps, /proc/PID/cmdline).
+func tokenFileFlag() cli.Flag {
+	return &cli.StringFlag{Name: "token-file", Usage: "read the token from this `FILE` at start (surrounding white space trimmed), e.g. a systemd LoadCredential=; excludes --token and PINBOARD_TOKEN", EnvVars: []string{"PINBOARD_TOKEN_FILE"}}
+}
+
+// tokenFrom is the token --token (or PINBOARD_TOKEN) or --token-file gives,
+// "" for none. The two exclude each other: which one holds is never a guess.
+func tokenFrom(c *cli.Context) (string, error) {
+	file := c.String("token-file")
+	if file == "" {
+		return c.String("token"), nil
+	}
+	if c.String("token") != "" {
+		return "", usagef("--token-file and --token (or PINBOARD_TOKEN) both give the token: use one")
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("--token-file: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("--token-file %s is empty", file)
+	}
+	return tok, nil
+}
 
 // validateToken refuses a deployment token too weak to guard a fleet: one
 // shorter than minTokenLength characters, or a known placeholder. The agent

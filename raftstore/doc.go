@@ -7,6 +7,17 @@
 // the leader over HTTP (a forwarded write goes to the state machine owner's [ForwardedFunc], and
 // never further), and the leader loop that runs leader-only work.
 //
+// Two rules keep the deployment token from undoing membership (see "Mutual TLS" in DESIGN.md):
+//
+//   - A certificate is signed only for an id that is not a member of the leader's latest
+//     configuration, or for a member asking for itself over its own certificate on the cluster
+//     port (a renewal). Every issue and refusal is logged at WARN with the requester.
+//   - Every removal first commits a fence entry, whose log index is the membership fence. A
+//     join names the fence it was made against (its join proof covers it), and the leader,
+//     after its term's barrier and one membership change at a time, refuses a lower one
+//     (ErrStaleJoin, carrying the fence for the next attempt). A join captured before a
+//     removal therefore never undoes it; the node itself joins again with a new proof.
+//
 // It knows nothing about placements, leases or workers: commands and snapshots are opaque bytes
 // to it. It must never interpret a user command, never retry a command whose outcome is
 // unknown, and never bootstrap a node that already has Raft state.

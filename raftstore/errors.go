@@ -1,6 +1,9 @@
 package raftstore
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors. Returned errors wrap them (and often the underlying raft or context error)
 // with %w; match them with errors.Is.
@@ -49,4 +52,19 @@ var (
 	// ErrNoClusterCA means this member cannot issue a certificate: the cluster runs without
 	// TLS, uses the operator's own PKI, or has not recorded its CA yet.
 	ErrNoClusterCA = errors.New("raftstore: no cluster CA to issue from")
+	// ErrStaleJoin means a join named a membership fence older than the latest removal's: it
+	// was made before that removal (a captured join sent again, or a join that raced the
+	// removal). Nothing changed. JoinVia and Store.Join make the join again with the fence the
+	// refusal carries; a replayed join cannot, since its proof covers the fence it names.
+	ErrStaleJoin = errors.New("raftstore: join made before the latest removal")
 )
+
+// staleJoinError is ErrStaleJoin with the cluster's fence, which the refusal carries back
+// (errorBody.Fence) for the joining node's next attempt.
+type staleJoinError struct{ current uint64 }
+
+func (e *staleJoinError) Error() string {
+	return fmt.Sprintf("%v: the cluster's membership fence is %d", ErrStaleJoin, e.current)
+}
+
+func (e *staleJoinError) Is(target error) bool { return target == ErrStaleJoin }

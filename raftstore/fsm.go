@@ -46,7 +46,7 @@ const (
 
 // metaCommand is the raftstore-internal command that maintains member metadata.
 type metaCommand struct {
-	Op      string `json:"op"` // "set", "delete" or "ca"
+	Op      string `json:"op"` // "set", "delete", "ca" or "fence"
 	ID      string `json:"id,omitempty"`
 	APIAddr string `json:"api_addr,omitempty"`
 	// The cluster CA (op "ca"), PEM: recorded once, by the node that created it.
@@ -58,6 +58,9 @@ const (
 	metaSet    = "set"
 	metaDelete = "delete"
 	metaCA     = "ca"
+	// metaFence raises the membership fence to the entry's own index, before a member (ID) is
+	// removed: a join must name a fence at least as high (see Store.joinLocal).
+	metaFence = "fence"
 )
 
 func encodeUser(cmd []byte) []byte {
@@ -86,6 +89,7 @@ type fsm struct {
 	mu              sync.RWMutex
 	members         map[string]string
 	ca              *clustertls.CA // the cluster CA, once recorded
+	fence           uint64         // index of the latest metaFence entry
 }
 
 var (
@@ -143,7 +147,7 @@ func (f *fsm) Apply(l *raft.Log) any {
 			f.skip(l, skipUndecodable, err)
 			return nil
 		}
-		f.applyMeta(c)
+		f.applyMeta(l.Index, c)
 		return nil
 	default:
 		if kind&ignoreUnknownFlag != 0 {
@@ -156,13 +160,15 @@ func (f *fsm) Apply(l *raft.Log) any {
 	}
 }
 
-func (f *fsm) applyMeta(c metaCommand) {
+func (f *fsm) applyMeta(index uint64, c metaCommand) {
 	if c.Op == metaCA {
 		f.applyCA(c.CACert, c.CAKey)
 		return
 	}
 	f.mu.Lock()
 	switch c.Op {
+	case metaFence:
+		f.fence = index
 	case metaSet:
 		f.members[c.ID] = c.APIAddr
 	case metaDelete:
@@ -201,6 +207,13 @@ func (f *fsm) clusterCA() *clustertls.CA {
 	return f.ca
 }
 
+// membershipFence is the index of the latest removal's fence entry (0: none yet).
+func (f *fsm) membershipFence() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.fence
+}
+
 func (f *fsm) apiAddr(id string) string {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
@@ -224,10 +237,11 @@ type snapshotMeta struct {
 	Members map[string]string `json:"members"`
 	CACert  string            `json:"ca_cert,omitempty"`
 	CAKey   string            `json:"ca_key,omitempty"`
+	Fence   uint64            `json:"fence,omitempty"`
 }
 
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
-	sm := snapshotMeta{Members: f.metaCopy()}
+	sm := snapshotMeta{Members: f.metaCopy(), Fence: f.membershipFence()}
 	if ca := f.clusterCA(); ca != nil {
 		sm.CACert, sm.CAKey = string(ca.CertPEM()), string(ca.KeyPEM())
 	}
@@ -283,6 +297,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	f.mu.Lock()
 	f.members = meta.Members
 	f.ca = ca
+	f.fence = meta.Fence
 	f.mu.Unlock()
 	if f.onMeta != nil {
 		f.onMeta()

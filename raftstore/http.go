@@ -29,6 +29,9 @@ type joinRequest struct {
 	ID       string `json:"id"`
 	RaftAddr string `json:"raft_addr"`
 	APIAddr  string `json:"api_addr,omitempty"`
+	// Fence is the membership fence the join was made against (Store.joinLocal); a join proof
+	// covers it with the rest of the body.
+	Fence uint64 `json:"fence,omitempty"`
 }
 
 // certRequest asks a member to sign a joining node's certificate request.
@@ -61,6 +64,8 @@ type metaRequest struct {
 type errorBody struct {
 	Error string `json:"error"`
 	Code  string `json:"code"`
+	// Fence, with code stale_join, is the cluster's membership fence for the next attempt.
+	Fence uint64 `json:"fence,omitempty"`
 }
 
 // Error codes on the wire. A client maps them back to sentinels.
@@ -75,18 +80,20 @@ const (
 	codeLastVoter      = "last_voter"
 	codeUnknownMember  = "unknown_member"
 	codeNoClusterCA    = "no_cluster_ca"
+	codeStaleJoin      = "stale_join"
 	codeInternal       = "internal"
 )
 
 // Handler serves the forwarding and membership RPCs under HandlerPrefix:
 //
 //	POST /_raft/apply    a command a follower forwarded, raw bytes -> 200 raw result bytes
-//	POST /_raft/join     {"id","raft_addr","api_addr"} -> 204
+//	POST /_raft/join     {"id","raft_addr","api_addr","fence"} -> 204; 409 stale_join {"fence"}
 //	POST /_raft/remove   {"id"} -> 204
 //	POST /_raft/meta     {"id","api_addr"} -> 204 (raftstore-internal)
 //	GET  /_raft/members  -> 200 [Member...]
 //	GET  /_raft/ca       -> 200 {"ca","pin"}: the cluster CA and its pin (no authorization: both are public)
-//	POST /_raft/certificate {"id","csr"} -> 200 {"cert","ca"}: a joining node's certificate
+//	POST /_raft/certificate {"id","csr"} -> 200 {"cert","ca"}: a joining node's certificate (403
+//	                     for a current member's id, unless it asks over its own certificate)
 //
 // Errors are JSON {"error","code"} with a 4xx/5xx status; code not_leader, no_leader or closed
 // means nothing was started, outcome_unknown that it may have been. apply, and any request a
@@ -220,7 +227,7 @@ func (s *Store) handleJoin(w http.ResponseWriter, r *http.Request) {
 	if forwarded(r) {
 		err = s.localOnly(func() error { return s.joinLocal(r.Context(), req) })
 	} else {
-		err = s.Join(r.Context(), req.ID, req.RaftAddr, req.APIAddr)
+		err = s.join(r.Context(), req)
 	}
 	writeResult(w, err)
 }
@@ -334,6 +341,11 @@ func (s *Store) handleCA(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(caAnswer{CA: string(ca.CertPEM()), Pin: pin})
 }
 
+// handleCertificate signs a certificate request. Only for an id that is not a current member
+// (the leader decides, on its latest configuration), or for the member itself asking over its
+// own certificate on the cluster port (a renewal): a token or join proof must never buy a
+// certificate in a live member's name, which the cluster port would then take for that member.
+// Every answer is logged at WARN with who asked.
 func (s *Store) handleCertificate(w http.ResponseWriter, r *http.Request) {
 	var req certRequest
 	if !readJSON(w, r, &req) {
@@ -343,19 +355,85 @@ func (s *Store) handleCertificate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("%w: certificate needs id and csr (a PEM CERTIFICATE REQUEST)", ErrBadRequest))
 		return
 	}
-	ca, err := s.issuerWait(r.Context())
+	peer, _ := r.Context().Value(peerNodeKey{}).(string)
+	// A member passing on another's request is not asking for itself.
+	renewal := peer != "" && peer == req.ID && !forwarded(r)
+	var ans certAnswer
+	issue := func(ctx context.Context) (err error) {
+		ans, err = s.issueLocal(ctx, req)
+		return err
+	}
+	var err error
+	switch {
+	case renewal:
+		// The cluster port checked the certificate and the membership.
+		ans, err = s.sign(r.Context(), req)
+	case forwarded(r):
+		// A member passed it on to the leader (and logs who asked).
+		err = s.localOnly(func() error { return issue(r.Context()) })
+	default:
+		if _, err = s.issuer(); err == nil || errors.Is(err, errNoCAYet) {
+			err = s.onLeader(r.Context(), "certificate", issue,
+				func(ctx context.Context, api string) error {
+					return s.callJSON(ctx, api, "certificate", req, &ans, true)
+				})
+		}
+	}
+	log := s.log.With("member", req.ID, "remote", r.RemoteAddr, "auth", certAuth(r, peer))
+	switch {
+	case forwarded(r) && !renewal:
+		log.Info("answered a certificate request a member forwarded", "err", err)
+	case err == nil:
+		log.Warn("issued a cluster certificate", "renewal", renewal)
+	case errors.Is(err, ErrForbidden):
+		log.Warn("refused a cluster certificate", "err", err)
+	}
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(ans)
+}
+
+// certAuth says how a certificate request was admitted, for the log.
+func certAuth(r *http.Request, peer string) string {
+	switch {
+	case peer != "":
+		return "cluster certificate of " + peer
+	case r.Header.Get(joinProofHeader) != "":
+		return "join proof"
+	case r.Header.Get("Authorization") != "":
+		return "bearer token"
+	}
+	return "none"
+}
+
+// issueLocal signs req on the leader if req.ID is not a member of the latest configuration.
+func (s *Store) issueLocal(ctx context.Context, req certRequest) (certAnswer, error) {
+	servers, err := s.configuration(ctx)
+	if err != nil {
+		return certAnswer{}, err
+	}
+	for _, srv := range servers {
+		if string(srv.ID) == req.ID {
+			return certAnswer{}, fmt.Errorf("%w: %q is a current member: a member's certificate is issued only to that member, over its own certificate (a renewal). A node rebuilt without its data dir must first be removed: `pinnedd remove %s`", ErrForbidden, req.ID, req.ID)
+		}
+	}
+	return s.sign(ctx, req)
+}
+
+// sign signs req's certificate request with the cluster CA.
+func (s *Store) sign(ctx context.Context, req certRequest) (certAnswer, error) {
+	ca, err := s.issuerWait(ctx)
+	if err != nil {
+		return certAnswer{}, err
+	}
 	cert, err := ca.SignCSR([]byte(req.CSR), req.ID)
 	if err != nil {
-		writeError(w, fmt.Errorf("%w: %w", ErrBadRequest, err))
-		return
+		return certAnswer{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
-	s.log.Info("issued a cluster certificate", "member", req.ID, "remote", r.RemoteAddr)
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(certAnswer{Cert: string(cert), CA: string(ca.CertPEM())})
+	return certAnswer{Cert: string(cert), CA: string(ca.CertPEM())}, nil
 }
 
 func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
@@ -399,11 +477,17 @@ func writeError(w http.ResponseWriter, err error) {
 		status, code = http.StatusNotFound, codeUnknownMember
 	case errors.Is(err, ErrNoClusterCA):
 		status, code = http.StatusConflict, codeNoClusterCA
+	case errors.Is(err, ErrStaleJoin):
+		status, code = http.StatusConflict, codeStaleJoin
+	}
+	body := errorBody{Error: err.Error(), Code: code}
+	if stale := (*staleJoinError)(nil); errors.As(err, &stale) {
+		body.Fence = stale.current
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(errorBody{Error: err.Error(), Code: code})
+	_ = json.NewEncoder(w).Encode(body)
 }
 
 // call sends one RPC to the node at baseURL. forwarded marks it as sent by a raftstore node to
@@ -560,18 +644,25 @@ func remoteError(op, baseURL string, status int, data []byte) *RemoteError {
 		e.sentinel = ErrUnknownMember
 	case codeNoClusterCA:
 		e.sentinel = ErrNoClusterCA
+	case codeStaleJoin:
+		e.sentinel = &staleJoinError{current: eb.Fence}
 	}
 	return e
 }
 
 // JoinVia asks the member at memberURL (its HTTP base URL, any member: a follower forwards to
-// the leader) to add nodeID at raftAddr with API URL apiAddr. token, if not empty, is sent as a
-// bearer token. Joining is idempotent, so a node restarted with --join may send it again.
+// the leader) to add nodeID at raftAddr with API URL apiAddr. token, if not empty, makes the
+// join proof (clustertls.JoinProof). Joining is idempotent, so a node restarted with --join may
+// send it again. After a removal the leader refuses the first attempt as stale and names the
+// membership fence, and JoinVia joins again with it (see Store.joinLocal).
 func JoinVia(ctx context.Context, client *http.Client, memberURL, token, nodeID, raftAddr, apiAddr string) error {
 	if nodeID == "" || raftAddr == "" {
 		return fmt.Errorf("%w: join needs a node id and a raft address", ErrBadRequest)
 	}
-	return callJSON(ctx, client, memberURL, rpcAuth{token: token, prove: true}, "join", joinRequest{ID: nodeID, RaftAddr: raftAddr, APIAddr: apiAddr}, nil, false)
+	return joinFenced(0, func(fence uint64) error {
+		req := joinRequest{ID: nodeID, RaftAddr: raftAddr, APIAddr: apiAddr, Fence: fence}
+		return callJSON(ctx, client, memberURL, rpcAuth{token: token, prove: true}, "join", req, nil, false)
+	})
 }
 
 // RemoveVia asks the member at memberURL to remove nodeID from the group (forwarded to the

@@ -80,6 +80,10 @@ type Store struct {
 	// forwarded takes the commands followers forward here (SetForwarded); nil: ApplyLocal.
 	forwarded atomic.Pointer[ForwardedFunc]
 
+	// memberMu makes the leader's membership changes one at a time, so a join's fence check and
+	// its add never interleave with a removal's fence and its remove.
+	memberMu sync.Mutex
+
 	// A storage fault: set once, by the first failed log or stable store write.
 	fault     atomic.Pointer[error]
 	fatalCh   chan error
@@ -538,10 +542,30 @@ func (s *Store) Join(ctx context.Context, nodeID, raftAddr, apiAddr string) erro
 	if nodeID == "" || raftAddr == "" {
 		return fmt.Errorf("%w: join needs a node id and a raft address", ErrBadRequest)
 	}
-	req := joinRequest{ID: nodeID, RaftAddr: raftAddr, APIAddr: apiAddr}
+	return joinFenced(s.fsm.membershipFence(), func(fence uint64) error {
+		return s.join(ctx, joinRequest{ID: nodeID, RaftAddr: raftAddr, APIAddr: apiAddr, Fence: fence})
+	})
+}
+
+// join runs req on the leader as it is, fence included.
+func (s *Store) join(ctx context.Context, req joinRequest) error {
 	return s.onLeader(ctx, "join",
 		func(ctx context.Context) error { return s.joinLocal(ctx, req) },
 		func(ctx context.Context, api string) error { return s.callJSON(ctx, api, "join", req, nil, true) })
+}
+
+// joinFenced runs join with fence, and again with the cluster's fence while the leader refuses
+// it as made before a removal (ErrStaleJoin): a few times at most, since each refusal names a
+// higher fence and only a removal that races the join raises it again.
+func joinFenced(fence uint64, join func(fence uint64) error) error {
+	for tries := 1; ; tries++ {
+		err := join(fence)
+		var stale *staleJoinError
+		if !errors.As(err, &stale) || stale.current <= fence || tries == 4 {
+			return err
+		}
+		fence = stale.current
+	}
 }
 
 // Remove removes a (typically dead) member from the group; it runs on the leader, a follower
@@ -890,7 +914,24 @@ func (s *Store) applyLocal(ctx context.Context, data []byte) ([]byte, error) {
 	return res, nil
 }
 
+// joinLocal adds the node on the leader. A join must name the membership fence: the index of
+// the entry every removal commits before it removes a member (removeServer). One that names a
+// lower fence was made before the latest removal and is refused (ErrStaleJoin), so a captured
+// join sent again cannot undo a removal: its proof covers the fence it names. A new leader
+// checks only after its leader loop's barrier: until then it may not have applied the latest
+// fence entry (ErrNotLeader: the caller retries).
 func (s *Store) joinLocal(ctx context.Context, req joinRequest) error {
+	s.memberMu.Lock()
+	defer s.memberMu.Unlock()
+	s.mu.Lock()
+	ready := s.leaderCtx != nil
+	s.mu.Unlock()
+	if !ready {
+		return fmt.Errorf("raftstore: join: %w: this new leader has not applied its predecessors' entries yet", ErrNotLeader)
+	}
+	if cur := s.fsm.membershipFence(); req.Fence < cur {
+		return &staleJoinError{current: cur}
+	}
 	servers, err := s.configuration(ctx)
 	if err != nil {
 		return err
@@ -919,7 +960,7 @@ func (s *Store) joinLocal(ctx context.Context, req joinRequest) error {
 			}
 			s.log.Info("removing stale member before join", "member", srv.ID, "raft_addr", srv.Address,
 				"joining", id, "joining_raft_addr", addr)
-			if err := s.await(ctx, s.raft.RemoveServer(srv.ID, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout))); err != nil {
+			if err := s.removeServer(ctx, srv.ID); err != nil {
 				return fmt.Errorf("raftstore: removing stale member %s: %w", srv.ID, err)
 			}
 			if srv.Suffrage == raft.Voter {
@@ -947,6 +988,8 @@ func (s *Store) joinLocal(ctx context.Context, req joinRequest) error {
 }
 
 func (s *Store) removeLocal(ctx context.Context, nodeID string) error {
+	s.memberMu.Lock()
+	defer s.memberMu.Unlock()
 	servers, err := s.configuration(ctx)
 	if err != nil {
 		return err
@@ -985,7 +1028,7 @@ func (s *Store) removeLocal(ctx context.Context, nodeID string) error {
 			return err
 		}
 	}
-	if err := s.await(ctx, s.raft.RemoveServer(found.ID, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout))); err != nil {
+	if err := s.removeServer(ctx, found.ID); err != nil {
 		return fmt.Errorf("raftstore: removing %s: %w", nodeID, err)
 	}
 	s.log.Info("member removed", "member", nodeID)
@@ -996,6 +1039,16 @@ func (s *Store) removeLocal(ctx context.Context, nodeID string) error {
 		return nil
 	}
 	return delMeta()
+}
+
+// removeServer removes id from the configuration on the leader, every removal's one way: it
+// first commits a fence entry, whose index every later join must name (joinLocal), so no join
+// made before this removal can add the node back.
+func (s *Store) removeServer(ctx context.Context, id raft.ServerID) error {
+	if _, err := s.applyLocal(ctx, encodeMeta(metaCommand{Op: metaFence, ID: string(id)})); err != nil {
+		return err
+	}
+	return s.await(ctx, s.raft.RemoveServer(id, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout)))
 }
 
 // setMetaLocal records a member's API URL on the leader, if the member exists and the value

@@ -301,6 +301,14 @@ func TestSnapshotRestoreOnRestart(t *testing.T) {
 	for i := range 40 {
 		mustApply(t, n, fmt.Sprintf("s%d", i))
 	}
+	// A removal's membership fence, as removeServer records it.
+	if _, err := n.s.applyLocal(ctxTimeout(t, 10*time.Second), encodeMeta(metaCommand{Op: metaFence, ID: "gone"})); err != nil {
+		t.Fatal(err)
+	}
+	fence := n.s.fsm.membershipFence()
+	if fence == 0 {
+		t.Fatal("the fence entry set no fence")
+	}
 	if err := n.s.raft.Snapshot().Error(); err != nil {
 		t.Fatalf("snapshot: %v", err)
 	}
@@ -317,6 +325,9 @@ func TestSnapshotRestoreOnRestart(t *testing.T) {
 	// Member metadata came back with the snapshot, before any new entry.
 	if api := back.s.fsm.apiAddr("n1"); api == "" {
 		t.Fatal("member metadata missing after restore")
+	}
+	if got := back.s.fsm.membershipFence(); got != fence {
+		t.Fatalf("membership fence %d after restore, want %d", got, fence)
 	}
 	waitLeader(t, back)
 	testutil.WaitForErr(t, 5*time.Second, "state restored", func() error {

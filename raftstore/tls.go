@@ -361,7 +361,8 @@ func (s *Store) setupTLS() error {
 		}
 		s.log.Info("created the cluster CA and this node's certificate", "dir", s.tlsDir)
 	case s.existing:
-		return fmt.Errorf("%w: this data dir holds Raft state but %s holds no cluster certificate: restart with --join <member url> to get one, or start this node with --insecure-cluster", ErrInvalidConfig, s.tlsDir)
+		// Its id is (or was) a member's, and a member's id gets a certificate only over its own.
+		return fmt.Errorf("%w: this data dir holds Raft state but %s holds no cluster certificate, and no member issues one for a member's id: remove this node (`pinnedd remove %s` on a member), move this data dir away and start it again with --join <member url> (or run the whole cluster with --insecure-cluster)", ErrInvalidConfig, s.tlsDir, s.cfg.NodeID)
 	default:
 		s.log.Info("no cluster certificate yet: a join gets one", "dir", s.tlsDir)
 	}

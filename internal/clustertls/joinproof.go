@@ -14,15 +14,21 @@ import (
 // ErrBadProof means a join proof is malformed, outside its window, or not made with the token.
 var ErrBadProof = errors.New("clustertls: bad join proof")
 
-// JoinProofWindow bounds how far a join proof's time may be from the verifier's clock.
-const JoinProofWindow = 5 * time.Minute
+// JoinProofWindow bounds how far a join proof's time may be from the verifier's clock: wide
+// enough for the clock drift the leases already tolerate, narrow enough that a copied proof
+// is soon useless.
+const JoinProofWindow = time.Minute
 
 // JoinProof proves that whoever sent a request (its method, path and body, at a time) holds
 // token, without sending the token: "<unix seconds>.<hex HMAC-SHA256>" keyed by PinKey(token).
 // A joining node has no certificate yet and talks to a member's public port, maybe in clear:
-// a listener on the way may copy the proof and send the same request again within the window,
-// which asks for a certificate for the joining node's own key, or adds the same node at the
-// same address again (both idempotent), but learns nothing it can use for any other request.
+// a listener on the way may copy the proof, and learns nothing it can use for any other
+// request. Sending the same request again within the window is all it can do, and the
+// verifier (raftstore) makes that harmless: a certificate is signed only for an id that is no
+// member, and for the joining node's own key, which the listener lacks; a join names the
+// membership fence it was made against, which every removal raises, so a join copied before a
+// removal never undoes it, and before any removal it adds the same node at the same address
+// again (idempotent).
 func JoinProof(token, method, path string, body []byte, at time.Time) (string, error) {
 	mac, err := joinMAC(token, method, path, body, at.Unix())
 	if err != nil {
