@@ -69,7 +69,7 @@ func agentCommand() *cli.Command {
 			&cli.IntFlag{Name: "max-conns", Value: pinboard.DefaultMaxConns, Usage: "client connections the front door holds open in all; one more is answered 503 and closed; 0: no cap", EnvVars: []string{"PINNEDD_MAX_CONNS"}},
 			&cli.DurationFlag{Name: "http-idle-timeout", Value: pinboard.DefaultIdleTimeout, Usage: "close a kept-alive client connection idle this long between requests", EnvVars: []string{"PINNEDD_HTTP_IDLE_TIMEOUT"}},
 			&cli.DurationFlag{Name: "http-body-timeout", Value: pinboard.DefaultBodyReadTimeout, Usage: "close a client connection whose request body sends nothing for this long (held response streams are not affected)", EnvVars: []string{"PINNEDD_HTTP_BODY_TIMEOUT"}},
-			&cli.StringFlag{Name: "max-body-size", Value: "16MiB", Usage: "answer 413 to a request body over this `SIZE` (bytes, or with KiB, MiB, GiB); one without a length is cut there; 0: no cap", EnvVars: []string{"PINNEDD_MAX_BODY_SIZE"}},
+			&cli.StringFlag{Name: "max-body-size", Value: fmt.Sprintf("%dMiB", pinboard.DefaultMaxBodyBytes>>20), Usage: "answer 413 to a request body over this `SIZE` (bytes, or with KiB, MiB, GiB); one without a length is cut there; 0: no cap", EnvVars: []string{"PINNEDD_MAX_BODY_SIZE"}},
 			&cli.BoolFlag{Name: "metrics-public", Usage: "serve GET /metrics without a token, for a scraper on a trusted network (otherwise it needs the operator token); anyone who reaches the port then reads namespaces, load and node state", EnvVars: []string{"PINNEDD_METRICS_PUBLIC"}},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", EnvVars: []string{"LOG_LEVEL"}},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", EnvVars: []string{"PINNEDD_LOG_FORMAT"}},
