@@ -184,18 +184,24 @@ func (a *api) registryWindDown(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d, revoke, present, err := optionalSeconds(req.Deadline)
+	// The validators' own words say what is wrong with a name.
+	nsErr := plugins.ValidateNamespace(req.Namespace)
+	var idErr error
+	if req.ID != nil && *req.ID != "" {
+		idErr = plugins.ValidateID(*req.ID)
+	}
 	switch {
 	case req.Env != nil:
 		httpx.WriteError(w, http.StatusBadRequest, "env requires hostname-aware mode", 0)
 		return
-	case plugins.ValidateNamespace(req.Namespace) != nil:
-		httpx.WriteError(w, http.StatusBadRequest, "namespace must be a valid namespace such as /threads", 0)
+	case nsErr != nil:
+		httpx.WriteError(w, http.StatusBadRequest, nsErr.Error()+" (e.g. /threads)", 0)
 		return
 	case req.ID != nil && *req.ID == "":
 		httpx.WriteError(w, http.StatusBadRequest, "id is empty: name an id, or leave id out to wind down the whole namespace", 0)
 		return
-	case req.ID != nil && plugins.ValidateID(*req.ID) != nil:
-		httpx.WriteError(w, http.StatusBadRequest, "invalid id", 0)
+	case idErr != nil:
+		httpx.WriteError(w, http.StatusBadRequest, idErr.Error(), 0)
 		return
 	case err != nil:
 		httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
@@ -391,9 +397,11 @@ func (a *api) pluginsReload(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength != 0 && !decodeBody(w, r, &req) {
 		return
 	}
-	if req.Namespace != "" && plugins.ValidateNamespace(req.Namespace) != nil {
-		httpx.WriteError(w, http.StatusBadRequest, "invalid namespace", 0)
-		return
+	if req.Namespace != "" {
+		if err := plugins.ValidateNamespace(req.Namespace); err != nil {
+			httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
+			return
+		}
 	}
 	if a.reload == nil {
 		httpx.WriteError(w, http.StatusConflict, "this node hosts no instances", 0)

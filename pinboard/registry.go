@@ -168,8 +168,8 @@ func validateRegister(req RegisterRequest) error {
 		}
 	}
 	for _, k := range req.LiveIDs {
-		if plugins.ValidateNamespace(k.Namespace) != nil || plugins.ValidateID(k.ID) != nil {
-			return fmt.Errorf("%w: liveIds holds an invalid key %s/%s", ErrBadRequest, k.Namespace, k.ID)
+		if err := errors.Join(plugins.ValidateNamespace(k.Namespace), plugins.ValidateID(k.ID)); err != nil {
+			return fmt.Errorf("%w: liveIds holds an invalid key: %w", ErrBadRequest, err)
 		}
 	}
 	return nil
@@ -319,10 +319,11 @@ func (r *Registry) GiveBack(ctx context.Context, req GiveBack) (GiveBackResult, 
 	switch {
 	case req.ClientID == "" || req.SessionID == "":
 		return GiveBackResult{}, fmt.Errorf("%w: clientId and sessionId are required", ErrBadRequest)
-	case plugins.ValidateNamespace(req.Key.Namespace) != nil:
-		return GiveBackResult{}, fmt.Errorf("%w: namespace must be a valid namespace such as /threads", ErrBadRequest)
-	case plugins.ValidateID(req.Key.ID) != nil:
-		return GiveBackResult{}, fmt.Errorf("%w: id must be a valid instance id", ErrBadRequest)
+	}
+	if err := errors.Join(plugins.ValidateNamespace(req.Key.Namespace), plugins.ValidateID(req.Key.ID)); err != nil {
+		return GiveBackResult{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	switch {
 	case req.Generation == 0:
 		return GiveBackResult{}, fmt.Errorf("%w: generation must be the placement's generation (a positive integer, as the attestation carries it)", ErrBadRequest)
 	}

@@ -58,7 +58,7 @@ func TestWorkerGivesBackOneID(t *testing.T) {
 		{"an unknown client", body("nobody", "s", gen), http.StatusNotFound, `unknown client id "nobody"`},
 		{"no generation", body("wa", "s-wa", 0), http.StatusBadRequest, "generation must be"},
 		{"no session", body("wa", "", gen), http.StatusBadRequest, "sessionId are required"},
-		{"a bad namespace", strings.Replace(body("wa", "s-wa", gen), "/jobs", "jobs", 1), http.StatusBadRequest, "namespace must be"},
+		{"a bad namespace", strings.Replace(body("wa", "s-wa", gen), "/jobs", "jobs", 1), http.StatusBadRequest, `invalid namespace "jobs": want /name`},
 		{"an unknown field type", `{"clientId":"wa","sessionId":"s-wa","namespace":"/jobs","id":"j1","generation":"1"}`, http.StatusBadRequest, "invalid JSON"},
 	} {
 		code, out := rig.release(t, c.body)

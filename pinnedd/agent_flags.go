@@ -30,31 +30,31 @@ func agentCommand() *cli.Command {
 		Usage: "run a pinnedd node",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "dev", Usage: "one-node cluster in a temporary data dir, built-in example hosts, calls from loopback need no token (else dev-token); refused in production", EnvVars: []string{"PINNEDD_DEV"}},
-			&cli.StringFlag{Name: "node-id", Usage: "this node's name in the cluster (default: hostname)", EnvVars: []string{"PINNEDD_NODE_ID"}},
+			&cli.StringFlag{Name: "node-id", Usage: "this node's name in the cluster", DefaultText: "the hostname", EnvVars: []string{"PINNEDD_NODE_ID"}},
 			&cli.StringFlag{Name: "http-addr", Value: "127.0.0.1:8080", Usage: "front door listen address", EnvVars: []string{"PINNEDD_HTTP_ADDR"}},
-			&cli.StringFlag{Name: "advertise-url", Usage: "URL other nodes reach this one at (default: http://<http-addr>)", EnvVars: []string{"ADVERTISE_URL"}},
+			&cli.StringFlag{Name: "advertise-url", Usage: "URL other nodes reach this one at", DefaultText: "http://<http-addr>", EnvVars: envVars("PINNEDD_ADVERTISE_URL")},
 			&cli.StringFlag{Name: "data-dir", Usage: "where durable node state lives (Raft log, snapshots); --dev without it uses a temporary one", EnvVars: []string{"PINNEDD_DATA_DIR"}},
-			&cli.StringFlag{Name: "raft-addr", Value: "127.0.0.1:8300", Usage: "Raft transport listen address (--dev default: a free loopback port)", EnvVars: []string{"PINNEDD_RAFT_ADDR"}},
-			&cli.StringFlag{Name: "raft-advertise-addr", Usage: "Raft address other nodes dial (default: the bound --raft-addr)", EnvVars: []string{"PINNEDD_RAFT_ADVERTISE_ADDR"}},
+			&cli.StringFlag{Name: "raft-addr", Value: "127.0.0.1:8300", Usage: "Raft transport listen address", DefaultText: "127.0.0.1:8300; with --dev a free loopback port", EnvVars: []string{"PINNEDD_RAFT_ADDR"}},
+			&cli.StringFlag{Name: "raft-advertise-addr", Usage: "Raft address other nodes dial", DefaultText: "the bound --raft-addr", EnvVars: []string{"PINNEDD_RAFT_ADVERTISE_ADDR"}},
 			&cli.BoolFlag{Name: "bootstrap", Usage: "start a new cluster with this node as its only voter (a no-op once the data dir holds Raft state)", EnvVars: []string{"PINNEDD_BOOTSTRAP"}},
 			&cli.StringFlag{Name: "join", Usage: "join the cluster through the member at `URL` (any member; repeated harmlessly on restart)", EnvVars: []string{"PINNEDD_JOIN"}},
 			&cli.StringFlag{Name: "raft-log-store", Usage: "Raft log format for a new data dir: wal (one fsync per batch) or bolt; an existing data dir keeps its own", EnvVars: []string{"PINNEDD_RAFT_LOG_STORE"}},
-			&cli.BoolFlag{Name: "insecure-cluster", Usage: "run Raft and every node-to-node call WITHOUT mutual TLS: anyone who reaches --raft-addr or the front door's node-to-node routes can take the cluster over (default: mutual TLS under the cluster's CA)", EnvVars: []string{"PINNEDD_INSECURE_CLUSTER"}},
-			&cli.StringFlag{Name: "tls-ca", Usage: "your own cluster CA certificate (PEM) for Raft's mutual TLS, with --tls-cert and --tls-key (default: the CA the bootstrap node creates)", EnvVars: []string{"PINNEDD_TLS_CA"}},
+			&cli.BoolFlag{Name: "insecure-cluster", Usage: "run Raft and every node-to-node call WITHOUT mutual TLS: anyone who reaches --raft-addr or the front door's node-to-node routes can take the cluster over", DefaultText: "false: mutual TLS under the cluster's CA", EnvVars: []string{"PINNEDD_INSECURE_CLUSTER"}},
+			&cli.StringFlag{Name: "tls-ca", Usage: "your own cluster CA certificate (PEM) for Raft's mutual TLS, with --tls-cert and --tls-key", DefaultText: "the CA the bootstrap node creates", EnvVars: []string{"PINNEDD_TLS_CA"}},
 			&cli.StringFlag{Name: "tls-cert", Usage: "this node's certificate (PEM, CommonName = --node-id) from --tls-ca", EnvVars: []string{"PINNEDD_TLS_CERT"}},
 			&cli.StringFlag{Name: "tls-key", Usage: "this node's private key (PEM) for --tls-cert", EnvVars: []string{"PINNEDD_TLS_KEY"}},
 			&cli.IntFlag{Name: "max-voters", Value: 3, Usage: "Raft voters (3 or 5); members joining beyond it are nonvoters", EnvVars: []string{"PINNEDD_MAX_VOTERS"}},
-			&cli.DurationFlag{Name: "raft-timeout", Usage: "Raft heartbeat and election timeout (default: hashicorp/raft's 1s)", EnvVars: []string{"PINNEDD_RAFT_TIMEOUT"}, Hidden: true},
+			&cli.DurationFlag{Name: "raft-timeout", Usage: "Raft heartbeat and election timeout", DefaultText: "hashicorp/raft's 1s; 300ms with --dev", EnvVars: []string{"PINNEDD_RAFT_TIMEOUT"}, Hidden: true},
 			&cli.StringSliceFlag{Name: "plugin", Usage: "serve `/NS=PATH`: namespace NS from the plugin binary at PATH (repeatable)", EnvVars: []string{"PINNEDD_PLUGINS"}},
 			&cli.StringSliceFlag{Name: "plugin-env", Usage: "pass `[/NS=]KEY` (pinnedd's own value) or set `[/NS=]KEY=VALUE` in plugins' environments, every plugin's or the one serving NS (repeatable); plugins get nothing else of pinnedd's environment but PATH, HOME, LANG, LC_*, TZ, TMPDIR", EnvVars: []string{"PINNEDD_PLUGIN_ENV"}},
 			&cli.StringSliceFlag{Name: "plugin-user", Usage: "run plugins as user `[/NS=]NAME`: every plugin, or the one serving NS (repeatable); its uid, groups and HOME, its sockets in a directory of its own; pinnedd must run as root, NAME must not be root", EnvVars: []string{"PINNEDD_PLUGIN_USER"}},
-			&cli.BoolFlag{Name: "watch-plugins", Usage: "hot-swap a plugin when its binary is replaced (default: on with --dev, off otherwise)", EnvVars: []string{"PINNEDD_WATCH_PLUGINS"}},
+			&cli.BoolFlag{Name: "watch-plugins", Usage: "hot-swap a plugin when its binary is replaced", DefaultText: "on with --dev, off otherwise", EnvVars: []string{"PINNEDD_WATCH_PLUGINS"}},
 			&cli.StringFlag{Name: "database-url", Usage: "Postgres for instance state, shared by the fleet, so any node can restore any id", EnvVars: []string{"DATABASE_URL"}},
 			&cli.BoolFlag{Name: "local-state", Usage: "keep instance state in --data-dir instead of a shared --database-url: an id stays on its node while that node lives, but one that moves (a drain, a restart, the node's death) starts EMPTY on its new node", EnvVars: []string{"PINNEDD_LOCAL_STATE"}},
 			&cli.DurationFlag{Name: "scan-interval", Value: pinboard.DefaultScanInterval, Usage: "how often the leader looks for marked durable work to resume", EnvVars: []string{"PINNEDD_SCAN_INTERVAL"}},
 			&cli.BoolFlag{Name: "no-hosts", Usage: "serve no instances: a pure front door and Raft member (what a pinboard-only node is)", EnvVars: []string{"PINNEDD_NO_HOSTS"}},
 			&cli.StringFlag{Name: "token", Usage: "deployment token (worker and operator scopes)", EnvVars: []string{"PINBOARD_TOKEN"}},
-			&cli.DurationFlag{Name: "lease-ttl", Value: pinboard.DefaultLeaseTTL, Usage: "worker lease TTL (also PINBOARD_LEASE_TTL_MS)", EnvVars: []string{"PINNEDD_LEASE_TTL"}},
+			&cli.GenericFlag{Name: "lease-ttl", Value: &msDuration{pinboard.DefaultLeaseTTL}, Usage: "worker lease TTL: a duration (15s) or milliseconds (15000)", EnvVars: envVars("PINBOARD_LEASE_TTL_MS")},
 			&cli.DurationFlag{Name: "heartbeat-interval", Value: pinboard.DefaultHeartbeatInterval, Usage: "worker heartbeat interval", EnvVars: []string{"PINNEDD_HEARTBEAT_INTERVAL"}},
 			&cli.DurationFlag{Name: "detached-timeout", Value: 60 * time.Second, Usage: "evict an instance with no open request for this long (a host may set its own)", EnvVars: []string{"PINNEDD_DETACHED_TIMEOUT"}},
 			&cli.DurationFlag{Name: "drain-deadline", Value: 30 * time.Second, Usage: "on SIGTERM, drain: instances with work get this long before they are evicted", EnvVars: []string{"PINNEDD_DRAIN_DEADLINE"}},
@@ -71,7 +71,7 @@ func agentCommand() *cli.Command {
 			&cli.DurationFlag{Name: "http-body-timeout", Value: pinboard.DefaultBodyReadTimeout, Usage: "close a client connection whose request body sends nothing for this long (held response streams are not affected)", EnvVars: []string{"PINNEDD_HTTP_BODY_TIMEOUT"}},
 			&cli.StringFlag{Name: "max-body-size", Value: fmt.Sprintf("%dMiB", pinboard.DefaultMaxBodyBytes>>20), Usage: "answer 413 to a request body over this `SIZE` (bytes, or with KiB, MiB, GiB); one without a length is cut there; 0: no cap", EnvVars: []string{"PINNEDD_MAX_BODY_SIZE"}},
 			&cli.BoolFlag{Name: "metrics-public", Usage: "serve GET /metrics without a token, for a scraper on a trusted network (otherwise it needs the operator token); anyone who reaches the port then reads namespaces, load and node state", EnvVars: []string{"PINNEDD_METRICS_PUBLIC"}},
-			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", EnvVars: []string{"LOG_LEVEL"}},
+			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", EnvVars: envVars("PINNEDD_LOG_LEVEL")},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", EnvVars: []string{"PINNEDD_LOG_FORMAT"}},
 		},
 		Action: func(c *cli.Context) error {
@@ -95,6 +95,7 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 	if err != nil {
 		return agent.Config{}, err
 	}
+	warnDeprecatedEnv(logger, os.LookupEnv)
 	cfg := agent.Config{
 		Version:           version,
 		Dev:               c.Bool("dev"),
@@ -121,7 +122,7 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 		HTTPAddr:          c.String("http-addr"),
 		AdvertiseURL:      c.String("advertise-url"),
 		DataDir:           c.String("data-dir"),
-		LeaseTTL:          c.Duration("lease-ttl"),
+		LeaseTTL:          c.Generic("lease-ttl").(*msDuration).d,
 		Heartbeat:         c.Duration("heartbeat-interval"),
 		DetachedTimeout:   c.Duration("detached-timeout"),
 		StopGrace:         c.Duration("stop-grace"),
@@ -129,13 +130,6 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 		Logger:            logger,
 	}
 	localState := c.Bool("local-state")
-	if ms := os.Getenv("PINBOARD_LEASE_TTL_MS"); ms != "" && !c.IsSet("lease-ttl") {
-		d, err := time.ParseDuration(ms + "ms")
-		if err != nil {
-			return cfg, fmt.Errorf("PINBOARD_LEASE_TTL_MS: %w", err)
-		}
-		cfg.LeaseTTL = d
-	}
 	cfg.BalanceFactor = c.Float64("affinity-balance-factor")
 	cfg.DatabaseURL = c.String("database-url")
 	cfg.DrainDeadline = c.Duration("drain-deadline")

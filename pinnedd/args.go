@@ -38,13 +38,30 @@ func reorderArgs(app *cli.App, args []string) ([]string, error) {
 	}
 	out := []string{args[0]}
 	rest := args[1:]
-	// Flags before the command name belong to the app (--help, --version).
+	// Flags before the command name: the app's own (--help, --version) stay
+	// there; any other is the command's (`pinnedd --addr x status`), moved
+	// after its name once the command is known, and checked against it there.
+	appFlags := append(app.Flags, cli.VersionFlag)
+	var early []string
 	for len(rest) > 0 && isFlag(rest[0]) {
-		n, err := flagTokens(append(app.Flags, cli.VersionFlag), rest, "pinnedd")
+		defs := appFlags
+		name, _, _ := strings.Cut(strings.TrimLeft(rest[0], "-"), "=")
+		if lookupFlag(defs, name) == nil {
+			defs = allFlags(app.Commands)
+		}
+		n, err := flagTokens(defs, rest, "pinnedd")
 		if err != nil {
 			return nil, err
 		}
-		out, rest = append(out, rest[:n]...), rest[n:]
+		if lookupFlag(appFlags, name) != nil {
+			out = append(out, rest[:n]...)
+		} else {
+			early = append(early, rest[:n]...)
+		}
+		rest = rest[n:]
+	}
+	if len(early) > 0 && (len(rest) == 0 || rest[0] == "--") {
+		return nil, usagef("flag %s needs a command after it; see pinnedd --help", early[0])
 	}
 	if len(rest) == 0 || rest[0] == "--" {
 		return append(out, rest...), nil
@@ -66,23 +83,37 @@ func reorderArgs(app *cli.App, args []string) ([]string, error) {
 		path += " " + cmd.Name
 		out, rest = append(out, name), rest[1:]
 		if len(cmd.Subcommands) > 0 {
-			// A parent's own flags come before its subcommand's name.
-			i := 0
-			for i < len(rest) && isFlag(rest[i]) {
-				n, err := flagTokens(cmd.Flags, rest[i:], path)
+			// A parent's own flags come before its subcommand's name; any
+			// other is its subcommand's, as before the command name.
+			for len(rest) > 0 && isFlag(rest[0]) {
+				name, _, _ := strings.Cut(strings.TrimLeft(rest[0], "-"), "=")
+				own := lookupFlag(cmd.Flags, name) != nil
+				defs := cmd.Flags
+				if !own {
+					defs = allFlags(cmd.Subcommands)
+				}
+				n, err := flagTokens(defs, rest, path)
 				if err != nil {
 					return nil, err
 				}
-				i += n
+				if own {
+					out = append(out, rest[:n]...)
+				} else {
+					early = append(early, rest[:n]...)
+				}
+				rest = rest[n:]
 			}
-			out, rest = append(out, rest[:i]...), rest[i:]
 			if len(rest) == 0 || rest[0] == "--" || helpRequested(out) {
+				if len(early) > 0 && !helpRequested(out) {
+					return nil, usagef("flag %s needs a command of %s after it; see %s --help", early[0], path, path)
+				}
 				return append(out, rest...), nil
 			}
 			cmds = cmd.Subcommands
 			continue
 		}
-		flags, pos, err := splitFlags(cmd.Flags, rest, path)
+		// Flags typed before the command name count as typed first.
+		flags, pos, err := splitFlags(cmd.Flags, append(early, rest...), path)
 		if err != nil {
 			return nil, err
 		}
@@ -93,6 +124,22 @@ func reorderArgs(app *cli.App, args []string) ([]string, error) {
 		}
 		return out, nil
 	}
+}
+
+// allFlags is every flag of cmds and their subcommands, the first
+// definition of each name: what a flag typed before its command is.
+func allFlags(cmds []*cli.Command) []cli.Flag {
+	var out []cli.Flag
+	seen := map[string]bool{}
+	for _, c := range cmds {
+		for _, f := range append(c.Flags, allFlags(c.Subcommands)...) {
+			if name := f.Names()[0]; !seen[name] {
+				seen[name] = true
+				out = append(out, f)
+			}
+		}
+	}
+	return out
 }
 
 // splitFlags separates args into the flags defined by defs (with their

@@ -37,7 +37,7 @@ func sampleValue(t *testing.T, f cli.Flag) string {
 	switch f.(type) {
 	case *cli.BoolFlag:
 		return ""
-	case *cli.DurationFlag:
+	case *cli.DurationFlag, *cli.GenericFlag:
 		return "7s"
 	case *cli.IntFlag:
 		return "7"
@@ -143,13 +143,20 @@ func TestReorderArgs(t *testing.T) {
 		{"no command", "", "", ""},
 		{"unknown flag after arg", "plugins reload /counters --adr x", "", "unknown flag --adr for pinnedd plugins reload (did you mean --addr?)"},
 		{"unknown flag before arg", "wind-down --deadlin 0 /threads", "", "unknown flag --deadlin for pinnedd wind-down (did you mean --deadline?)"},
-		{"unknown app flag", "--addr x status", "", "unknown flag --addr for pinnedd"},
+		{"command flags before the command", "--addr x --timeout=1s status --json", "status --addr x --timeout=1s --json", ""},
+		{"before a subcommand", "--addr x plugins reload /counters", "plugins reload --addr x -- /counters", ""},
+		{"between parent and subcommand", "plugins --addr x reload", "plugins reload --addr x", ""},
+		{"bool before the command", "--json workers", "workers --json", ""},
+		{"app flag and command flag before", "--addr x --help status", "--help status --addr x", ""},
+		{"unknown flag before the command", "--adr x status", "", "unknown flag --adr for pinnedd (did you mean --addr?)"},
+		{"early flag not the command's", "--deadline 1s status", "", "unknown flag --deadline for pinnedd status"},
+		{"early flag without a command", "--addr x", "", "flag --addr needs a command after it"},
+		{"early flag without a subcommand", "--addr x plugins", "", "flag --addr needs a command of pinnedd plugins after it"},
 		{"flag of another command", "status --deadline 1s", "", "unknown flag --deadline for pinnedd status"},
 		{"missing value", "status --addr", "", "flag --addr of pinnedd status needs a value"},
 		{"typo command", "stauts", "", `unknown command "stauts" for pinnedd (did you mean status?)`},
 		{"typo subcommand", "plugins relaod", "", `unknown command "relaod" for pinnedd plugins (did you mean reload?)`},
 		{"far from anything", "frobnicate", "", `unknown command "frobnicate" for pinnedd; see`},
-		{"parent flag after subcommand's", "plugins --addr x reload", "", "unknown flag --addr for pinnedd plugins"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := append([]string{"pinnedd"}, strings.Fields(tc.in)...)
@@ -191,6 +198,33 @@ func TestClosest(t *testing.T) {
 	} {
 		if got := closest(names, typed); got != want {
 			t.Errorf("closest(%q) = %q, want %q", typed, got, want)
+		}
+	}
+}
+
+// TestComplete: what the completion scripts are offered for a partial line
+// (its last word is the one being typed).
+func TestComplete(t *testing.T) {
+	for line, want := range map[string]string{
+		"":                               "agent status version token tls completion join leave remove members workers drain undrain wind-down plugins",
+		"st":                             "status",
+		"plugins ":                       "list reload",
+		"status --":                      "--addr --token --timeout --json --help",
+		"status -":                       "--addr --token --timeout --json --help -h",
+		"wind-down /threads --dead":      "--deadline",
+		"--addr x pl":                    "plugins",
+		"status -- ":                     "",
+		"status --addr ":                 "",
+		"status --addr=x --t":            "--token --timeout",
+		"plugins reload /counters --add": "--addr",
+		"-":                              "--version -v --help -h",
+	} {
+		words := strings.Split(line, " ")
+		if line == "" {
+			words = nil
+		}
+		if got := strings.Join(complete(newApp(), words), " "); got != want {
+			t.Errorf("complete %q = %q, want %q", line, got, want)
 		}
 	}
 }

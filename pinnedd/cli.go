@@ -23,6 +23,7 @@ func init() {
 	if version == "" {
 		version = buildVersion()
 	}
+	cli.VersionPrinter = printVersion
 }
 
 // exitCoder lets a command choose its exit status.
@@ -30,6 +31,13 @@ type exitCoder interface{ ExitCode() int }
 
 func run(args []string) int {
 	app := newApp()
+	if n := len(args); n > 1 && args[n-1] == completionFlag {
+		// A shell completing a line: list candidates, never run it.
+		for _, c := range complete(app, args[1:n-1]) {
+			fmt.Fprintln(os.Stdout, c)
+		}
+		return 0
+	}
 	args, err := reorderArgs(app, args)
 	if err == nil {
 		err = app.Run(args)
@@ -62,9 +70,8 @@ func newApp() *cli.App {
 			completionCommand(),
 			pluginHostCommand(),
 		}, append(clusterCommands(), opsCommands()...)...),
-		HideHelpCommand:      true,
-		Suggest:              true,
-		EnableBashCompletion: true,
+		HideHelpCommand: true,
+		Suggest:         true,
 		// A usage error prints what is wrong, not the whole help text; run
 		// prints it once.
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {

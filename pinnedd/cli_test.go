@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
@@ -139,6 +141,14 @@ func TestCLIAgainstDevAgent(t *testing.T) {
 		})
 	})
 
+	t.Run("flags before the command reach the agent they name", func(t *testing.T) {
+		decoy, hits := countingServer(t)
+		r := runCLI(t, []string{token, "PINNEDD_ADDR=" + decoy}, "--addr", a.URL, "--timeout", "20s", "plugins", "list", "--json")
+		if r.code != 0 || !strings.Contains(r.stdout, `"plugins"`) || hits.Load() != 0 {
+			t.Fatalf("pinnedd --addr %s plugins list --json: %s (decoy hit %d times)", a.URL, r, hits.Load())
+		}
+	})
+
 	t.Run("host:port as --addr, flags after", func(t *testing.T) {
 		r := runCLI(t, []string{token}, "workers", "--json", "--addr", hostPort)
 		if r.code != 0 || !strings.Contains(r.stdout, `"workers"`) {
@@ -168,6 +178,14 @@ func TestCLIAgainstDevAgent(t *testing.T) {
 			if r.code == 0 || !strings.Contains(r.stderr, "401") || !strings.Contains(r.stderr, "PINBOARD_TOKEN") || !strings.Contains(r.stderr, "--token") {
 				t.Fatalf("%s with a wrong token: %s", args[0], r)
 			}
+		}
+	})
+
+	t.Run("plugins list --json", func(t *testing.T) {
+		r := runCLI(t, []string{token}, "plugins", "list", "--json", "--addr", a.URL)
+		var out pluginStatus
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &out) != nil || len(out.Plugins) == 0 || out.Plugins[0].PID == 0 {
+			t.Fatalf("plugins list --json: %s", r)
 		}
 	})
 
@@ -221,6 +239,22 @@ func TestCLIAgainstDevAgent(t *testing.T) {
 		r = runCLI(t, []string{token}, "drain", "no-such-node", "--addr", a.URL, "--cordon")
 		if r.code != 1 || !strings.Contains(r.stderr, `unknown node id "no-such-node"`) {
 			t.Fatalf("drain no-such-node: %s", r)
+		}
+	})
+
+	t.Run("a bad id or namespace fails with the agent's reason, in the characters typed", func(t *testing.T) {
+		for args, want := range map[[2]string]string{
+			{"/counters", "héllo"}: `answered 400: invalid id "héllo": character 'é' not allowed`,
+			{"/Counters", "x"}:     `answered 400: invalid namespace "/Counters": only a-z, 0-9, - and _ after the slash`,
+		} {
+			r := runCLI(t, []string{token}, "wind-down", args[0], args[1], "--addr", a.URL)
+			if r.code == 0 || !strings.Contains(r.stderr, want) {
+				t.Fatalf("wind-down %s %s: %s\nwant stderr with: %s", args[0], args[1], r, want)
+			}
+		}
+		r := runCLI(t, []string{token}, "plugins", "reload", "/Nope", "--addr", a.URL)
+		if want := `answered 400: invalid namespace "/Nope"`; r.code == 0 || !strings.Contains(r.stderr, want) {
+			t.Fatalf("plugins reload /Nope: %s\nwant stderr with: %s", r, want)
 		}
 	})
 
@@ -298,8 +332,10 @@ func TestRefusedThenListening(t *testing.T) {
 		_ = cmd.Process.Kill()
 		<-done
 	})
+	// stdin is not a terminal (exec gives /dev/null): the full window, so a
+	// script may start an agent and call it at once.
 	testutil.WaitFor(t, 10*time.Second, "the CLI reports a refused connection", func() bool {
-		return strings.Contains(stderr.String(), "refused the connection; retrying")
+		return strings.Contains(stderr.String(), "refused the connection; retrying for up to 10s")
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -338,6 +374,53 @@ func TestNothingListens(t *testing.T) {
 	if el := time.Since(start); el > 15*time.Second {
 		t.Fatalf("gave up after %s, want about --timeout (1s)", el)
 	}
+}
+
+// TestNothingListensOnATerminal: typed at a prompt (stdin a terminal), a
+// command against an address where nothing listens gives up after the short
+// window, not the 10 s a script gets.
+func TestNothingListensOnATerminal(t *testing.T) {
+	tty := openPTY(t)
+	addr := testutil.FreeAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, testutil.Bin(t, "pinnedd"), "status", "--addr", addr)
+	cmd.Env = cliEnv(nil)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, &stdout, &stderr
+	start := time.Now()
+	err := cmd.Run()
+	el := time.Since(start)
+	if err == nil || !strings.Contains(stderr.String(), "retrying for up to 2s") || !strings.Contains(stderr.String(), "connection refused for 2s") {
+		t.Fatalf("status against nothing, on a terminal: %v\nstderr: %s", err, stderr.String())
+	}
+	if el > 8*time.Second {
+		t.Fatalf("gave up after %s on a terminal, want about 2s", el)
+	}
+}
+
+// openPTY opens a pseudo-terminal and returns its terminal side, closed with
+// the test.
+func openPTY(t *testing.T) *os.File {
+	t.Helper()
+	ptmx, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminals here: %v", err)
+	}
+	t.Cleanup(func() { ptmx.Close() })
+	if err := unix.IoctlSetPointerInt(int(ptmx.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatalf("unlock the pty: %v", err)
+	}
+	n, err := unix.IoctlGetInt(int(ptmx.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatalf("pty number: %v", err)
+	}
+	tty, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatalf("open the pty's terminal side: %v", err)
+	}
+	t.Cleanup(func() { tty.Close() })
+	return tty
 }
 
 // TestTimeoutSilentPeer: a peer that accepts and never answers fails the
@@ -396,10 +479,10 @@ func TestVersionStamp(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	for _, args := range [][]string{{"--version"}, {"version"}} {
+	for _, args := range [][]string{{"--version"}, {"version"}, {"-v"}} {
 		out, err := exec.Command(bin, args...).Output()
-		if err != nil || !strings.Contains(string(out), "v1.2.3") {
-			t.Fatalf("pinnedd %q with -X main.version=v1.2.3: %q, %v", args, out, err)
+		if err != nil || string(out) != "pinnedd v1.2.3\n" {
+			t.Fatalf("pinnedd %q with -X main.version=v1.2.3: %q, %v; want one line, the same for every form", args, out, err)
 		}
 	}
 }
@@ -428,15 +511,24 @@ func TestCompletionScripts(t *testing.T) {
 			t.Fatalf("completion candidates lack %s: %s", cmd, r)
 		}
 	}
-	// The bash script itself, as a shell that sourced it completes.
+	// The bash script itself, as a shell that sourced it completes; no
+	// completion runs a command (the decoy is where one would go).
+	decoy, hits := countingServer(t)
 	script := `source <(pinnedd completion bash)
 COMP_WORDS=(pinnedd plugins re); COMP_CWORD=2; _pinnedd_complete; echo "${COMPREPLY[@]}"
-COMP_WORDS=(pinnedd wind-down /threads --dead); COMP_CWORD=3; _pinnedd_complete; echo "${COMPREPLY[@]}"`
+COMP_WORDS=(pinnedd wind-down /threads --dead); COMP_CWORD=3; _pinnedd_complete; echo "${COMPREPLY[@]}"
+COMP_WORDS=(pinnedd status --); COMP_CWORD=2; _pinnedd_complete; echo "${COMPREPLY[@]}"
+COMP_WORDS=(pinnedd --addr x pl); COMP_CWORD=3; _pinnedd_complete; echo "${COMPREPLY[@]}"
+COMP_WORDS=(pinnedd status -- ""); COMP_CWORD=3; _pinnedd_complete; echo "[${COMPREPLY[@]}]"`
 	bash := exec.Command("bash", "-c", script)
-	bash.Env = cliEnv([]string{"PATH=" + filepath.Dir(testutil.Bin(t, "pinnedd")) + ":" + os.Getenv("PATH")})
+	bash.Env = cliEnv([]string{"PATH=" + filepath.Dir(testutil.Bin(t, "pinnedd")) + ":" + os.Getenv("PATH"), "PINNEDD_ADDR=" + decoy})
 	out, err := bash.CombinedOutput()
-	if err != nil || string(out) != "reload\n--deadline\n" {
-		t.Fatalf("bash completion: %v\n%s", err, out)
+	want := "reload\n--deadline\n--addr --token --timeout --json --help\nplugins\n[]\n"
+	if err != nil || string(out) != want {
+		t.Fatalf("bash completion: %v\n%s\nwant:\n%s", err, out, want)
+	}
+	if n := hits.Load(); n != 0 {
+		t.Fatalf("completing a line ran it: %d requests reached the agent", n)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/pinnedd/pinnedd/raftstore"
 )
@@ -25,14 +27,37 @@ const (
 	defaultAddr    = "http://127.0.0.1:8080"
 	defaultTimeout = 30 * time.Second
 	// refusedWindow bounds how long a refused connection is retried: an agent
-	// that is still starting listens within it.
+	// that is still starting listens within it (about half a second after
+	// its start). A script, or a block a shell reads from a file or pipe,
+	// may start an agent and call it at once.
 	refusedWindow = 10 * time.Second
+	// refusedWindowTerminal is the bound when stdin is a terminal: someone
+	// typing at a prompt learns of a wrong --addr (or an agent that is not
+	// running) at once. Not zero: a block pasted into a terminal also runs
+	// with the terminal as stdin, and its agents were started a moment ago.
+	refusedWindowTerminal = 2 * time.Second
 )
+
+// refusedWindowFor is how long a command retries a refused connection to an
+// address that has not answered yet, bounded by its --timeout.
+func refusedWindowFor(stdinTerminal bool, timeout time.Duration) time.Duration {
+	if stdinTerminal {
+		return min(refusedWindowTerminal, timeout)
+	}
+	return min(refusedWindow, timeout)
+}
+
+// stdinIsTerminal says whether standard input is a terminal (a person at a
+// prompt) rather than a file, pipe or /dev/null.
+func stdinIsTerminal() bool {
+	_, err := unix.IoctlGetTermios(int(os.Stdin.Fd()), unix.TCGETS)
+	return err == nil
+}
 
 // clientFlags are shared by every command that talks to an agent.
 func clientFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "addr", Value: defaultAddr, Usage: "the agent's front door: a URL, host:port or :port", EnvVars: []string{"PINNEDD_ADDR"}},
+		&cli.StringFlag{Name: "addr", Value: defaultAddr, Usage: "the agent's front door: a URL, host:port, :port or port", EnvVars: []string{"PINNEDD_ADDR"}},
 		&cli.StringFlag{Name: "token", Usage: "operator token (none: only an agent in --dev accepts calls from loopback without one)", EnvVars: []string{"PINBOARD_TOKEN"}},
 		&cli.DurationFlag{Name: "timeout", Value: defaultTimeout, Usage: "give up on a call the agent has not answered within this long", EnvVars: []string{"PINNEDD_TIMEOUT"}},
 	}
@@ -43,6 +68,7 @@ type agentClient struct {
 	base    string // normalised --addr, no trailing slash
 	token   string
 	timeout time.Duration
+	refused time.Duration // how long a refused connection is retried
 	http    *http.Client
 }
 
@@ -59,19 +85,21 @@ func newAgentClient(c *cli.Context) (*agentClient, error) {
 	if errw == nil {
 		errw = io.Discard
 	}
-	rd := &refusedDialer{window: min(refusedWindow, timeout), notice: func(addr string, window time.Duration) {
+	rd := &refusedDialer{window: refusedWindowFor(stdinIsTerminal(), timeout), notice: func(addr string, window time.Duration) {
 		fmt.Fprintf(errw, "pinnedd: %s refused the connection; retrying for up to %s (is the agent still starting?)\n", addr, window)
 	}}
 	return &agentClient{
 		base:    base,
 		token:   c.String("token"),
 		timeout: timeout,
+		refused: rd.window,
 		http:    &http.Client{Transport: rd.transport()},
 	}, nil
 }
 
 // normalizeAddr turns what an operator may type for an agent's address
-// (what names it in errors: a URL, host:port or :port) into a base URL.
+// (what names it in errors: a URL, host:port, :port or a bare port) into a
+// base URL; a port alone means this machine's loopback.
 func normalizeAddr(what, addr string) (string, error) {
 	s := strings.TrimSpace(addr)
 	bad := func(why string) error {
@@ -79,6 +107,9 @@ func normalizeAddr(what, addr string) (string, error) {
 	}
 	if s == "" {
 		return "", bad("is empty")
+	}
+	if isPort(s) {
+		s = ":" + s // a bare port, as `--http-addr 8080` would be typed
 	}
 	if strings.HasPrefix(s, ":") {
 		s = "127.0.0.1" + s
@@ -106,6 +137,19 @@ func normalizeAddr(what, addr string) (string, error) {
 		return "", bad("has an empty port")
 	}
 	return strings.TrimRight(u.String(), "/"), nil
+}
+
+// isPort says s is all digits: a port, never a host name.
+func isPort(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // refusedDialer redials a refused connection until window passes: nothing
@@ -181,7 +225,7 @@ func (ac *agentClient) explain(ctx context.Context, err error) error {
 	case errors.As(err, &re):
 		return &agentError{addr: ac.base, status: re.Status, message: re.Message}
 	case errors.Is(err, syscall.ECONNREFUSED):
-		return &explained{err: err, msg: fmt.Sprintf("cannot reach the agent at %s: connection refused for %s (is it running there? check --addr or PINNEDD_ADDR)", ac.base, min(refusedWindow, ac.timeout))}
+		return &explained{err: err, msg: fmt.Sprintf("cannot reach the agent at %s: connection refused for %s (is it running there? check --addr or PINNEDD_ADDR)", ac.base, ac.refused)}
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return &explained{err: err, msg: fmt.Sprintf("the agent at %s did not answer within %s (--timeout, PINNEDD_TIMEOUT)", ac.base, ac.timeout)}
 	}

@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestNormalizeAddr(t *testing.T) {
@@ -16,6 +17,9 @@ func TestNormalizeAddr(t *testing.T) {
 		{"127.0.0.1:8080", "http://127.0.0.1:8080", ""},
 		{"localhost:8080", "http://localhost:8080", ""},
 		{":8080", "http://127.0.0.1:8080", ""},
+		{"8080", "http://127.0.0.1:8080", ""},
+		{" 8080", "http://127.0.0.1:8080", ""},
+		{"99999", "", "has port 99999, not 1-65535"},
 		{"[::1]:8080", "http://[::1]:8080", ""},
 		{"node-3", "http://node-3", ""},
 		{" 127.0.0.1:8080 ", "http://127.0.0.1:8080", ""},
@@ -127,5 +131,25 @@ func TestAgentErrorHint(t *testing.T) {
 	e = &agentError{addr: "http://127.0.0.1:8080", status: 403, message: "token lacks the operator scope"}
 	if strings.Contains(e.Error(), "PINBOARD_TOKEN") {
 		t.Fatalf("403 names the token hint: %q", e.Error())
+	}
+}
+
+// TestRefusedWindowFor: at a terminal a refused address is given up on
+// soon; otherwise (a script, a pipe) an agent still starting gets 10 s;
+// --timeout bounds both.
+func TestRefusedWindowFor(t *testing.T) {
+	for _, tc := range []struct {
+		terminal bool
+		timeout  time.Duration
+		want     time.Duration
+	}{
+		{true, defaultTimeout, 2 * time.Second},
+		{false, defaultTimeout, 10 * time.Second},
+		{true, time.Second, time.Second},
+		{false, time.Second, time.Second},
+	} {
+		if got := refusedWindowFor(tc.terminal, tc.timeout); got != tc.want {
+			t.Errorf("refusedWindowFor(%v, %s) = %s, want %s", tc.terminal, tc.timeout, got, tc.want)
+		}
 	}
 }

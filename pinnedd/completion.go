@@ -2,23 +2,20 @@ package main
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 )
 
-// The scripts ask pinnedd itself for the candidates: urfave/cli answers a
-// command line ending in --generate-bash-completion with the commands and
-// flags that fit there.
+// The scripts ask pinnedd itself for the candidates: the words typed, the
+// partial word (perhaps empty) and --generate-bash-completion; complete
+// answers such a line, which is never run.
 const bashCompletion = `# pinnedd bash completion: source <(pinnedd completion bash)
 _pinnedd_complete() {
   local cur="${COMP_WORDS[COMP_CWORD]}"
   local words=("${COMP_WORDS[@]:0:COMP_CWORD}")
   local opts
-  if [[ "$cur" == -* ]]; then
-    opts=$("${words[@]}" "$cur" --generate-bash-completion 2>/dev/null)
-  else
-    opts=$("${words[@]}" --generate-bash-completion 2>/dev/null)
-  fi
+  opts=$("${words[@]}" "$cur" --generate-bash-completion 2>/dev/null)
   COMPREPLY=($(compgen -W "$opts" -- "$cur"))
 }
 complete -o bashdefault -o default -F _pinnedd_complete pinnedd
@@ -29,11 +26,7 @@ const zshCompletion = `#compdef pinnedd
 _pinnedd() {
   local -a opts
   local cur=${words[CURRENT]}
-  if [[ "$cur" == -* ]]; then
-    opts=("${(@f)$(${words[@]:0:CURRENT-1} $cur --generate-bash-completion 2>/dev/null)}")
-  else
-    opts=("${(@f)$(${words[@]:0:CURRENT-1} --generate-bash-completion 2>/dev/null)}")
-  fi
+  opts=("${(@f)$(${words[@]:0:CURRENT-1} "$cur" --generate-bash-completion 2>/dev/null)}")
   if [[ -n "${opts[1]}" ]]; then
     _describe 'values' opts
   else
@@ -64,4 +57,65 @@ func completionCommand() *cli.Command {
 			return err
 		},
 	}
+}
+
+// complete lists what may replace the last of words (the partial word
+// being typed, after the program name, without the completion flag): the
+// flags of the command reached when it starts with "-" ("--" lists the long
+// ones), else that command's subcommands. It reads the line with
+// reorderArgs' rules (lookupFlag, takesValue, findCommand), so what it
+// offers is what runs; after "--" or a flag that wants a value it offers
+// nothing and the shell completes files.
+func complete(app *cli.App, words []string) []string {
+	partial := ""
+	if n := len(words); n > 0 {
+		partial, words = words[n-1], words[:n-1]
+	}
+	cmds, flags := app.Commands, append(app.Flags, cli.VersionFlag)
+	for i := 0; i < len(words); i++ {
+		w := words[i]
+		switch {
+		case w == "--":
+			return nil
+		case isFlag(w):
+			name, _, inline := strings.Cut(strings.TrimLeft(w, "-"), "=")
+			f := lookupFlag(flags, name)
+			if f == nil {
+				f = lookupFlag(allFlags(cmds), name)
+			}
+			if f != nil && !inline && takesValue(f) {
+				if i == len(words)-1 {
+					return nil // the partial word is its value
+				}
+				i++
+			}
+		default:
+			if c := findCommand(cmds, w); c != nil {
+				cmds, flags = c.Subcommands, c.Flags
+			} else {
+				cmds = nil // an argument: a leaf command's
+			}
+		}
+	}
+	var out []string
+	if !strings.HasPrefix(partial, "-") {
+		for _, c := range cmds {
+			if !c.Hidden && strings.HasPrefix(c.Name, partial) {
+				out = append(out, c.Name)
+			}
+		}
+		return out
+	}
+	for _, f := range append(flags, cli.HelpFlag) {
+		if v, ok := f.(cli.VisibleFlag); ok && !v.IsVisible() {
+			continue
+		}
+		for _, name := range f.Names() {
+			d := dashed(name)
+			if strings.HasPrefix(d, partial) && !(strings.HasPrefix(partial, "--") && len(name) == 1) {
+				out = append(out, d)
+			}
+		}
+	}
+	return out
 }

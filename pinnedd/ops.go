@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -121,10 +122,22 @@ func opsCommands() []*cli.Command {
 				{
 					Name:  "list",
 					Usage: "plugins with their process ids and versions",
-					Flags: clientFlags(),
+					Flags: append(clientFlags(), &cli.BoolFlag{Name: "json", Usage: "print JSON: {\"plugins\": [...]} as the agent reports them"}),
 					Action: func(c *cli.Context) error {
 						if err := noArgs(c); err != nil {
 							return err
+						}
+						if c.Bool("json") {
+							var raw struct {
+								Plugins json.RawMessage `json:"plugins"`
+							}
+							if err := apiCall(c, http.MethodGet, "/_pinned/status", nil, &raw); err != nil {
+								return err
+							}
+							if len(raw.Plugins) == 0 || string(raw.Plugins) == "null" {
+								raw.Plugins = json.RawMessage("[]")
+							}
+							return json.NewEncoder(c.App.Writer).Encode(raw)
 						}
 						var st struct {
 							Plugins []struct {

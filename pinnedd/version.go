@@ -51,8 +51,17 @@ func versionCommand() *cli.Command {
 		Name:  "version",
 		Usage: "print the version",
 		Action: func(c *cli.Context) error {
-			_, err := fmt.Fprintf(c.App.Writer, "pinnedd %s\n", version)
-			return err
+			if err := noArgs(c); err != nil {
+				return err
+			}
+			printVersion(c)
+			return nil
 		},
 	}
+}
+
+// printVersion is what `pinnedd version` and `pinnedd --version` both print
+// (it is the app's cli.VersionPrinter).
+func printVersion(c *cli.Context) {
+	fmt.Fprintf(c.App.Writer, "pinnedd %s\n", version)
 }

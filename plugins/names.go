@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // Limits on names, shared by pinnedd's front door and the SDK.
@@ -54,11 +55,14 @@ func ValidateID(id string) error {
 	if id[0] == '.' {
 		return fmt.Errorf("%w %q: starts with '.'", ErrInvalidID, id)
 	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
+	// Runes, not bytes: "é" is named as 'é', not as the Latin-1 reading of
+	// its first byte.
+	for i, c := range id {
 		switch {
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
 		case c == '.', c == '_', c == '~', c == ':', c == '@', c == '=', c == '+', c == '-':
+		case c == utf8.RuneError && !strings.HasPrefix(id[i:], "\uFFFD"):
+			return fmt.Errorf("%w %q: byte %q is not UTF-8", ErrInvalidID, id, id[i:i+1])
 		default:
 			return fmt.Errorf("%w %q: character %q not allowed", ErrInvalidID, id, c)
 		}

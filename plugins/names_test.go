@@ -31,3 +31,18 @@ func TestValidateNamespace(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateIDNamesRunes: a refused id names the character the user
+// typed, not the Latin-1 reading of one of its bytes.
+func TestValidateIDNamesRunes(t *testing.T) {
+	for id, want := range map[string]string{
+		"héllo":   `invalid id "héllo": character 'é' not allowed`,
+		"日本":      `invalid id "日本": character '日' not allowed`,
+		"a\uFFFD": "invalid id \"a\uFFFD\": character '\uFFFD' not allowed", // a real U+FFFD is a character
+		"h\xffx":  `invalid id "h\xffx": byte "\xff" is not UTF-8`,
+	} {
+		if err := ValidateID(id); err == nil || err.Error() != want {
+			t.Errorf("ValidateID(%q) = %v, want %s", id, err, want)
+		}
+	}
+}

@@ -458,6 +458,16 @@ func TestPluginRunsAsItsUser(t *testing.T) {
 	if out, err := asUser(a, "test", "-S", p.socket); err != nil {
 		t.Errorf("%s cannot reach its own data socket: %v %s", a.Name, err, out)
 	}
+	// But not the plugin's secrets: the SDK makes the process
+	// non-dumpable, so not even its own user reads its environment (the
+	// data socket's secret, the cluster-call credential) or memory.
+	for _, f := range []string{"environ", "mem"} {
+		if out, err := asUser(a, "head", "-c", "1", fmt.Sprintf("/proc/%d/%s", p.pid, f)); err == nil {
+			t.Errorf("%s reads its plugin's /proc/%d/%s: the process is dumpable", a.Name, p.pid, f)
+		} else if !strings.Contains(out, "Permission denied") {
+			t.Errorf("reading the plugin's %s as %s: %v %s", f, a.Name, err, out)
+		}
+	}
 
 	// A crash: the next process runs as the same user, in the same
 	// directory, and serves.

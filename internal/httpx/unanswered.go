@@ -35,7 +35,7 @@ var ErrNotSent = errors.New("request not sent")
 const (
 	OutcomeUnreachable = "unreachable" // nothing was sent: it did not run
 	OutcomeUnknown     = "unknown"     // sent, then no answer: it may have run
-	OutcomeTooLarge    = "too_large"   // the client's body ran over the cap on its way
+	OutcomeTooLarge    = "too-large"   // the client's body ran over the cap on its way
 )
 
 // UnknownOutcomeMsg is the error of a 504 for a request that may have run.

@@ -12,6 +12,9 @@
 //
 // The SDK never writes to stdout (go-plugin's handshake line owns it); logs
 // go to stderr as JSON, and pinnedd re-logs them tagged with the plugin.
+// Serve makes the process non-dumpable first: the secrets pinnedd gives it
+// (its data socket's, the cluster-call credential) are then out of reach of
+// other processes of its user (/proc/<pid>/environ, mem, ptrace).
 //
 // # Writing a host: an instance's life
 //

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/pinnedd/pinnedd/internal/harden"
 	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/plugins/proto"
 )
@@ -33,6 +34,12 @@ func Serve(hosts map[string]Host) {
 		// pinnedd died before our parent-death signal was armed.
 		logger.Error("parent pinnedd is gone; exiting", "expected_ppid", ppid, "ppid", os.Getppid())
 		os.Exit(1)
+	}
+	// The data socket's secret and the cluster-call credential are in this
+	// process's memory and environment: another process of the same user
+	// must not read them (/proc/<pid>/environ, mem, ptrace).
+	if err := harden.NonDumpable(); err != nil {
+		logger.Warn("could not make the plugin process non-dumpable", "err", err)
 	}
 	rt, err := NewRuntime(hosts, logger)
 	if err != nil {

@@ -1,6 +1,7 @@
-// Command counter is the counter host as a standalone pinnedd plugin:
+// Command counter is the counter host as a standalone pinnedd plugin; under
+// --dev it takes /counters over from the built-in host:
 //
-//	pinnedd agent --dev --no-builtin --plugin /counters=./counter
+//	pinnedd agent --dev --plugin /counters=./counter
 package main
 
 import (
