@@ -81,6 +81,7 @@ type Config struct {
 	MaxConns        int
 	IdleTimeout     time.Duration
 	BodyReadTimeout time.Duration
+	MaxBodyBytes    int64 // 0: no cap
 	TrustedProxies  []netip.Prefix
 	BalanceFactor   float64
 }

@@ -274,7 +274,7 @@ func (a *Agent) frontDoorConfig() pinboard.FrontDoorConfig {
 		Dir: a.dir, Tokens: a.tokens, Registry: a.registry,
 		Metrics: promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}), Logger: a.log, Registerer: a.reg,
 		Quarantine: quarantine, AccessLog: cfg.AccessLog, FastPath: cfg.FastPath, IdleTimeout: cfg.IdleTimeout,
-		MetricsPublic: cfg.MetricsPublic, BodyReadTimeout: cfg.BodyReadTimeout,
+		MetricsPublic: cfg.MetricsPublic, BodyReadTimeout: cfg.BodyReadTimeout, MaxBodyBytes: cfg.MaxBodyBytes,
 		MaxConnsPerIP: cfg.MaxConnsPerIP, MaxConns: cfg.MaxConns, PeerAddrs: func() []string { return memberAPIAddrs(store) },
 		Policy: pinboard.PlacementPolicy{BalanceFactor: cfg.BalanceFactor}, TrustedProxies: cfg.TrustedProxies,
 		PeerTLS: store.PeerTLS(), PeerAddr: store.PeerAddr,

@@ -17,9 +17,12 @@ import (
 	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
-// Bounded connections on the front door's net/http side: an
-// idle connection, a stalled request body and an oversized head are cut;
-// a held response stream is not; connections over the per-IP cap get 503.
+// Bounded connections on the front door, on net/http's side and the
+// kept-alive loop's: an idle connection, a stalled request body (read or
+// not) and an oversized head are cut; a held response stream is not;
+// connections over the per-IP cap get 503; a body over --max-body-size
+// gets 413 and never reaches its host; a chunked request (one with both
+// Content-Length and Transfer-Encoding, too) closes its connection.
 
 // dialFrom opens a TCP connection from the local IP from to the agent's
 // front door (every 127/8 address is this machine's on Linux).
@@ -72,7 +75,9 @@ func closedWithin(t *testing.T, c net.Conn, limit time.Duration, what string) ti
 
 func TestBoundedConnections(t *testing.T) {
 	t.Parallel()
-	a := testutil.StartAgent(t, nil, "--dev", "--http-idle-timeout", "1s", "--http-body-timeout", "1s")
+	th := testutil.Bin(t, "testhost")
+	a := testutil.StartAgent(t, nil, "--dev", "--http-idle-timeout", "1s", "--http-body-timeout", "1s",
+		"--max-body-size", "1KiB", "--plugin", "/tally="+th, "--plugin", "/misc="+th)
 	// The cap's own node: this test process's connections (from
 	// 127.0.0.1, the node's own IP, exempt once it knows it) stay off it.
 	capped := testutil.StartAgent(t, nil, "--dev", "--max-conns-per-ip", "2")
@@ -121,6 +126,82 @@ func TestBoundedConnections(t *testing.T) {
 		}
 		if d := time.Since(start); d < 2*time.Second {
 			t.Fatalf("the stream ended after %s: not held past the 1s deadline", d)
+		}
+	})
+
+	t.Run("stalled body on a route that does not read it", func(t *testing.T) {
+		// net/http drains an unread body before it answers: the body
+		// timeout bounds that too, and the connection closes after.
+		for _, tc := range []struct{ path, auth string }{
+			{"/nosuch/x", ""}, // 404 unknown namespace
+			{"/registry/register", "Bearer not-a-token"}, // 401
+			{"/metrics", ""}, // 405: GET only
+		} {
+			c := dialFrom(t, a, "127.0.0.1")
+			head := "POST " + tc.path + " HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n"
+			if tc.auth != "" {
+				head += "Authorization: " + tc.auth + "\r\n"
+			}
+			resp, _ := roundTrip(t, c, bufio.NewReader(c), head+"\r\n")
+			if resp.StatusCode < 400 {
+				t.Fatalf("POST %s: %d, want a refusal", tc.path, resp.StatusCode)
+			}
+			closedWithin(t, c, 5*time.Second, "POST "+tc.path+" with a stalled body")
+		}
+	})
+
+	t.Run("idle kept-alive loop connection closed", func(t *testing.T) {
+		c := dialFrom(t, a, "127.0.0.1")
+		intoLoop(t, a, c, bufio.NewReader(c), "/counters/idle/value")
+		closedWithin(t, c, 5*time.Second, "an idle connection the kept-alive loop holds")
+	})
+
+	t.Run("Content-Length and Transfer-Encoding close the connection", func(t *testing.T) {
+		const req = "POST /counters/clte/increment HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+		for _, loop := range []bool{false, true} {
+			c := dialFrom(t, a, "127.0.0.1")
+			br := bufio.NewReader(c)
+			if loop {
+				intoLoop(t, a, c, br, "/counters/clte/value")
+			}
+			resp, body := roundTrip(t, c, br, req)
+			if resp.StatusCode != 200 || !strings.Contains(body, `"value"`) || !resp.Close {
+				t.Fatalf("CL+TE (kept-alive loop: %v): %d close=%v %s, want served and closed", loop, resp.StatusCode, resp.Close, body)
+			}
+			closedWithin(t, c, 5*time.Second, "the connection after CL+TE")
+		}
+	})
+
+	t.Run("body over the cap", func(t *testing.T) {
+		big := strings.Repeat("x", 2<<10)
+		value := func() string {
+			return a.MustDo("GET", "/tally/cap/value", "").Body
+		}
+		c := dialFrom(t, a, "127.0.0.1")
+		resp, body := roundTrip(t, c, bufio.NewReader(c), fmt.Sprintf("POST /tally/cap/inc HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(big), big))
+		if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(body, "the limit is 1024 bytes") {
+			t.Fatalf("2 KiB body: %d %s, want 413", resp.StatusCode, body)
+		}
+		// On a connection the kept-alive loop holds: the same.
+		c = dialFrom(t, a, "127.0.0.1")
+		br := bufio.NewReader(c)
+		intoLoop(t, a, c, br, "/tally/cap/value")
+		resp, body = roundTrip(t, c, br, fmt.Sprintf("POST /tally/cap/inc HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(big), big))
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Fatalf("2 KiB body on a kept-alive loop connection: %d %s, want 413", resp.StatusCode, body)
+		}
+		if v := value(); v != `{"value":0}` {
+			t.Fatalf("the host counted %s after two refused bodies", v)
+		}
+		// Without a length (chunked): cut at the cap on its way to the host.
+		c = dialFrom(t, a, "127.0.0.1")
+		resp, body = roundTrip(t, c, bufio.NewReader(c), fmt.Sprintf("POST /misc/cap/echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(big), big))
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Fatalf("2 KiB chunked body: %d %.200s, want 413", resp.StatusCode, body)
+		}
+		// Within the cap: served.
+		if r := a.MustDo("POST", "/misc/cap/echo", strings.Repeat("y", 1024)); r.Code != 200 || !strings.Contains(r.Body, `"contentLength":1024`) {
+			t.Fatalf("1 KiB body: %d %.200s", r.Code, r.Body)
 		}
 	})
 
@@ -183,6 +264,22 @@ func TestBoundedConnections(t *testing.T) {
 			return capped.Metric(`pinboard_connections_refused_total{reason="per-ip"}`) >= 1
 		})
 	})
+}
+
+// intoLoop sends GET path on c twice, so (with the fast path) the second
+// is carried by a's kept-alive loop, and checks that it was: c is then a
+// connection the loop holds.
+func intoLoop(t *testing.T, a *testutil.Agent, c net.Conn, br *bufio.Reader, path string) {
+	t.Helper()
+	before := a.Metric("pinboard_kept_alive_requests_total")
+	for i := range 2 {
+		if resp, body := roundTrip(t, c, br, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n"); resp.StatusCode != 200 {
+			t.Fatalf("GET %s (%d): %d %s", path, i+1, resp.StatusCode, body)
+		}
+	}
+	if after := a.Metric("pinboard_kept_alive_requests_total"); fastPath(t) && after <= before {
+		t.Fatalf("the kept-alive loop carried none of two requests on one connection (%v before, %v after)", before, after)
+	}
 }
 
 // What a fleet node (no --dev: no anonymous loopback) shows without a

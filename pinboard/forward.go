@@ -440,7 +440,9 @@ func (fw *forwarder) forwardError(w http.ResponseWriter, info *fwdInfo, err erro
 	}
 	u := classifyUnanswered(err)
 	info.failure = u.Outcome
-	fw.ownerDidNotAnswer(u.Outcome, info.owner, info.p.Key, err)
+	if u.Outcome != outcomeTooLarge { // the client's body, not the owner
+		fw.ownerDidNotAnswer(u.Outcome, info.owner, info.p.Key, err)
+	}
 	u.Write(w)
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/supervisor"
 )
@@ -108,9 +109,12 @@ type FrontDoorConfig struct {
 	// net/http's path: the same answers, more CPU per request.
 	FastPath bool
 	// IdleTimeout closes a kept-alive client connection that sent nothing
-	// for this long (net/http's IdleTimeout; 0: net/http's default, the
-	// header timeout).
+	// for this long, in net/http (its IdleTimeout) and in the kept-alive
+	// loop alike; 0: no bound.
 	IdleTimeout time.Duration
+	// MaxBodyBytes caps a request body (boundRequest): over it, 413; 0:
+	// no cap.
+	MaxBodyBytes int64
 }
 
 // FrontDoor is the node's HTTP entry point: the router of every request
@@ -140,6 +144,7 @@ type FrontDoor struct {
 	affinityKey     func(*http.Request) *string
 	clusterCalls    func(token string) ([]string, bool)
 	bodyReadTimeout time.Duration
+	maxBody         int64
 	accessLog       bool
 	fastPath        bool
 
@@ -160,12 +165,13 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 	f := &FrontDoor{
 		dir: cfg.Dir, tokens: cfg.Tokens, logger: cfg.Logger, mux: http.NewServeMux(),
 		trustedProxies: cfg.TrustedProxies, affinityKey: cfg.AffinityKey, clusterCalls: cfg.ClusterCalls,
-		bodyReadTimeout: cfg.BodyReadTimeout, accessLog: cfg.AccessLog, fastPath: cfg.FastPath,
+		bodyReadTimeout: cfg.BodyReadTimeout, maxBody: cfg.MaxBodyBytes, accessLog: cfg.AccessLog, fastPath: cfg.FastPath,
 		peerAddrs: cfg.PeerAddrs, capPerIP: cfg.MaxConnsPerIP > 0,
 		transport: newPeerTransport(cfg.Transport, cfg.PeerTLS, cfg.PeerAddr),
 	}
 	f.res = newResolver(cfg.Dir, cfg.Worker, cfg.Local, cfg.Policy, cfg.Quarantine, cfg.Logger)
-	f.keep = newKeptAlive(loopRouter{f}, cfg.FastPath, cfg.AccessLog, cfg.Logger)
+	f.keep = newKeptAlive(loopRouter{f}, cfg.FastPath, cfg.AccessLog, cfg.Logger,
+		relay.ClientLimits{Idle: cfg.IdleTimeout, MaxBody: cfg.MaxBodyBytes})
 	f.owner = newOwnerSide(cfg.Dir, cfg.Worker, cfg.Local, f.res, f.keep, cfg.AttestationWindow)
 	f.fwd = newForwarder(cfg.Dir, f.res, f.keep, f.transport, cfg.Logger, f.routeRequest)
 	f.api = &api{

@@ -41,10 +41,12 @@ type keptAlive struct {
 	stopped atomic.Bool
 }
 
-// newKeptAlive builds the loop with rt as its router.
-func newKeptAlive(rt relay.Router, fastPath, accessLog bool, logger *slog.Logger) *keptAlive {
+// newKeptAlive builds the loop with rt as its router, its connections
+// held to lim (the front door's own bounds).
+func newKeptAlive(rt relay.Router, fastPath, accessLog bool, logger *slog.Logger, lim relay.ClientLimits) *keptAlive {
 	k := &keptAlive{handBack: relay.NewHandBack(), peerBack: relay.NewHandBack(), logger: logger, never: accessLog, holds: fastPath && relay.Supported}
 	k.conns = relay.NewConns(logger, rt, k.giveBack, ownerHeaderTimeout)
+	k.conns.SetClientLimits(lim)
 	return k
 }
 
@@ -131,7 +133,8 @@ func (k *keptAlive) close() error {
 // handler must then return at once.
 func (k *keptAlive) adopt(w http.ResponseWriter, r *http.Request) bool {
 	if !k.on.Load() || k.stopped.Load() || k.never ||
-		r.ProtoMajor != 1 || r.ProtoMinor != 1 || r.TLS != nil || r.Close || !k.adoptable(r) {
+		r.ProtoMajor != 1 || r.ProtoMinor != 1 || r.TLS != nil || r.Close || !k.adoptable(r) ||
+		w.Header().Get("Connection") == "close" { // the answer said the connection ends (boundRequest)
 		return false
 	}
 	rc := http.NewResponseController(w)

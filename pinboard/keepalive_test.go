@@ -288,7 +288,7 @@ func (w wrapped) NetConn() net.Conn { return w.Conn }
 // peer's (found through wrappers) to the cluster port's listener, a
 // client's to the front door's.
 func TestKeptAliveGivesBackWhereItCameFrom(t *testing.T) {
-	k := newKeptAlive(nil, true, false, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	k := newKeptAlive(nil, true, false, slog.New(slog.NewTextHandler(io.Discard, nil)), relay.ClientLimits{})
 	defer k.close()
 	peers := k.peerHandBacks()
 	client, _ := net.Pipe()

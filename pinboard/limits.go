@@ -23,8 +23,10 @@ import (
 // Connection bounds of the front door. net/http's own (idle timeout,
 // header size) are the http.Server's; these are the parts net/http has
 // none for: a cap on the connections a client IP and all clients hold
-// open, and a read deadline on request bodies that does not touch held
-// response streams.
+// open, a cap on a request's body, and a read deadline on request bodies
+// that does not touch held response streams. The kept-alive loop holds its
+// connections to the same settings (relay.ClientLimits) and gives back to
+// net/http every request these rules must answer.
 
 // Defaults of the agent's flags.
 const (
@@ -32,6 +34,8 @@ const (
 	DefaultMaxConns        = 10000
 	DefaultIdleTimeout     = 120 * time.Second
 	DefaultBodyReadTimeout = 30 * time.Second
+	// DefaultMaxBodyBytes caps a request body (--max-body-size).
+	DefaultMaxBodyBytes = 16 << 20
 	// MaxHeaderBytes bounds a request head on net/http's side (a larger
 	// one gets 431).
 	MaxHeaderBytes = 64 << 10
@@ -283,18 +287,107 @@ func (c *limitedConn) ReadFrom(r io.Reader) (int64, error) {
 // Unwrap returns the connection underneath.
 func (c *limitedConn) Unwrap() net.Conn { return c.Conn }
 
+// boundRequest is the front door's rule for one request's framing and
+// body, on every request net/http serves (a client's, a peer's on the
+// cluster port, one the kept-alive loop gave back): it answers and
+// reports false for a request it refuses, and otherwise returns what the
+// caller runs once its handler returned.
+//
+//   - A body whose Content-Length is over maxBody is answered 413 at once,
+//     unread, and the connection closes (no drain); one of unknown length
+//     (chunked) is cut at maxBody (http.MaxBytesReader): a forward or
+//     relay under way answers 413 (httpx.ClassifyUnanswered).
+//   - A client's chunked request closes its connection after the answer.
+//     RFC 9112 §6.1: a request with both Content-Length and
+//     Transfer-Encoding must, and net/http serves such a request by its
+//     chunked framing with the Content-Length field removed, so a handler
+//     cannot tell it from a chunked one. A peer's (another node's
+//     forwarder, over mutual TLS) keeps its connection: it never sends
+//     both.
+//   - The body gets a deadline on progress (bodyDeadline).
+func (f *FrontDoor) boundRequest(w http.ResponseWriter, r *http.Request) (out http.ResponseWriter, done func(), ok bool) {
+	out, done = w, func() {}
+	if r.Body == nil || r.Body == http.NoBody {
+		return out, done, true
+	}
+	if f.maxBody > 0 {
+		switch {
+		case r.ContentLength > f.maxBody:
+			// Closing, not draining: net/http would otherwise read up
+			// to 256 KiB of a body nobody wants before answering
+			// (Connection: close stops that) and again as it closes the
+			// body after (the past deadline stops that).
+			w.Header().Set("Connection", "close")
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+			httpx.WriteError(w, http.StatusRequestEntityTooLarge, httpx.BodyTooLargeMsg(f.maxBody), 0)
+			return nil, nil, false
+		case r.ContentLength < 0:
+			r.Body = http.MaxBytesReader(w, r.Body, f.maxBody)
+		}
+	}
+	if len(r.TransferEncoding) > 0 && !fromPeer(r) {
+		out = &closingWriter{ResponseWriter: w}
+	}
+	if f.bodyReadTimeout > 0 {
+		b := newBodyDeadline(w, r.Body, f.bodyReadTimeout)
+		r.Body, done = b, b.stop
+	}
+	return out, done, true
+}
+
+// closingWriter makes the final response written through it say
+// Connection: close, so net/http closes the connection after it. It sets
+// the field as the head goes out, not once before the handler: a handler
+// may clear the header in between (ReverseProxy does after relaying a
+// 1xx).
+type closingWriter struct {
+	http.ResponseWriter
+	final bool
+}
+
+func (w *closingWriter) close() {
+	if !w.final {
+		w.final = true
+		w.Header().Set("Connection", "close")
+	}
+}
+
+func (w *closingWriter) WriteHeader(code int) {
+	if code >= 200 {
+		w.close()
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *closingWriter) Write(p []byte) (int, error) {
+	w.close() // the implicit 200
+	return w.ResponseWriter.Write(p)
+}
+
+// FlushError is what http.ResponseController.Flush calls: a flush before
+// any write sends the head too.
+func (w *closingWriter) FlushError() error {
+	w.close()
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *closingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 // bodyDeadline bounds how long a request body may go without progress:
 // each Read must return within timeout, and once the body is read to its
 // end the deadline is cleared and never set again, so the rest of the
 // exchange (a held response stream, net/http's background read that
 // watches for the client leaving and cancels the request's context when
-// a read fails) runs with none. http.Server.ReadTimeout is not this: it
-// bounds the whole request from its first byte, so a slow but steady
-// upload, or a body read after a long placement or activation, would be
-// cut. A connection hijacked later (a held stream or a kept-alive
-// connection leaving net/http) is unaffected:
-// Hijack clears deadlines, and the loops use the descriptor, not Go's
-// deadlines.
+// a read fails) runs with none. The deadline is armed before the handler
+// reads anything and again when it returns with the body unread, so
+// net/http's discard of an unread body (up to 256 KiB, before it writes
+// the response head, on any route that does not read its body) is bounded
+// too: a stalled body then closes the connection. http.Server.ReadTimeout
+// is not this: it bounds the whole request from its first byte, so a slow
+// but steady upload, or a body read after a long placement or activation,
+// would be cut. A connection hijacked later (a held stream or a kept-alive
+// connection leaving net/http) is unaffected: Hijack clears deadlines,
+// and the loops use the descriptor, not Go's deadlines.
 type bodyDeadline struct {
 	io.ReadCloser
 	rc      *http.ResponseController
@@ -306,7 +399,11 @@ type bodyDeadline struct {
 }
 
 func newBodyDeadline(w http.ResponseWriter, body io.ReadCloser, timeout time.Duration) *bodyDeadline {
-	return &bodyDeadline{ReadCloser: body, rc: http.NewResponseController(w), timeout: timeout}
+	b := &bodyDeadline{ReadCloser: body, rc: http.NewResponseController(w), timeout: timeout}
+	// Armed now: a handler that writes and flushes its answer without
+	// reading the body makes net/http discard it then.
+	b.set = b.rc.SetReadDeadline(time.Now().Add(timeout)) == nil
+	return b
 }
 
 func (b *bodyDeadline) Read(p []byte) (int, error) {
@@ -338,12 +435,16 @@ func (b *bodyDeadline) clear() {
 }
 
 // stop runs when the handler returns: from then on the connection's
-// deadlines are net/http's (a body left unread keeps the last one while
-// net/http discards the rest, so a stalled one is still cut).
+// deadlines are net/http's. A body left unread gets one last deadline, a
+// full timeout from now, for net/http's discard of it; past it the
+// connection closes after the answer.
 func (b *bodyDeadline) stop() {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	b.done = true
-	b.mu.Unlock()
+	if !b.eof {
+		_ = b.rc.SetReadDeadline(time.Now().Add(b.timeout))
+	}
 }
 
 // peerRefreshEvery is how stale the per-IP cap's view of the fleet's own

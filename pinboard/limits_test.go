@@ -151,7 +151,7 @@ func TestConnLimiterDetach(t *testing.T) {
 // startCappedFront serves a front door, fast path on and at most perIP
 // connections from a client IP, on a loopback listener; its directory
 // places /counters/c1 on an owner (serve) on another node.
-func startCappedFront(t *testing.T, perIP int, serve http.HandlerFunc) (*FrontDoor, string) {
+func startCappedFront(t *testing.T, perIP int, serve http.HandlerFunc, adjust ...func(*FrontDoorConfig)) (*FrontDoor, string) {
 	t.Helper()
 	owner := httptest.NewServer(serve)
 	t.Cleanup(owner.Close)
@@ -167,10 +167,14 @@ func startCappedFront(t *testing.T, perIP int, serve http.HandlerFunc) (*FrontDo
 	}
 	dir := NewDirectory(m, nil)
 	t.Cleanup(dir.Close)
-	f := NewFrontDoor(FrontDoorConfig{
+	cfg := FrontDoorConfig{
 		Dir: dir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: prometheus.NewRegistry(),
 		FastPath: true, MaxConnsPerIP: perIP,
-	})
+	}
+	for _, a := range adjust {
+		a(&cfg)
+	}
+	f := NewFrontDoor(cfg)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -453,5 +457,209 @@ func TestFrontDoorListenerExemptsFleet(t *testing.T) {
 	get(t, dialFrom(t, "127.0.0.11", addr), "/healthz")
 	if resp, _ := get(t, dialFrom(t, "127.0.0.11", addr), "/healthz"); resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("second connection from a client IP: %d, want 503", resp.StatusCode)
+	}
+}
+
+// closedWithin reads c until the far end closes it, failing if that takes
+// longer than limit.
+func closedWithin(t *testing.T, c net.Conn, limit time.Duration, what string) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(limit))
+	_, err := io.Copy(io.Discard, c)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("%s: still open after %s", what, limit)
+	}
+	if err != nil && !strings.Contains(err.Error(), "reset") {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// answer writes raw on c and reads one response, with a deadline.
+func answer(t *testing.T, c net.Conn, br *bufio.Reader, raw string, within time.Duration) (*http.Response, string) {
+	t.Helper()
+	_ = c.SetDeadline(time.Now().Add(within))
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("no answer within %s to %.60q: %v", within, raw, err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("answer's body: %v", err)
+	}
+	_ = c.SetDeadline(time.Time{})
+	return resp, string(b)
+}
+
+// A route that answers without reading its body (404, 401) leaves the
+// body to net/http, which drains up to 256 KiB of it before it writes the
+// answer: a body that never comes is bounded by BodyReadTimeout all the
+// same, and the connection closes after the answer.
+func TestUnreadBodyBounded(t *testing.T) {
+	const bound = 300 * time.Millisecond
+	rig := newDoorRig(t, func(_ *doorRig, cfg *FrontDoorConfig) { cfg.BodyReadTimeout = bound })
+	rig.f.Handle("POST /_t/flush", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		// Answers and flushes at once, the body unread, then holds.
+		w.WriteHeader(http.StatusAccepted)
+		_ = http.NewResponseController(w).Flush()
+		time.Sleep(2 * bound)
+	}))
+	for path, want := range map[string]int{
+		"/nosuch/x":       http.StatusNotFound,     // an unknown namespace
+		"/registry/drain": http.StatusUnauthorized, // no token
+		"/_nosuch":        http.StatusNotFound,     // the mux's own
+		"/_t/flush":       http.StatusAccepted,
+	} {
+		t.Run(strings.TrimPrefix(path, "/"), func(t *testing.T) {
+			c := dialFrom(t, "127.0.0.1", strings.TrimPrefix(rig.srv.URL, "http://"))
+			// Ten bytes promised, none sent.
+			resp, _ := answer(t, c, bufio.NewReader(c), "POST "+path+" HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n", 10*bound)
+			if resp.StatusCode != want {
+				t.Fatalf("POST %s with a stalled body: %d, want %d", path, resp.StatusCode, want)
+			}
+			closedWithin(t, c, 10*bound, "a connection whose unread body stalled")
+		})
+	}
+	t.Run("body that arrives keeps the connection", func(t *testing.T) {
+		c := dialFrom(t, "127.0.0.1", strings.TrimPrefix(rig.srv.URL, "http://"))
+		br := bufio.NewReader(c)
+		for i := range 2 {
+			resp, _ := answer(t, c, br, "POST /nosuch/x HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789", 10*bound)
+			if resp.StatusCode != http.StatusNotFound || resp.Close {
+				t.Fatalf("request %d: %d close=%v, want 404 on a kept connection", i, resp.StatusCode, resp.Close)
+			}
+		}
+	})
+}
+
+// A client's request with both Content-Length and Transfer-Encoding is
+// served by its chunked framing (net/http's reading) and its connection
+// closes after the answer (RFC 9112 §6.1), as for any chunked request of a
+// client's, even when the handler relays a 1xx first (ReverseProxy clears
+// the header then); a peer's chunked request keeps its connection.
+func TestChunkedRequestClosesConnection(t *testing.T) {
+	rig := newDoorRig(t, nil)
+	rig.f.Handle("POST /_t/echo", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if r.URL.Query().Has("hints") {
+			w.Header().Set("Link", "</x>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+			clear(w.Header())
+		}
+		_, _ = w.Write(b)
+	}))
+	peers := httptest.NewServer(rig.f.PeerHandler())
+	t.Cleanup(peers.Close)
+	const clte = "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+	for name, tc := range map[string]struct {
+		srv, head string
+		close     bool
+	}{
+		"CL+TE":             {rig.srv.URL, "POST /_t/echo HTTP/1.1\r\nHost: x\r\n" + clte, true},
+		"TE+CL":             {rig.srv.URL, "POST /_t/echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n5\r\nhello\r\n0\r\n\r\n", true},
+		"CL+TE after a 1xx": {rig.srv.URL, "POST /_t/echo?hints HTTP/1.1\r\nHost: x\r\n" + clte, true},
+		"chunked":           {rig.srv.URL, "POST /_t/echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", true},
+		"length only":       {rig.srv.URL, "POST /_t/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello", false},
+		"a peer's chunked":  {peers.URL, "POST /_t/echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := dialFrom(t, "127.0.0.1", strings.TrimPrefix(tc.srv, "http://"))
+			br := bufio.NewReader(c)
+			resp, body := answer(t, c, br, tc.head, 5*time.Second)
+			for resp.StatusCode == http.StatusEarlyHints {
+				var err error
+				if resp, err = http.ReadResponse(br, nil); err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				body = string(b)
+			}
+			if resp.StatusCode != 200 || body != "hello" || resp.Close != tc.close {
+				t.Fatalf("%d %q close=%v, want 200 \"hello\" close=%v", resp.StatusCode, body, resp.Close, tc.close)
+			}
+			if tc.close {
+				closedWithin(t, c, 5*time.Second, "the connection after a chunked request")
+				return
+			}
+			if resp, _ := answer(t, c, br, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 5*time.Second); resp.StatusCode != 200 {
+				t.Fatalf("next request on the kept connection: %d", resp.StatusCode)
+			}
+		})
+	}
+}
+
+// A body over MaxBodyBytes is refused 413 before anything runs: at once,
+// unread, when its Content-Length says so (the connection closes instead
+// of draining it); a chunked one is cut at the cap and its forward
+// answered 413. The owner never receives more than the cap.
+func TestBodyCap(t *testing.T) {
+	const limit = 1000
+	var whole atomic.Int64 // bodies the owner read to their end
+	var ran atomic.Int64   // requests that reached the owner
+	f, addr := startCappedFront(t, 0, func(w http.ResponseWriter, r *http.Request) {
+		ran.Add(1)
+		n, err := io.Copy(io.Discard, r.Body)
+		if err == nil {
+			whole.Add(1)
+		}
+		w.Header().Set("Content-Length", "2")
+		_, _ = fmt.Fprintf(w, "%02d", n%100)
+	}, func(cfg *FrontDoorConfig) { cfg.MaxBodyBytes = limit })
+	post := func(c net.Conn, br *bufio.Reader, head, body string) (*http.Response, string) {
+		t.Helper()
+		return answer(t, c, br, "POST /counters/c1/increment HTTP/1.1\r\nHost: x\r\n"+head+"\r\n"+body, 5*time.Second)
+	}
+	t.Run("declared over the cap", func(t *testing.T) {
+		c := dialFrom(t, "127.0.0.1", addr)
+		// No body bytes sent: the answer must not wait for them.
+		resp, body := post(c, bufio.NewReader(c), fmt.Sprintf("Content-Length: %d\r\n", limit+1), "")
+		if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(body, "the limit is 1000 bytes") || !resp.Close {
+			t.Fatalf("%d %q close=%v, want 413 and close", resp.StatusCode, body, resp.Close)
+		}
+		closedWithin(t, c, 5*time.Second, "after a 413")
+	})
+	t.Run("at the cap", func(t *testing.T) {
+		c := dialFrom(t, "127.0.0.1", addr)
+		if resp, body := post(c, bufio.NewReader(c), fmt.Sprintf("Content-Length: %d\r\n", limit), strings.Repeat("a", limit)); resp.StatusCode != 200 || body != "00" {
+			t.Fatalf("%d %q, want the owner's 200 \"00\"", resp.StatusCode, body)
+		}
+	})
+	t.Run("chunked over the cap", func(t *testing.T) {
+		c := dialFrom(t, "127.0.0.1", addr)
+		chunk := strings.Repeat("b", 600)
+		resp, body := post(c, bufio.NewReader(c), "Transfer-Encoding: chunked\r\n",
+			fmt.Sprintf("%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n", len(chunk), chunk, len(chunk), chunk))
+		if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(body, "the limit is 1000 bytes") {
+			t.Fatalf("%d %q, want 413", resp.StatusCode, body)
+		}
+	})
+	if relay.Supported {
+		t.Run("on a kept-alive connection", func(t *testing.T) {
+			// The loop gives a request over the cap back to net/http,
+			// which refuses it.
+			c := dialFrom(t, "127.0.0.1", addr)
+			br := bufio.NewReader(c)
+			if resp, _ := post(c, br, "Content-Length: 0\r\n", ""); resp.StatusCode != 200 {
+				t.Fatalf("first request: %d", resp.StatusCode)
+			}
+			testutil.WaitFor(t, 5*time.Second, "the connection in the kept-alive loop", func() bool { return f.keep.conns.Len() == 1 })
+			back := f.keep.conns.HandedBack()
+			resp, _ := post(c, br, fmt.Sprintf("Content-Length: %d\r\n", limit+1), strings.Repeat("c", limit+1))
+			if resp.StatusCode != http.StatusRequestEntityTooLarge || f.keep.conns.HandedBack() != back+1 {
+				t.Fatalf("%d, handed back %d, want 413 from net/http", resp.StatusCode, f.keep.conns.HandedBack()-back)
+			}
+		})
+	}
+	// Within the cap: the one at it, and the kept-alive subtest's first.
+	within := int64(1)
+	if relay.Supported {
+		within++
+	}
+	// The chunked one may have reached the owner, its body cut short.
+	if whole.Load() != within || ran.Load() > within+1 {
+		t.Fatalf("the owner got %d requests and read %d bodies whole, want %d whole and no other but the cut one",
+			ran.Load(), whole.Load(), within)
 	}
 }

@@ -28,6 +28,7 @@ const (
 	outcomeRefused     = "refused"                // the owner refused in-band (draining, lease unhealthy)
 	outcomeMisdirected = "misdirected"            // the owner does not hold the placement our replica named
 	outcomeCanceled    = "canceled"               // the client went away first
+	outcomeTooLarge    = httpx.OutcomeTooLarge    // the client's body ran over --max-body-size on its way: 413
 
 	// pinboard_relayed_streams_ended_total{reason}: relay.Reason's names, and
 	relayEndRefused = "refused" // the relay loop would not take the stream
@@ -43,7 +44,7 @@ const (
 
 var (
 	resolutionOutcomes = []string{outcomePlaced, outcomeForwarded, outcomeLocal, outcomeQuarantined, outcomeNoBackends, outcomeStarting, outcomeError}
-	forwardOutcomes    = []string{outcomeUnreachable, outcomeUnknown, outcomeRefused, outcomeMisdirected, outcomeCanceled}
+	forwardOutcomes    = []string{outcomeUnreachable, outcomeUnknown, outcomeRefused, outcomeMisdirected, outcomeCanceled, outcomeTooLarge}
 	relayEndReasons    = []string{relay.Complete.String(), relay.ClientGone.String(), relay.UpstreamFailed.String(), relay.Shutdown.String(), relayEndRefused}
 	attestReasons      = []string{attestMissing, attestMalformed, attestForged, attestExpired, attestReplayed, attestNoKey}
 )

@@ -16,7 +16,7 @@ func TestLabelledCountersStartAtZero(t *testing.T) {
 	}
 	want := map[string][]string{
 		"pinboard_placement_resolutions_total": {"placed", "forwarded", "local", "quarantined", "no-backends", "starting", "error"},
-		"pinboard_forward_failures_total":      {"unreachable", "unknown", "refused", "misdirected", "canceled"},
+		"pinboard_forward_failures_total":      {"unreachable", "unknown", "refused", "misdirected", "canceled", "too-large"},
 		"pinboard_relayed_streams_ended_total": {"complete", "client-gone", "upstream-failed", "shutdown", "refused"},
 		"pinned_attestation_failures_total":    {"missing", "malformed", "forged", "expired", "replayed", "no-key"},
 	}

@@ -75,13 +75,11 @@ func withQuery(path, query string) string {
 }
 
 func (f *FrontDoor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if f.bodyReadTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
-		// Every route: a body that stalls is cut (BodyReadTimeout), a
-		// held response after it is not.
-		b := newBodyDeadline(w, r.Body, f.bodyReadTimeout)
-		r.Body = b
-		defer b.stop()
+	w, done, ok := f.boundRequest(w, r)
+	if !ok {
+		return
 	}
+	defer done()
 	if f.accessLog {
 		f.serveLogged(w, r)
 		return

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -68,6 +70,7 @@ func agentCommand() *cli.Command {
 			&cli.IntFlag{Name: "max-conns", Value: pinboard.DefaultMaxConns, Usage: "client connections the front door holds open in all; one more is answered 503 and closed; 0: no cap", EnvVars: []string{"PINNEDD_MAX_CONNS"}},
 			&cli.DurationFlag{Name: "http-idle-timeout", Value: pinboard.DefaultIdleTimeout, Usage: "close a kept-alive client connection idle this long between requests", EnvVars: []string{"PINNEDD_HTTP_IDLE_TIMEOUT"}},
 			&cli.DurationFlag{Name: "http-body-timeout", Value: pinboard.DefaultBodyReadTimeout, Usage: "close a client connection whose request body sends nothing for this long (held response streams are not affected)", EnvVars: []string{"PINNEDD_HTTP_BODY_TIMEOUT"}},
+			&cli.StringFlag{Name: "max-body-size", Value: fmt.Sprintf("%dMiB", pinboard.DefaultMaxBodyBytes>>20), Usage: "answer 413 to a request body over this `SIZE` (bytes, or with KiB, MiB, GiB); one without a length is cut there; 0: no cap", EnvVars: []string{"PINNEDD_MAX_BODY_SIZE"}},
 			&cli.BoolFlag{Name: "metrics-public", Usage: "serve GET /metrics without a token, for a scraper on a trusted network (otherwise it needs the operator token); anyone who reaches the port then reads namespaces, load and node state", EnvVars: []string{"PINNEDD_METRICS_PUBLIC"}},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", EnvVars: envVars("PINNEDD_LOG_LEVEL")},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", EnvVars: []string{"PINNEDD_LOG_FORMAT"}},
@@ -138,6 +141,9 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 	}
 	if cfg.MaxConnsPerIP < 0 || cfg.MaxConns < 0 {
 		return cfg, fmt.Errorf("--max-conns-per-ip (%d) and --max-conns (%d) must be 0 (no cap) or more", cfg.MaxConnsPerIP, cfg.MaxConns)
+	}
+	if cfg.MaxBodyBytes, err = parseSize(c.String("max-body-size")); err != nil {
+		return cfg, fmt.Errorf("--max-body-size: %w", err)
 	}
 	if cfg.IdleTimeout < 0 || cfg.BodyReadTimeout < 0 {
 		return cfg, errors.New("--http-idle-timeout and --http-body-timeout must not be negative (0: no bound)")
@@ -375,4 +381,27 @@ func newLogger(level, format string) (*slog.Logger, error) {
 	default:
 		return nil, fmt.Errorf("--log-format %q: want text or json", format)
 	}
+}
+
+// sizeUnits are parseSize's suffixes.
+var sizeUnits = []struct {
+	suffix string
+	n      int64
+}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}}
+
+// parseSize reads a byte count: digits, optionally followed by B, KiB,
+// MiB or GiB (powers of 1024; the case of the suffix does not matter).
+func parseSize(s string) (int64, error) {
+	num, mult := strings.TrimSpace(s), int64(1)
+	for _, u := range sizeUnits {
+		if len(num) > len(u.suffix) && strings.EqualFold(num[len(num)-len(u.suffix):], u.suffix) {
+			num, mult = strings.TrimSpace(num[:len(num)-len(u.suffix)]), u.n
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("%q is not a size: give bytes, or a whole number of KiB, MiB or GiB (0: no cap)", s)
+	}
+	return n * mult, nil
 }

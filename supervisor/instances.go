@@ -568,11 +568,15 @@ func (s *Supervisor) newProxy(inc *incarnation) *httputil.ReverseProxy {
 // path carried it (net/http's proxy, or the front door's loop, which
 // answered the client itself: Call.EndRelayed): counted by outcome, and
 // logged, one line per plugin and outcome per window with the count held
-// back. It returns the answer the client gets.
+// back (a body over the front door's cap is counted, not logged). It
+// returns the answer the client gets.
 func (s *Supervisor) unanswered(inc *incarnation, err error) httpx.Unanswered {
 	u := httpx.ClassifyUnanswered(err, RestartingMsg)
 	name := inc.proc.spec.Name
 	s.metrics.unanswered.WithLabelValues(name, u.Outcome).Inc()
+	if u.Outcome == httpx.OutcomeTooLarge {
+		return u // the client's body, not the plugin: nothing to warn of
+	}
 	s.warnings.Log(context.Background(), s.cfg.Logger, slog.LevelWarn, name+"\x00"+u.Outcome,
 		"plugin did not answer", "plugin", name, "outcome", u.Outcome, "alive", inc.alive(), "err", err)
 	return u

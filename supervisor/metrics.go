@@ -51,7 +51,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "pinned_plugin_restarts_total", Help: "Plugin processes restarted after they exited unexpectedly.",
 		}, []string{"plugin"}),
 		unanswered: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pinned_plugin_unanswered_total", Help: "Instance requests their plugin did not answer, by outcome: unreachable (nothing reached it: 503, it did not run) or unknown (sent, then cut: 504, it may have run).",
+			Name: "pinned_plugin_unanswered_total", Help: "Instance requests their plugin did not answer, by outcome: unreachable (nothing reached it: 503, it did not run), unknown (sent, then cut: 504, it may have run) or too-large (a chunked body ran over the front door's cap on its way: 413).",
 		}, []string{"plugin", "outcome"}),
 		instances: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "pinned_instances", Help: "Instances live on this node.",
@@ -73,7 +73,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 
 // unansweredOutcomes are pinned_plugin_unanswered_total's outcomes, each
 // exported at 0 for every plugin from the start.
-var unansweredOutcomes = []string{httpx.OutcomeUnreachable, httpx.OutcomeUnknown}
+var unansweredOutcomes = []string{httpx.OutcomeUnreachable, httpx.OutcomeUnknown, httpx.OutcomeTooLarge}
 
 // plugin exports a configured plugin's labelled counters at 0, so an alert
 // on them has a series before the first failure.

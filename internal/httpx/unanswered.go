@@ -21,6 +21,9 @@ import (
 //     complete response head. It may have run, wholly or in part; only a request that is safe
 //     to repeat (idempotent, or carrying a dedupe key, as Statewire frames do) may be sent
 //     again.
+//   - 413: the client's body ran over the front door's cap (http.MaxBytesReader) while it was
+//     being sent on. The upstream got the head and at most the cap's bytes of a body that then
+//     broke off; the client's connection closes.
 //
 // A hop never sends a request again itself once any of it may have reached the upstream.
 
@@ -32,6 +35,7 @@ var ErrNotSent = errors.New("request not sent")
 const (
 	OutcomeUnreachable = "unreachable" // nothing was sent: it did not run
 	OutcomeUnknown     = "unknown"     // sent, then no answer: it may have run
+	OutcomeTooLarge    = "too-large"   // the client's body ran over the cap on its way
 )
 
 // UnknownOutcomeMsg is the error of a 504 for a request that may have run.
@@ -39,8 +43,8 @@ const UnknownOutcomeMsg = "owner did not answer in time; the request may have ru
 
 // Unanswered is the answer to a request its upstream did not answer.
 type Unanswered struct {
-	Outcome    string        // OutcomeUnreachable or OutcomeUnknown
-	Status     int           // 503 or 504
+	Outcome    string        // OutcomeUnreachable, OutcomeUnknown or OutcomeTooLarge
+	Status     int           // 503, 504 or 413
 	Message    string        // the body's "error"
 	RetryAfter time.Duration // > 0 only for 503
 }
@@ -49,12 +53,22 @@ type Unanswered struct {
 // round trip's or a relay's error). It is OutcomeUnreachable (503 + Retry-After, with
 // unreachableMsg) only when err says nothing was sent: ErrNotSent, or a dial's error (as
 // net/http's Transport returns it); anything else, a timeout or a cut connection after the
-// request went out, is OutcomeUnknown (504, the request may have run).
+// request went out, is OutcomeUnknown (504, the request may have run); a body cut at the cap
+// (err holds an *http.MaxBytesError) is the client's, OutcomeTooLarge (413).
 func ClassifyUnanswered(err error, unreachableMsg string) Unanswered {
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		return Unanswered{Outcome: OutcomeTooLarge, Status: http.StatusRequestEntityTooLarge, Message: BodyTooLargeMsg(tooLarge.Limit)}
+	}
 	if NotSent(err) {
 		return Unanswered{Outcome: OutcomeUnreachable, Status: http.StatusServiceUnavailable, Message: unreachableMsg, RetryAfter: time.Second}
 	}
 	return Unanswered{Outcome: OutcomeUnknown, Status: http.StatusGatewayTimeout, Message: UnknownOutcomeMsg}
+}
+
+// BodyTooLargeMsg is the error of a 413 for a request body over limit bytes.
+func BodyTooLargeMsg(limit int64) string {
+	return "request body too large: the limit is " + strconv.FormatInt(limit, 10) + " bytes"
 }
 
 // NotSent reports whether err certainly came before any of the request reached the upstream.

@@ -33,6 +33,7 @@ func TestClassifyUnanswered(t *testing.T) {
 		{"header timeout", os.ErrDeadlineExceeded, OutcomeUnknown},
 		{"a context deadline", context.DeadlineExceeded, OutcomeUnknown},
 		{"anything else", errors.New("owner switched protocols unasked"), OutcomeUnknown},
+		{"the client's body over the cap", fmt.Errorf("write: %w", &http.MaxBytesError{Limit: 1024}), OutcomeTooLarge},
 	} {
 		u := ClassifyUnanswered(tc.err, "owner unreachable, retry")
 		if u.Outcome != tc.want {
@@ -57,6 +58,11 @@ func TestClassifyUnanswered(t *testing.T) {
 			{"AppendResponse", resp.StatusCode, resp.Header.Get("Retry-After"), string(loopBody)},
 		} {
 			switch tc.want {
+			case OutcomeTooLarge:
+				if got.code != 413 || got.retryAfter != "" ||
+					got.body != `{"error":"request body too large: the limit is 1024 bytes"}`+"\n" {
+					t.Errorf("%s via %s: %d Retry-After %q %q", tc.name, got.how, got.code, got.retryAfter, got.body)
+				}
 			case OutcomeUnreachable:
 				if got.code != 503 || got.retryAfter != "1" || got.body != `{"error":"owner unreachable, retry"}`+"\n" {
 					t.Errorf("%s via %s: %d Retry-After %q %q", tc.name, got.how, got.code, got.retryAfter, got.body)

@@ -129,6 +129,19 @@ func ReleaseWire(b *[]byte) {
 	}
 }
 
+// ClientLimits bound the client connections the loop holds. The front
+// door sets them from the same settings that bound net/http's side, so a
+// connection is held to one rule wherever it is served.
+type ClientLimits struct {
+	// Idle closes a connection that sent no request for this long
+	// (http.Server's IdleTimeout); 0 or less: no bound.
+	Idle time.Duration
+	// MaxBody: a request whose Content-Length is over it goes back to
+	// net/http, unread, whose rule for it answers (413); 0 or less: no
+	// cap but the loop's own (64 KiB; longer bodies go back too).
+	MaxBody int64
+}
+
 // Router decides each request read on a kept-alive connection. ok false:
 // the connection goes back to net/http with the request unread.
 type Router interface {
@@ -139,9 +152,9 @@ type Router interface {
 // which answers or refuses it as it always does.
 const (
 	maxHead      = 16 << 10
-	maxLoopBody  = 64 << 10
+	maxLoopBody  = 64 << 10 // ClientLimits.MaxBody may lower it
 	maxRespHead  = 64 << 10
-	idleTimeout  = 90 * time.Second // a kept-alive connection with no request
+	idleTimeout  = 90 * time.Second // a kept-alive connection with no request, until ClientLimits
 	headTimeout  = 10 * time.Second // a request head begun but not finished
 	sweepEvery   = time.Second
 	upstreamIdle = 60 * time.Second // a pooled upstream connection unused
@@ -216,9 +229,12 @@ func (s *headScan) find(in []byte, limit int) (end int, bad bool) {
 // parseRequest parses the request head at the start of in, resuming the
 // search for its end where s left it. n is the length of head and body
 // when the request is whole in in; need says more bytes are needed first;
-// ok false: not one for the loop (malformed, a bare LF, or anything but
-// the plain case), net/http takes it.
-func parseRequest(in []byte, s *headScan, h *ReqHead) (n int, need bool, ok bool) {
+// ok false: not one for the loop (malformed, a bare LF, a body longer
+// than maxBody, or anything but the plain case), net/http takes it. A
+// request with Transfer-Encoding (with a Content-Length too or not) is
+// never the loop's: net/http answers it and closes the connection where
+// its framing is one a proxy before it could read otherwise.
+func parseRequest(in []byte, s *headScan, h *ReqHead, maxBody int) (n int, need bool, ok bool) {
 	if s.n > 0 && len(in) < s.n {
 		h.expect = s.expect // the head parsed already: its body is coming
 		return 0, true, true
@@ -302,7 +318,7 @@ func parseRequest(in []byte, s *headScan, h *ReqHead) (n int, need bool, ok bool
 		}
 		h.Fields = append(h.Fields, Field{Name: name, Value: value})
 	}
-	if hosts != 1 || clen > maxLoopBody {
+	if hosts != 1 || clen > maxBody {
 		return 0, false, false
 	}
 	n = end + 4 + max(clen, 0)

@@ -30,8 +30,11 @@ type Conns struct {
 	// RespTimeout bounds the wait for a response head from upstream.
 	respTimeout time.Duration
 	// idleAfter closes a connection that sent no request for this long
-	// (idleTimeout; tests shorten it before the first Adopt).
+	// (idleTimeout, or ClientLimits.Idle; 0: never); maxBody is the
+	// longest request body the loop takes itself (ClientLimits.MaxBody).
+	// Both under mu once the loop runs.
 	idleAfter time.Duration
+	maxBody   int
 	// hsTimeout bounds a TLS upstream's connect and handshake
 	// (handshakeTimeout; tests shorten it under mu).
 	hsTimeout time.Duration
@@ -137,8 +140,20 @@ func NewConns(logger *slog.Logger, r Router, handBack func(net.Conn), respTimeou
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Conns{log: logger, router: r, handBack: handBack, respTimeout: respTimeout, idleAfter: idleTimeout, hsTimeout: handshakeTimeout, life: life{epfd: -1, wakefd: -1},
+	return &Conns{log: logger, router: r, handBack: handBack, respTimeout: respTimeout, idleAfter: idleTimeout, maxBody: maxLoopBody, hsTimeout: handshakeTimeout, life: life{epfd: -1, wakefd: -1},
 		clients: map[uint32]*client{}, ups: map[uint32]*upstream{}, idle: map[poolKey][]*upstream{}, drained: make(chan struct{})}
+}
+
+// SetClientLimits sets the bounds of the client connections the loop
+// holds (ClientLimits), for those it holds already too.
+func (l *Conns) SetClientLimits(lim ClientLimits) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.idleAfter = max(lim.Idle, 0)
+	l.maxBody = maxLoopBody
+	if lim.MaxBody > 0 && lim.MaxBody < maxLoopBody {
+		l.maxBody = int(lim.MaxBody)
+	}
 }
 
 // Len is the number of client connections the loop holds.
@@ -371,7 +386,7 @@ func (l *Conns) run(epfd, wakefd int) {
 func (l *Conns) sweepLocked(now time.Time, after *[]func()) {
 	for _, c := range l.clients {
 		switch {
-		case c.state == stHead && len(c.in) == 0 && now.Sub(c.since) > l.idleAfter,
+		case c.state == stHead && len(c.in) == 0 && l.idleAfter > 0 && now.Sub(c.since) > l.idleAfter,
 			c.state == stHead && len(c.in) > 0 && now.Sub(c.since) > headTimeout:
 			l.closeClient(c, after)
 		case (c.state == stSend || c.state == stResp) && l.timedOut(c, now):
@@ -431,7 +446,7 @@ func (l *Conns) readRequest(c *client, buf []byte, after *[]func()) bool {
 	}
 	for {
 		before := c.hs.scanned
-		n, need, ok := parseRequest(c.in, &c.hs, &l.scratch)
+		n, need, ok := parseRequest(c.in, &c.hs, &l.scratch, l.maxBody)
 		l.headWork += int64(c.hs.scanned - before)
 		if !ok {
 			l.giveBack(c, after)

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -396,6 +397,39 @@ func TestConnsHandBack(t *testing.T) {
 		if b, _ := io.ReadAll(resp.Body); strings.HasPrefix(string(b), "fixed") {
 			t.Fatalf("%s: reached the upstream: %d %q", name, resp.StatusCode, b)
 		}
+	}
+}
+
+// ClientLimits hold the loop's connections to the front door's bounds: a
+// body over MaxBody goes back to net/http unread (which refuses it there),
+// and a connection idle for Idle closes.
+func TestConnsClientLimits(t *testing.T) {
+	rig := newConnsRig(t)
+	rig.loop.SetClientLimits(ClientLimits{Idle: 300 * time.Millisecond, MaxBody: 100})
+	c := rig.client()
+	at := strings.Repeat("a", 100)
+	if code, _, body := rig.get(c, "POST", "/up/echo", at); code != 200 || body != at {
+		t.Fatalf("a body at the cap: %d %q, want it forwarded", code, body)
+	}
+	if code, _, body := rig.get(c, "POST", "/up/echo", at+"b"); code != 200 || body != "net/http POST /up/echo" {
+		t.Fatalf("a body over the cap: %d %q, want net/http to answer", code, body)
+	}
+	if rig.loop.Served() != 1 || rig.loop.HandedBack() != 1 {
+		t.Fatalf("the loop served %d and handed back %d, want 1 and 1", rig.loop.Served(), rig.loop.HandedBack())
+	}
+	conn, err := net.Dial("tcp", rig.front.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	_ = conn.SetReadDeadline(start.Add(10 * time.Second))
+	if n, err := conn.Read(make([]byte, 1)); n != 0 || err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("an idle connection: read %d, %v after %s, want it closed", n, err, time.Since(start))
+	}
+	// The sweep runs once a second.
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("an idle connection closed after %s, want about 300ms and a sweep", d)
 	}
 }
 

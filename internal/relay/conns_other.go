@@ -17,6 +17,9 @@ type Conns struct{}
 // NewConns returns a loop that takes no connections.
 func NewConns(*slog.Logger, Router, func(net.Conn), time.Duration) *Conns { return &Conns{} }
 
+// SetClientLimits does nothing.
+func (l *Conns) SetClientLimits(ClientLimits) {}
+
 // Len is always 0.
 func (l *Conns) Len() int { return 0 }
 

@@ -61,14 +61,14 @@ func FuzzParseRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, in []byte, split uint16) {
 		var h ReqHead
-		n, need, ok := parseRequest(in, &headScan{}, &h)
+		n, need, ok := parseRequest(in, &headScan{}, &h, maxLoopBody)
 		// The same verdict however the bytes arrive: in two reads.
 		var h2 ReqHead
 		var s headScan
 		cut := min(int(split), len(in))
-		n2, need2, ok2 := parseRequest(in[:cut], &s, &h2)
+		n2, need2, ok2 := parseRequest(in[:cut], &s, &h2, maxLoopBody)
 		if ok2 && (need2 || n2 == 0) {
-			n2, need2, ok2 = parseRequest(in, &s, &h2)
+			n2, need2, ok2 = parseRequest(in, &s, &h2, maxLoopBody)
 		} else if ok2 && cut < len(in) {
 			n2, need2, ok2 = n, need, ok // whole within the first read: done
 		}

@@ -11,7 +11,7 @@ func BenchmarkParseRequest(b *testing.B) {
 	var h ReqHead
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, need, ok := parseRequest(in, &headScan{}, &h); need || !ok {
+		if _, need, ok := parseRequest(in, &headScan{}, &h, maxLoopBody); need || !ok {
 			b.Fatal("not parsed")
 		}
 	}

@@ -73,7 +73,7 @@ func TestParseRequest(t *testing.T) {
 	for name, tc := range cases {
 		var h ReqHead
 		h.Fields = []Field{{Name: "Stale", Value: "field"}}
-		n, need, ok := parseRequest([]byte(tc.in), &headScan{}, &h)
+		n, need, ok := parseRequest([]byte(tc.in), &headScan{}, &h, maxLoopBody)
 		got := want{n: n, need: need, ok: ok}
 		if ok && !need {
 			got.method, got.target, got.host, got.fields, got.body, got.expect = h.Method, h.Target, h.Host, h.Fields, string(h.Body), h.expect
@@ -204,7 +204,7 @@ func TestParseWorkIsLinear(t *testing.T) {
 			if tc.response {
 				_, need, ok = parseResponse(in, &s, "", nil)
 			} else {
-				_, need, ok = parseRequest(in, &s, &h)
+				_, need, ok = parseRequest(in, &s, &h, maxLoopBody)
 			}
 			done = !need
 		}
