@@ -145,7 +145,9 @@ type Store interface {
 	// CollectFences drops the fences that fence nothing: see the package doc, "Collecting
 	// fences". below is a generation no placement the caller does not list in live can still
 	// hold at or above it unless it was granted later (the directory's newest generation + 1);
-	// live lists every placement the directory holds. It returns how many fences it dropped.
+	// live lists every placement the directory holds. It returns how many fences it dropped; an
+	// implementation may drop only some of the collectable ones per call (pgstore: a page), so
+	// a caller repeats the call while it drops any.
 	CollectFences(ctx context.Context, below uint64, live []Live) (int, error)
 	// Close releases resources; later calls fail with ErrClosed. Closing twice is harmless.
 	Close() error

@@ -421,12 +421,18 @@ const (
 	// without a fence row.
 	collectFloorSQL = `SELECT LEAST($4::bigint, min(l.generation)) FROM ` + liveSQL + `
 WHERE NOT EXISTS (SELECT 1 FROM pinned_instance_fence f WHERE f.ns = l.ns AND f.id = l.id)`
-	// lockCollectableSQL locks the rows statestore.Collectable allows by their own columns
-	// ($4: the floor), skipping rows a writer holds: an instance in use is not collectable.
+	// lockCollectableSQL locks up to collectPage rows statestore.Collectable allows ($4: the
+	// floor), skipping rows a writer holds: an instance in use is not collectable. Its tray
+	// check only keeps instances with state out of the page; dropSQL's is the one that counts.
 	lockCollectableSQL = `SELECT ns, id FROM pinned_instance_fence f
 WHERE generation < $4 AND last_seq = 0
 	AND NOT EXISTS (SELECT 1 FROM ` + liveSQL + ` WHERE l.ns = f.ns AND l.id = f.id)
+	AND NOT EXISTS (SELECT 1 FROM pinned_tray_index t WHERE t.ns = f.ns AND t.id = f.id)
+LIMIT ` + collectPage + `
 FOR UPDATE SKIP LOCKED`
+	// collectPage bounds the rows one CollectFences drops, so its transaction stays short; a
+	// caller repeats the call while it drops something.
+	collectPage = "10000"
 	// dropSQL deletes the locked rows ($1, $2) whose instance holds no tray. It runs after the
 	// rows are locked, so its snapshot sees every commit that touched their trays.
 	dropSQL = `DELETE FROM pinned_instance_fence f USING unnest($1::text[], $2::text[]) AS c(ns, id)
