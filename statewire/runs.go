@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/pinnedd/pinnedd/plugins/sdk"
 )
@@ -153,6 +154,9 @@ func handleCommands(ctx context.Context, run *sdk.Run) error {
 	if _, err := run.Tray.Get(admittedField, &stored); err != nil || stored < high {
 		if err := run.Tray.Set(admittedField, high); err != nil {
 			return fmt.Errorf("record admitted seq: %w", err)
+		}
+		if err := run.Tray.Set(admittedAtField, time.Now().UnixMilli()); err != nil {
+			return fmt.Errorf("record admission time: %w", err)
 		}
 	}
 	return nil
