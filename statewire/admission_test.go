@@ -514,8 +514,14 @@ func TestHighWaterNeverMovesBack(t *testing.T) {
 func TestIdleClientsAreForgotten(t *testing.T) {
 	store := memstore.New()
 	const window = 300 * time.Millisecond
+	stopped := make(chan bool, 100) // each run of anon-2: was it told to stop?
 	a := activate(t, storegrpc.Client(t, store), 5, func(cfg *statewire.Config) {
-		cfg.Run = func(context.Context, *statewire.RunContext) error { return nil }
+		cfg.Run = func(_ context.Context, rc *statewire.RunContext) error {
+			if rc.ClientID == "anon-2" {
+				stopped <- rc.Stopping()
+			}
+			return nil
+		}
 		cfg.DedupWindow = window
 	})
 	const n = 20
@@ -526,6 +532,10 @@ func TestIdleClientsAreForgotten(t *testing.T) {
 	}
 	if ans := a.postAs(t, "anon-0", `{"seq":1,"type":"say"}`); ans.code != http.StatusOK || ans.resp.Duplicates != 1 {
 		t.Fatalf("a resend within the window: %+v, want a duplicate", ans)
+	}
+	<-stopped
+	if ans := a.postAs(t, "anon-2", `{"seq":2,"type":"cancel"}`); ans.code != http.StatusOK || ans.resp.Admitted != 1 {
+		t.Fatalf("cancel: %+v", ans)
 	}
 	clientTrays := func() int {
 		trays, err := store.Load(t.Context(), threadKey, 5)
@@ -549,5 +559,17 @@ func TestIdleClientsAreForgotten(t *testing.T) {
 	}
 	if ans := a.postAs(t, "anon-1", `{"seq":1,"type":"say"}`); ans.code != http.StatusOK || ans.resp.Admitted != 1 {
 		t.Fatalf("a forgotten client starting over: %+v", ans)
+	}
+	// Its old cancel (seq 2) went with its mark: the new seq 1 runs.
+	if ans := a.postAs(t, "anon-2", `{"seq":1,"type":"say"}`); ans.code != http.StatusOK || ans.resp.Admitted != 1 {
+		t.Fatalf("anon-2 starting over: %+v", ans)
+	}
+	select {
+	case s := <-stopped:
+		if s {
+			t.Fatal("a forgotten client's new run was stopped by the cancel it sent before")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("anon-2's new run never ran")
 	}
 }

@@ -102,6 +102,14 @@ func (m *runManager) requestStop(clientID string, seq int64) {
 	}
 }
 
+// forget drops clientID's cancel mark with its dedup mark: a client that
+// starts over from seq 1 must not find its new runs cancelled.
+func (m *runManager) forget(clientID string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.cancelled, clientID)
+}
+
 func (m *runManager) stopIfCancelledLocked(rc *RunContext) {
 	if len(rc.Commands) > 0 && rc.Commands[0].Seq < m.cancelled[rc.ClientID] {
 		rc.requestStop()

@@ -234,6 +234,7 @@ func (s *Server) forgetClients(now time.Time) {
 				tray.Delete(name)
 			}
 			p.high = -1
+			s.runs.forget(k.ID)
 		}
 		p.mu.Unlock()
 		s.dropPool(k.ID, p)
