@@ -146,6 +146,15 @@ func (a *Agent) Start() {
 		scanner := pinboard.NewMarkedScanner(statestore.Bounded(a.states, 0, nil), a.fd, a.cfg.ScanInterval, a.log)
 		a.store.RunAsLeader("scanner", scanner.Run)
 	}
+	var fenceGC *pinboard.FenceCollector
+	if a.states != nil {
+		fenceGC = pinboard.NewFenceCollector(a.dir, statestore.Bounded(a.states, 0, nil), a.cfg.FenceGCInterval, a.log)
+		if a.cfg.DatabaseURL != "" {
+			// One store for the fleet: its leader collects. Collecting from a follower's older
+			// directory would be safe too (it only keeps more), just repeated work.
+			a.store.RunAsLeader("fence gc", fenceGC.Run)
+		}
+	}
 
 	go func() { a.serveErr <- a.fd.Serve(a.ln) }()
 	var namespaces []string
@@ -157,6 +166,10 @@ func (a *Agent) Start() {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	a.bgCancel = cancel
+	if fenceGC != nil && a.cfg.DatabaseURL == "" {
+		// This node's own store: it collects it, leader or not.
+		a.background(ctx, fenceGC.Run)
+	}
 	if a.cfg.Join != "" {
 		a.background(ctx, func(ctx context.Context) { joinUntilDone(ctx, a.cfg.Join, a.cfg.Tokens[0], a.store, a.log) })
 	}

@@ -61,6 +61,9 @@ type Config struct {
 	DatabaseURL string
 	// ScanInterval is how often the leader looks for marked work to resume.
 	ScanInterval time.Duration
+	// FenceGCInterval is how often the state store's fences of instances that never wrote are
+	// collected (zero: pinboard.DefaultFenceGCInterval).
+	FenceGCInterval time.Duration
 	// Plugin and instance timing (zero: the supervisor's defaults).
 	DetachedTimeout time.Duration
 	StopGrace       time.Duration

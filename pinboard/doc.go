@@ -8,10 +8,11 @@
 // supervisor does) and never touches Raft directly (package raftstore does,
 // behind the Applier interface).
 //
-// Two parts run only on the Raft leader, started by the agent through
-// raftstore's RunAsLeader: Housekeeping (the cluster secret, directory GC)
-// and MarkedScanner (wakes instances with marked durable work whose owner
-// is gone).
+// Three parts run only on the Raft leader, started by the agent through
+// raftstore's RunAsLeader: Housekeeping (the cluster secret, directory GC),
+// MarkedScanner (wakes instances with marked durable work whose owner is
+// gone) and FenceCollector (drops the state store's fences of ids that
+// never wrote; on a node with a store of its own, every node runs it).
 //
 // Requests take one of two paths through the front door. net/http's
 // handlers decide everything (placement, claims, activation, refusals,

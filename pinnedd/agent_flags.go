@@ -51,6 +51,7 @@ func agentCommand() *cli.Command {
 			&cli.BoolFlag{Name: "watch-plugins", Usage: "hot-swap a plugin when its binary is replaced", DefaultText: "on with --dev, off otherwise", EnvVars: []string{"PINNEDD_WATCH_PLUGINS"}},
 			&cli.StringFlag{Name: "database-url", Usage: "Postgres for instance state, shared by the fleet, so any node can restore any id; prefer DATABASE_URL (e.g. from a 0600 environment file): on the command line its password is visible to every local user (ps)", EnvVars: []string{"DATABASE_URL"}},
 			&cli.BoolFlag{Name: "local-state", Usage: "keep instance state in --data-dir instead of a shared --database-url: an id stays on its node while that node lives, but one that moves (a drain, a restart, the node's death) starts EMPTY on its new node", EnvVars: []string{"PINNEDD_LOCAL_STATE"}},
+			&cli.DurationFlag{Name: "fence-gc-interval", Value: pinboard.DefaultFenceGCInterval, Usage: "how often the state store's fence rows of ids that never wrote are collected", EnvVars: []string{"PINNEDD_FENCE_GC_INTERVAL"}},
 			&cli.DurationFlag{Name: "scan-interval", Value: pinboard.DefaultScanInterval, Usage: "how often the leader looks for marked durable work to resume", EnvVars: []string{"PINNEDD_SCAN_INTERVAL"}},
 			&cli.BoolFlag{Name: "no-hosts", Usage: "serve no instances: a pure front door and Raft member (what a pinboard-only node is)", EnvVars: []string{"PINNEDD_NO_HOSTS"}},
 			&cli.StringFlag{Name: "token", Usage: "deployment token (worker and operator scopes); prefer PINBOARD_TOKEN or --token-file: on the command line it is visible to every local user (ps)", EnvVars: []string{"PINBOARD_TOKEN"}},
@@ -136,6 +137,7 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 	cfg.DrainDeadline = c.Duration("drain-deadline")
 	cfg.SwapDeadline = c.Duration("swap-deadline")
 	cfg.ScanInterval = c.Duration("scan-interval")
+	cfg.FenceGCInterval = c.Duration("fence-gc-interval")
 	if cfg.TrustedProxies, err = pinboard.ParseTrustedProxies(c.String("trusted-proxies")); err != nil {
 		return cfg, fmt.Errorf("--trusted-proxies: %w", err)
 	}
@@ -150,6 +152,9 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 	}
 	if cfg.ScanInterval <= 0 {
 		return cfg, fmt.Errorf("--scan-interval (%s) must be positive", cfg.ScanInterval)
+	}
+	if cfg.FenceGCInterval <= 0 {
+		return cfg, fmt.Errorf("--fence-gc-interval (%s) must be positive", cfg.FenceGCInterval)
 	}
 	if cfg.Heartbeat >= cfg.LeaseTTL {
 		return cfg, fmt.Errorf("--heartbeat-interval (%s) must be shorter than --lease-ttl (%s)", cfg.Heartbeat, cfg.LeaseTTL)

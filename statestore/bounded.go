@@ -108,6 +108,14 @@ func (b *bounded) Generation(ctx context.Context, inst InstanceKey) (gen uint64,
 	return gen, err
 }
 
+func (b *bounded) CollectFences(ctx context.Context, below uint64, live []Live) (n int, err error) {
+	err = b.call(ctx, "collect fences", func(ctx context.Context) error {
+		n, err = b.s.CollectFences(ctx, below, live)
+		return err
+	})
+	return n, err
+}
+
 func (b *bounded) Close() error { return b.s.Close() }
 
 // Ping implements Pinger with the inner store's ping (nil if it has none).

@@ -7,6 +7,11 @@
 // partitioned former owner can never change what the new owner reads or writes. An activation
 // calls [Store.Fence] (or [Store.Load], which fences too) before anything else.
 //
+// Fences of instances that never wrote are collected ([Store.CollectFences]), so the ids
+// strangers name do not leave state for ever; a store-wide floor then refuses the generations
+// those fences refused. A fence is dropped only when no placement that may still write can
+// need it: see DESIGN.md, "Collecting fences".
+//
 // The package defines the model, the [Store] contract, the input limits and the sentinel errors.
 // The implementations live in subpackages (memstore, boltstore, pgstore) and all pass the
 // conformance suite in storetest.

@@ -139,10 +139,46 @@ type Store interface {
 	// ListMarked returns up to limit instances holding at least one marked tray, in key order,
 	// strictly after `after` (the zero key starts from the beginning).
 	ListMarked(ctx context.Context, after InstanceKey, limit int) ([]InstanceKey, error)
-	// Generation returns the newest generation seen for the instance, 0 if none.
+	// Generation returns the newest generation seen for the instance, 0 if none (also once
+	// CollectFences dropped its fence).
 	Generation(ctx context.Context, inst InstanceKey) (uint64, error)
+	// CollectFences drops the fences that fence nothing: see the package doc, "Collecting
+	// fences". below is a generation no placement the caller does not list in live can still
+	// hold at or above it unless it was granted later (the directory's newest generation + 1);
+	// live lists every placement the directory holds. It returns how many fences it dropped; an
+	// implementation may drop only some of the collectable ones per call (pgstore: a page), so
+	// a caller repeats the call while it drops any.
+	CollectFences(ctx context.Context, below uint64, live []Live) (int, error)
 	// Close releases resources; later calls fail with ErrClosed. Closing twice is harmless.
 	Close() error
+}
+
+// Live is a placement the directory holds: its owner may still activate the instance (Load) and
+// write under Generation, so CollectFences must neither drop its fence nor raise the floor past a
+// generation it has not fenced yet.
+type Live struct {
+	Inst       InstanceKey
+	Generation uint64
+}
+
+// CollectFloor is the floor CollectFences raises to: below, lowered to the generation of every
+// live placement whose instance has no fence yet (its owner has not loaded it: its Load must
+// still pass). hasFence reports whether the store holds a fence for an instance. Every
+// implementation computes the floor here, so the rule is written once.
+func CollectFloor(below uint64, live []Live, hasFence func(InstanceKey) bool) uint64 {
+	floor := below
+	for _, l := range live {
+		if l.Generation < floor && !hasFence(l.Inst) {
+			floor = l.Generation
+		}
+	}
+	return floor
+}
+
+// Collectable reports whether CollectFences may drop an instance's fence: below the floor, not
+// live, holding no tray, and never having handed out a seq (so no seq can be reused either).
+func Collectable(gen uint64, lastSeq int64, trays bool, isLive bool, floor uint64) bool {
+	return gen < floor && lastSeq == 0 && !trays && !isLive
 }
 
 // FencedError builds the error a store returns when gen is older than current.

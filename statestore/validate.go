@@ -158,3 +158,17 @@ func ValidateCommit(inst InstanceKey, gen uint64, muts []Mutation) (appended int
 	}
 	return appended, nil
 }
+
+// ValidateCollect checks the arguments of CollectFences: below within 0..MaxGeneration (0
+// collects nothing), every live placement a valid instance with a valid generation.
+func ValidateCollect(below uint64, live []Live) error {
+	if below > MaxGeneration {
+		return fmt.Errorf("%w: below %d over %d", ErrInvalid, below, uint64(MaxGeneration))
+	}
+	for _, l := range live {
+		if err := ValidateFence(l.Inst, l.Generation); err != nil {
+			return fmt.Errorf("live placement: %w", err)
+		}
+	}
+	return nil
+}

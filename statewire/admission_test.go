@@ -506,3 +506,70 @@ func TestHighWaterNeverMovesBack(t *testing.T) {
 		t.Fatalf("stored %v, want [1 2 3]", got)
 	}
 }
+
+// Client ids that come and go leave no state once their dedup window has
+// passed: each client's tray (its dedup mark) is deleted once nothing of it
+// is pending. Within the window a resent frame is a duplicate; after it the
+// client is new again and starts from seq 1.
+func TestIdleClientsAreForgotten(t *testing.T) {
+	store := memstore.New()
+	const window = 300 * time.Millisecond
+	stopped := make(chan bool, 100) // each run of anon-2: was it told to stop?
+	a := activate(t, storegrpc.Client(t, store), 5, func(cfg *statewire.Config) {
+		cfg.Run = func(_ context.Context, rc *statewire.RunContext) error {
+			if rc.ClientID == "anon-2" {
+				stopped <- rc.Stopping()
+			}
+			return nil
+		}
+		cfg.DedupWindow = window
+	})
+	const n = 20
+	for i := range n {
+		if ans := a.postAs(t, fmt.Sprint("anon-", i), `{"seq":1,"type":"say"}`); ans.code != http.StatusOK || ans.resp.Admitted != 1 {
+			t.Fatalf("client %d: %+v", i, ans)
+		}
+	}
+	if ans := a.postAs(t, "anon-0", `{"seq":1,"type":"say"}`); ans.code != http.StatusOK || ans.resp.Duplicates != 1 {
+		t.Fatalf("a resend within the window: %+v, want a duplicate", ans)
+	}
+	<-stopped
+	if ans := a.postAs(t, "anon-2", `{"seq":2,"type":"cancel"}`); ans.code != http.StatusOK || ans.resp.Admitted != 1 {
+		t.Fatalf("cancel: %+v", ans)
+	}
+	clientTrays := func() int {
+		trays, err := store.Load(t.Context(), threadKey, 5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := 0
+		for _, tr := range trays {
+			if tr.Key.NS == statewire.CommandTray {
+				k++
+			}
+		}
+		return k
+	}
+	if k := clientTrays(); k != n {
+		t.Fatalf("%d client trays after %d clients, want %d", k, n, n)
+	}
+	testutil.WaitFor(t, 10*time.Second, "every client's tray deleted", func() bool { return clientTrays() == 0 })
+	if ans := a.postAs(t, "anon-1", `{"seq":2,"type":"say"}`); ans.code != http.StatusConflict || !strings.Contains(ans.body, `"expected":1`) {
+		t.Fatalf("a forgotten client's next seq: %d %s, want 409 expecting 1", ans.code, ans.body)
+	}
+	if ans := a.postAs(t, "anon-1", `{"seq":1,"type":"say"}`); ans.code != http.StatusOK || ans.resp.Admitted != 1 {
+		t.Fatalf("a forgotten client starting over: %+v", ans)
+	}
+	// Its old cancel (seq 2) went with its mark: the new seq 1 runs.
+	if ans := a.postAs(t, "anon-2", `{"seq":1,"type":"say"}`); ans.code != http.StatusOK || ans.resp.Admitted != 1 {
+		t.Fatalf("anon-2 starting over: %+v", ans)
+	}
+	select {
+	case s := <-stopped:
+		if s {
+			t.Fatal("a forgotten client's new run was stopped by the cancel it sent before")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("anon-2's new run never ran")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/pinnedd/pinnedd/plugins/sdk"
 )
@@ -101,6 +102,14 @@ func (m *runManager) requestStop(clientID string, seq int64) {
 	}
 }
 
+// forget drops clientID's cancel mark with its dedup mark: a client that
+// starts over from seq 1 must not find its new runs cancelled.
+func (m *runManager) forget(clientID string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.cancelled, clientID)
+}
+
 func (m *runManager) stopIfCancelledLocked(rc *RunContext) {
 	if len(rc.Commands) > 0 && rc.Commands[0].Seq < m.cancelled[rc.ClientID] {
 		rc.requestStop()
@@ -153,6 +162,9 @@ func handleCommands(ctx context.Context, run *sdk.Run) error {
 	if _, err := run.Tray.Get(admittedField, &stored); err != nil || stored < high {
 		if err := run.Tray.Set(admittedField, high); err != nil {
 			return fmt.Errorf("record admitted seq: %w", err)
+		}
+		if err := run.Tray.Set(admittedAtField, time.Now().UnixMilli()); err != nil {
+			return fmt.Errorf("record admission time: %w", err)
 		}
 	}
 	return nil

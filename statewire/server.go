@@ -54,11 +54,19 @@ const (
 	DefaultStreamBuffer = 1024
 	DefaultMaxBody      = 256 << 10
 	MaxFrames           = 64 // frames in one POST /frames
+	// DefaultDedupWindow is how long an instance remembers a client's
+	// high-water mark after its last admission (Config.DedupWindow).
+	DefaultDedupWindow = 7 * 24 * time.Hour
 )
 
 // admittedField is the client tray's field holding the highest sequence
 // number admitted and run; pending items hold the ones above it.
-const admittedField = "admitted"
+// admittedAtField holds when (Unix ms) the client last had a frame
+// admitted: the start of its dedup window.
+const (
+	admittedField   = "admitted"
+	admittedAtField = "admittedAt"
+)
 
 var clientIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
 
@@ -103,6 +111,13 @@ type Config struct {
 	// (the store failed) was seen by Admit all the same, and its client
 	// resends the same frames.
 	Admit func(cmds []Command) error
+	// DedupWindow is how long the instance keeps a client's dedup mark
+	// after the client's last admitted frame, once none of its commands is
+	// pending (DefaultDedupWindow when 0). Then the client's tray is
+	// deleted, so client ids that come and go leave no state for ever; a
+	// client that comes back after it starts again from seq 1 (see
+	// PROTOCOL.md, "Dedup window").
+	DedupWindow time.Duration
 }
 
 // Server serves one instance's Statewire routes:
@@ -134,6 +149,7 @@ type clientPool struct {
 	mu     sync.Mutex
 	high   int64
 	unsure int64
+	gone   bool // dropped from Server.clients: lock the client's current pool instead
 }
 
 // New builds the server for inst and registers it so the command tray's
@@ -151,6 +167,9 @@ func New(inst *sdk.Instance, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
+	}
+	if cfg.DedupWindow <= 0 {
+		cfg.DedupWindow = DefaultDedupWindow
 	}
 	for typ, spec := range cfg.Commands {
 		if typ == CancelCommand {
@@ -174,7 +193,66 @@ func New(inst *sdk.Instance, cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /frames", s.serveFrames)
 	s.mux.HandleFunc("GET /state", s.serveState)
 	inst.Attach(serverKey{}, s)
+	go s.forgetIdleClients()
 	return s, nil
+}
+
+// forgetIdleClients deletes, now and then while the instance lives, the
+// trays of clients whose dedup window has passed: a long-lived instance
+// forgets the clients that left, and one activated again forgets those
+// that left while it slept.
+func (s *Server) forgetIdleClients() {
+	every := min(s.cfg.DedupWindow/2, time.Hour)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		s.forgetClients(time.Now())
+		select {
+		case <-s.inst.Context().Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// forgetClients deletes the tray of each client with nothing pending whose
+// last admission is older than the dedup window. It holds the client's
+// pool lock, so no admission of that client runs meanwhile, and the next
+// one reads the (now forgotten) mark from the tray again. A tray without a
+// time (written before there was one) gets now: its window starts here.
+func (s *Server) forgetClients(now time.Time) {
+	for _, k := range s.inst.Trays(CommandTray) {
+		p := s.lockPool(k.ID)
+		tray := s.inst.Tray(CommandTray, k.ID)
+		var at int64
+		switch ok, _ := tray.Get(admittedAtField, &at); {
+		case p.unsure > 0 || len(tray.Items()) > 0:
+		case !ok:
+			_ = tray.Set(admittedAtField, now.UnixMilli())
+		case now.Sub(time.UnixMilli(at)) >= s.cfg.DedupWindow:
+			for _, name := range tray.Fields() {
+				tray.Delete(name)
+			}
+			p.high = -1
+			s.runs.forget(k.ID)
+		}
+		p.mu.Unlock()
+		s.dropPool(k.ID, p)
+	}
+}
+
+// dropPool forgets p, the in-memory admission state of clientID, unless it
+// is in use: its mark is in the tray (or forgotten with it).
+func (s *Server) dropPool(clientID string, p *clientPool) {
+	s.clientsMu.Lock()
+	defer s.clientsMu.Unlock()
+	if p.mu.TryLock() {
+		if s.clients[clientID] == p && p.unsure == 0 {
+			delete(s.clients, clientID)
+			p.gone = true
+		}
+		p.mu.Unlock()
+	}
 }
 
 // Doc is the instance's state document.
@@ -437,6 +515,19 @@ func (s *Server) parseFrames(body []byte) (framesRequest, []storedCommand, error
 	return req, cmds, nil
 }
 
+// lockPool returns clientID's pool, locked: the one in Server.clients, so
+// that all admissions of a client queue on one lock.
+func (s *Server) lockPool(clientID string) *clientPool {
+	for {
+		p := s.pool(clientID)
+		p.mu.Lock()
+		if !p.gone {
+			return p
+		}
+		p.mu.Unlock()
+	}
+}
+
 func (s *Server) pool(clientID string) *clientPool {
 	s.clientsMu.Lock()
 	defer s.clientsMu.Unlock()
@@ -469,8 +560,7 @@ var errRefused = errors.New("refused")
 // tray, durably, and only then acts on admitted cancels. The new commands
 // must continue the mark without a gap.
 func (s *Server) admit(ctx context.Context, clientID string, cmds []storedCommand) (FramesResponse, error) {
-	p := s.pool(clientID)
-	p.mu.Lock()
+	p := s.lockPool(clientID)
 	defer p.mu.Unlock()
 	tray := s.inst.Tray(CommandTray, clientID)
 	if p.high < 0 {
@@ -525,6 +615,9 @@ func (s *Server) admit(ctx context.Context, clientID string, cmds []storedComman
 		// mark after that. Queued behind the items, so never ahead of them.
 		if err := tray.Set(admittedField, p.high); err != nil {
 			return resp, fmt.Errorf("record admitted seq: %w", err)
+		}
+		if err := tray.Set(admittedAtField, time.Now().UnixMilli()); err != nil {
+			return resp, fmt.Errorf("record admission time: %w", err)
 		}
 		resp.Admitted = len(fresh)
 	}

@@ -338,6 +338,17 @@ func (m *Machine) AppliedIndex() uint64 {
 	return m.st.applied
 }
 
+// LivePlacements returns every placement and the newest generation granted, both as of one
+// entry: a placement with a generation at or below newest that is not listed is gone for good,
+// and every later one has a greater generation. The state store's fence collection rests on it.
+func (m *Machine) LivePlacements() (ps []Placement, newest uint64) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	ps = make([]Placement, 0, m.st.placements.n)
+	m.st.placements.each(func(p Placement) { ps = append(ps, p) })
+	return ps, m.st.lastGen
+}
+
 // PlacementsOf returns the placements owned by clientID, sorted by key.
 func (m *Machine) PlacementsOf(clientID string) []Placement {
 	m.mu.RLock()

@@ -13,6 +13,7 @@
 // (names hold no NUL, see statestore.ValidateName), so prefix scans return trays in key order:
 //
 //	meta   "schema"                        -> uint64 schema version
+//	meta   "fence-floor"                   -> uint64 CollectFences' floor (absent: 0)
 //	fence  ns 0 id                         -> generation uint64 | last seq uint64
 //	tray   ns 0 id 0 trayNS 0 trayID       -> marked byte | generation uint64 | updated unix ns
 //	marked ns 0 id 0 trayNS 0 trayID       -> empty; present iff the tray is marked
@@ -38,8 +39,9 @@ import (
 )
 
 // schemaVersion is the layout this code writes. A file with a newer version is refused rather
-// than misread.
-const schemaVersion = 1
+// than misread. 2: fences may be collected, under the floor in meta (a build that ignored the
+// floor would let a collected instance's stale owner write).
+const schemaVersion = 2
 
 var (
 	bucketMeta   = []byte("meta")
@@ -49,6 +51,7 @@ var (
 	bucketField  = []byte("field")
 	bucketItem   = []byte("item")
 	keySchema    = []byte("schema")
+	keyFloor     = []byte("fence-floor")
 )
 
 // Store is a statestore.Store on a bbolt file.
@@ -302,13 +305,60 @@ func (s *Store) Generation(ctx context.Context, inst statestore.InstanceKey) (ui
 	}
 	var gen uint64
 	err := s.view(ctx, func(tx *bolt.Tx) error {
-		gen, _ = readFence(tx, inst)
+		gen, _, _ = readFence(tx, inst)
 		return nil
 	})
 	if err != nil {
 		return 0, fmt.Errorf("boltstore: generation: %w", err)
 	}
 	return gen, nil
+}
+
+// CollectFences implements statestore.Store in one read-write transaction, so no Commit runs
+// between judging a fence and dropping it.
+func (s *Store) CollectFences(ctx context.Context, below uint64, live []statestore.Live) (int, error) {
+	if err := statestore.ValidateCollect(below, live); err != nil {
+		return 0, fmt.Errorf("boltstore: collect fences: %w", err)
+	}
+	n := 0
+	err := s.update(ctx, func(tx *bolt.Tx) error {
+		n = 0
+		fences := tx.Bucket(bucketFence)
+		floor := statestore.CollectFloor(below, live, func(k statestore.InstanceKey) bool {
+			return fences.Get(instanceKey(k)) != nil
+		})
+		isLive := make(map[string]bool, len(live))
+		for _, l := range live {
+			isLive[string(instanceKey(l.Inst))] = true
+		}
+		var drop [][]byte
+		trays := tx.Bucket(bucketTray)
+		err := fences.ForEach(func(k, v []byte) error {
+			if len(v) != 16 {
+				return fmt.Errorf("corrupt fence %q", k)
+			}
+			gen, last := binary.BigEndian.Uint64(v[:8]), int64(binary.BigEndian.Uint64(v[8:]))
+			if statestore.Collectable(gen, last, hasPrefix(trays, append(bytes.Clone(k), 0)), isLive[string(k)], floor) {
+				drop = append(drop, bytes.Clone(k))
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if err := deleteKeys(fences, drop); err != nil {
+			return err
+		}
+		n = len(drop)
+		if floor > readFloor(tx) {
+			return tx.Bucket(bucketMeta).Put(keyFloor, binary.BigEndian.AppendUint64(nil, floor))
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("boltstore: collect fences: %w", err)
+	}
+	return n, nil
 }
 
 // Close closes the file after the transactions in flight; later calls fail with ErrClosed.
@@ -334,30 +384,50 @@ func instanceSkip(inst statestore.InstanceKey) []byte {
 	return append(instanceKey(inst), 1)
 }
 
-func readFence(tx *bolt.Tx, inst statestore.InstanceKey) (gen uint64, lastSeq int64) {
+func readFence(tx *bolt.Tx, inst statestore.InstanceKey) (gen uint64, lastSeq int64, ok bool) {
 	v := tx.Bucket(bucketFence).Get(instanceKey(inst))
 	if len(v) != 16 {
-		return 0, 0
+		return 0, 0, false
 	}
-	return binary.BigEndian.Uint64(v[:8]), int64(binary.BigEndian.Uint64(v[8:]))
+	return binary.BigEndian.Uint64(v[:8]), int64(binary.BigEndian.Uint64(v[8:])), true
+}
+
+func readFloor(tx *bolt.Tx) uint64 {
+	if v := tx.Bucket(bucketMeta).Get(keyFloor); len(v) == 8 {
+		return binary.BigEndian.Uint64(v)
+	}
+	return 0
+}
+
+// storedFence is the generation gen must reach: the instance's fence, or the floor when it has
+// none (never seen, or collected).
+func storedFence(tx *bolt.Tx, inst statestore.InstanceKey) (gen uint64, lastSeq int64, ok bool) {
+	gen, lastSeq, ok = readFence(tx, inst)
+	if !ok {
+		gen = readFloor(tx)
+	}
+	return gen, lastSeq, ok
 }
 
 // checkFence reports whether gen is the stored generation, or ErrFenced if it is older.
 func checkFence(tx *bolt.Tx, inst statestore.InstanceKey, gen uint64) (current bool, err error) {
-	stored, _ := readFence(tx, inst)
+	stored, _, ok := storedFence(tx, inst)
 	if gen < stored {
 		return false, statestore.FencedError(inst, gen, stored)
 	}
-	return gen == stored, nil
+	return ok && gen == stored, nil
 }
 
 // raiseFence checks gen against the stored generation, stores the newer one and reserves n
-// seqs, returning the first. The seq counter lives with the fence, which is never deleted, so
-// seqs are never reused.
+// seqs, returning the first. The seq counter lives with the fence, which is only collected
+// while it has handed out no seq, so seqs are never reused.
 func raiseFence(tx *bolt.Tx, inst statestore.InstanceKey, gen uint64, n int) (first int64, err error) {
-	stored, last := readFence(tx, inst)
+	stored, last, ok := storedFence(tx, inst)
 	if gen < stored {
 		return 0, statestore.FencedError(inst, gen, stored)
+	}
+	if !ok {
+		stored = 0 // the floor is not this instance's fence: write one
 	}
 	if gen == stored && n == 0 {
 		return last + 1, nil

@@ -22,6 +22,7 @@ type Store struct {
 	mu     sync.Mutex
 	closed bool
 	insts  map[statestore.InstanceKey]*instance
+	floor  uint64 // CollectFences' floor: an instance without a fence takes no older generation
 }
 
 type instance struct {
@@ -66,10 +67,14 @@ func (s *Store) Setup(ctx context.Context) error {
 }
 
 // fence raises the generation or reports ErrFenced; it creates the instance so the fence
-// outlives its trays. Callers hold mu.
+// outlives its trays. An instance without a fence (never seen, or collected) takes no
+// generation below the floor. Callers hold mu.
 func (s *Store) fence(inst statestore.InstanceKey, gen uint64) (*instance, error) {
 	in := s.insts[inst]
 	if in == nil {
+		if gen < s.floor {
+			return nil, statestore.FencedError(inst, gen, s.floor)
+		}
 		in = &instance{trays: make(map[statestore.TrayKey]*tray)}
 		s.insts[inst] = in
 	}
@@ -242,6 +247,31 @@ func (s *Store) Generation(ctx context.Context, inst statestore.InstanceKey) (ui
 		return in.gen, nil
 	}
 	return 0, nil
+}
+
+// CollectFences implements statestore.Store.
+func (s *Store) CollectFences(ctx context.Context, below uint64, live []statestore.Live) (int, error) {
+	if err := statestore.ValidateCollect(below, live); err != nil {
+		return 0, fmt.Errorf("memstore: collect fences: %w", err)
+	}
+	if err := s.lock(ctx); err != nil {
+		return 0, fmt.Errorf("memstore: collect fences: %w", err)
+	}
+	defer s.mu.Unlock()
+	floor := statestore.CollectFloor(below, live, func(k statestore.InstanceKey) bool { return s.insts[k] != nil })
+	isLive := make(map[statestore.InstanceKey]bool, len(live))
+	for _, l := range live {
+		isLive[l.Inst] = true
+	}
+	n := 0
+	for k, in := range s.insts {
+		if statestore.Collectable(in.gen, in.lastSeq, len(in.trays) > 0, isLive[k], floor) {
+			delete(s.insts, k)
+			n++
+		}
+	}
+	s.floor = max(s.floor, floor)
+	return n, nil
 }
 
 // Close drops the state; later calls fail with ErrClosed.

@@ -7,6 +7,13 @@
 // back. The same row carries the instance's sequence counter, so seqs are reserved under that
 // lock and outlive the trays they were handed to.
 //
+// CollectFences drops the rows of instances that hold no tray, never reserved a seq, are not
+// live and are below the floor, which it raises in the same transaction (pinned_fence_floor).
+// An upsert that finds no row and inserts one (a first activation, or one after collection)
+// then reads the floor in a statement of its own: one begun after the upsert, so it sees every
+// collection that dropped a row the upsert could have found, and the floor that collection set.
+// A generation below it is fenced and the insert rolled back.
+//
 // A Commit is one READ COMMITTED transaction of three round trips: the fence upsert, one pipelined
 // batch with every mutation and the re-derived index rows of the trays it touched, and COMMIT.
 //
@@ -139,31 +146,45 @@ func (s *Store) Setup(ctx context.Context) error {
 // the generation now stored and the last reserved seq. When the returned generation is newer
 // than $3 the caller is fenced and rolls back; Fence, which runs it alone, then writes the row
 // back unchanged (GREATEST keeps the generation, updated_at moves only when it rises).
+//
+// inserted (xmax = 0: the row version is this statement's insert, not an update) tells the
+// caller to check the floor (see fence).
 const fenceSQL = `
 INSERT INTO pinned_instance_fence AS f (ns, id, generation, last_seq) VALUES ($1, $2, $3, $4)
 ON CONFLICT (ns, id) DO UPDATE SET
 	generation = GREATEST(f.generation, EXCLUDED.generation),
 	last_seq = f.last_seq + $4,
 	updated_at = CASE WHEN EXCLUDED.generation > f.generation THEN now() ELSE f.updated_at END
-RETURNING generation, last_seq`
+RETURNING generation, last_seq, xmax = 0`
 
-type querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+const floorSQL = `SELECT generation FROM pinned_fence_floor`
 
-// fence runs fenceSQL and returns the first reserved seq.
-func fence(ctx context.Context, q querier, inst statestore.InstanceKey, gen uint64, n int) (first int64, err error) {
+// fence runs fenceSQL in tx and returns the first reserved seq. When it inserted the row, the
+// instance had no fence (never seen, or collected) and gen must also reach the floor; the
+// caller rolls back on any error, so a refused insert leaves nothing.
+func fence(ctx context.Context, tx pgx.Tx, inst statestore.InstanceKey, gen uint64, n int) (first int64, err error) {
 	var stored, last int64
-	if err := q.QueryRow(ctx, fenceSQL, inst.Namespace, inst.ID, int64(gen), int64(n)).Scan(&stored, &last); err != nil {
+	var inserted bool
+	if err := tx.QueryRow(ctx, fenceSQL, inst.Namespace, inst.ID, int64(gen), int64(n)).Scan(&stored, &last, &inserted); err != nil {
 		return 0, err
 	}
 	if uint64(stored) > gen {
 		return 0, statestore.FencedError(inst, gen, uint64(stored))
 	}
+	if inserted {
+		var floor int64
+		if err := tx.QueryRow(ctx, floorSQL).Scan(&floor); err != nil {
+			return 0, err
+		}
+		if uint64(floor) > gen {
+			return 0, statestore.FencedError(inst, gen, uint64(floor))
+		}
+	}
 	return last - int64(n) + 1, nil
 }
 
-// Fence implements statestore.Store with one autocommitted statement.
+// Fence implements statestore.Store: the upsert alone, in a transaction so that an insert the
+// floor refuses is rolled back.
 func (s *Store) Fence(ctx context.Context, inst statestore.InstanceKey, gen uint64) error {
 	if err := statestore.ValidateFence(inst, gen); err != nil {
 		return fmt.Errorf("pgstore: fence: %w", err)
@@ -171,8 +192,10 @@ func (s *Store) Fence(ctx context.Context, inst statestore.InstanceKey, gen uint
 	if err := s.usable(ctx); err != nil {
 		return s.wrap("fence", err)
 	}
-	_, err := fence(ctx, s.pool, inst, gen, 0)
-	return s.wrap("fence", err)
+	return s.wrap("fence", pgx.BeginTxFunc(ctx, s.pool, beginTx, func(tx pgx.Tx) error {
+		_, err := fence(ctx, tx, inst, gen, 0)
+		return err
+	}))
 }
 
 // Load implements statestore.Store. The reads run in the transaction that holds the fence row
@@ -389,6 +412,90 @@ func (s *Store) Generation(ctx context.Context, inst statestore.InstanceKey) (ui
 		return 0, s.wrap("generation", err)
 	}
 	return uint64(gen), nil
+}
+
+// SQL of CollectFences; $1..$3 are the live placements' namespaces, ids and generations.
+const (
+	liveSQL = `unnest($1::text[], $2::text[], $3::bigint[]) AS l(ns, id, generation)`
+	// collectFloorSQL is statestore.CollectFloor: below ($4), lowered to every live placement
+	// without a fence row.
+	collectFloorSQL = `SELECT LEAST($4::bigint, min(l.generation)) FROM ` + liveSQL + `
+WHERE NOT EXISTS (SELECT 1 FROM pinned_instance_fence f WHERE f.ns = l.ns AND f.id = l.id)`
+	// lockCollectableSQL locks up to collectPage rows statestore.Collectable allows ($4: the
+	// floor), skipping rows a writer holds: an instance in use is not collectable. Its tray
+	// check only keeps instances with state out of the page; dropSQL's is the one that counts.
+	lockCollectableSQL = `SELECT ns, id FROM pinned_instance_fence f
+WHERE generation < $4 AND last_seq = 0
+	AND NOT EXISTS (SELECT 1 FROM ` + liveSQL + ` WHERE l.ns = f.ns AND l.id = f.id)
+	AND NOT EXISTS (SELECT 1 FROM pinned_tray_index t WHERE t.ns = f.ns AND t.id = f.id)
+LIMIT ` + collectPage + `
+FOR UPDATE SKIP LOCKED`
+	// collectPage bounds the rows one CollectFences drops, so its transaction stays short; a
+	// caller repeats the call while it drops something.
+	collectPage = "10000"
+	// dropSQL deletes the locked rows ($1, $2) whose instance holds no tray. It runs after the
+	// rows are locked, so its snapshot sees every commit that touched their trays.
+	dropSQL = `DELETE FROM pinned_instance_fence f USING unnest($1::text[], $2::text[]) AS c(ns, id)
+WHERE f.ns = c.ns AND f.id = c.id
+	AND NOT EXISTS (SELECT 1 FROM pinned_tray_index t WHERE t.ns = f.ns AND t.id = f.id)`
+)
+
+// CollectFences implements statestore.Store in one transaction that holds the floor row's lock,
+// so collectors run one at a time and the drops commit together with the floor that fences
+// their stale owners.
+func (s *Store) CollectFences(ctx context.Context, below uint64, live []statestore.Live) (int, error) {
+	if err := statestore.ValidateCollect(below, live); err != nil {
+		return 0, fmt.Errorf("pgstore: collect fences: %w", err)
+	}
+	if err := s.usable(ctx); err != nil {
+		return 0, s.wrap("collect fences", err)
+	}
+	nss := make([]string, len(live))
+	ids := make([]string, len(live))
+	gens := make([]int64, len(live))
+	for i, l := range live {
+		nss[i], ids[i], gens[i] = l.Inst.Namespace, l.Inst.ID, int64(l.Generation)
+	}
+	var n int
+	err := pgx.BeginTxFunc(ctx, s.pool, beginTx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, floorSQL+` FOR UPDATE`); err != nil {
+			return err
+		}
+		var floor int64
+		if err := tx.QueryRow(ctx, collectFloorSQL, nss, ids, gens, int64(below)).Scan(&floor); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, lockCollectableSQL, nss, ids, gens, floor)
+		if err != nil {
+			return err
+		}
+		var cns, cids []string
+		for rows.Next() {
+			var ns, id string
+			if err := rows.Scan(&ns, &id); err != nil {
+				rows.Close()
+				return err
+			}
+			cns, cids = append(cns, ns), append(cids, id)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if len(cns) > 0 {
+			tag, err := tx.Exec(ctx, dropSQL, cns, cids)
+			if err != nil {
+				return err
+			}
+			n = int(tag.RowsAffected())
+		}
+		_, err = tx.Exec(ctx, `UPDATE pinned_fence_floor SET generation = $1, updated_at = now() WHERE generation < $1`, floor)
+		return err
+	})
+	if err != nil {
+		return 0, s.wrap("collect fences", err)
+	}
+	return n, nil
 }
 
 // Close closes the pool, waiting for connections in use to be returned; later calls fail with

@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -222,5 +223,146 @@ func TestAbandonedTransactionFreesTheFence(t *testing.T) {
 	}
 	if err := tx.Commit(t.Context()); err == nil {
 		t.Fatal("the abandoned transaction committed after the server should have ended it")
+	}
+}
+
+func fenceRows(t *testing.T, s *pgstore.Store) int {
+	t.Helper()
+	var n int
+	if err := s.Pool().QueryRow(t.Context(), `SELECT count(*) FROM pinned_instance_fence`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestCollectedFencesLeaveNoRows: reads of many fresh ids leave a fence row each, and a
+// collection removes every one of them; the floor row fences their stale owners.
+func TestCollectedFencesLeaveNoRows(t *testing.T) {
+	s := open(t, pgtest.NewDatabase(t))
+	defer s.Close()
+	if err := s.Setup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	const n = 50
+	for i := range n {
+		if _, err := s.Load(t.Context(), statestore.InstanceKey{Namespace: "/counters", ID: "stranger-" + strconv.Itoa(i)}, uint64(100+i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := fenceRows(t, s); got != n {
+		t.Fatalf("%d fence rows after %d reads, want %d", got, n, n)
+	}
+	dropped, err := s.CollectFences(t.Context(), 1000, nil)
+	if err != nil || dropped != n {
+		t.Fatalf("CollectFences = %d, %v; want %d", dropped, err, n)
+	}
+	if got := fenceRows(t, s); got != 0 {
+		t.Fatalf("%d fence rows after collection, want 0", got)
+	}
+	var floor int64
+	if err := s.Pool().QueryRow(t.Context(), `SELECT generation FROM pinned_fence_floor`).Scan(&floor); err != nil || floor != 1000 {
+		t.Fatalf("pinned_fence_floor = %d, %v; want 1000", floor, err)
+	}
+}
+
+// TestCollectSkipsAnInstanceInUse: a fence row a writer holds locked is in use, and is not
+// collected (the collector skips it rather than waiting).
+func TestCollectSkipsAnInstanceInUse(t *testing.T) {
+	s := open(t, pgtest.NewDatabase(t))
+	defer s.Close()
+	if err := s.Setup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	inst := statestore.InstanceKey{Namespace: "/counters", ID: "busy"}
+	if err := s.Fence(t.Context(), inst, 3); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := s.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(t.Context(), `SELECT 1 FROM pinned_instance_fence WHERE ns = $1 AND id = $2 FOR UPDATE`, inst.Namespace, inst.ID); err != nil {
+		t.Fatal(err)
+	}
+	if dropped, err := s.CollectFences(t.Context(), 10, nil); err != nil || dropped != 0 {
+		t.Fatalf("CollectFences with the row locked = %d, %v; want 0", dropped, err)
+	}
+	if err := tx.Rollback(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := s.Generation(t.Context(), inst); err != nil || g != 3 {
+		t.Fatalf("Generation = %d, %v; want 3", g, err)
+	}
+}
+
+// TestStaleOwnerQueuedBehindCollection: a stale owner whose upsert waits on the row lock of a
+// collection that then drops the row inserts a new row once the lock goes; the floor the
+// collection committed with the drop must still refuse it. The collection is played by hand
+// (the same statements in one transaction) so the test can hold it open.
+func TestStaleOwnerQueuedBehindCollection(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	s := open(t, dsn)
+	defer s.Close()
+	if err := s.Setup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	inst := statestore.InstanceKey{Namespace: "/counters", ID: "raced"}
+	if err := s.Fence(t.Context(), inst, 5); err != nil {
+		t.Fatal(err)
+	}
+	collector := open(t, dsn)
+	defer collector.Close()
+	tx, err := collector.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	for _, q := range []string{
+		`SELECT generation FROM pinned_fence_floor FOR UPDATE`,
+		`SELECT 1 FROM pinned_instance_fence WHERE ns = '/counters' AND id = 'raced' FOR UPDATE`,
+		`DELETE FROM pinned_instance_fence WHERE ns = '/counters' AND id = 'raced'`,
+		`UPDATE pinned_fence_floor SET generation = 10`,
+	} {
+		if _, err := tx.Exec(t.Context(), q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	stale := make(chan error, 1)
+	go func() {
+		_, err := s.Commit(context.Background(), inst, 5, []statestore.Mutation{
+			statestore.SetField{Tray: statestore.TrayKey{NS: "log", ID: "~"}, Name: "m", Value: []byte("stale")},
+		})
+		stale <- err
+	}()
+	// Wait until the stale commit queues on the row lock.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := collector.Pool().QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stale commit never waited on the collection's lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-stale:
+		if !errors.Is(err, statestore.ErrFenced) {
+			t.Fatalf("stale commit after the collection: err = %v, want ErrFenced", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("stale commit did not return")
+	}
+	if n := fenceRows(t, s); n != 0 {
+		t.Fatalf("%d fence rows after the refused commit, want 0", n)
 	}
 }

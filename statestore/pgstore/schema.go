@@ -54,6 +54,16 @@ CREATE TABLE pinned_tray_items (
 	PRIMARY KEY (ns, id, tray_ns, tray_id, seq)
 );
 `,
+	// 2: fences may be collected (statestore.Store.CollectFences); an instance without a fence
+	// row takes no generation below the floor. One row, so collectors queue on its lock.
+	`
+CREATE TABLE pinned_fence_floor (
+	one        boolean PRIMARY KEY DEFAULT true CHECK (one),
+	generation bigint NOT NULL DEFAULT 0,
+	updated_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO pinned_fence_floor DEFAULT VALUES;
+`,
 }
 
 const createVersionTable = `
