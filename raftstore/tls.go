@@ -109,7 +109,7 @@ func (s *tlsStream) acceptLoop() {
 		ip := sourceIP(raw.RemoteAddr())
 		release, member, ok := s.slots.take(ip)
 		if !ok {
-			s.refuse(ip, "refused a cluster connection: too many handshakes under way from its address", "remote", raw.RemoteAddr().String(), "member_address", member)
+			s.refuse(ip, "", "refused a cluster connection: too many handshakes under way from its address", "remote", raw.RemoteAddr().String(), "member_address", member)
 			_ = raw.Close()
 			continue
 		}
@@ -121,10 +121,10 @@ func (s *tlsStream) acceptLoop() {
 	}
 }
 
-// refuse logs a refused connection from ip: one line per source and reason per window, with
-// the count held back (a flood of refusals must not fill the disk the node needs).
-func (s *tlsStream) refuse(ip, msg string, args ...any) {
-	s.refused.Log(context.Background(), s.log, slog.LevelWarn, ip+"\x00"+msg, msg, args...)
+// refuse logs a refused connection from ip (and node, once its certificate named one): one
+// line per source and reason per window, with the count held back (a flood of refusals must not fill the disk the node needs).
+func (s *tlsStream) refuse(ip, node, msg string, args ...any) {
+	s.refused.Log(context.Background(), s.log, slog.LevelWarn, ip+"\x00"+node+"\x00"+msg, msg, args...)
 }
 
 // handshake authenticates raw within timeout and hands it to Raft or HTTP; release gives its
@@ -134,7 +134,7 @@ func (s *tlsStream) handshake(raw net.Conn, cfg *tls.Config, release func(), tim
 	ip := sourceIP(raw.RemoteAddr())
 	conn, err := s.server(raw, cfg)
 	if err != nil {
-		s.refuse(ip, "refused a cluster connection", "remote", raw.RemoteAddr().String(), "err", err)
+		s.refuse(ip, "", "refused a cluster connection", "remote", raw.RemoteAddr().String(), "err", err)
 		_ = raw.Close()
 		return
 	}
@@ -158,7 +158,7 @@ func (s *tlsStream) handshake(raw net.Conn, cfg *tls.Config, release func(), tim
 		}
 	}
 	if err != nil {
-		s.refuse(ip, "refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
+		s.refuse(ip, node, "refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
 		_ = conn.Close()
 		return
 	}
