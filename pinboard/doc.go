@@ -11,7 +11,9 @@
 // Two parts run only on the Raft leader, started by the agent through
 // raftstore's RunAsLeader: Housekeeping (the cluster secret, directory GC)
 // and MarkedScanner (wakes instances with marked durable work whose owner
-// is gone).
+// is gone). Before them, and before any other command of its term, a new
+// leader commits LeasePreamble (raftstore's SetLeaderPreamble), renewing
+// the leases no leader could renew during the election.
 //
 // Requests take one of two paths through the front door. net/http's
 // handlers decide everything (placement, claims, activation, refusals,

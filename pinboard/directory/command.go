@@ -325,7 +325,15 @@ func (o Opaque) appendPayload(b []byte) []byte { return append(b, o.Payload...) 
 
 func typeByte(c Command) byte {
 	t := byte(c.Type()) &^ IgnorableFlag
-	if o, ok := c.(Opaque); ok && o.Ignorable {
+	switch c := c.(type) {
+	case Opaque:
+		if c.Ignorable {
+			t |= IgnorableFlag
+		}
+	case RenewLeases:
+		// A node of a version before it skips it and judges leases as it
+		// did then, until the next heartbeats bring the leases together
+		// again: a rolling upgrade's elections need no version gate.
 		t |= IgnorableFlag
 	}
 	return t

@@ -612,4 +612,8 @@ func TestRenewLeasesForgivesTheLeaderlessGap(t *testing.T) {
 	if r := n.apply(RenewLeases{Now: t0 + 25_000}); r.Code != CodeInvalid {
 		t.Fatalf("renew without a TTL: %+v", r)
 	}
+	// A node that does not know the command skips it.
+	if b := Encode(RenewLeases{Now: t0, TTLMs: ttl}); b[1] != byte(TypeRenewLeases)|IgnorableFlag {
+		t.Fatalf("RenewLeases is encoded with type byte %#x, want it ignorable", b[1])
+	}
 }
