@@ -194,6 +194,9 @@ func (a *Agent) provisionRaft(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("open raft: %w", err)
 	}
+	// A new leader renews the leases no leader could before its term
+	// judges any.
+	store.SetLeaderPreamble(pinboard.LeasePreamble(cfg.LeaseTTL))
 	a.store = store
 	return nil
 }

@@ -13,6 +13,9 @@
 // MarkedScanner (wakes instances with marked durable work whose owner is
 // gone) and FenceCollector (drops the state store's fences of ids that
 // never wrote; on a node with a store of its own, every node runs it).
+// Before them, and before any other command of its term, a new leader
+// commits LeasePreamble (raftstore's SetLeaderPreamble), renewing the
+// leases no leader could renew during the election.
 //
 // Requests take one of two paths through the front door. net/http's
 // handlers decide everything (placement, claims, activation, refusals,

@@ -137,8 +137,11 @@ type FrontDoor struct {
 	logger *slog.Logger
 	mux    *http.ServeMux
 	srv    *http.Server // Serve's
-	// stopping: new instance requests are answered 503 (SetStopping).
-	stopping atomic.Bool
+	// stopping: new instance requests are answered 503 (SetStopping),
+	// every answer ends its connection; since stoppedAt (unix ns).
+	stopping  atomic.Bool
+	stoppedAt atomic.Int64
+	idle      idleConns // net/http's idle client connections
 
 	trustedProxies  []netip.Prefix
 	affinityKey     func(*http.Request) *string
@@ -201,7 +204,8 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 	// slow but steady upload, a body read after a long activation);
 	// bodies get a deadline on progress instead (BodyReadTimeout).
 	f.srv = &http.Server{Handler: f, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.IdleTimeout,
-		MaxHeaderBytes: MaxHeaderBytes, ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
+		MaxHeaderBytes: MaxHeaderBytes, ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+		ConnState: f.idle.track}
 	f.api.mount(f.mux)
 	return f
 }
@@ -275,8 +279,10 @@ func (f *FrontDoor) Close() error {
 // Shutdown stops Serve as http.Server's Shutdown does, for net/http's
 // connections and the kept-alive loop's alike: no new requests, and every
 // request under way gets its response unless ctx ends first (then they
-// are cut). Held streams end.
+// are cut). Held streams end. After SetStopping, idle connections first
+// get until idleGrace from it to bring a request already on its way.
 func (f *FrontDoor) Shutdown(ctx context.Context) error {
+	f.awaitIdle(ctx)
 	err := f.srv.Shutdown(ctx)
 	if err != nil {
 		_ = f.srv.Close()
@@ -286,8 +292,11 @@ func (f *FrontDoor) Shutdown(ctx context.Context) error {
 	return errors.Join(err, f.Close())
 }
 
-// SetStopping makes new instance requests answer 503 + Retry-After.
+// SetStopping makes new instance requests answer 503 + Retry-After, and
+// every answer end its connection (Connection: close), so that Shutdown
+// finds few idle connections to close.
 func (f *FrontDoor) SetStopping() {
+	f.stoppedAt.CompareAndSwap(0, time.Now().UnixNano())
 	f.stopping.Store(true)
 	f.keep.stop()
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pinnedd/pinnedd/pinboard/directory"
+	"github.com/pinnedd/pinnedd/raftstore"
 )
 
 // DefaultHousekeepingInterval is how often the leader garbage-collects the
@@ -44,6 +45,21 @@ func (h *Housekeeping) Run(ctx context.Context) {
 		}
 	}
 	everyTick(ctx, h.every, h.collect)
+}
+
+// LeasePreamble is the first command of every term a new leader commits
+// (raftstore's SetLeaderPreamble): RenewLeases at the leader's clock with
+// the lease TTL its registry grants (DefaultLeaseTTL when 0), naming the
+// node that led before. It comes before any heartbeat, claim or GC of the
+// term, so none judges a lease that lapsed only for want of a leader (the
+// directory package's doc, "Leases").
+func LeasePreamble(ttl time.Duration) raftstore.LeaderPreamble {
+	if ttl <= 0 {
+		ttl = DefaultLeaseTTL
+	}
+	return func(formerLeader string) []byte {
+		return directory.Encode(directory.RenewLeases{Now: time.Now().UnixMilli(), TTLMs: ttl.Milliseconds(), FormerLeader: formerLeader})
+	}
 }
 
 // everyTick runs fn every interval until ctx ends: the leader-only parts'

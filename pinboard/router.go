@@ -75,6 +75,11 @@ func withQuery(path, query string) string {
 }
 
 func (f *FrontDoor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.stopping.Load() {
+		// Every answer of a stopping node ends its connection, so none is
+		// left idle for Shutdown to close under a request on its way.
+		w.Header().Set("Connection", "close")
+	}
 	w, done, ok := f.boundRequest(w, r)
 	if !ok {
 		return
@@ -224,7 +229,7 @@ func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if f.stopping.Load() {
-		httpx.WriteError(w, http.StatusServiceUnavailable, "node is shutting down", time.Second)
+		httpx.WriteError(w, http.StatusServiceUnavailable, httpx.ShuttingDownMsg, time.Second)
 		return
 	}
 	rq := &instanceRequest{key: directory.Key{Namespace: ns, ID: id}, rest: rest}

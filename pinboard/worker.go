@@ -25,6 +25,11 @@ const (
 	DefaultLeaseBuffer       = 5 * time.Second
 )
 
+// LeaseBuffer is how long before its expiry a lease of ttl turns
+// unhealthy by default: DefaultLeaseBuffer, at most a third of the TTL so
+// short TTLs stay sensible.
+func LeaseBuffer(ttl time.Duration) time.Duration { return min(DefaultLeaseBuffer, ttl/3) }
+
 // LeaseState is the worker's own view of its lease. The worker acts on it
 // by itself: safety never depends on the directory reaching this process.
 type LeaseState int
@@ -132,7 +137,7 @@ func NewWorker(cfg WorkerConfig, r Registrar) *Worker {
 		cfg.Interval = DefaultHeartbeatInterval
 	}
 	if cfg.Buffer <= 0 {
-		cfg.Buffer = DefaultLeaseBuffer
+		cfg.Buffer = LeaseBuffer(cfg.TTL)
 	}
 	cfg.Buffer = min(cfg.Buffer, cfg.TTL/3)
 	if cfg.Headroom == nil {

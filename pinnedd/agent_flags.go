@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +19,7 @@ import (
 	"github.com/pinnedd/pinnedd/examples"
 	"github.com/pinnedd/pinnedd/pinboard"
 	"github.com/pinnedd/pinnedd/plugins"
+	"github.com/pinnedd/pinnedd/raftstore"
 	"github.com/pinnedd/pinnedd/supervisor"
 )
 
@@ -91,6 +93,26 @@ func agentCommand() *cli.Command {
 	}
 }
 
+// leaseTiming checks a worker lease against the Raft election timeout
+// (--raft-timeout; 0: raft's default): while a leader is being elected no
+// heartbeat commits. A lease no longer than the longest election is
+// refused: a leader's death would expire every worker's lease, so every
+// node refuses every request by itself. One whose healthy stretch (the TTL
+// less the unhealthy buffer and one heartbeat interval, the age of the
+// last ack at worst) is shorter than an election gets a warning: workers
+// go unhealthy (not ready, refusing new instances) during one.
+func leaseTiming(ttl, heartbeat, raftTimeout time.Duration) (warn string, err error) {
+	gap := raftstore.ElectionBound(raftTimeout, raftTimeout)
+	switch {
+	case ttl <= gap:
+		return "", fmt.Errorf("--lease-ttl (%s) must be longer than a Raft election, up to %s with --raft-timeout %s: a leader's death would expire every worker's lease (raise --lease-ttl, or lower --raft-timeout on a fast network)",
+			ttl, gap, cmp.Or(raftTimeout, gap/4))
+	case ttl-pinboard.LeaseBuffer(ttl)-heartbeat < gap:
+		return "--lease-ttl leaves workers healthy for less than a Raft election after their last ack: they go unhealthy (not ready, refusing new instances) while a new leader is elected", nil
+	}
+	return "", nil
+}
+
 // agentConfigFrom reads and checks the agent's flags.
 func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 	logger, err := newLogger(c.String("log-level"), c.String("log-format"))
@@ -158,6 +180,15 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 	}
 	if cfg.Heartbeat >= cfg.LeaseTTL {
 		return cfg, fmt.Errorf("--heartbeat-interval (%s) must be shorter than --lease-ttl (%s)", cfg.Heartbeat, cfg.LeaseTTL)
+	}
+	if !cfg.Dev { // one voter: no election after its first
+		warn, err := leaseTiming(cfg.LeaseTTL, cfg.Heartbeat, cfg.RaftTimeout)
+		if err != nil {
+			return cfg, err
+		}
+		if warn != "" {
+			logger.Warn(warn, "lease_ttl", cfg.LeaseTTL, "heartbeat_interval", cfg.Heartbeat, "election_bound", raftstore.ElectionBound(cfg.RaftTimeout, cfg.RaftTimeout))
+		}
 	}
 	if cfg.NodeID == "" {
 		cfg.NodeID, _ = os.Hostname()

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/urfave/cli/v2"
 )
@@ -225,6 +226,27 @@ func TestComplete(t *testing.T) {
 		}
 		if got := strings.Join(complete(newApp(), words), " "); got != want {
 			t.Errorf("complete %q = %q, want %q", line, got, want)
+		}
+	}
+}
+
+// A lease an election can outlast is refused; one whose healthy stretch an
+// election outlasts is warned about; the defaults and the test fleets' 3 s
+// lease at --raft-timeout 300ms pass.
+func TestLeaseTimingAgainstElection(t *testing.T) {
+	if _, err := leaseTiming(3*time.Second, time.Second, 0); err == nil ||
+		!strings.Contains(err.Error(), "--lease-ttl (3s) must be longer than a Raft election, up to 4s with --raft-timeout 1s") {
+		t.Fatalf("3s lease at raft's default timeout: %v", err)
+	}
+	if warn, err := leaseTiming(5*time.Second, time.Second, 0); err != nil || !strings.Contains(warn, "go unhealthy") {
+		t.Fatalf("5s lease, 1s heartbeats at raft's default timeout: %q %v", warn, err)
+	}
+	for _, c := range []struct{ ttl, hb, raft time.Duration }{
+		{15 * time.Second, 3 * time.Second, 0},
+		{3 * time.Second, 500 * time.Millisecond, 300 * time.Millisecond},
+	} {
+		if warn, err := leaseTiming(c.ttl, c.hb, c.raft); warn != "" || err != nil {
+			t.Fatalf("%+v: %q %v", c, warn, err)
 		}
 	}
 }

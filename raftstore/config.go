@@ -155,3 +155,19 @@ func (c *Config) validate() error {
 	}
 	return nil
 }
+
+// ElectionBound is how long a group with these timeouts (0: raft's defaults) can be without a
+// leader when its leader dies: followers notice within twice the heartbeat timeout (raft draws
+// each timer between one and two timeouts), and an election round that no split vote repeats
+// takes up to twice the election timeout. Anything that must outlast a leader's death (a
+// worker's lease) needs to be longer.
+func ElectionBound(heartbeatTimeout, electionTimeout time.Duration) time.Duration {
+	def := raft.DefaultConfig()
+	if heartbeatTimeout <= 0 {
+		heartbeatTimeout = def.HeartbeatTimeout
+	}
+	if electionTimeout <= 0 {
+		electionTimeout = def.ElectionTimeout
+	}
+	return 2*heartbeatTimeout + 2*electionTimeout
+}

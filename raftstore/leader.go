@@ -71,6 +71,13 @@ func (s *Store) leaderLoop() {
 			if !s.leaderBarrier() {
 				continue
 			}
+			// The term's first command, before leader work judges anything (a failure is
+			// retried by the first command applied through this node).
+			pctx, pcancel := context.WithTimeout(s.baseCtx, s.cfg.ApplyTimeout)
+			if err := s.commitPreamble(pctx); err != nil && s.baseCtx.Err() == nil {
+				s.log.Warn("leader preamble did not commit; the first command will retry it", "err", err)
+			}
+			pcancel()
 			ctx, c := context.WithCancel(s.baseCtx)
 			cancel, running = c, &sync.WaitGroup{}
 			s.mu.Lock()

@@ -79,6 +79,7 @@ type Store struct {
 
 	// forwarded takes the commands followers forward here (SetForwarded); nil: ApplyLocal.
 	forwarded atomic.Pointer[ForwardedFunc]
+	pre       preamble // SetLeaderPreamble
 
 	// memberMu makes the leader's membership changes one at a time, so a join's fence check and
 	// its add never interleave with a removal's fence and its remove.
@@ -427,7 +428,7 @@ func (s *Store) Apply(ctx context.Context, cmd []byte) ([]byte, error) {
 	var res []byte
 	err := s.onLeader(ctx, "apply",
 		func(ctx context.Context) (err error) {
-			res, err = s.applyLocal(ctx, encodeUser(cmd))
+			res, err = s.applyUser(ctx, cmd)
 			return err
 		},
 		func(ctx context.Context, api string) (err error) {
@@ -453,7 +454,7 @@ func (s *Store) ApplyLocal(ctx context.Context, cmd []byte) ([]byte, error) {
 	}
 	ctx, cancel := s.withDefaultTimeout(ctx)
 	defer cancel()
-	res, err := s.applyLocal(ctx, encodeUser(cmd))
+	res, err := s.applyUser(ctx, cmd)
 	if err != nil || len(res) == 0 {
 		return nil, err
 	}
@@ -1119,6 +1120,9 @@ func (s *Store) observeLoop() {
 				s.mu.Lock()
 				changed := d.LeaderID != s.lastLeader
 				s.lastLeader = d.LeaderID
+				if d.LeaderID != "" && string(d.LeaderID) != s.cfg.NodeID {
+					s.pre.former = string(d.LeaderID)
+				}
 				s.mu.Unlock()
 				if changed {
 					s.log.Info("leader changed", "leader", d.LeaderID, "leader_raft_addr", d.LeaderAddr)

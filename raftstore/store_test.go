@@ -744,7 +744,7 @@ func TestCloseEndsWhenRaftDropsQueuedEntries(t *testing.T) {
 		}()
 		testutil.WaitForErr(t, 10*time.Second, "the apply committed behind the held entry", func() error {
 			// This test's apply, not the registrar's (the API address is new each round).
-			if !testutil.GoroutineWith("raftstore.(*Store).applyLocal", "raftstore.(*Store).await", "TestCloseEndsWhenRaftDropsQueuedEntries") {
+			if !testutil.GoroutineWith("raftstore.(*Store).applyUser", "raftstore.(*Store).await", "TestCloseEndsWhenRaftDropsQueuedEntries") {
 				return errors.New("the apply is not waiting for raft")
 			}
 			return committed(n)

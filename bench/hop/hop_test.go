@@ -243,9 +243,10 @@ func startFleet(b testing.TB, bin string, extra ...string) *fleet {
 			// pose as many client IPs and place ids on the owner.
 			"--trusted-proxies", "127.0.0.1/32",
 			// pinnedd's default timings (Raft's heartbeats and elections
-			// included), except a 3 s lease, which the cold-start
+			// included), except a 5 s lease (the shortest that outlasts
+			// an election at Raft's default timeout), which the cold-start
 			// quarantine lasts, renewed every second.
-			"--lease-ttl", "3s", "--heartbeat-interval", "1s",
+			"--lease-ttl", "5s", "--heartbeat-interval", "1s",
 			// testutil asks for debug logs; a benchmark wants the default.
 			"--log-level", "info",
 		}, more...), extra...)

@@ -38,6 +38,9 @@ const (
 	OutcomeTooLarge    = "too-large"   // the client's body ran over the cap on its way
 )
 
+// ShuttingDownMsg is the error of the 503 a stopping node answers a request it no longer starts.
+const ShuttingDownMsg = "node is shutting down"
+
 // UnknownOutcomeMsg is the error of a 504 for a request that may have run.
 const UnknownOutcomeMsg = "owner did not answer in time; the request may have run"
 

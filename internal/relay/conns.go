@@ -158,6 +158,9 @@ const (
 	headTimeout  = 10 * time.Second // a request head begun but not finished
 	sweepEvery   = time.Second
 	upstreamIdle = 60 * time.Second // a pooled upstream connection unused
+	// lingerTimeout bounds how long a draining loop reads what a client it
+	// refused still sends, before it closes the connection.
+	lingerTimeout = 2 * time.Second
 )
 
 // Errors an exchange ends with (Forward.Done).

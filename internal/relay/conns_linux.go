@@ -3,13 +3,16 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,8 +43,9 @@ type Conns struct {
 	hsTimeout time.Duration
 	hsWG      sync.WaitGroup // handshake goroutines (tls_linux.go)
 
-	life     // its mu guards everything below
-	draining bool
+	life                   // its mu guards everything below
+	draining bool          // Drain: no new connections, no new exchanges
+	quitting bool          // Shutdown: idle connections close too
 	drained  chan struct{} // closed once the loop is draining and holds no client
 	nextID   uint32
 	clients  map[uint32]*client
@@ -68,6 +72,7 @@ const (
 	stResp          // waiting for the response head
 	stBody          // relaying the response body
 	stClosed        //
+	stLinger        // refused while draining: the answer goes out, what the client still sends is dropped
 )
 
 type client struct {
@@ -96,6 +101,7 @@ type client struct {
 	isHead   bool   // the current request is a HEAD: its response has no body
 	queued   bool   // on runq
 	sent100  bool   // 100 Continue went out for the request being read
+	shut     bool   // the write side is shut (stLinger)
 	seq      uint32 // of the current exchange (Ticket)
 	retried  bool   // a Final request went out again on a fresh connection
 	hbuf     []byte
@@ -228,8 +234,26 @@ func (l *Conns) ctl(op, fd int, events uint32, id uint32, side int32) error {
 	return epollCtl(l.epfd, op, fd, events, id, side)
 }
 
-// Drain stops taking connections: idle ones close now, busy ones after
-// their response (which says Connection: close).
+// Idle counts the client connections between requests (none under way,
+// none begun).
+func (l *Conns) Idle() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, c := range l.clients {
+		if c.state == stHead && len(c.in) == 0 && !c.unsent() {
+			n++
+		}
+	}
+	return n
+}
+
+// Drain stops taking connections and starting exchanges: a busy
+// connection closes after its response (which says Connection: close),
+// and the next request on an idle one is answered 503 + Retry-After +
+// Connection: close (refuse). Idle connections stay open until Shutdown:
+// closing one could cut a request already on its way, which the client
+// would take for one that may have run.
 func (l *Conns) Drain() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -257,7 +281,13 @@ func (l *Conns) noteDrainedLocked() {
 // as http.Server's Shutdown does for net/http's connections: an exchange
 // cut short there may have run on the owner without its client knowing.
 func (l *Conns) Shutdown(ctx context.Context) error {
-	l.Drain()
+	l.mu.Lock()
+	l.draining, l.quitting = true, true
+	l.noteDrainedLocked()
+	if l.started && !l.closed {
+		_ = l.wakeLocked()
+	}
+	l.mu.Unlock()
 	var err error
 	select {
 	case <-l.drained:
@@ -316,11 +346,19 @@ func (l *Conns) run(epfd, wakefd int) {
 					l.shook(u, buf, &after)
 				}
 				l.shaken = l.shaken[:0]
-				if l.draining {
+				if l.quitting {
+					// Idle connections close, but one whose request
+					// already arrived gets its answer (a 503) first.
 					for _, c := range l.clients {
-						if c.state == stHead && len(c.in) == 0 {
-							l.closeClient(c, &after)
+						if c.state != stHead || len(c.in) != 0 || c.unsent() {
+							continue
 						}
+						if c.tls == nil && !quiet(c.fd) {
+							c.readable = true
+							l.drive(c, buf, &after)
+							continue
+						}
+						l.closeClient(c, &after)
 					}
 				}
 			case sideC:
@@ -391,6 +429,8 @@ func (l *Conns) sweepLocked(now time.Time, after *[]func()) {
 			l.closeClient(c, after)
 		case (c.state == stSend || c.state == stResp) && l.timedOut(c, now):
 			l.upstreamFailed(c, ErrUpstreamTimeout, after)
+		case c.state == stLinger && now.Sub(c.since) > lingerTimeout:
+			l.closeClient(c, after)
 		}
 	}
 	for key, us := range l.idle {
@@ -432,6 +472,8 @@ func (l *Conns) drive(c *client, buf []byte, after *[]func()) {
 			progressed = l.readResponse(c, buf, after)
 		case stBody:
 			progressed = l.relayBody(c, buf, after)
+		case stLinger:
+			progressed = l.linger(c, buf, after)
 		}
 		if !progressed {
 			return
@@ -448,15 +490,17 @@ func (l *Conns) readRequest(c *client, buf []byte, after *[]func()) bool {
 		before := c.hs.scanned
 		n, need, ok := parseRequest(c.in, &c.hs, &l.scratch, l.maxBody)
 		l.headWork += int64(c.hs.scanned - before)
+		if l.draining && (!ok || !need) {
+			// Not handed back: net/http may have stopped taking
+			// connections, and one given to it then closes unanswered.
+			l.refuse(c)
+			return true
+		}
 		if !ok {
 			l.giveBack(c, after)
 			return false
 		}
 		if !need {
-			if l.draining {
-				l.giveBack(c, after) // net/http answers, and closes, as it drains
-				return false
-			}
 			h := &l.scratch
 			h.RemoteAddr, h.Conn = c.remote, c.conn
 			h.Ticket = Ticket{l: l, id: c.id, seq: c.seq + 1}
@@ -515,6 +559,53 @@ func (c *client) unsent() bool {
 func (c *client) consume() {
 	c.in = c.in[:copy(c.in, c.in[c.reqLen:])]
 	c.reqLen, c.hs = 0, headScan{}
+}
+
+// shuttingDown is a draining loop's answer to a request it does not start.
+var shuttingDown = func() []byte {
+	r := httpx.Unanswered{Outcome: httpx.OutcomeUnreachable, Status: http.StatusServiceUnavailable,
+		Message: httpx.ShuttingDownMsg, RetryAfter: time.Second}.AppendResponse(nil)
+	line := bytes.Index(r, []byte("\r\n")) + 2
+	return slices.Concat(r[:line], []byte("Connection: close\r\n"), r[line:])
+}()
+
+// refuse answers the request at the head of c.in, which a draining loop
+// does not start, 503 + Retry-After + Connection: close (it certainly did
+// not run), and makes c linger.
+func (l *Conns) refuse(c *client) {
+	c.in, c.reqLen, c.hs = c.in[:0], 0, headScan{}
+	c.out = append(c.out, shuttingDown...)
+	c.wrote = true
+	c.state, c.since = stLinger, time.Now()
+}
+
+// linger is a refused client's last state: once the answer is out, the
+// write side is shut and whatever the client still sends (the rest of a
+// body) is read and dropped until it closes (or lingerTimeout, the
+// sweep's), so that closing with unread bytes, which makes the kernel
+// reset the connection, cannot destroy the answer before the client read
+// it. A TLS client (a peer node) closes once the answer is out.
+func (l *Conns) linger(c *client, buf []byte, after *[]func()) bool {
+	if c.unsent() && !l.flush(c, after) {
+		return false
+	}
+	if c.tls != nil {
+		l.closeClient(c, after)
+		return false
+	}
+	if !c.shut {
+		c.shut = true
+		_ = unix.Shutdown(c.fd, unix.SHUT_WR)
+	}
+	for c.readable {
+		c.in = c.in[:0]
+		if !l.readInto(c.fd, nil, &c.in, buf, len(buf), &c.readable, c.hup) {
+			l.closeClient(c, after) // the client closed: done
+			return false
+		}
+	}
+	c.in = c.in[:0]
+	return false
 }
 
 // start sends c's routed request on u.

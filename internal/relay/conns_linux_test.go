@@ -744,6 +744,78 @@ func TestConnsShutdown(t *testing.T) {
 	}
 }
 
+// A draining loop closes no connection a request may be on its way on: an
+// idle connection's next request is answered 503 + Retry-After +
+// Connection: close (it did not run), even with a body the loop never
+// reads (it lingers, so no reset destroys the answer), and only Shutdown
+// closes the connections still idle.
+func TestConnsDrainAnswersBeforeClosing(t *testing.T) {
+	rig := newConnsRig(t) // its connections go straight into the loop
+	dial := func() (net.Conn, *bufio.Reader) {
+		conn, err := net.Dial("tcp", rig.front.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		br := bufio.NewReader(conn)
+		_, _ = io.WriteString(conn, "GET /up/fixed?a HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, _ := io.ReadAll(resp.Body); resp.StatusCode != 200 || string(b) != "fixed a" {
+			t.Fatalf("before the drain: %d %q", resp.StatusCode, b)
+		}
+		return conn, br
+	}
+	plain, plainR := dial()
+	upload, uploadR := dial()
+	idle, idleR := dial()
+	rig.loop.Drain()
+
+	refused := func(br *bufio.Reader, what string) {
+		t.Helper()
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%s after the drain: %v", what, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !resp.Close || !strings.Contains(string(b), "shutting down") {
+			t.Fatalf("%s after the drain: %d %v %q", what, resp.StatusCode, resp.Header, b)
+		}
+		if n, err := br.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+			t.Fatalf("%s: after the answer the connection must end cleanly: %d %v", what, n, err)
+		}
+	}
+	_, _ = io.WriteString(plain, "POST /up/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+	refused(plainR, "a request")
+	// A body the loop never reads, larger than the sockets' buffers.
+	body := strings.Repeat("x", 4<<20)
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := io.WriteString(upload, fmt.Sprintf("POST /up/echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
+		wrote <- err
+	}()
+	refused(uploadR, "an upload")
+	if err := <-wrote; err != nil {
+		t.Fatalf("the upload's body was not taken (dropped) while the loop lingered: %v", err)
+	}
+	// The clients close once answered; the loop lets go of them then.
+	plain.Close()
+	upload.Close()
+	if err := testutil.Eventually(10*time.Second, func() bool { return rig.loop.Len() == 1 }); err != nil {
+		t.Fatalf("%d connections held, want the idle one: %v", rig.loop.Len(), err)
+	}
+	if err := rig.loop.Shutdown(context.Background()); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if n, err := idleR.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Fatalf("an idle connection after Shutdown: %d %v, want EOF", n, err)
+	}
+	_ = idle
+}
+
 // headWork is how many head bytes the loop has looked at so far.
 func (rig *connsRig) headWork() int64 {
 	rig.loop.mu.Lock()

@@ -35,6 +35,9 @@ func (l *Conns) Adopt(net.Conn, []byte) error { return ErrUnsupported }
 // Drain does nothing.
 func (l *Conns) Drain() {}
 
+// Idle is always 0 here.
+func (l *Conns) Idle() int { return 0 }
+
 // Shutdown does nothing.
 func (l *Conns) Shutdown(context.Context) error { return nil }
 

@@ -106,6 +106,7 @@ func (m *Machine) applyRegister(c Register) Result {
 	w.Headroom = c.Headroom
 	w.Degraded = false // registration is gated on a passing challenge
 	w.Revoked = false  // a new session
+	w.Unconfirmed = false
 	w.Draining = c.Draining
 
 	var live map[Key]struct{}
@@ -164,7 +165,38 @@ func (m *Machine) applyHeartbeat(c Heartbeat) Result {
 	w.Headroom = c.Headroom
 	w.Degraded = !c.ProbeOK
 	w.Draining = c.Draining
+	w.Unconfirmed = false // the process itself is heard from again
 	return m.renew(w, c.Now, c.TTLMs)
+}
+
+// applyRenewLeases forgives the leaderless gap before a new leader's term
+// judges any lease (see RenewLeases and the package doc). The walk's order
+// cannot matter: each worker is treated on its own.
+func (m *Machine) applyRenewLeases(c RenewLeases) Result {
+	if c.TTLMs <= 0 {
+		return Result{Code: CodeInvalid, Reason: "lease TTL must be positive"}
+	}
+	since := m.st.clock
+	m.st.clock = max(m.st.clock, c.Now)
+	for id, cur := range m.st.workers.all() {
+		if cur.SessionID == "" || cur.Revoked || cur.LeaseExpiry < since {
+			continue // lapsed while a leader could still renew it, or ended
+		}
+		w := m.st.workers.edit(id)
+		if c.FormerLeader != "" && w.NodeID == c.FormerLeader {
+			// The election happened because this node stopped answering
+			// its peers (or handed over): no excuse for it, and no new
+			// placements until it is heard from.
+			w.Unconfirmed = true
+			continue
+		}
+		exp := c.Now + c.TTLMs
+		if d, ok := m.drainFor(w, c.Now); ok {
+			exp = d.capLease(exp, c.Now)
+		}
+		w.LeaseExpiry = max(w.LeaseExpiry, exp)
+	}
+	return Result{Code: CodeOK}
 }
 
 func (m *Machine) applyDeregister(c Deregister) Result {
@@ -191,6 +223,8 @@ func (m *Machine) eligible(w *Worker, ns string, now int64) string {
 		return ReasonDegraded
 	case w.Revoked:
 		return ReasonLeaseLapsed
+	case w.Unconfirmed:
+		return ReasonUnconfirmed
 	case w.Draining:
 		return ReasonDraining
 	}

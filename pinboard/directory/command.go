@@ -35,6 +35,7 @@ const (
 	// them (CodeError), so a proposer emits them once every node knows them.
 	TypeDrainNode   CommandType = 12
 	TypeUndrainNode CommandType = 13
+	TypeRenewLeases CommandType = 14
 )
 
 // Command is one directory command. The set is closed: the concrete types in
@@ -150,6 +151,21 @@ type UndrainNode struct {
 	NodeID string
 }
 
+// RenewLeases is a new leader's first command of its term: it forgives
+// the leaderless gap. Every worker whose lease was live at the directory's
+// clock (the latest Now of any command applied before it: when the former
+// leader last committed) gets a fresh lease of TTLMs from Now, as a
+// heartbeat would give it, unless its session is revoked or it registered
+// on FormerLeader, the node id that led before the election: its workers
+// keep their lease as it was and take no new placements until their own
+// heartbeat or registration lands (Worker.Unconfirmed). See the package
+// doc, "Leases".
+type RenewLeases struct {
+	Now          int64
+	TTLMs        int64
+	FormerLeader string
+}
+
 // GC forgets workers whose lease lapsed more than WorkerRetentionMs before
 // Now (DefaultWorkerRetention when 0), with their placements, and drops timed
 // drains DrainRetention past their deadline.
@@ -186,6 +202,7 @@ func (Batch) Type() CommandType         { return TypeBatch }
 func (GiveBack) Type() CommandType      { return TypeGiveBack }
 func (DrainNode) Type() CommandType     { return TypeDrainNode }
 func (UndrainNode) Type() CommandType   { return TypeUndrainNode }
+func (RenewLeases) Type() CommandType   { return TypeRenewLeases }
 func (o Opaque) Type() CommandType      { return o.Code }
 
 func (c Init) appendPayload(b []byte) []byte {
@@ -263,6 +280,12 @@ func (c UndrainNode) appendPayload(b []byte) []byte {
 	return appendString(b, c.NodeID)
 }
 
+func (c RenewLeases) appendPayload(b []byte) []byte {
+	b = binary.AppendVarint(b, c.Now)
+	b = binary.AppendVarint(b, c.TTLMs)
+	return appendString(b, c.FormerLeader)
+}
+
 func (c GC) appendPayload(b []byte) []byte {
 	b = binary.AppendVarint(b, c.Now)
 	return binary.AppendVarint(b, c.WorkerRetentionMs)
@@ -302,7 +325,15 @@ func (o Opaque) appendPayload(b []byte) []byte { return append(b, o.Payload...) 
 
 func typeByte(c Command) byte {
 	t := byte(c.Type()) &^ IgnorableFlag
-	if o, ok := c.(Opaque); ok && o.Ignorable {
+	switch c := c.(type) {
+	case Opaque:
+		if c.Ignorable {
+			t |= IgnorableFlag
+		}
+	case RenewLeases:
+		// A node of a version before it skips it and judges leases as it
+		// did then, until the next heartbeats bring the leases together
+		// again: a rolling upgrade's elections need no version gate.
 		t |= IgnorableFlag
 	}
 	return t
@@ -375,6 +406,8 @@ func decodeBody(t byte, payload []byte, inBatch bool) (Command, error) {
 		c = DrainNode{NodeID: d.string(), Deadline: d.varint(), Cordon: d.bool(), Now: d.varint()}
 	case TypeUndrainNode:
 		c = UndrainNode{NodeID: d.string()}
+	case TypeRenewLeases:
+		c = RenewLeases{Now: d.varint(), TTLMs: d.varint(), FormerLeader: d.string()}
 	case TypeGC:
 		c = GC{Now: d.varint(), WorkerRetentionMs: d.varint()}
 	case TypeBatch:

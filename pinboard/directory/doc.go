@@ -76,6 +76,29 @@
 // worker still believes it owns it. A drain deadline only stops further
 // extension: acks stop extending the lease past it.
 //
+// A leaderless gap must not lapse a healthy worker's lease: while no
+// leader commits, no heartbeat can, and with a short TTL an election alone
+// would let claims take every id and refuse every heartbeat. So a new
+// leader's first command of its term is RenewLeases (raftstore commits it
+// before any other command of the term: Store.SetLeaderPreamble), with the
+// leader's Now and TTL. Which leases it renews is decided from the log
+// alone: the machine keeps a clock, the latest Now of any command applied,
+// which is when the former leader last committed something (every worker
+// heartbeats every few seconds). A registered, unrevoked worker whose
+// lease had not lapsed at that clock was live when a leader could last
+// renew it, and gets max(current, min(Now+TTL, drain deadline)), as an ack
+// would give; one that lapsed before it lapsed under a working leader and
+// stays lapsed. The former leader's node (RenewLeases.FormerLeader) is the
+// exception: the election most likely happened because it stopped
+// answering, so its workers keep their lease as it was (their ids fail
+// over when it lapses) and are Unconfirmed: they take no new placements
+// until their own heartbeat or registration is applied. A renewal tells
+// the worker nothing: its own expiry stays what its last ack said, never
+// later than the directory's, so safety holds as before. The worker's
+// states follow its acks (the seed's lease table), so a gap longer than
+// TTL minus the unhealthy buffer still makes it unhealthy by itself; the
+// agent refuses a TTL within reach of an election for that reason.
+//
 // Register does not re-grant listed live ids that the worker no longer owns:
 // it reports them as Duplicates and the worker quits them. Re-granting there
 // would bypass the quarantine, drain and eligibility checks of Claim; the

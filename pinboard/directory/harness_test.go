@@ -315,6 +315,15 @@ func (g *gen) command(inBatch bool) Command {
 		}
 		return UndrainNode{NodeID: g.nodeID()}
 	case 16:
+		if g.s.pick(3) == 0 {
+			// A new leader's first command; its former leader's node, or
+			// none known.
+			r := RenewLeases{Now: g.stamp(), TTLMs: ttl, FormerLeader: append(genNodes, "")[g.s.pick(3)]}
+			if g.s.pick(16) == 0 {
+				r.TTLMs = 0 // bad input
+			}
+			return r
+		}
 		now := g.tick()
 		if g.s.pick(8) == 0 {
 			now += DrainRetention + int64(g.s.pick(3))*DefaultWorkerRetention

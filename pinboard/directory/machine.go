@@ -61,8 +61,11 @@ func (m *Machine) OnTakeover(fn func(Takeover)) {
 }
 
 type state struct {
-	applied    uint64
-	lastGen    uint64 // the newest placement generation granted
+	applied uint64
+	lastGen uint64 // the newest placement generation granted
+	// clock is the latest Now of any command applied: the directory's
+	// own notion of how far time got while a leader committed.
+	clock      int64
 	coldStart  int64
 	secret     []byte
 	workers    *workerTable
@@ -142,6 +145,9 @@ func (m *Machine) publish() {
 }
 
 func (m *Machine) exec(c Command, inBatch bool) Result {
+	if now := commandNow(c); now > m.st.clock {
+		m.st.clock = now
+	}
 	switch c := c.(type) {
 	case Init:
 		return m.applyInit(c)
@@ -167,6 +173,8 @@ func (m *Machine) exec(c Command, inBatch bool) Result {
 		return m.applyUndrainNode(c)
 	case GC:
 		return m.applyGC(c)
+	case RenewLeases:
+		return m.applyRenewLeases(c)
 	case Batch:
 		if inBatch {
 			return Result{Code: CodeError, Reason: ErrNestedBatch.Error()}
@@ -183,6 +191,26 @@ func (m *Machine) exec(c Command, inBatch bool) Result {
 		return Result{Code: CodeError, Reason: ErrUnknownCommand.Error()}
 	}
 	return Result{Code: CodeError, Reason: ErrUnknownCommand.Error()}
+}
+
+// commandNow is the time c carries, 0 if it carries none (a batch's
+// commands advance the clock one by one).
+func commandNow(c Command) int64 {
+	switch c := c.(type) {
+	case Register:
+		return c.Now
+	case Heartbeat:
+		return c.Now
+	case Claim:
+		return c.Now
+	case DrainWorker:
+		return c.Now
+	case DrainNode:
+		return c.Now
+	case GC:
+		return c.Now
+	}
+	return 0 // RenewLeases reads the clock before its own Now counts
 }
 
 // Placement returns the placement of key, if any. It says nothing about the

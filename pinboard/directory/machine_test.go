@@ -206,31 +206,42 @@ func TestNodeAndClientDrainTheStricterBinds(t *testing.T) {
 	}
 }
 
-// A node upgraded on its data dir restores the version 4 snapshot its old
-// version wrote (no node drains): the same state, written back as 5.
-func TestRestoreVersion4Snapshot(t *testing.T) {
+// A node upgraded on its data dir restores the version 4 or 5 snapshot
+// its old version wrote (no node drains; no clock or unconfirmed workers):
+// the same state, written back as 6, its clock the latest time the
+// records carry.
+func TestRestoreVersion4And5Snapshots(t *testing.T) {
 	n := fleet(t)
-	n.apply(DrainWorker{ClientID: "a", Cordon: true, Now: t0})
-	v5 := n.snapshot()
-	// Version 4 is version 5 without the node drains' count (0 here) at
-	// the end of the body.
-	body := append([]byte(nil), v5[:len(v5)-5]...)
-	if v5[len(v5)-5] != 0 {
-		t.Fatalf("snapshot does not end in an empty node-drain list: %x", v5[len(v5)-8:])
+	n.apply(DrainWorker{ClientID: "a", Cordon: true, Now: t0 + 5})
+	v6 := n.snapshot()
+	// Version 5 is version 6 without the clock and the (here empty) list
+	// of unconfirmed workers at the end of the body; version 4 is version
+	// 5 without the node drains' count (0 here).
+	tail := len(binary.AppendVarint(nil, t0+5)) + 1
+	if v6[len(v6)-5] != 0 || v6[len(v6)-5-tail] != 0 {
+		t.Fatalf("snapshot does not end in empty node-drain and unconfirmed lists: %x", v6[len(v6)-16:])
 	}
-	body[len(snapshotMagic)] = 4
-	v4 := binary.BigEndian.AppendUint32(body, crc32.Checksum(body, crcTable))
-	m := New()
-	if err := m.Restore(bytes.NewReader(v4)); err != nil {
-		t.Fatalf("restore a version 4 snapshot: %v", err)
-	}
-	if !bytes.Equal(snapshotBytes(t, m), v5) {
-		t.Fatal("the state restored from version 4 differs")
-	}
-	body[len(snapshotMagic)] = 3
-	v3 := binary.BigEndian.AppendUint32(body, crc32.Checksum(body, crcTable))
-	if err := New().Restore(bytes.NewReader(v3)); !errors.Is(err, ErrVersion) {
-		t.Fatalf("restore a version 3 snapshot: %v", err)
+	for _, old := range []struct {
+		v    byte
+		trim int
+	}{{5, tail}, {4, tail + 1}} {
+		body := append([]byte(nil), v6[:len(v6)-4-old.trim]...)
+		body[len(snapshotMagic)] = old.v
+		snap := binary.BigEndian.AppendUint32(body, crc32.Checksum(body, crcTable))
+		m := New()
+		if err := m.Restore(bytes.NewReader(snap)); err != nil {
+			t.Fatalf("restore a version %d snapshot: %v", old.v, err)
+		}
+		if !bytes.Equal(snapshotBytes(t, m), v6) {
+			t.Fatalf("the state restored from version %d differs", old.v)
+		}
+		if old.v == 4 {
+			body[len(snapshotMagic)] = 3
+			v3 := binary.BigEndian.AppendUint32(body, crc32.Checksum(body, crcTable))
+			if err := New().Restore(bytes.NewReader(v3)); !errors.Is(err, ErrVersion) {
+				t.Fatalf("restore a version 3 snapshot: %v", err)
+			}
+		}
 	}
 }
 
@@ -544,5 +555,65 @@ func TestCommandRoundTrip(t *testing.T) {
 		if !bytes.Equal(Encode(got), b) {
 			t.Fatalf("%T: round trip changed the encoding", c)
 		}
+	}
+}
+
+// A new leader's RenewLeases forgives the leaderless gap: a lease live when
+// the former leader last committed runs a fresh TTL (so ids stay with
+// their owners and heartbeats after the gap are accepted), one that had
+// lapsed under a working leader stays lapsed, and the former leader's node
+// gets no renewal and no new placements until it is heard from.
+func TestRenewLeasesForgivesTheLeaderlessGap(t *testing.T) {
+	n := fleet(t) // a on n-a, b on n-b, leases to t0+ttl
+	if r := n.apply(reg("c", "sc", "http://c", t0)); r.Code != CodeOK {
+		t.Fatalf("register c: %+v", r)
+	}
+	for _, id := range []string{"a", "b"} {
+		n.apply(Heartbeat{ClientID: id, SessionID: "s" + id, Now: t0 + 10_000, TTLMs: ttl, ProbeOK: true})
+	}
+	if r := n.apply(claim("x", "a", t0+20_000)); r.Code != CodeGranted {
+		t.Fatalf("claim x: %+v", r)
+	}
+	// c lapsed at t0+ttl while the leader was there (clock t0+20s). The
+	// leader dies; a new one takes over at t0+26s, past a's and b's leases.
+	if r := n.apply(RenewLeases{Now: t0 + 26_000, TTLMs: ttl, FormerLeader: "n-b"}); r.Code != CodeOK {
+		t.Fatalf("renew: %+v", r)
+	}
+	a, _ := n.m.Worker("a")
+	b, _ := n.m.Worker("b")
+	c, _ := n.m.Worker("c")
+	switch {
+	case a.LeaseExpiry != t0+26_000+ttl || a.Unconfirmed:
+		t.Fatalf("a not renewed: %+v", a)
+	case b.LeaseExpiry != t0+25_000 || !b.Unconfirmed:
+		t.Fatalf("the former leader's worker renewed or confirmed: %+v", b)
+	case c.LeaseExpiry != t0+ttl || c.Unconfirmed:
+		t.Fatalf("a worker lapsed before the election revived: %+v", c)
+	}
+	if r := n.apply(claim("x", "c", t0+30_000)); r.Code != CodeHeld || r.Placement.Owner != "a" {
+		t.Fatalf("x taken from a, whose lease lapsed only for want of a leader: %+v", r)
+	}
+	if r := n.apply(Heartbeat{ClientID: "a", SessionID: "sa", Now: t0 + 30_000, TTLMs: ttl, ProbeOK: true}); r.Code != CodeOK {
+		t.Fatalf("a's heartbeat after the gap: %+v", r)
+	}
+	if r := n.apply(claim("y", "b", t0+24_000)); r.Code != CodeIneligible || r.Reason != ReasonUnconfirmed {
+		t.Fatalf("the former leader's worker took a new id: %+v", r)
+	}
+	if got := n.m.Candidates(ns, t0+24_000); len(got) != 1 || got[0].ClientID != "a" {
+		t.Fatalf("candidates %+v, want a only", got)
+	}
+	// Heard from again, b takes placements.
+	if r := n.apply(Heartbeat{ClientID: "b", SessionID: "sb", Now: t0 + 24_500, TTLMs: ttl, ProbeOK: true}); r.Code != CodeOK {
+		t.Fatalf("b's heartbeat: %+v", r)
+	}
+	if r := n.apply(claim("y", "b", t0+25_000)); r.Code != CodeGranted {
+		t.Fatalf("b after its heartbeat: %+v", r)
+	}
+	if r := n.apply(RenewLeases{Now: t0 + 25_000}); r.Code != CodeInvalid {
+		t.Fatalf("renew without a TTL: %+v", r)
+	}
+	// A node that does not know the command skips it.
+	if b := Encode(RenewLeases{Now: t0, TTLMs: ttl}); b[1] != byte(TypeRenewLeases)|IgnorableFlag {
+		t.Fatalf("RenewLeases is encoded with type byte %#x, want it ignorable", b[1])
 	}
 }

@@ -30,6 +30,7 @@ type checker struct {
 	coldStart  int64
 	lastGen    uint64
 	secret     bool
+	clock      int64        // the latest Now applied (RenewLeases' "since")
 	entryKeys  map[Key]bool // keys granted in the entry being applied
 
 	// beliefs is what each process serves: the keys it was granted or
@@ -44,10 +45,14 @@ type mWorker struct {
 	url        string
 	node       string
 	namespaces []string
-	lease      int64 // the latest expiry acknowledged to the process
+	lease      int64 // the directory's expiry
+	told       int64 // the latest expiry acknowledged to the process
 	degraded   bool
 	draining   bool
 	revoked    bool
+	// unconfirmed: found on the former leader's node by a RenewLeases and
+	// not heard from since: no new placements.
+	unconfirmed bool
 	// What operators see of it (GET /registry/workers).
 	headroom      int64 // as last reported, minus one per grant since
 	registeredAt  int64 // Now of the registration that began the session
@@ -147,7 +152,10 @@ func diffResult(want, got Result) string {
 }
 
 func (c *checker) expect(cmd Command) Result {
+	c.clock = max(c.clock, nowOf(cmd))
 	switch cmd := cmd.(type) {
+	case RenewLeases:
+		return c.renewLeases(cmd)
 	case Init:
 		switch {
 		case len(cmd.Secret) == 0:
@@ -343,6 +351,8 @@ func (c *checker) renew(id string, now, ttlMs int64) Result {
 		exp = d.Deadline
 	}
 	w.lease = max(w.lease, exp)
+	w.told = w.lease
+	w.unconfirmed = false // heard from
 	w.lastHeartbeat = max(w.lastHeartbeat, now)
 	// The process now serves what it believes it holds until w.lease: a key
 	// taken from it since must stay out of that window.
@@ -472,6 +482,8 @@ func (c *checker) claim(cmd Claim) Result {
 		return Result{Code: CodeIneligible, Reason: ReasonDegraded}
 	case w.revoked:
 		return Result{Code: CodeIneligible, Reason: ReasonLeaseLapsed}
+	case w.unconfirmed:
+		return Result{Code: CodeIneligible, Reason: ReasonUnconfirmed}
 	case w.draining || drained:
 		return Result{Code: CodeIneligible, Reason: ReasonDraining}
 	}
@@ -511,11 +523,42 @@ func (c *checker) claim(cmd Claim) Result {
 	return Result{Code: CodeGranted, Placement: np}
 }
 
+// leaseOf is how long process id believes it may serve: the lease it was
+// last told, which a new leader's renewal does not change.
 func (c *checker) leaseOf(id string) int64 {
 	if w := c.workers[id]; w != nil {
-		return w.lease
+		return w.told
 	}
 	return 0
+}
+
+// renewLeases is a new leader forgiving the leaderless gap: leases live
+// at the clock (when the former leader last committed) run a fresh TTL
+// from Now, as far as a timed drain allows; the former leader's node gets
+// no renewal and no new placements until it is heard from. The processes
+// are told nothing.
+func (c *checker) renewLeases(cmd RenewLeases) Result {
+	if cmd.TTLMs <= 0 {
+		return Result{Code: CodeInvalid}
+	}
+	since := c.clock
+	c.clock = max(c.clock, cmd.Now)
+	for _, id := range slices.Sorted(maps.Keys(c.workers)) {
+		w := c.workers[id]
+		if w.session == "" || w.revoked || w.lease < since {
+			continue
+		}
+		if cmd.FormerLeader != "" && w.node == cmd.FormerLeader {
+			w.unconfirmed = true
+			continue
+		}
+		exp := cmd.Now + cmd.TTLMs
+		if d, ok := c.activeDrain(id, cmd.Now); ok && !d.Cordon && exp > d.Deadline {
+			exp = d.Deadline
+		}
+		w.lease = max(w.lease, exp)
+	}
+	return Result{Code: CodeOK}
 }
 
 // lose records that p's owner lost its key without being told: it still
@@ -577,7 +620,7 @@ func (c *checker) compareState(m *Machine) {
 		if mw == nil || mw.session != w.SessionID || mw.lease != w.LeaseExpiry || mw.revoked != w.Revoked ||
 			mw.degraded != w.Degraded || mw.draining != w.Draining || mw.url != w.AdvertiseURL || mw.node != w.NodeID ||
 			!slices.Equal(mw.namespaces, w.Namespaces) || mw.headroom != w.Headroom || mw.registeredAt != w.RegisteredAt ||
-			mw.lastHeartbeat != w.LastHeartbeat {
+			mw.lastHeartbeat != w.LastHeartbeat || mw.unconfirmed != w.Unconfirmed {
 			c.tb.Fatalf("worker %+v, model %+v", w, mw)
 		}
 		if one, ok := m.Worker(w.ClientID); !ok || !reflect.DeepEqual(one, w) {
@@ -628,7 +671,7 @@ func (c *checker) compareState(m *Machine) {
 			w := c.workers[id]
 			served = served || slices.Contains(w.namespaces, ns)
 			_, drained := c.activeDrain(id, c.now)
-			if w.session != "" && c.now <= w.lease && slices.Contains(w.namespaces, ns) && !w.degraded && !w.revoked && !w.draining && !drained {
+			if w.session != "" && c.now <= w.lease && slices.Contains(w.namespaces, ns) && !w.degraded && !w.revoked && !w.unconfirmed && !w.draining && !drained {
 				want = append(want, id)
 			}
 		}

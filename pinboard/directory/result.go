@@ -50,6 +50,7 @@ const (
 	ReasonNamespace     = "namespace not served"
 	ReasonDraining      = "draining"
 	ReasonDegraded      = "degraded"
+	ReasonUnconfirmed   = "not heard from since the election"
 )
 
 // Result is the answer to one command. Fields a command does not use stay

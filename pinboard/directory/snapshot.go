@@ -15,7 +15,7 @@ import (
 // CRC-32C of everything before it.
 const (
 	snapshotMagic   = "PDIR"
-	snapshotVersion = 5 // 2: lastGen after coldStart; 3: Worker.Draining; 4: Worker.Revoked; 5: node drains
+	snapshotVersion = 6 // 2: lastGen after coldStart; 3: Worker.Draining; 4: Worker.Revoked; 5: node drains; 6: Worker.Unconfirmed, the clock
 	// oldestSnapshot is the oldest version Restore still reads: a node
 	// upgraded on a data dir restores the snapshot its old version wrote.
 	oldestSnapshot = 4
@@ -30,6 +30,7 @@ type snapshot struct {
 	applied    uint64
 	coldStart  int64
 	lastGen    uint64
+	clock      int64
 	secret     []byte
 	workers    []Worker
 	placements []Placement
@@ -46,6 +47,7 @@ func (m *Machine) Snapshot() (io.WriterTo, error) {
 		applied:    m.st.applied,
 		coldStart:  m.st.coldStart,
 		lastGen:    m.st.lastGen,
+		clock:      m.st.clock,
 		secret:     m.st.secret, // set once, never modified
 		workers:    make([]Worker, 0, m.st.workers.len()),
 		placements: make([]Placement, 0, m.st.placements.n),
@@ -135,6 +137,16 @@ func (s *snapshot) WriteTo(w io.Writer) (int64, error) {
 		b = appendBool(b, d.Cordon)
 		b = binary.AppendVarint(b, d.SetAt)
 	}
+	// Version 6 added the rest at the end, so an older version is a
+	// prefix of it.
+	b = binary.AppendVarint(b, s.clock)
+	var unconfirmed []string
+	for _, wk := range s.workers {
+		if wk.Unconfirmed {
+			unconfirmed = append(unconfirmed, wk.ClientID)
+		}
+	}
+	b = appendStrings(b, unconfirmed)
 	if err := flush(true); err != nil {
 		return cw.n, err
 	}
@@ -236,9 +248,38 @@ func decodeSnapshot(data []byte) (state, error) {
 			st.nodeDrains[dr.NodeID] = dr
 		}
 	}
+	if v >= 6 {
+		st.clock = d.varint()
+		for _, id := range d.strings() {
+			if _, ok := st.workers.get(id); !ok {
+				d.fail() // names a worker the snapshot does not hold
+				break
+			}
+			st.workers.edit(id).Unconfirmed = true
+		}
+	}
 	if err := d.done(); err != nil {
 		return state{}, fmt.Errorf("%w: %w", ErrSnapshot, err)
 	}
 	st.placements.commit()
+	if v < 6 {
+		st.clock = clockOf(&st)
+	}
 	return st, nil
+}
+
+// clockOf is the clock of a state restored from a snapshot older than
+// version 6, which did not record it: the latest time its records carry.
+func clockOf(st *state) int64 {
+	t := st.coldStart
+	st.placements.each(func(p Placement) { t = max(t, p.PlacedAt) })
+	for _, w := range st.workers.all() {
+		t = max(t, w.LastHeartbeat, w.RegisteredAt)
+	}
+	for _, drains := range []map[string]Drain{st.drains, st.nodeDrains} {
+		for _, d := range drains {
+			t = max(t, d.SetAt)
+		}
+	}
+	return t
 }

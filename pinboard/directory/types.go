@@ -59,16 +59,20 @@ func (k Key) String() string {
 // place), so the forwarding path reads a worker without copying it:
 // callers must not modify it either.
 type Worker struct {
-	ClientID      string
-	SessionID     string
-	NodeID        string
-	AdvertiseURL  string
-	Namespaces    []string
-	Headroom      int64 // selection weight; each grant subtracts one until the next heartbeat
-	LeaseExpiry   int64 // unix ms; the worker serves while now <= LeaseExpiry
-	Degraded      bool  // the last challenge probe failed
-	Draining      bool  // the worker reported draining by itself
-	Revoked       bool  // the session lost an id to a lapse: it must re-register
+	ClientID     string
+	SessionID    string
+	NodeID       string
+	AdvertiseURL string
+	Namespaces   []string
+	Headroom     int64 // selection weight; each grant subtracts one until the next heartbeat
+	LeaseExpiry  int64 // unix ms; the worker serves while now <= LeaseExpiry
+	Degraded     bool  // the last challenge probe failed
+	Draining     bool  // the worker reported draining by itself
+	Revoked      bool  // the session lost an id to a lapse: it must re-register
+	// Unconfirmed: a new leader found it on the node that led before the
+	// election (RenewLeases): it takes no new placements until its own
+	// heartbeat or registration is applied.
+	Unconfirmed   bool
 	RegisteredAt  int64 // unix ms of the current session's registration
 	LastHeartbeat int64 // unix ms
 }
