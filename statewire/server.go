@@ -352,6 +352,13 @@ func (s *Server) serveFrames(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resp, err := s.admit(r.Context(), req.ClientID, cmds)
+	if err == nil || errors.Is(err, sdk.ErrStateUnavailable) || errors.Is(err, sdk.ErrFenced) {
+		// An acknowledgement reveals only seqs already durable (the mark
+		// moves once their append is), and a refusal for the store's sake
+		// reveals nothing: neither waits at the output gate for the
+		// bookkeeping writes queued since (the admitted mark, a run's).
+		sdk.AllowUnconfirmed(r)
+	}
 	var gap *SeqGapError
 	if errors.As(err, &gap) {
 		writeJSONError(w, http.StatusConflict, map[string]any{"error": err.Error(), "expected": gap.Expected})
