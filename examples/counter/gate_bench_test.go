@@ -1,9 +1,15 @@
 package counter_test
 
 // BenchmarkGate: the counter's warm reads and increments through the
-// plugin runtime's HTTP data path, on Postgres over real gRPC, with the
-// output gate and with it opened by sdk.AllowUnconfirmed on every request
-// (the same handlers otherwise). 8 concurrent clients, one instance.
+// plugin runtime's HTTP data path, on Postgres over real gRPC, 8
+// concurrent clients on one instance, in three modes (the same handlers
+// otherwise):
+//
+//	gate:         as the counter is, behind the output gate
+//	unconfirmed:  the gate opened by sdk.AllowUnconfirmed on every request
+//	              (reads and increments answer before the write is stored)
+//	durable-wait: the counter before the gate: the answer waits for
+//	              Instance.Durable, then leaves through AllowUnconfirmed
 //
 //	go test -run XXX -bench Gate -benchtime 3s ./examples/counter/
 //
@@ -46,10 +52,9 @@ func BenchmarkGate(b *testing.B) {
 		{"read", "GET", "/value"},
 		{"increment", "POST", "/increment"},
 	} {
-		for _, gated := range []bool{true, false} {
-			mode := map[bool]string{true: "gate", false: "unconfirmed"}[gated]
+		for _, mode := range []string{"gate", "unconfirmed", "durable-wait"} {
 			b.Run(op.name+"/"+mode, func(b *testing.B) {
-				url := benchCounter(b, client, gated)
+				url := benchCounter(b, client, mode)
 				hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 				do := func() {
 					req, _ := http.NewRequest(op.method, url+op.path, nil)
@@ -96,18 +101,34 @@ func BenchmarkGate(b *testing.B) {
 }
 
 // benchCounter serves a counter runtime over loopback HTTP (the data
-// socket's protocol) with /counters/bench active; ungated opens the gate
-// of every request.
-func benchCounter(b *testing.B, client proto.StoreClient, gated bool) string {
+// socket's protocol) with /counters/bench active, its requests handled as
+// mode says.
+func benchCounter(b *testing.B, client proto.StoreClient, mode string) string {
 	b.Helper()
 	h := counter.Host()
-	if !gated {
-		build := h.New
+	build := h.New
+	switch mode {
+	case "unconfirmed":
 		h.New = func(inst *sdk.Instance) (http.Handler, error) {
 			next, err := build(inst)
 			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				sdk.AllowUnconfirmed(r)
 				next.ServeHTTP(w, r)
+			}), err
+		}
+	case "durable-wait":
+		h.New = func(inst *sdk.Instance) (http.Handler, error) {
+			next, err := build(inst)
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				rec := httptest.NewRecorder()
+				next.ServeHTTP(rec, r)
+				if err := inst.Durable(r.Context()); err != nil {
+					http.Error(w, err.Error(), http.StatusGatewayTimeout)
+					return
+				}
+				sdk.AllowUnconfirmed(r)
+				w.WriteHeader(rec.Code)
+				_, _ = w.Write(rec.Body.Bytes())
 			}), err
 		}
 	}

@@ -473,7 +473,9 @@ func stop(ctx context.Context, l *live, grace time.Duration) int {
 	}
 	dctx, cancel := context.WithTimeout(context.Background(), max(grace, frontierWait))
 	defer cancel()
-	if err := l.inst.state.durable(dctx); err != nil && !errors.Is(err, ErrFenced) {
+	// A fence or a failed commit was logged when it happened; what is
+	// left to say is a frontier that did not move in time.
+	if err := l.inst.state.durable(dctx); err != nil && dctx.Err() != nil {
 		l.inst.logger.Error("instance stopped before its writes were durable", "err", err)
 	}
 	return abandoned
