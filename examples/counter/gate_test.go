@@ -176,8 +176,9 @@ func TestFailedCommitDiscardsHeldReadsAndResets(t *testing.T) {
 		}
 	}
 	g.store.SetHook(nil)
-	// The reset replaces the instance; until then the plugin says it is
-	// not active (503, nothing ran).
+	// The reset replaces the instance; a request meanwhile waits for it
+	// (or, if it came first, is told the instance is not active: 503,
+	// nothing ran).
 	var last answer
 	testutil.WaitFor(t, 10*time.Second, "a read after the reset", func() bool {
 		last = <-g.call(t, "GET", "/value")

@@ -84,9 +84,9 @@
 // reconnects. The instance is then reset: its writes still queued are
 // dropped, the activation stops (its context is cancelled, Stop runs), and
 // a fresh one is loaded from the store and built by Host.New, under the
-// same placement. Until it is in place the plugin answers 503 "not active"
-// (nothing ran); if the store cannot be read, the next request activates
-// the id again.
+// same placement; requests meanwhile wait for it. If the store cannot be
+// read, the id is left inactive: the plugin answers 503 "not active"
+// (nothing ran), and pinnedd activates the id again on its next request.
 //
 // What it costs: an output produced with nothing in flight passes at once:
 // two atomic loads per write, plus about a microsecond and three small

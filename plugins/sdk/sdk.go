@@ -119,7 +119,8 @@ func (i *Instance) fenced() {
 
 // reset replaces an instance whose commit failed with a fresh activation
 // loaded from the store: its memory may hold writes the store never took,
-// and answering from it could reveal them.
+// and answering from it could reveal them. By its return the runtime
+// routes no new request to i.
 func (i *Instance) reset() {
 	i.resetOnce.Do(func() {
 		i.cancel()

@@ -65,9 +65,9 @@ type Runtime struct {
 	mu        sync.Mutex
 	instances map[key]*live
 	// resetting holds the instances being reset (see resetInstance): a
-	// Deactivate in the meantime deletes the entry, and the reset then
-	// brings nothing back.
-	resetting map[key]*Instance
+	// request waits for the reset, and a Deactivate in the meantime
+	// deletes the entry, so the reset then brings nothing back.
+	resetting map[key]*reset
 
 	socket string
 	srv    *http.Server
@@ -137,7 +137,7 @@ func NewRuntime(hosts map[string]Host, logger *slog.Logger) (*Runtime, error) {
 			return nil, fmt.Errorf("host %s: New is nil", ns)
 		}
 	}
-	return &Runtime{hosts: hosts, logger: logger, instances: map[key]*live{}, resetting: map[key]*Instance{},
+	return &Runtime{hosts: hosts, logger: logger, instances: map[key]*live{}, resetting: map[key]*reset{},
 		events: make(chan *proto.Event, 64)}, nil
 }
 
@@ -176,7 +176,20 @@ func (rt *Runtime) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	k := key{r.Header.Get(plugins.HeaderNamespace), r.Header.Get(plugins.HeaderID)}
 	rt.mu.Lock()
 	l := rt.instances[k]
+	rs := rt.resetting[k]
 	rt.mu.Unlock()
+	if l == nil && rs != nil {
+		// Reset after a failed commit: the fresh activation is moments
+		// away (a load from the store).
+		select {
+		case <-rs.done:
+		case <-r.Context().Done():
+			return
+		}
+		rt.mu.Lock()
+		l = rt.instances[k]
+		rt.mu.Unlock()
+	}
 	if l == nil {
 		w.Header().Set(plugins.HeaderRefusal, plugins.RefusalInactive)
 		w.Header().Set("Retry-After", "1") // nothing ran; a reset may be under way
@@ -277,10 +290,10 @@ func (rt *Runtime) Activate(ctx context.Context, req *proto.ActivateRequest) (*p
 	return rt.activate(ctx, req, nil)
 }
 
-// activate builds and registers an instance. reset is the instance a reset
-// replaces (nil for pinnedd's own Activate): the new one is registered only
-// if that reset still stands, i.e. no Deactivate or Activate came between.
-func (rt *Runtime) activate(ctx context.Context, req *proto.ActivateRequest, reset *Instance) (*proto.ActivateResponse, error) {
+// activate builds and registers an instance. rs is the reset it is for
+// (nil for pinnedd's own Activate): the new instance is registered only if
+// that reset still stands, i.e. no Deactivate or Activate came between.
+func (rt *Runtime) activate(ctx context.Context, req *proto.ActivateRequest, rs *reset) (*proto.ActivateResponse, error) {
 	h, ok := rt.hosts[req.Namespace]
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "unknown namespace %q", req.Namespace)
@@ -295,7 +308,11 @@ func (rt *Runtime) activate(ctx context.Context, req *proto.ActivateRequest, res
 	inst := newInstance(req.Namespace, req.Id, req.Generation, rt.logger)
 	inst.requestEviction = func() { rt.emit(inst, proto.EventKind_EVENT_KIND_EVICT_ME) }
 	inst.onFenced = func() { go rt.dropFenced(k, inst) }
-	inst.onReset = func() { go rt.resetInstance(k, inst) }
+	inst.onReset = func() {
+		if rs := rt.beginReset(k, inst); rs != nil {
+			go rt.resetInstance(k, rs)
+		}
+	}
 	inst.clusterToken = rt.clusterCallToken
 	var loaded []*proto.TrayData
 	store := rt.storeClient()
@@ -325,7 +342,7 @@ func (rt *Runtime) activate(ctx context.Context, req *proto.ActivateRequest, res
 	}
 	rt.mu.Lock()
 	_, exists = rt.instances[k]
-	stale := exists || reset != nil && rt.resetting[k] != reset
+	stale := exists || rs != nil && rt.resetting[k] != rs
 	if !stale {
 		rt.instances[k] = &live{inst: inst, handler: handler}
 		delete(rt.resetting, k)
@@ -373,32 +390,48 @@ func (rt *Runtime) dropFenced(k key, inst *Instance) {
 	rt.emit(inst, proto.EventKind_EVENT_KIND_FENCED)
 }
 
-// resetInstance replaces inst, whose commit failed, by a fresh activation
-// of the same placement loaded from the store (Cloudflare resets a
-// Durable Object whose write failed the same way). Until it is in place
-// the plugin answers "not active" (nothing ran); if the store cannot be
-// read, the id stays inactive and pinnedd activates it again on its next
-// request.
-func (rt *Runtime) resetInstance(k key, inst *Instance) {
+// reset is an instance being replaced; done closes when it is over.
+type reset struct {
+	inst    *Instance
+	handler http.Handler
+	done    chan struct{}
+}
+
+// beginReset takes inst, whose commit failed, out of service: requests
+// for it wait for its replacement from then on (resetInstance). Nil if
+// inst is no longer the live instance.
+func (rt *Runtime) beginReset(k key, inst *Instance) *reset {
 	rt.mu.Lock()
-	l := rt.instances[k]
-	if l == nil || l.inst != inst {
-		rt.mu.Unlock()
-		return
+	defer rt.mu.Unlock()
+	if l := rt.instances[k]; l == nil || l.inst != inst {
+		return nil
 	}
+	rs := &reset{inst: inst, handler: rt.instances[k].handler, done: make(chan struct{})}
 	delete(rt.instances, k)
-	rt.resetting[k] = inst
-	rt.mu.Unlock()
-	stop(context.Background(), l, 5*time.Second)
-	ctx, cancel := context.WithTimeout(context.Background(), frontierWait)
-	defer cancel()
-	req := &proto.ActivateRequest{Namespace: k.ns, Id: k.id, Generation: inst.generation}
-	if _, err := rt.activate(ctx, req, inst); err != nil {
+	rt.resetting[k] = rs
+	return rs
+}
+
+// resetInstance replaces a reset instance by a fresh activation of the
+// same placement loaded from the store (Cloudflare resets a Durable
+// Object whose write failed the same way). If the store cannot be read,
+// the id is left inactive (the plugin answers "not active": nothing ran)
+// and pinnedd activates it again on its next request.
+func (rt *Runtime) resetInstance(k key, rs *reset) {
+	inst := rs.inst
+	defer func() {
 		rt.mu.Lock()
-		if rt.resetting[k] == inst {
+		if rt.resetting[k] == rs {
 			delete(rt.resetting, k)
 		}
 		rt.mu.Unlock()
+		close(rs.done)
+	}()
+	stop(context.Background(), &live{inst: inst, handler: rs.handler}, 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), frontierWait)
+	defer cancel()
+	req := &proto.ActivateRequest{Namespace: k.ns, Id: k.id, Generation: inst.generation}
+	if _, err := rt.activate(ctx, req, rs); err != nil {
 		inst.logger.Warn("instance not reset: reactivation failed; its next request activates it", "err", err)
 		return
 	}

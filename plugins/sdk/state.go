@@ -184,25 +184,31 @@ func (st *state) flush() {
 			st.inst.logger.Warn("state write failed; the instance is reset from the store", "err", err,
 				"dropped_writes", len(st.queue))
 		}
-		if st.err != nil {
+		failed := st.err
+		if failed != nil {
 			// Nothing more of this activation reaches the store: done
 			// stays short of enq, so every output held behind the
 			// dropped writes fails.
 			st.queue = nil
+			if !errors.Is(failed, ErrFenced) {
+				// Out of the runtime's hands before a held answer says
+				// 504: a request sent after it reaches the fresh
+				// activation, never this one.
+				st.mu.Unlock()
+				st.inst.reset()
+				st.mu.Lock()
+			}
 		}
 		close(st.changed)
 		st.changed = make(chan struct{})
-		failed := st.err
 		st.mu.Unlock()
 		for _, t := range stored {
 			st.kick(t)
 		}
-		switch {
-		case errors.Is(failed, ErrFenced):
+		if errors.Is(failed, ErrFenced) {
 			st.inst.fenced()
-			return
-		case failed != nil:
-			st.inst.reset()
+		}
+		if failed != nil {
 			return
 		}
 	}
