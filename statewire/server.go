@@ -128,8 +128,9 @@ type Server struct {
 // clientPool is the admission state of one client: its lock serializes
 // the client's POST /frames, high is the highest admitted seq (-1: not
 // read from the tray yet). unsure is the last seq of an append whose wait
-// failed: the SDK keeps such a write queued and may still store it, so
-// nothing is appended again until a Durable says it was.
+// ended first (the client left): the SDK keeps such a write queued and may
+// still store it, so nothing is appended again until a Durable says it
+// was. (A failed commit resets the instance, and its pools with it.)
 type clientPool struct {
 	mu     sync.Mutex
 	high   int64
