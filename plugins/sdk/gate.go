@@ -46,10 +46,12 @@ type gateKey struct{}
 // response from this call on passes the output gate at once. It may then
 // reveal a write that a crash, a failed commit or a fence loses, so a
 // client may see a value that was never stored (a read-uncommitted
-// answer). Use it where that is acceptable and the wait is not (a
-// progress indication, a best-effort cache), never for an answer a client
-// acts on. On a request that did not come through the SDK it does
-// nothing.
+// answer). Use it for an answer that reveals only what the handler
+// already waited to be durable (an acknowledgement after Append or
+// Durable returned nil, a refusal), or where a value that may vanish is
+// acceptable and the wait is not (a progress indication); never for a
+// read a client acts on. Outputs held before the call still wait. On a
+// request that did not come through the SDK it does nothing.
 func AllowUnconfirmed(r *http.Request) {
 	if g, _ := r.Context().Value(gateKey{}).(*gate); g != nil {
 		g.unconfirmed.Store(true)
