@@ -12,12 +12,12 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/storegrpc"
 	"github.com/pinnedd/pinnedd/internal/testutil"
+	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/plugins/proto"
 	"github.com/pinnedd/pinnedd/plugins/sdk"
 	"github.com/pinnedd/pinnedd/statestore"
@@ -44,8 +44,6 @@ type activation struct {
 
 func activate(t *testing.T, client proto.StoreClient, gen uint64, adjust ...func(*statewire.Config)) *activation {
 	t.Helper()
-	var mu sync.Mutex
-	var server *statewire.Server
 	host := sdk.Host{
 		New: func(inst *sdk.Instance) (http.Handler, error) {
 			cfg := statewire.Config{
@@ -59,11 +57,7 @@ func activate(t *testing.T, client proto.StoreClient, gen uint64, adjust ...func
 			for _, f := range adjust {
 				f(&cfg)
 			}
-			s, err := statewire.New(inst, cfg)
-			mu.Lock()
-			server = s
-			mu.Unlock()
-			return s, err
+			return statewire.New(inst, cfg)
 		},
 		Trays: statewire.Trays(),
 	}
@@ -76,9 +70,13 @@ func activate(t *testing.T, client proto.StoreClient, gen uint64, adjust ...func
 	if _, err := rt.Activate(t.Context(), &proto.ActivateRequest{Namespace: threadNS, Id: threadKey.ID, Generation: gen}); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	a := &activation{rt: rt, srv: httptest.NewServer(server)}
+	// Requests reach the instance as pinnedd sends them, through the
+	// runtime: its output gate, and whatever activation it holds now.
+	a := &activation{rt: rt, srv: httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Header.Set(plugins.HeaderNamespace, threadNS)
+		r.Header.Set(plugins.HeaderID, threadKey.ID)
+		rt.ServeHTTP(w, r)
+	}))}
 	t.Cleanup(a.srv.Close)
 	return a
 }
@@ -201,9 +199,9 @@ func TestFramesAnsweredOnlyAfterTheirCommit(t *testing.T) {
 
 // A commit that fails leaves the high-water mark where it was: the frames
 // are not acknowledged, not by the failing request nor by a retry that
-// would count them as duplicates. The failed append stays queued in the
-// SDK and lands once the store is back; the retries in between must not
-// have queued copies of it, so each seq is stored once.
+// would count them as duplicates. The failed commit resets the instance
+// from the store; once the store is back, the retry admits them, each seq
+// stored once.
 func TestFailedAppendDoesNotAdvanceHighWater(t *testing.T) {
 	store := faulty.New(memstore.New())
 	errDown := errors.New("store down")

@@ -143,8 +143,9 @@ type Server struct {
 // clientPool is the admission state of one client: its lock serializes
 // the client's POST /frames, high is the highest admitted seq (-1: not
 // read from the tray yet). unsure is the last seq of an append whose wait
-// failed: the SDK keeps such a write queued and may still store it, so
-// nothing is appended again until a Durable says it was.
+// ended first (the client left): the SDK keeps such a write queued and may
+// still store it, so nothing is appended again until a Durable says it
+// was. (A failed commit resets the instance, and its pools with it.)
 type clientPool struct {
 	mu     sync.Mutex
 	high   int64
@@ -430,6 +431,13 @@ func (s *Server) serveFrames(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resp, err := s.admit(r.Context(), req.ClientID, cmds)
+	if err == nil || errors.Is(err, sdk.ErrStateUnavailable) || errors.Is(err, sdk.ErrFenced) {
+		// An acknowledgement reveals only seqs already durable (the mark
+		// moves once their append is), and a refusal for the store's sake
+		// reveals nothing: neither waits at the output gate for the
+		// bookkeeping writes queued since (the admitted mark, a run's).
+		sdk.AllowUnconfirmed(r)
+	}
 	var gap *SeqGapError
 	if errors.As(err, &gap) {
 		writeJSONError(w, http.StatusConflict, map[string]any{"error": err.Error(), "expected": gap.Expected})

@@ -389,10 +389,9 @@ func (t *thread) run(ctx context.Context, rc *statewire.RunContext) error {
 	if err != nil {
 		return err
 	}
+	// No word leaves before the assistant message is stored: the output
+	// gate holds every frame written after this write until it is.
 	if err := t.persist(); err != nil {
-		return err
-	}
-	if err := t.inst.Durable(ctx); err != nil {
 		return err
 	}
 
@@ -423,15 +422,12 @@ stream:
 		timer.Reset(t.opts.WordDelay)
 	}
 	// The finished reply is durable before any client sees the thread
-	// idle: a crash after "idle" never brings the reply back to stream
-	// again.
+	// idle (the gate holds the "idle" frame behind this write): a crash
+	// after "idle" never brings the reply back to stream again.
 	if err := t.srv.Doc().Set(msgPath(replyID, "parts", 0, "state"), "done"); err != nil {
 		return err
 	}
 	if err := t.persist(); err != nil {
-		return err
-	}
-	if err := t.inst.Durable(ctx); err != nil {
 		return err
 	}
 	if err := t.srv.Doc().Set(pathStatus, "idle"); err != nil {

@@ -21,9 +21,10 @@ import (
 
 // An increment is answered only once the commit that stores it returned:
 // the store's commit of the new value is held, and no answer may come
-// until it is let go. (Without the wait for Durable, the answer races the
-// commit and a kill -9 inside it loses an acknowledged increment; here the
-// race is decided every time.)
+// until it is let go. (Without the output gate, which holds the answer
+// now that the counter no longer waits for Durable itself, the answer
+// races the commit and a kill -9 inside it loses an acknowledged
+// increment; here the race is decided every time.)
 func TestIncrementAnsweredOnlyAfterItsCommit(t *testing.T) {
 	mem := memstore.New()
 	store := faulty.New(mem)

@@ -137,6 +137,10 @@ func main() {
 						http.Error(w, err.Error(), http.StatusServiceUnavailable)
 						return
 					}
+					// The answer reveals only the durable append: it need
+					// not wait behind the run's writes (mode crash exits
+					// right after them).
+					sdk.AllowUnconfirmed(r)
 					w.WriteHeader(http.StatusAccepted)
 					fmt.Fprintf(w, `{"seq":%d}`, seqs[0])
 				})

@@ -54,9 +54,65 @@
 // it activates, so reads (Get, Fields, Items, Trays) never reach the store;
 // keep an instance's state to what it may hold in memory. Set and Delete
 // change that copy at once and queue the write; queued writes reach the
-// store in order, batched. Instance.Durable waits until every write made
-// before it is stored: acknowledge a client only after it returns nil
-// (examples/counter does). Append and Run.Applied wait by themselves.
+// store in order, batched. A handler need not wait for them before it
+// answers: the output gate holds the answer (below). Instance.Durable
+// waits until every write made before it is stored, for work that must
+// know (a tray run before its next step); Append and Run.Applied wait by
+// themselves.
+//
+// # Output gates
+//
+// Whatever an instance writes to a response (the status and headers, body
+// bytes, each flushed chunk of a stream, and so each Statewire frame it
+// pushes) leaves the plugin only once every state write queued before it
+// was written is durable. A host written the obvious way (change memory,
+// Set, answer; or read memory and answer) is then linearizable: no answer
+// reveals a write that a crash, a failed commit or a fence then loses, as
+// Cloudflare's Durable Objects promise with the same name. Two rules make
+// it hold:
+//
+//   - Queue the write (Set) before, or under the same lock as, the change
+//     of memory that other requests read (examples/counter increments and
+//     Sets under one mutex). What is shown before its write is queued
+//     escapes the gate.
+//   - Outputs are held, not the handler: Write returns at once, and a
+//     Flush (http.ResponseController.Flush too) waits until what it sends
+//     is durable. An answer is complete once the handler returned and its
+//     writes are durable.
+//
+// If a commit fails, the held outputs are discarded and replaced as the
+// status contract below says: ErrFenced by 503 with Retry-After,
+// ErrStateUnavailable by 504 {"outcome":"unknown"}; a response whose
+// status had already left (a stream) is cut short, and its client
+// reconnects. The instance is then reset: its writes still queued are
+// dropped, the activation stops (its context is cancelled, Stop runs), and
+// a fresh one is loaded from the store and built by Host.New, under the
+// same placement; requests meanwhile wait for it. If the store cannot be
+// read, the id is left inactive: the plugin answers 503 "not active"
+// (nothing ran), and pinnedd activates the id again on its next request.
+//
+// What it costs: an output produced with nothing in flight passes at once:
+// two atomic loads per write, plus about a microsecond and three small
+// allocations per request for the gate itself (BenchmarkGateOverhead),
+// against the hundreds of microseconds of a request's trip through
+// pinnedd (BenchmarkGate in examples/counter compares reads and
+// increments with the gate, through AllowUnconfirmed, and with a
+// hand-placed Durable wait). An output produced behind a write waits for
+// that write's commit (one round trip to the store, batched with the
+// writes queued with it), and for every write of the instance queued
+// before it, by any request or task, related or not: a read on a busy
+// instance waits for the commit in progress, and an answer after an
+// Append may wait for the writes a tray run queued since. A Postgres outage turns reads of an instance with a failed
+// write into 503s until the store is back, where before they answered
+// from memory. Bytes written behind a write are buffered in the plugin
+// until it is durable; a Hijack (a WebSocket) waits once for the
+// frontier, and what is written to the connection afterwards passes no
+// gate.
+//
+// sdk.AllowUnconfirmed(r) lets the rest of a response leave without
+// waiting: for an answer that reveals only what is durable anyway (an
+// acknowledgement of writes already waited for, a refusal), or one whose
+// reader accepts a value that may vanish. Its name says the risk.
 //
 // # Limits
 //
@@ -89,10 +145,13 @@
 //     stored, and it stops. Answer 503 with Retry-After: the retry reaches
 //     the new owner.
 //   - ErrStateUnavailable (Durable, Append, Run.Applied): a commit failed
-//     (the store is down or did not answer in time). The writes stay queued
-//     and are retried, so they may yet be stored. Answer 504 with
-//     {"outcome":"unknown"} and no Retry-After: the client may retry only
-//     what is idempotent or deduplicated.
+//     (the store is down or did not answer in time). It may have been
+//     stored, or not; the instance is reset from the store (see Output
+//     gates), and until then Set and Append refuse with it (nothing
+//     queued). Answer 504 with {"outcome":"unknown"} and no Retry-After:
+//     the client may retry only what is idempotent or deduplicated. (The
+//     gate gives this answer by itself to what was held behind the
+//     failed commit.)
 //   - The context's error, wrapped (Durable, Append): the caller's context
 //     ended first (the client left); the outcome is unknown as above.
 //

@@ -94,11 +94,13 @@ type Instance struct {
 
 	requestEviction func()
 	onFenced        func()
+	onReset         func()
 	// clusterToken is the process's cluster-call credential (from
 	// Describe), "" outside pinnedd.
 	clusterToken func() string
 	attached     sync.Map // see Attach
 	fenceOnce    sync.Once
+	resetOnce    sync.Once
 
 	state *state
 }
@@ -111,6 +113,19 @@ func (i *Instance) fenced() {
 		i.cancel()
 		if i.onFenced != nil {
 			i.onFenced()
+		}
+	})
+}
+
+// reset replaces an instance whose commit failed with a fresh activation
+// loaded from the store: its memory may hold writes the store never took,
+// and answering from it could reveal them. By its return the runtime
+// routes no new request to i.
+func (i *Instance) reset() {
+	i.resetOnce.Do(func() {
+		i.cancel()
+		if i.onReset != nil {
+			i.onReset()
 		}
 	})
 }

@@ -71,6 +71,10 @@ type Runtime struct {
 
 	mu        sync.Mutex
 	instances map[key]*live
+	// resetting holds the instances being reset (see resetInstance): a
+	// request waits for the reset, and a Deactivate in the meantime
+	// deletes the entry, so the reset then brings nothing back.
+	resetting map[key]*reset
 
 	socket string
 	srv    *http.Server
@@ -140,7 +144,8 @@ func NewRuntime(hosts map[string]Host, logger *slog.Logger) (*Runtime, error) {
 			return nil, fmt.Errorf("host %s: New is nil", ns)
 		}
 	}
-	return &Runtime{hosts: hosts, logger: logger, instances: map[key]*live{}, events: make(chan *proto.Event, 64)}, nil
+	return &Runtime{hosts: hosts, logger: logger, instances: map[key]*live{}, resetting: map[key]*reset{},
+		events: make(chan *proto.Event, 64)}, nil
 }
 
 // ListenUnix serves instance HTTP on a unix socket at path.
@@ -178,9 +183,23 @@ func (rt *Runtime) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	k := key{r.Header.Get(plugins.HeaderNamespace), r.Header.Get(plugins.HeaderID)}
 	rt.mu.Lock()
 	l := rt.instances[k]
+	rs := rt.resetting[k]
 	rt.mu.Unlock()
+	if l == nil && rs != nil {
+		// Reset after a failed commit: the fresh activation is moments
+		// away (a load from the store).
+		select {
+		case <-rs.done:
+		case <-r.Context().Done():
+			return
+		}
+		rt.mu.Lock()
+		l = rt.instances[k]
+		rt.mu.Unlock()
+	}
 	if l == nil {
 		w.Header().Set(plugins.HeaderRefusal, plugins.RefusalInactive)
+		w.Header().Set("Retry-After", "1") // nothing ran; a reset may be under way
 		http.Error(w, `{"error":"instance not active"}`, http.StatusServiceUnavailable)
 		return
 	}
@@ -203,42 +222,36 @@ func (rt *Runtime) admit(r *http.Request) bool {
 		subtle.ConstantTimeCompare([]byte(got[0]), []byte(*want)) == 1
 }
 
-// serveRecovering keeps a panicking handler from taking the plugin down with
-// it; the client gets a 500 if nothing was written yet.
+// serveRecovering runs the instance's handler behind its output gate and
+// keeps a panicking handler from taking the plugin down with it: the
+// client gets a 500 if nothing was sent yet.
 func serveRecovering(w http.ResponseWriter, r *http.Request, l *live) {
-	tw := &trackingWriter{ResponseWriter: w}
+	g, r := newGate(w, r, l.inst.state)
 	defer func() {
 		if p := recover(); p != nil {
 			if p == http.ErrAbortHandler {
 				panic(p)
 			}
 			l.inst.logger.Error("handler panicked", "panic", p, "stack", string(debug.Stack()))
-			if !tw.wrote {
-				w.Header().Set("Content-Type", "application/json")
+			if !g.started && !g.hijacked {
+				// What was held is discarded: the error reveals no state.
+				h := w.Header()
+				clear(h)
+				h.Set("Content-Type", "application/json")
 				w.WriteHeader(http.StatusInternalServerError)
 				_, _ = w.Write([]byte(`{"error":"internal error"}` + "\n"))
 			}
+			return
+		}
+		g.finish()
+		if g.cut {
+			// The status left before a write it followed failed: the
+			// client must not take the rest for a whole answer.
+			panic(http.ErrAbortHandler)
 		}
 	}()
-	l.handler.ServeHTTP(tw, r)
+	l.handler.ServeHTTP(g, r)
 }
-
-type trackingWriter struct {
-	http.ResponseWriter
-	wrote bool
-}
-
-func (w *trackingWriter) WriteHeader(code int) { w.wrote = true; w.ResponseWriter.WriteHeader(code) }
-func (w *trackingWriter) Write(p []byte) (int, error) {
-	w.wrote = true
-	return w.ResponseWriter.Write(p)
-}
-
-// Unwrap lets http.ResponseController reach Flush and Hijack underneath.
-func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// Flush passes through so SSE from an instance is not buffered.
-func (w *trackingWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
 
 // Describe implements proto.ControlServer. It also connects the plugin to
 // pinnedd's Store service when the request names one.
@@ -281,6 +294,13 @@ func (rt *Runtime) Describe(_ context.Context, req *proto.DescribeRequest) (*pro
 // Activate implements proto.ControlServer. Activating a live instance again
 // is a no-op, so pinnedd may retry after an unknown outcome.
 func (rt *Runtime) Activate(ctx context.Context, req *proto.ActivateRequest) (*proto.ActivateResponse, error) {
+	return rt.activate(ctx, req, nil)
+}
+
+// activate builds and registers an instance. rs is the reset it is for
+// (nil for pinnedd's own Activate): the new instance is registered only if
+// that reset still stands, i.e. no Deactivate or Activate came between.
+func (rt *Runtime) activate(ctx context.Context, req *proto.ActivateRequest, rs *reset) (*proto.ActivateResponse, error) {
 	h, ok := rt.hosts[req.Namespace]
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "unknown namespace %q", req.Namespace)
@@ -295,6 +315,11 @@ func (rt *Runtime) Activate(ctx context.Context, req *proto.ActivateRequest) (*p
 	inst := newInstance(req.Namespace, req.Id, req.Generation, rt.logger)
 	inst.requestEviction = func() { rt.emit(inst, proto.EventKind_EVENT_KIND_EVICT_ME) }
 	inst.onFenced = func() { go rt.dropFenced(k, inst) }
+	inst.onReset = func() {
+		if rs := rt.beginReset(k, inst); rs != nil {
+			go rt.resetInstance(k, rs)
+		}
+	}
 	inst.clusterToken = rt.clusterCallToken
 	var loaded []*proto.TrayData
 	store := rt.storeClient()
@@ -323,8 +348,19 @@ func (rt *Runtime) Activate(ctx context.Context, req *proto.ActivateRequest) (*p
 		return nil, status.Errorf(codes.FailedPrecondition, "activate %s/%s: %v", req.Namespace, req.Id, err)
 	}
 	rt.mu.Lock()
-	rt.instances[k] = &live{inst: inst, handler: handler}
+	_, exists = rt.instances[k]
+	stale := exists || rs != nil && rt.resetting[k] != rs
+	if !stale {
+		rt.instances[k] = &live{inst: inst, handler: handler}
+		delete(rt.resetting, k)
+	}
 	rt.mu.Unlock()
+	if stale {
+		// Another activation won, or the reset was overtaken by a
+		// deactivation: this one never served.
+		stop(ctx, &live{inst: inst, handler: handler}, time.Second)
+		return &proto.ActivateResponse{}, nil
+	}
 	inst.state.redeliver()
 	inst.logger.Debug("instance activated", "generation", req.Generation)
 	return &proto.ActivateResponse{}, nil
@@ -361,6 +397,54 @@ func (rt *Runtime) dropFenced(k key, inst *Instance) {
 	rt.emit(inst, proto.EventKind_EVENT_KIND_FENCED)
 }
 
+// reset is an instance being replaced; done closes when it is over.
+type reset struct {
+	inst    *Instance
+	handler http.Handler
+	done    chan struct{}
+}
+
+// beginReset takes inst, whose commit failed, out of service: requests
+// for it wait for its replacement from then on (resetInstance). Nil if
+// inst is no longer the live instance.
+func (rt *Runtime) beginReset(k key, inst *Instance) *reset {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if l := rt.instances[k]; l == nil || l.inst != inst {
+		return nil
+	}
+	rs := &reset{inst: inst, handler: rt.instances[k].handler, done: make(chan struct{})}
+	delete(rt.instances, k)
+	rt.resetting[k] = rs
+	return rs
+}
+
+// resetInstance replaces a reset instance by a fresh activation of the
+// same placement loaded from the store (Cloudflare resets a Durable
+// Object whose write failed the same way). If the store cannot be read,
+// the id is left inactive (the plugin answers "not active": nothing ran)
+// and pinnedd activates it again on its next request.
+func (rt *Runtime) resetInstance(k key, rs *reset) {
+	inst := rs.inst
+	defer func() {
+		rt.mu.Lock()
+		if rt.resetting[k] == rs {
+			delete(rt.resetting, k)
+		}
+		rt.mu.Unlock()
+		close(rs.done)
+	}()
+	stop(context.Background(), &live{inst: inst, handler: rs.handler}, 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), frontierWait)
+	defer cancel()
+	req := &proto.ActivateRequest{Namespace: k.ns, Id: k.id, Generation: inst.generation}
+	if _, err := rt.activate(ctx, req, rs); err != nil {
+		inst.logger.Warn("instance not reset: reactivation failed; its next request activates it", "err", err)
+		return
+	}
+	inst.logger.Info("instance reset from the store after a failed commit", "generation", inst.generation)
+}
+
 func build(h Host, inst *Instance) (handler http.Handler, err error) {
 	err = callHook(inst, "new", func() error {
 		var e error
@@ -389,6 +473,7 @@ func (rt *Runtime) Deactivate(ctx context.Context, req *proto.DeactivateRequest)
 	k := key{req.Namespace, req.Id}
 	rt.mu.Lock()
 	l := rt.instances[k]
+	delete(rt.resetting, k)
 	rt.mu.Unlock()
 	if l == nil {
 		return &proto.DeactivateResponse{}, nil
@@ -428,7 +513,9 @@ func stop(ctx context.Context, l *live, grace time.Duration) int {
 	}
 	dctx, cancel := context.WithTimeout(context.Background(), max(grace, frontierWait))
 	defer cancel()
-	if err := l.inst.state.durable(dctx); err != nil && !errors.Is(err, ErrFenced) {
+	// A fence or a failed commit was logged when it happened; what is
+	// left to say is a frontier that did not move in time.
+	if err := l.inst.state.durable(dctx); err != nil && dctx.Err() != nil {
 		l.inst.logger.Error("instance stopped before its writes were durable", "err", err)
 	}
 	return abandoned
@@ -441,6 +528,7 @@ func (rt *Runtime) deactivateAll(ctx context.Context, grace time.Duration) {
 	rt.mu.Lock()
 	all := rt.instances
 	rt.instances = map[key]*live{}
+	clear(rt.resetting)
 	rt.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, l := range all {

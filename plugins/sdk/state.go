@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -22,11 +23,13 @@ var (
 	// elsewhere); this instance's writes are rejected and it stops.
 	ErrFenced = errors.New("fenced: a newer activation of this instance exists")
 
-	// ErrStateUnavailable: a commit of writes Durable waited for failed
-	// (the state store is down or did not answer in time). The writes stay
-	// queued and are retried, so they may still be stored: an answer built
-	// on them has an unknown outcome (pinnedd's front door says 504, "may
-	// have run"), never "nothing happened".
+	// ErrStateUnavailable: a commit failed (the state store is down or did
+	// not answer in time). It may still have been stored, so an answer
+	// built on its writes has an unknown outcome (pinnedd's front door says
+	// 504, "may have run"), never "nothing happened". The instance's
+	// memory may now hold writes the store never took: every write still
+	// queued is dropped, every later one refused, and the instance is
+	// reset from the store (see the package doc, "Output gates").
 	ErrStateUnavailable = errors.New("state store unavailable")
 )
 
@@ -44,21 +47,22 @@ type Item struct {
 
 // state is an instance's durable state: its trays, cached in memory, and
 // the queue of writes on their way to pinnedd's store. Writes apply to the
-// cache at once and reach the store in order, batched; Durable waits for
-// the frontier.
+// cache at once and reach the store in order, batched; Durable and the
+// output gate wait for the frontier.
 type state struct {
 	inst  *Instance
 	store proto.StoreClient // nil: no store, state lives in memory only
 	host  Host
 
-	mu       sync.Mutex
-	trays    map[TrayKey]*Tray
-	queue    []queued
-	enq      uint64 // writes queued so far
-	done     uint64 // writes committed so far
-	err      error  // sticky: ErrFenced
-	failures uint64 // failed commits so far (retried)
-	lastFail error  // the latest of them
+	mu    sync.Mutex
+	trays map[TrayKey]*Tray
+	queue []queued
+	// enq counts the writes queued so far and done those committed; both
+	// move under mu only, and are atomic so the output gate can tell
+	// "nothing in flight" (done == enq) without the lock.
+	enq      atomic.Uint64
+	done     atomic.Uint64
+	err      error // sticky: ErrFenced, or ErrStateUnavailable (reset)
 	flushing bool
 	changed  chan struct{} // closed and replaced whenever done or err moves
 }
@@ -112,9 +116,9 @@ func (st *state) tray(k TrayKey) *Tray {
 // enqueue adds a write; the flusher takes it to the store.
 func (st *state) enqueueLocked(q queued) {
 	st.queue = append(st.queue, q)
-	st.enq++
+	st.enq.Add(1)
 	if st.store == nil {
-		st.done = st.enq
+		st.done.Store(st.enq.Load())
 		st.queue = st.queue[:0]
 		q.storedLocked()
 		return
@@ -126,10 +130,10 @@ func (st *state) enqueueLocked(q queued) {
 }
 
 // flush commits queued writes in batches until the queue is empty. A
-// transient failure is retried (the writes stay queued, in order); a
-// fence stops everything.
+// fence stops everything; any other failure too, and resets the instance:
+// the failed commit may or may not have been stored, so the memory that
+// holds its writes can no longer be trusted (see Instance.reset).
 func (st *state) flush() {
-	backoff := 50 * time.Millisecond
 	for {
 		st.mu.Lock()
 		if len(st.queue) == 0 || st.err != nil {
@@ -166,8 +170,7 @@ func (st *state) flush() {
 				}
 			}
 			st.queue = st.queue[len(batch):]
-			st.done += uint64(len(batch))
-			backoff = 50 * time.Millisecond
+			st.done.Add(uint64(len(batch)))
 		case status.Code(err) == codes.Aborted:
 			st.err = fmt.Errorf("%w (%v)", ErrFenced, status.Convert(err).Message())
 		case status.Code(err) == codes.InvalidArgument:
@@ -175,26 +178,38 @@ func (st *state) flush() {
 			// block every later one, and say so loudly.
 			st.inst.logger.Error("state write rejected; dropped", "err", err)
 			st.queue = st.queue[len(batch):]
-			st.done += uint64(len(batch))
+			st.done.Add(uint64(len(batch)))
 		default:
-			st.failures++
-			st.lastFail = err
-			st.inst.logger.Warn("state write failed; retrying", "err", err, "retry_in", backoff)
+			st.err = fmt.Errorf("%w: %v", ErrStateUnavailable, err)
+			st.inst.logger.Warn("state write failed; the instance is reset from the store", "err", err,
+				"dropped_writes", len(st.queue))
+		}
+		failed := st.err
+		if failed != nil {
+			// Nothing more of this activation reaches the store: done
+			// stays short of enq, so every output held behind the
+			// dropped writes fails.
+			st.queue = nil
+			if !errors.Is(failed, ErrFenced) {
+				// Out of the runtime's hands before a held answer says
+				// 504: a request sent after it reaches the fresh
+				// activation, never this one.
+				st.mu.Unlock()
+				st.inst.reset()
+				st.mu.Lock()
+			}
 		}
 		close(st.changed)
 		st.changed = make(chan struct{})
-		fenced := st.err != nil
 		st.mu.Unlock()
 		for _, t := range stored {
 			st.kick(t)
 		}
-		if fenced {
+		if errors.Is(failed, ErrFenced) {
 			st.inst.fenced()
-			return
 		}
-		if err != nil && status.Code(err) != codes.InvalidArgument {
-			time.Sleep(backoff)
-			backoff = min(2*backoff, 2*time.Second)
+		if failed != nil {
+			return
 		}
 	}
 }
@@ -276,18 +291,21 @@ func (t *Tray) check(name string, values ...[]byte) error {
 }
 
 // durable waits until every write queued before the call is committed, or
-// until a commit attempt made after the call fails with them still pending
-// (ErrStateUnavailable: the caller learns of an outage within one store
-// deadline instead of waiting it out; the writes stay queued).
+// a commit fails (ErrFenced, ErrStateUnavailable: the caller learns of an
+// outage within one store deadline instead of waiting it out).
 func (st *state) durable(ctx context.Context) error {
+	return st.durableUpTo(ctx, st.enq.Load())
+}
+
+// durableUpTo waits until the first target writes ever queued are
+// committed (nil), or a commit failed first (its sticky error), or ctx
+// ends. Once writes are dropped, done never reaches a target past them.
+func (st *state) durableUpTo(ctx context.Context, target uint64) error {
+	if st.done.Load() >= target {
+		return nil
+	}
 	st.mu.Lock()
-	target, failures := st.enq, st.failures
-	for st.done < target && st.err == nil {
-		if st.failures > failures {
-			err := fmt.Errorf("%w: %v", ErrStateUnavailable, st.lastFail)
-			st.mu.Unlock()
-			return err
-		}
+	for st.done.Load() < target && st.err == nil {
 		ch := st.changed
 		st.mu.Unlock()
 		select {
@@ -297,7 +315,10 @@ func (st *state) durable(ctx context.Context) error {
 		}
 		st.mu.Lock()
 	}
-	err := st.err
+	var err error
+	if st.done.Load() < target {
+		err = st.err
+	}
 	st.mu.Unlock()
 	return err
 }

@@ -171,28 +171,43 @@ func TestWriteLimitsAndLargeBursts(t *testing.T) {
 }
 
 // outage is a real store whose commits fail while down is set, as a store
-// behind a dead connection does.
+// behind a dead connection does; with lostReply they are applied first, as
+// a commit whose answer was lost is.
 type outage struct {
 	statestore.Store
-	down atomic.Bool
+	down      atomic.Bool
+	lostReply atomic.Bool
 }
 
 func (o *outage) Commit(ctx context.Context, inst statestore.InstanceKey, gen uint64, muts []statestore.Mutation) (statestore.CommitResult, error) {
-	if o.down.Load() {
-		return statestore.CommitResult{}, errors.New("connection refused")
+	if !o.down.Load() {
+		return o.Store.Commit(ctx, inst, gen, muts)
 	}
-	return o.Store.Commit(ctx, inst, gen, muts)
+	if o.lostReply.Load() {
+		if _, err := o.Store.Commit(ctx, inst, gen, muts); err != nil {
+			return statestore.CommitResult{}, err
+		}
+	}
+	return statestore.CommitResult{}, errors.New("connection refused")
 }
 
-// Durable tells its caller of a failed commit at once (ErrStateUnavailable)
-// instead of waiting out the outage; the write stays queued and is stored
-// once the store is back.
-func TestDurableReportsAnOutage(t *testing.T) {
+// A failed commit is reported to Durable at once (ErrStateUnavailable)
+// instead of waiting out the outage, and resets the instance: its writes
+// are dropped, the activation refuses more, and a fresh one loaded from
+// the store replaces it (here without the write, which the store never
+// took).
+func TestFailedCommitResetsTheInstance(t *testing.T) {
 	store := &outage{Store: memstore.New()}
-	_, inst := activateThing(t, store, sdk.Host{}, "a", 1)
+	rt, inst := activateThing(t, store, sdk.Host{}, "a", 1)
 	ctx := context.Background()
-	store.down.Store(true)
 	if err := inst.Tray("t", "~").Set("v", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := inst.Durable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	store.down.Store(true)
+	if err := inst.Tray("t", "~").Set("v", 2); err != nil {
 		t.Fatal(err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -200,23 +215,34 @@ func TestDurableReportsAnOutage(t *testing.T) {
 	if err := inst.Durable(wctx); !errors.Is(err, sdk.ErrStateUnavailable) || !strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("Durable during an outage: %v, want ErrStateUnavailable naming the cause", err)
 	}
+	if err := inst.Tray("t", "~").Set("v", 3); !errors.Is(err, sdk.ErrStateUnavailable) {
+		t.Fatalf("Set on an instance being reset: %v, want ErrStateUnavailable", err)
+	}
 	store.down.Store(false)
-	// A retry that began before the store came back may still fail once.
-	for err := inst.Durable(wctx); err != nil; err = inst.Durable(wctx) {
-		if !errors.Is(err, sdk.ErrStateUnavailable) {
-			t.Fatalf("Durable after the outage: %v", err)
-		}
+	var fresh *sdk.Instance
+	testutil.WaitFor(t, 30*time.Second, "the instance is reset", func() bool {
+		fresh = rt.Instance("/things", "a")
+		return fresh != nil && fresh != inst
+	})
+	var v int
+	if _, err := fresh.Tray("t", "~").Get("v", &v); err != nil || v != 1 {
+		t.Fatalf("the reset instance holds v=%d (%v), want the stored 1", v, err)
+	}
+	if err := fresh.Tray("t", "~").Set("v", 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := fresh.Durable(wctx); err != nil {
+		t.Fatalf("Durable after the reset: %v", err)
 	}
 	trays, err := store.Load(ctx, statestore.InstanceKey{Namespace: "/things", ID: "a"}, 1)
-	if err != nil || len(trays) != 1 || string(trays[0].Fields["v"]) != "1" {
-		t.Fatalf("the queued write after the outage: %+v, %v", trays, err)
+	if err != nil || len(trays) != 1 || string(trays[0].Fields["v"]) != "4" {
+		t.Fatalf("stored after the reset: %+v, %v", trays, err)
 	}
 }
 
-// An Append whose wait gave up on a failed commit is still stored by the
-// retry, and then runs: its items reach the tray's cache and its handler
-// when they are stored, not only when the Append is still waiting.
-func TestAppendStoredAfterAFailedWaitRuns(t *testing.T) {
+// An Append whose commit was applied but reported failed (its answer
+// lost) runs all the same: the reset loads the item and redelivers it.
+func TestAppendStoredByAFailedCommitRuns(t *testing.T) {
 	store := &outage{Store: memstore.New()}
 	rec := &recorder{}
 	_, inst := activateThing(t, store, sdk.Host{Trays: map[string]sdk.TrayHandler{"jobs": func(ctx context.Context, run *sdk.Run) error {
@@ -226,6 +252,7 @@ func TestAppendStoredAfterAFailedWaitRuns(t *testing.T) {
 		return nil
 	}}}, "a", 1)
 	ctx := context.Background()
+	store.lostReply.Store(true)
 	store.down.Store(true)
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -233,7 +260,7 @@ func TestAppendStoredAfterAFailedWaitRuns(t *testing.T) {
 		t.Fatalf("Append during an outage: %v, want ErrStateUnavailable", err)
 	}
 	store.down.Store(false)
-	testutil.WaitFor(t, 30*time.Second, "the item stored by the retry runs", func() bool {
+	testutil.WaitFor(t, 30*time.Second, "the item stored by the failed commit runs", func() bool {
 		return slices.Equal(rec.all(), []string{`"job-1"`})
 	})
 }
