@@ -409,9 +409,17 @@ func (s *Store) allowPeer(nodeID string) error {
 	return fmt.Errorf("node %q is not a member of the Raft configuration (removed, or never joined)", nodeID)
 }
 
-// configurationCommitted records the members, and sweeps connections from nodes a committed
-// configuration no longer holds.
+// configurationCommitted records the members, and sweeps connections from nodes the
+// configuration no longer holds. The configuration is Raft's latest (appended, if not yet
+// committed), not c: a restarted node's state machine replays every configuration of its
+// log, and an old one (before a node joined) must neither drop current members from the
+// checks nor cut their connections, the current leader's among them.
 func (s *Store) configurationCommitted(c raft.Configuration) {
+	select {
+	case <-s.raftUp: // s.raft is set
+		c = s.raft.GetConfiguration().Configuration() // no wait: raft keeps it at hand
+	default:
+	}
 	s.members.set(c)
 	if s.stream == nil || len(c.Servers) == 0 {
 		return
