@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -142,7 +143,14 @@ func (s *tlsStream) handshake(raw net.Conn, cfg *tls.Config) {
 			}
 		}
 	}
-	if err != nil {
+	switch {
+	case err != nil && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)):
+		// The dialer hung up before the handshake ended (a peer shutting down, a dial
+		// it gave up on): nothing was refused.
+		s.log.Debug("a cluster connection closed during its handshake", "remote", raw.RemoteAddr().String(), "err", err)
+		_ = conn.Close()
+		return
+	case err != nil:
 		s.log.Warn("refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
 		_ = conn.Close()
 		return
