@@ -278,6 +278,11 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		s.leaderFns = append(s.leaderFns, leaderFn{name: "cluster-ca", fn: s.proposeCA})
 	}
 	cleanups = append(cleanups, func() { _ = s.raft.Shutdown().Error() })
+	if cfg.Registerer != nil {
+		col := newRaftCollector(s)
+		cfg.Registerer.MustRegister(col)
+		cleanups = append(cleanups, func() { cfg.Registerer.Unregister(col) })
+	}
 
 	switch {
 	case cfg.Bootstrap && s.existing:
