@@ -35,11 +35,16 @@ var raftLevels = hclogslog.Levels{
 	"previous log term mis-match":                hclogslog.Always(hclog.Info),
 	"clearing log suffix":                        hclogslog.Always(hclog.Info),
 	// Leadership moving on: a transfer (every graceful stop of a leader), or a restarted node
-	// asking for votes before the leader reached it.
-	"peer has newer term, stopping replication":         hclogslog.Always(hclog.Info),
-	"new leader elected, stepping down":                 hclogslog.Always(hclog.Info),
-	"rejecting vote request since we have a leader":     hclogslog.Always(hclog.Info),
-	"rejecting pre-vote request since we have a leader": hclogslog.Always(hclog.Info),
+	// asking for votes before the leader reached it (the leader's heartbeats to it were in
+	// backoff while it was down), with a log behind the others'.
+	"peer has newer term, stopping replication":                  hclogslog.Always(hclog.Info),
+	"new leader elected, stepping down":                          hclogslog.Always(hclog.Info),
+	"rejecting vote request since we have a leader":              hclogslog.Always(hclog.Info),
+	"rejecting pre-vote request since we have a leader":          hclogslog.Always(hclog.Info),
+	"rejecting vote request since our last term is greater":      hclogslog.Always(hclog.Info),
+	"rejecting vote request since our last index is greater":     hclogslog.Always(hclog.Info),
+	"rejecting pre-vote request since our last term is greater":  hclogslog.Always(hclog.Info),
+	"rejecting pre-vote request since our last index is greater": hclogslog.Always(hclog.Info),
 	// A node waiting to be joined (no configuration yet) or a nonvoter: it never elects.
 	"no known peers, aborting election": hclogslog.Always(hclog.Info),
 	"heartbeat timeout reached, not part of a stable configuration or a non-voter, not triggering a leader election": hclogslog.Always(hclog.Info),

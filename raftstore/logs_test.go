@@ -116,6 +116,9 @@ func TestRoutineMembershipLogsNoWarnings(t *testing.T) {
 	logged := func(c *Config) {
 		tlsOn(c)
 		c.Logger = slog.New(rec)
+		// hashicorp/raft's own timing (fastConfig's halves it): a leader that misses its
+		// quorum for a lease under this machine's load steps down with a WARN, rightly.
+		c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = time.Second, time.Second, 500*time.Millisecond
 	}
 	n1 := startNode(t, "n1", t.TempDir(), "", true, logged)
 	waitLeader(t, n1)
@@ -173,5 +176,30 @@ func TestRaftLevels(t *testing.T) {
 		if got := raftLevels.Relevel(c.level, c.msg, c.args); got != c.want {
 			t.Errorf("%s %q %v: logged at %s, want %s", c.level, c.msg, c.args, got, c.want)
 		}
+	}
+}
+
+// A node the configuration just dropped is known as having left (its refused connections are
+// routine) for departedGrace; a node that was never a member is not.
+func TestMemberCacheKnowsWhoLeft(t *testing.T) {
+	cfg := func(ids ...string) raft.Configuration {
+		var c raft.Configuration
+		for _, id := range ids {
+			c.Servers = append(c.Servers, raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(id + ":8300")})
+		}
+		return c
+	}
+	var c memberCache
+	c.set(cfg("n1", "n2", "n3"))
+	c.set(cfg("n1", "n2"))
+	if !c.leftWithin("n3", departedGrace) {
+		t.Fatal("n3, just removed, has not left")
+	}
+	if c.leftWithin("n3", 0) || c.leftWithin("stranger", departedGrace) || c.leftWithin("n1", departedGrace) {
+		t.Fatal("left: past its grace, a stranger, or a member")
+	}
+	c.set(raft.Configuration{}) // a node not yet joined reads no configuration: nobody left
+	if c.leftWithin("n1", departedGrace) {
+		t.Fatal("an empty configuration made n1 leave")
 	}
 }

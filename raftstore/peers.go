@@ -71,6 +71,9 @@ type memberCache struct {
 	cur    atomic.Pointer[map[string]string]
 	mu     sync.Mutex
 	readAt time.Time
+
+	leftMu sync.Mutex
+	left   map[string]time.Time // nodes a configuration dropped, and when (for departedGrace)
 }
 
 // lookup is id's Raft address, re-reading the configuration on a miss (reread); none says
@@ -107,12 +110,38 @@ func (c *memberCache) reread(s *Store) map[string]string {
 	return *c.cur.Load()
 }
 
+// set records cfg's members, and when a node the previous members held left.
 func (c *memberCache) set(cfg raft.Configuration) {
 	m := make(map[string]string, len(cfg.Servers))
 	for _, srv := range cfg.Servers {
 		m[string(srv.ID)] = string(srv.Address)
 	}
-	c.cur.Store(&m)
+	c.leftMu.Lock()
+	defer c.leftMu.Unlock()
+	now := time.Now()
+	for id, at := range c.left {
+		if now.Sub(at) > departedGrace {
+			delete(c.left, id)
+		}
+	}
+	if prev := c.cur.Swap(&m); prev != nil && len(m) > 0 {
+		for id := range *prev {
+			if _, still := m[id]; !still {
+				if c.left == nil {
+					c.left = map[string]time.Time{}
+				}
+				c.left[id] = now
+			}
+		}
+	}
+}
+
+// leftWithin: a configuration dropped node less than d ago.
+func (c *memberCache) leftWithin(node string, d time.Duration) bool {
+	c.leftMu.Lock()
+	defer c.leftMu.Unlock()
+	at, ok := c.left[node]
+	return ok && time.Since(at) < d
 }
 
 // isMember: node may call this node's cluster port. As for Raft (allowPeer), a node with no

@@ -70,6 +70,18 @@ type tlsStream struct {
 	accepted map[*peerConn]string // live inbound connections by peer node id
 }
 
+// allow's refusals of a cluster certificate whose node is not a member: errLeft when the node
+// left the configuration less than departedGrace ago (a leaving node dials until its process
+// stops, and a removed node that has not heard of its removal asks for votes), which is
+// routine; otherwise errNotMember.
+var (
+	errNotMember = errors.New("not a member of the Raft configuration (removed, or never joined)")
+	errLeft      = fmt.Errorf("%w; it left moments ago", errNotMember)
+)
+
+// departedGrace is how long a node that left the configuration is known as having just left.
+const departedGrace = 30 * time.Second
+
 var _ raft.StreamLayer = (*tlsStream)(nil)
 
 func newTLSStream(ln net.Listener, advertise net.Addr, id *clustertls.Identity, allow func(string) error, log *slog.Logger) *tlsStream {
@@ -151,7 +163,11 @@ func (s *tlsStream) handshake(raw net.Conn, cfg *tls.Config) {
 		_ = conn.Close()
 		return
 	case err != nil:
-		s.log.Warn("refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
+		level := slog.LevelWarn
+		if errors.Is(err, errLeft) {
+			level = slog.LevelInfo // its last attempts after a leave or removal
+		}
+		s.log.Log(context.Background(), level, "refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
 		_ = conn.Close()
 		return
 	}
@@ -405,16 +421,22 @@ func (s *Store) allowPeer(nodeID string) error {
 	case <-time.After(handshakeTimeout):
 		return errors.New("raft is not running yet")
 	}
-	servers := s.raft.GetConfiguration().Configuration().Servers
-	if len(servers) == 0 {
+	cfg := s.raft.GetConfiguration().Configuration()
+	if len(cfg.Servers) == 0 {
 		return nil
 	}
-	for _, srv := range servers {
+	for _, srv := range cfg.Servers {
 		if string(srv.ID) == nodeID {
 			return nil
 		}
 	}
-	return fmt.Errorf("node %q is not a member of the Raft configuration (removed, or never joined)", nodeID)
+	// The cache learns of a removal appended but not yet committed here, as it would at
+	// the commit: the refused node is then known to have just left.
+	s.members.set(cfg)
+	if s.members.leftWithin(nodeID, departedGrace) {
+		return fmt.Errorf("node %q is %w", nodeID, errLeft)
+	}
+	return fmt.Errorf("node %q is %w", nodeID, errNotMember)
 }
 
 // configurationCommitted records the members, and sweeps connections from nodes the
