@@ -84,7 +84,7 @@ func agentCommand() *cli.Command {
 			}
 			cfg, err := agentConfigFrom(c)
 			if err != nil {
-				return err
+				return &configError{err}
 			}
 			ctx, cancel := signalContext()
 			defer cancel()
@@ -112,6 +112,18 @@ func leaseTiming(ttl, heartbeat, raftTimeout time.Duration) (warn string, err er
 	}
 	return "", nil
 }
+
+// exitConfig is the agent's exit status for a configuration it refuses
+// (sysexits.h's EX_CONFIG): the systemd unit does not restart on it
+// (RestartPreventExitStatus), since the same configuration fails the same way.
+const exitConfig = 78
+
+// configError is a configuration agentConfigFrom refused.
+type configError struct{ err error }
+
+func (e *configError) Error() string { return e.err.Error() }
+func (e *configError) Unwrap() error { return e.err }
+func (e *configError) ExitCode() int { return exitConfig }
 
 // agentConfigFrom reads and checks the agent's flags.
 func agentConfigFrom(c *cli.Context) (agent.Config, error) {

@@ -45,7 +45,8 @@ type Config struct {
 	// Logger receives raftstore's logs; raft's own INFO lines are logged at DEBUG. Default
 	// slog.Default().
 	Logger *slog.Logger
-	// Registerer receives raftstore's metrics (pinned_raft_entries_skipped_total). Optional.
+	// Registerer receives raftstore's metrics (pinned_raft_entries_skipped_total, and the
+	// gauges of raftCollector: pinned_raft_leader, _term, _commit_index, ...). Optional.
 	Registerer prometheus.Registerer
 	// TLS runs the transport over mutual TLS under the cluster CA (see "Mutual TLS" in
 	// DESIGN.md): listening on RaftAddr, a peer is accepted only with a certificate from the

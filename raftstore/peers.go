@@ -73,6 +73,9 @@ type memberCache struct {
 	readAt time.Time
 	// hosts are the members' addresses' IPs, for the cluster port's admission (handshakeSlots).
 	hosts memberHosts
+
+	leftMu sync.Mutex
+	left   map[string]time.Time // nodes a configuration dropped, and when (for departedGrace)
 }
 
 // lookup is id's Raft address, re-reading the configuration on a miss (reread); none says
@@ -109,6 +112,7 @@ func (c *memberCache) reread(s *Store) map[string]string {
 	return *c.cur.Load()
 }
 
+// set records cfg's members, and when a node the previous members held left.
 func (c *memberCache) set(cfg raft.Configuration) {
 	m := make(map[string]string, len(cfg.Servers))
 	addrs := make([]string, 0, len(cfg.Servers))
@@ -117,7 +121,32 @@ func (c *memberCache) set(cfg raft.Configuration) {
 		addrs = append(addrs, string(srv.Address))
 	}
 	c.hosts.set(addrs)
-	c.cur.Store(&m)
+	c.leftMu.Lock()
+	defer c.leftMu.Unlock()
+	now := time.Now()
+	for id, at := range c.left {
+		if now.Sub(at) > departedGrace {
+			delete(c.left, id)
+		}
+	}
+	if prev := c.cur.Swap(&m); prev != nil && len(m) > 0 {
+		for id := range *prev {
+			if _, still := m[id]; !still {
+				if c.left == nil {
+					c.left = map[string]time.Time{}
+				}
+				c.left[id] = now
+			}
+		}
+	}
+}
+
+// leftWithin: a configuration dropped node less than d ago.
+func (c *memberCache) leftWithin(node string, d time.Duration) bool {
+	c.leftMu.Lock()
+	defer c.leftMu.Unlock()
+	at, ok := c.left[node]
+	return ok && time.Since(at) < d
 }
 
 // memberHost: ip is the address of one of the latest configuration's members (reading the

@@ -156,7 +156,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	}
 	// Raft repeats a WARN or ERROR for as long as its cause lasts (a down peer: "failed to
 	// heartbeat to" twice a second): one line, then a summary every 30 s.
-	hlog := hclogslog.New(s.log, hclogslog.Options{RepeatWindow: 30 * time.Second})
+	hlog := hclogslog.New(s.log, hclogslog.Options{RepeatWindow: 30 * time.Second, Relevel: raftLevels.Relevel})
 
 	dir := filepath.Join(cfg.DataDir, "raft")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -284,6 +284,11 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		s.leaderFns = append(s.leaderFns, leaderFn{name: "cluster-ca", fn: s.proposeCA})
 	}
 	cleanups = append(cleanups, func() { _ = s.raft.Shutdown().Error() })
+	if cfg.Registerer != nil {
+		col := newRaftCollector(s)
+		cfg.Registerer.MustRegister(col)
+		cleanups = append(cleanups, func() { cfg.Registerer.Unregister(col) })
+	}
 
 	switch {
 	case cfg.Bootstrap && s.existing:
@@ -1130,13 +1135,23 @@ func (s *Store) observeLoop() {
 				s.notifyChange()
 				s.nudgeRegistrar()
 			case raft.FailedHeartbeatObservation:
+				// Raft's own lines about it are below INFO (raftLevels): one line
+				// when contact is lost, one when it is back.
 				s.mu.Lock()
+				_, known := s.failing[d.PeerID]
 				s.failing[d.PeerID] = d.LastContact
 				s.mu.Unlock()
+				if !known {
+					s.log.Info("lost contact with a raft peer; retrying", "peer", d.PeerID, "last_contact", d.LastContact)
+				}
 			case raft.ResumedHeartbeatObservation:
 				s.mu.Lock()
+				_, known := s.failing[d.PeerID]
 				delete(s.failing, d.PeerID)
 				s.mu.Unlock()
+				if known {
+					s.log.Info("raft peer reachable again", "peer", d.PeerID)
+				}
 			case raft.PeerObservation:
 				if d.Removed {
 					s.mu.Lock()

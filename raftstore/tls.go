@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -66,6 +67,18 @@ type tlsStream struct {
 	mu       sync.Mutex
 	accepted map[*peerConn]string // live inbound connections by peer node id
 }
+
+// allow's refusals of a cluster certificate whose node is not a member: errLeft when the node
+// left the configuration less than departedGrace ago (a leaving node dials until its process
+// stops, and a removed node that has not heard of its removal asks for votes), which is
+// routine; otherwise errNotMember.
+var (
+	errNotMember = errors.New("not a member of the Raft configuration (removed, or never joined)")
+	errLeft      = fmt.Errorf("%w; it left moments ago", errNotMember)
+)
+
+// departedGrace is how long a node that left the configuration is known as having just left.
+const departedGrace = 30 * time.Second
 
 var _ raft.StreamLayer = (*tlsStream)(nil)
 
@@ -157,8 +170,23 @@ func (s *tlsStream) handshake(raw net.Conn, cfg *tls.Config, release func(), tim
 			}
 		}
 	}
-	if err != nil {
-		s.refuse(ip, node, "refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
+	switch {
+	case err != nil && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)):
+		// The dialer hung up before the handshake ended (a peer shutting down, a dial
+		// it gave up on): nothing was refused.
+		s.log.Debug("a cluster connection closed during its handshake", "remote", raw.RemoteAddr().String(), "err", err)
+		_ = conn.Close()
+		return
+	case err != nil:
+		level := slog.LevelWarn
+		if errors.Is(err, errLeft) {
+			level = slog.LevelInfo // its last attempts after a leave or removal
+		}
+		if level == slog.LevelWarn {
+			s.refuse(ip, node, "refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
+		} else {
+			s.log.Log(context.Background(), level, "refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
+		}
 		_ = conn.Close()
 		return
 	}
@@ -413,21 +441,35 @@ func (s *Store) allowPeer(nodeID string) error {
 	case <-time.After(handshakeTimeout):
 		return errors.New("raft is not running yet")
 	}
-	servers := s.raft.GetConfiguration().Configuration().Servers
-	if len(servers) == 0 {
+	cfg := s.raft.GetConfiguration().Configuration()
+	if len(cfg.Servers) == 0 {
 		return nil
 	}
-	for _, srv := range servers {
+	for _, srv := range cfg.Servers {
 		if string(srv.ID) == nodeID {
 			return nil
 		}
 	}
-	return fmt.Errorf("node %q is not a member of the Raft configuration (removed, or never joined)", nodeID)
+	// The cache learns of a removal appended but not yet committed here, as it would at
+	// the commit: the refused node is then known to have just left.
+	s.members.set(cfg)
+	if s.members.leftWithin(nodeID, departedGrace) {
+		return fmt.Errorf("node %q is %w", nodeID, errLeft)
+	}
+	return fmt.Errorf("node %q is %w", nodeID, errNotMember)
 }
 
-// configurationCommitted records the members, and sweeps connections from nodes a committed
-// configuration no longer holds.
+// configurationCommitted records the members, and sweeps connections from nodes the
+// configuration no longer holds. The configuration is Raft's latest (appended, if not yet
+// committed), not c: a restarted node's state machine replays every configuration of its
+// log, and an old one (before a node joined) must neither drop current members from the
+// checks nor cut their connections, the current leader's among them.
 func (s *Store) configurationCommitted(c raft.Configuration) {
+	select {
+	case <-s.raftUp: // s.raft is set
+		c = s.raft.GetConfiguration().Configuration() // no wait: raft keeps it at hand
+	default:
+	}
 	s.members.set(c)
 	if s.stream == nil || len(c.Servers) == 0 {
 		return

@@ -6,6 +6,10 @@
 // Levels: hclog INFO and below become slog DEBUG, WARN and ERROR keep their level. Both
 // libraries announce routine events at INFO (every election, every pipeline start, every
 // plugin start), and their callers log the events an operator needs at INFO themselves.
+// A library that also logs routine events at WARN or ERROR (raft: a peer that restarts, a
+// follower catching up) is given a Relevel table by its caller, which knows its messages
+// (raftstore's raftLevels): the level a line is logged at is the table's, and what is left
+// at WARN and ERROR is what an operator acts on.
 package hclogslog
 
 import (
@@ -34,11 +38,41 @@ type Options struct {
 	// apart by logger name, message and the peer they are about (the args "peer", "id" and
 	// "address"), not by details that change each time (a backoff, an error text).
 	RepeatWindow time.Duration
+	// Relevel, if set, gives the level a line is logged at (before MinLevel applies), from
+	// the level its library chose, its message and its args.
+	Relevel func(level hclog.Level, msg string, args []any) hclog.Level
+}
+
+// Levels is a Relevel table: a library's message -> the level it is logged at. A message not
+// in it keeps its level.
+type Levels map[string]func(args []any) hclog.Level
+
+// Relevel is the table as an Options.Relevel.
+func (t Levels) Relevel(level hclog.Level, msg string, args []any) hclog.Level {
+	if f, ok := t[msg]; ok {
+		return f(args)
+	}
+	return level
+}
+
+// Always is a Levels entry: the message is logged at level whatever its args.
+func Always(level hclog.Level) func([]any) hclog.Level {
+	return func([]any) hclog.Level { return level }
+}
+
+// Arg is the value of key in hclog args (alternating keys and values), nil if absent.
+func Arg(args []any, key string) any {
+	for i := 0; i+1 < len(args); i += 2 {
+		if k, _ := args[i].(string); k == key {
+			return args[i+1]
+		}
+	}
+	return nil
 }
 
 // New returns an hclog.Logger that writes to l.
 func New(l *slog.Logger, opts Options) hclog.Logger {
-	b := &bridge{l: l, name: opts.Name, min: opts.MinLevel}
+	b := &bridge{l: l, name: opts.Name, min: opts.MinLevel, relevel: opts.Relevel}
 	if opts.RepeatWindow > 0 {
 		b.repeats = logrepeat.New(opts.RepeatWindow)
 	}
@@ -51,7 +85,8 @@ type bridge struct {
 	name    string
 	min     hclog.Level
 	implied []any
-	repeats *logrepeat.Repeats // shared by every logger derived from one New; nil: off
+	relevel func(hclog.Level, string, []any) hclog.Level // nil: levels as the library chose
+	repeats *logrepeat.Repeats                           // shared by every logger derived from one New; nil: off
 }
 
 var _ hclog.Logger = (*bridge)(nil)
@@ -73,6 +108,9 @@ func (b *bridge) enabled(level hclog.Level) bool {
 }
 
 func (b *bridge) Log(level hclog.Level, msg string, args ...any) {
+	if b.relevel != nil && level != hclog.Off {
+		level = b.relevel(level, msg, args)
+	}
 	if !b.enabled(level) {
 		return
 	}

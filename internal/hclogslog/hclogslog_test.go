@@ -171,3 +171,42 @@ func TestStandardLogger(t *testing.T) {
 		}
 	}
 }
+
+// A Relevel table sets the level a library's message is logged at, from its args if it
+// says so; a message it does not name keeps its level; MinLevel applies to the new level.
+func TestRelevel(t *testing.T) {
+	var buf bytes.Buffer
+	levels := Levels{
+		"failed to appendEntries to": Always(hclog.Info),
+		"heartbeat timeout reached": func(args []any) hclog.Level {
+			if Arg(args, "last-leader-id") == "" {
+				return hclog.Info
+			}
+			return hclog.Warn
+		},
+		"entering follower state": Always(hclog.Warn),
+	}
+	l := New(jsonLogger(&buf, slog.LevelDebug), Options{MinLevel: hclog.Info, Relevel: levels.Relevel})
+	l.Error("failed to appendEntries to", "peer", "n2", "error", "EOF")
+	l.Warn("heartbeat timeout reached", "last-leader-id", "")
+	l.Warn("heartbeat timeout reached", "last-leader-id", "n1")
+	l.Error("failed to take snapshot", "error", "disk full")
+	l.Debug("entering follower state") // raised past MinLevel
+	l.Debug("appendEntries rejected")  // not in the table: below MinLevel, dropped
+	want := []struct{ level, msg string }{
+		{"DEBUG", "failed to appendEntries to"},
+		{"DEBUG", "heartbeat timeout reached"},
+		{"WARN", "heartbeat timeout reached"},
+		{"ERROR", "failed to take snapshot"},
+		{"WARN", "entering follower state"},
+	}
+	recs := records(t, &buf)
+	if len(recs) != len(want) {
+		t.Fatalf("got %d records, want %d:\n%s", len(recs), len(want), buf.String())
+	}
+	for i, w := range want {
+		if recs[i]["level"] != w.level || recs[i]["msg"] != w.msg {
+			t.Errorf("record %d: %v %v, want %s %s", i, recs[i]["level"], recs[i]["msg"], w.level, w.msg)
+		}
+	}
+}
