@@ -406,6 +406,14 @@ func (s *Session) Wait(ctx context.Context, cond func(s *Session) bool) error {
 			if cond(s) {
 				return nil
 			}
+			// Why it ended, if it said (set before done closes; the select
+			// may have picked done over the change that carried it).
+			s.mu.Lock()
+			serr = s.err
+			s.mu.Unlock()
+			if serr != nil {
+				return serr
+			}
 			return errors.New("session ended")
 		}
 	}
