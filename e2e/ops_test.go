@@ -104,22 +104,7 @@ func TestCordonAndUndrain(t *testing.T) {
 		r := target.a.MustDo("GET", "/_pinned/status", "")
 		return strings.Contains(r.Body, `"draining":true`)
 	})
-	for i := 0; i < 20; i++ {
-		id := fmt.Sprintf("new%d", i)
-		// A 503 + Retry-After (a leader election under load) means nothing
-		// ran: retried, as a client honouring it does.
-		var r testutil.Response
-		testutil.WaitFor(t, 15*time.Second, "new id "+id+" through the cordoned node", func() bool {
-			r = doAs(t, target, "POST", "/counters/"+id+"/increment", fmt.Sprintf("10.1.0.%d", i))
-			return r.Code != 503 || r.Header.Get("Retry-After") == ""
-		})
-		if r.Code != 200 {
-			t.Fatalf("new id through the cordoned node: %d %s", r.Code, r.Body)
-		}
-		if ownerOf(t, nodes, "/counters", id) == target {
-			t.Fatalf("new id %s placed on the cordoned node", id)
-		}
-	}
+	newIDsAvoid(t, nodes, target, "the cordoned node")
 	if r := target.a.MustDo("POST", "/jobs/"+onTarget+"/submit?name=more", ""); r.Code != 202 || ownerOf(t, nodes, "/jobs", onTarget) != target {
 		t.Fatalf("busy instance on the cordoned node: %d %s", r.Code, r.Body)
 	}
@@ -154,6 +139,29 @@ func TestCordonAndUndrain(t *testing.T) {
 // An operator cordon of a node id outlives the node's restart (a new
 // process registers a new client id): it still takes no new placements.
 // Undraining the node id lets it take them again.
+// newIDsAvoid places 20 new ids through target, posing as 20 client IPs
+// (placement prefers one worker per client IP), and fails if one lands on
+// target (what names it in a failure).
+func newIDsAvoid(t *testing.T, nodes []*node, target *node, what string) {
+	t.Helper()
+	for i := 0; i < 20; i++ {
+		id := fmt.Sprintf("new%d", i)
+		// A 503 + Retry-After (a leader election under load) means nothing
+		// ran: retried, as a client honouring it does.
+		var r testutil.Response
+		testutil.WaitFor(t, 15*time.Second, "new id "+id+" through "+what, func() bool {
+			r = doAs(t, target, "POST", "/counters/"+id+"/increment", fmt.Sprintf("10.1.0.%d", i))
+			return r.Code != 503 || r.Header.Get("Retry-After") == ""
+		})
+		if r.Code != 200 {
+			t.Fatalf("new id through %s: %d %s", what, r.Code, r.Body)
+		}
+		if ownerOf(t, nodes, "/counters", id) == target {
+			t.Fatalf("new id %s placed on %s", id, what)
+		}
+	}
+}
+
 func TestCordonByNodeIDSurvivesRestart(t *testing.T) {
 	t.Parallel()
 	nodes := threeWorkers(t)
@@ -175,20 +183,7 @@ func TestCordonByNodeIDSurvivesRestart(t *testing.T) {
 		r, err := target.a.Do("GET", "/_pinned/status", "")
 		return err == nil && strings.Contains(r.Body, `"draining":true`) && strings.Contains(r.Body, `"cordoned":true`)
 	})
-	for i := 0; i < 20; i++ {
-		id := fmt.Sprintf("new%d", i)
-		var r testutil.Response
-		testutil.WaitFor(t, 15*time.Second, "new id "+id+" through the restarted node", func() bool {
-			r = doAs(t, target, "POST", "/counters/"+id+"/increment", fmt.Sprintf("10.1.0.%d", i))
-			return r.Code != 503 || r.Header.Get("Retry-After") == ""
-		})
-		if r.Code != 200 {
-			t.Fatalf("new id through the restarted node: %d %s", r.Code, r.Body)
-		}
-		if ownerOf(t, nodes, "/counters", id) == target {
-			t.Fatalf("new id %s placed on the node cordoned before its restart", id)
-		}
-	}
+	newIDsAvoid(t, nodes, target, "the node cordoned before its restart")
 	if out, err := testutil.CLI(t, "undrain", target.id, "--addr", nodes[1].url()); err != nil || strings.TrimSpace(out) != "undrained node "+target.id {
 		t.Fatalf("pinnedd undrain %s: %v\n%s", target.id, err, out)
 	}
