@@ -109,6 +109,10 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		// (`pinnedd status`) is as trusted as one that sends it.
 		a.tokens.AllowLoopbackAnonymous()
 	}
+	if shared := sharedUserPlugins(cfg.Specs, os.Geteuid()); len(shared) > 0 && !cfg.Dev {
+		a.log.Warn("PLUGINS RUN AS PINNEDD'S OWN USER: they can read everything pinnedd can, its data dir included (the cluster CA key, the Raft log and its cluster secret); run pinnedd as root with --plugin-user NAME so that each runs as a user of its own (README: Plugins and the agent's user)",
+			"plugins", shared, "uid", os.Geteuid())
+	}
 	if cfg.InsecureCluster {
 		a.log.Warn("INSECURE CLUSTER: Raft and node-to-node calls run without mutual TLS (--insecure-cluster); anyone who reaches --raft-addr or the front door's node-to-node routes can take this cluster over or destroy it")
 	}
@@ -246,4 +250,16 @@ func (a *Agent) reload() {
 		a.log.Error("plugin reload failed", "err", err)
 	}
 	_ = sdnotify.Ready()
+}
+
+// sharedUserPlugins names the plugins that would run as uid, pinnedd's own
+// user: those given no user of their own, or their own user with that uid.
+func sharedUserPlugins(specs []supervisor.Spec, uid int) []string {
+	var out []string
+	for _, sp := range specs {
+		if sp.User == nil || int(sp.User.UID) == uid {
+			out = append(out, sp.Name)
+		}
+	}
+	return out
 }

@@ -288,3 +288,17 @@ func TestConfigPathsMadeAbsolute(t *testing.T) {
 		}
 	}
 }
+
+// A plugin with no user of its own, or one whose user is pinnedd's, shares
+// pinnedd's uid (the agent warns about those at start).
+func TestSharedUserPlugins(t *testing.T) {
+	specs := []supervisor.Spec{
+		{Name: "own"}, {Name: "other", User: &supervisor.User{Name: "p", UID: 1001}}, {Name: "same", User: &supervisor.User{Name: "me", UID: 1000}},
+	}
+	if got := sharedUserPlugins(specs, 1000); !slices.Equal(got, []string{"own", "same"}) {
+		t.Fatalf("shared with uid 1000: %v, want [own same]", got)
+	}
+	if got := sharedUserPlugins(specs[1:2], 1000); got != nil {
+		t.Fatalf("a plugin with a user of its own: %v, want none", got)
+	}
+}

@@ -280,3 +280,24 @@ func TestAgentNonDumpable(t *testing.T) {
 		t.Errorf("%s read pinnedd's environment", a.Name)
 	}
 }
+
+// A fleet node whose plugins run as its own user says so at start, loudly,
+// and names them; with --plugin-user it does not.
+func TestFleetNodeSaysPluginsShareItsUser(t *testing.T) {
+	t.Parallel()
+	n := newNode(t, "n1", "--bootstrap").start(t, true)
+	if _, err := n.a.WaitLog(10*time.Second, `"level":"WARN"`, "PLUGINS RUN AS PINNEDD'S OWN USER", `"plugins":["counter"]`); err != nil {
+		t.Fatalf("no warning that the plugins share pinnedd's user: %v", err)
+	}
+	a := testUser(t, "pinnedd-test-a")
+	m := newNode(t, "n1", "--bootstrap", "--plugin-user", a.Name)
+	for i, arg := range m.args {
+		if strings.HasPrefix(arg, "/counters=") {
+			m.args[i] = "/counters=" + testutil.SharedBin(t, "counter") // a binary the plugin user can run
+		}
+	}
+	m.start(t, true)
+	if strings.Contains(m.a.Logs(), "PLUGINS RUN AS PINNEDD'S OWN USER") {
+		t.Fatal("warned with every plugin under a user of its own")
+	}
+}
