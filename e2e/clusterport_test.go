@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"fmt"
 	"net"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -22,28 +20,7 @@ import (
 func TestElectionWhileAStrangerHoldsTheClusterPorts(t *testing.T) {
 	t.Parallel()
 	nw := testutil.NewNet(t, 3)
-	counter := testutil.Bin(t, "counter")
-	nodes := make([]*node, 3)
-	for i := range nodes {
-		ip := nw.IP(i + 1)
-		n := &node{id: fmt.Sprintf("n%d", i+1), http: ip + ":8080", raft: ip + ":8300"}
-		n.dir = filepath.Join(t.TempDir(), n.id)
-		n.args = []string{
-			"--node-id", n.id, "--http-addr", n.http, "--raft-addr", n.raft, "--data-dir", n.dir,
-			"--plugin", "/counters=" + counter, "--local-state",
-			"--lease-ttl", "3s", "--heartbeat-interval", "500ms", "--raft-timeout", "300ms",
-		}
-		if i == 0 {
-			n.args = append(n.args, "--bootstrap")
-		} else {
-			n.args = append(n.args, "--join", nodes[0].url())
-		}
-		n.a = testutil.StartAgentIn(t, nw.NS(i+1), fleetEnv, n.args...)
-		nodes[i] = n
-	}
-	for _, n := range nodes {
-		testutil.WaitFor(t, 15*time.Second, n.id+" sees 3 workers", func() bool { return len(liveWorkers(t, n)) == 3 })
-	}
+	nodes := netnsFleet(t, nw, "--local-state")
 
 	// The hold: holdPerNode connections a node from the test's own address, each
 	// reopened 100 ms after it is closed.

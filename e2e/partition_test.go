@@ -23,6 +23,37 @@ import (
 	"github.com/pinnedd/pinnedd/statestore/pgstore/pgtest"
 )
 
+// netnsFleet starts n1 (bootstrap), n2 and n3 (joining n1), each in its own
+// namespace of nw with its front door at <ip>:8080 and its cluster port at
+// <ip>:8300, the counter host, a 3 s lease and extra arguments, and waits
+// until each sees the three workers.
+func netnsFleet(t *testing.T, nw *testutil.Net, extra ...string) []*node {
+	t.Helper()
+	counter := testutil.Bin(t, "counter")
+	nodes := make([]*node, 3)
+	for i := range nodes {
+		ip := nw.IP(i + 1)
+		n := &node{id: fmt.Sprintf("n%d", i+1), http: ip + ":8080", raft: ip + ":8300"}
+		n.dir = filepath.Join(t.TempDir(), n.id)
+		n.args = append([]string{
+			"--node-id", n.id, "--http-addr", n.http, "--raft-addr", n.raft, "--data-dir", n.dir,
+			"--plugin", "/counters=" + counter,
+			"--lease-ttl", "3s", "--heartbeat-interval", "500ms", "--raft-timeout", "300ms",
+		}, extra...)
+		if i == 0 {
+			n.args = append(n.args, "--bootstrap")
+		} else {
+			n.args = append(n.args, "--join", nodes[0].url())
+		}
+		n.a = testutil.StartAgentIn(t, nw.NS(i+1), fleetEnv, n.args...)
+		nodes[i] = n
+	}
+	for _, n := range nodes {
+		testutil.WaitFor(t, 15*time.Second, n.id+" sees 3 workers", func() bool { return len(liveWorkers(t, n)) == 3 })
+	}
+	return nodes
+}
+
 // The issue: "at no moment do two nodes serve the same id". Three nodes,
 // each in its own network namespace on a private bridge, share Postgres
 // (through a forwarder on the bridge: Postgres listens on the root
@@ -38,30 +69,8 @@ func TestPartitionedOwnerNeverServesAlongsideItsSuccessor(t *testing.T) {
 	nw := testutil.NewNet(t, 3)
 	nodeDSN := forwardedDSN(t, pgtest.NewDatabase(t), nw.AuxIP)
 
-	counter := testutil.Bin(t, "counter")
-	nodes := make([]*node, 3)
-	for i := range nodes {
-		ip := nw.IP(i + 1)
-		n := &node{id: fmt.Sprintf("n%d", i+1), http: ip + ":8080", raft: ip + ":8300"}
-		n.dir = filepath.Join(t.TempDir(), n.id)
-		n.args = []string{
-			"--node-id", n.id, "--http-addr", n.http, "--raft-addr", n.raft, "--data-dir", n.dir,
-			"--plugin", "/counters=" + counter, "--database-url", nodeDSN,
-			"--lease-ttl", "3s", "--heartbeat-interval", "500ms", "--raft-timeout", "300ms",
-			// The test poses as client IPs (placeOnLeader).
-			"--trusted-proxies", nw.HostIP + "/32",
-		}
-		if i == 0 {
-			n.args = append(n.args, "--bootstrap")
-		} else {
-			n.args = append(n.args, "--join", nodes[0].url())
-		}
-		n.a = testutil.StartAgentIn(t, nw.NS(i+1), fleetEnv, n.args...)
-		nodes[i] = n
-	}
-	for _, n := range nodes {
-		testutil.WaitFor(t, 15*time.Second, n.id+" sees 3 workers", func() bool { return len(liveWorkers(t, n)) == 3 })
-	}
+	// The test poses as client IPs (placeOnLeader).
+	nodes := netnsFleet(t, nw, "--database-url", nodeDSN, "--trusted-proxies", nw.HostIP+"/32")
 	testutil.WaitFor(t, 15*time.Second, "quarantine over", func() bool {
 		r, err := nodes[0].a.Do("GET", "/counters/warmup/value", "")
 		return err == nil && r.Code == 200
