@@ -12,11 +12,9 @@ import (
 )
 
 // A stranger on the fleet's network (no certificate, not a member's address)
-// holds more idle connections to every node's cluster port than it once had
-// handshake slots, reconnecting as they close. The leader is killed: the
-// survivors elect a new one in their usual time. Before, the stranger's 64
-// idle connections took every handshake slot for 5 s each, and no member
-// could reconnect: no leader for as long as the hold lasted.
+// holds more idle connections to every node's cluster port than there are
+// handshake slots for strangers, reconnecting as they close. The leader is killed: the
+// survivors elect a new one in their usual time.
 func TestElectionWhileAStrangerHoldsTheClusterPorts(t *testing.T) {
 	t.Parallel()
 	nw := testutil.NewNet(t, 3)

@@ -29,8 +29,7 @@ func threeWorkers(t *testing.T) []*node {
 }
 
 // startFleet starts n1 (bootstrap), n2 and n3 (joining n1) with extra
-// arguments, waits until each sees the three workers, and waits out the
-// cold-start quarantine once (on an id no test uses).
+// arguments and waits until each sees the three workers.
 func startFleet(t *testing.T, extra ...string) []*node {
 	t.Helper()
 	n1 := newNode(t, "n1", append([]string{"--bootstrap"}, extra...)...).start(t, true)
@@ -588,8 +587,7 @@ func TestRelativeDataDirKeptAliveClient(t *testing.T) {
 // namespaces there; the ids placed on that node are given up at once, and
 // every front door, the degraded node's included, serves them from another
 // node within a lease, while the degraded node's /readyz names the
-// namespaces. Before, they answered 503 "namespace degraded" until the
-// plugin recovered, or for ever.
+// namespaces.
 func TestCrashLoopingPluginGivesItsIDsUp(t *testing.T) {
 	t.Parallel()
 	th := testutil.Bin(t, "testhost")

@@ -20,10 +20,8 @@ import (
 // ids old and new through both survivors.
 func TestLeaderDeathLapsesNoLease(t *testing.T) {
 	t.Parallel()
-	n1 := newNode(t, "n1", "--bootstrap").start(t, true)
-	n2 := newNode(t, "n2", "--join", n1.url()).start(t, true)
-	n3 := newNode(t, "n3", "--join", n1.url()).start(t, true)
-	testutil.WaitFleet(t, 20*time.Second, n1.a, n2.a, n3.a)
+	nodes := startFleet(t)
+	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
 	if got := memberSummary(members(t, n2)); got != "n1* n2 n3" {
 		t.Fatalf("members %q, want n1 leading", got)
 	}

@@ -23,10 +23,8 @@ import (
 // node gone only fails to connect. Stopped and started three times.
 func TestSIGTERMUnderLoadCutsNoRequest(t *testing.T) {
 	t.Parallel()
-	n1 := newNode(t, "n1", "--bootstrap").start(t, true)
-	n2 := newNode(t, "n2", "--join", n1.url(), "--drain-deadline", "1s").start(t, true)
-	n3 := newNode(t, "n3", "--join", n1.url()).start(t, true)
-	testutil.WaitFleet(t, 20*time.Second, n1.a, n2.a, n3.a)
+	nodes := startFleet(t, "--drain-deadline", "1s")
+	n1, n2 := nodes[0], nodes[1]
 
 	for round := range 3 {
 		ctx, stop := context.WithCancel(context.Background())

@@ -10,7 +10,7 @@ import (
 // A stranger that holds connections open to the cluster port, sending nothing, can take only
 // its own address's few handshake slots, each for the strangers' short deadline: a member's
 // connection (from a member's address) and another address's are handshaken at once all the
-// while. Before, 64 idle connections from anyone filled every slot for 5 s each.
+// while.
 func TestStrangersCannotStarveMembersHandshakes(t *testing.T) {
 	ca := newTestCA(t, "cluster")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

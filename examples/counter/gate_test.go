@@ -106,22 +106,14 @@ func holdValueCommits(g *gated, gate *faulty.Gate, fail error) {
 
 // A read issued while the commit of an increment is held sees the new
 // value in memory, and its answer waits at the output gate until the
-// commit returns. (Without the gate it answered at once with a value a
-// crash in the commit would lose.)
+// commit returns: a crash in the commit must not lose a value a client saw.
 func TestReadWaitsForTheCommitItSaw(t *testing.T) {
 	g := newGated(t)
 	gate := faulty.NewGate()
 	t.Cleanup(gate.Open)
 	holdValueCommits(g, gate, nil)
 
-	inc := g.call(t, "POST", "/increment")
-	select {
-	case <-gate.Entered():
-	case a := <-inc:
-		t.Fatalf("increment answered before its commit: %+v", a)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the increment's commit never reached the store")
-	}
+	inc := incrementHeld(t, g, gate)
 	read := g.call(t, "GET", "/value")
 	notYet(t, read, "a read")
 	notYet(t, inc, "the increment")
@@ -140,11 +132,25 @@ func TestReadWaitsForTheCommitItSaw(t *testing.T) {
 	}
 }
 
+// incrementHeld sends an increment and returns once its commit is held at
+// gate; the answer comes on the channel.
+func incrementHeld(t *testing.T, g *gated, gate *faulty.Gate) <-chan answer {
+	t.Helper()
+	inc := g.call(t, "POST", "/increment")
+	select {
+	case <-gate.Entered():
+	case a := <-inc:
+		t.Fatalf("increment answered before its commit: %+v", a)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the increment's commit never reached the store")
+	}
+	return inc
+}
+
 // A commit that fails discards the outputs held behind it: the increment
 // and the read that saw its value both get 504 (outcome unknown), and the
 // instance is reset from the store, so the next read shows the stored 1,
-// never the lost 2. (Without the gate the read answered 2; without the
-// reset the instance went on answering 2.)
+// never the lost 2.
 func TestFailedCommitDiscardsHeldReadsAndResets(t *testing.T) {
 	g := newGated(t)
 	if a := <-g.call(t, "POST", "/increment"); a.code != http.StatusOK || a.value != 1 {
@@ -154,14 +160,7 @@ func TestFailedCommitDiscardsHeldReadsAndResets(t *testing.T) {
 	t.Cleanup(gate.Open)
 	holdValueCommits(g, gate, errors.New("disk on fire"))
 
-	inc := g.call(t, "POST", "/increment")
-	select {
-	case <-gate.Entered():
-	case a := <-inc:
-		t.Fatalf("increment answered before its commit: %+v", a)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the increment's commit never reached the store")
-	}
+	inc := incrementHeld(t, g, gate)
 	read := g.call(t, "GET", "/value")
 	notYet(t, read, "a read")
 	gate.Open()
