@@ -27,8 +27,7 @@ const (
 	defaultAddr    = "http://127.0.0.1:8080"
 	defaultTimeout = 30 * time.Second
 	// refusedWindow bounds how long a refused connection is retried: an agent
-	// that is still starting listens within it (about half a second after
-	// its start). A script, or a block a shell reads from a file or pipe,
+	// that is still starting listens within it. A script, or a block a shell reads from a file or pipe,
 	// may start an agent and call it at once.
 	refusedWindow = 10 * time.Second
 	// refusedWindowTerminal is the bound when stdin is a terminal: someone

@@ -75,8 +75,7 @@ func docCommandLines(t *testing.T, root string) map[string][]string {
 }
 
 // TestDocCommandLines: every pinnedd command line the docs show names
-// commands and flags pinnedd has (a doc once showed --no-builtin, which
-// does not exist).
+// commands and flags pinnedd has.
 func TestDocCommandLines(t *testing.T) {
 	lines := docCommandLines(t, "..")
 	if len(lines) < 10 {

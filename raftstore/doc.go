@@ -11,7 +11,8 @@
 //
 //   - A certificate is signed only for an id that is not a member of the leader's latest
 //     configuration, or for a member asking for itself over its own certificate on the cluster
-//     port (a renewal). Every issue and refusal is logged at WARN with the requester.
+//     port (a renewal). An issue or a refusal (403) is logged at WARN with the requester; a
+//     request a member passed on is logged at INFO.
 //   - Every removal first commits a fence entry, whose log index is the membership fence. A
 //     join names the fence it was made against (its join proof covers it), and the leader,
 //     after its term's barrier and one membership change at a time, refuses a lower one

@@ -92,10 +92,23 @@ func (m *memberHosts) set(addrs []string) {
 			names = append(names, host)
 		}
 	}
-	m.ips.Store(&ips)
 	if len(names) == 0 {
+		m.ips.Store(&ips)
 		return
 	}
+	// Until the names are resolved again, what they resolved to before
+	// still counts: a member named by host must not drop to the strangers'
+	// pool for a lookup's time.
+	now := map[string]bool{}
+	if prev := m.ips.Load(); prev != nil {
+		for ip := range *prev {
+			now[ip] = true
+		}
+	}
+	for ip := range ips {
+		now[ip] = true
+	}
+	m.ips.Store(&now)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

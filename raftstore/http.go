@@ -345,7 +345,8 @@ func (s *Store) handleCA(w http.ResponseWriter, r *http.Request) {
 // (the leader decides, on its latest configuration), or for the member itself asking over its
 // own certificate on the cluster port (a renewal): a token or join proof must never buy a
 // certificate in a live member's name, which the cluster port would then take for that member.
-// Every answer is logged at WARN with who asked.
+// An issue or a refusal (403) is logged at WARN with who asked; a request a member passed on, at
+// INFO.
 func (s *Store) handleCertificate(w http.ResponseWriter, r *http.Request) {
 	var req certRequest
 	if !readJSON(w, r, &req) {

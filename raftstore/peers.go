@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"strings"
@@ -119,6 +120,9 @@ func (c *memberCache) set(cfg raft.Configuration) {
 	for _, srv := range cfg.Servers {
 		m[string(srv.ID)] = string(srv.Address)
 		addrs = append(addrs, string(srv.Address))
+	}
+	if prev := c.cur.Load(); prev != nil && maps.Equal(*prev, m) {
+		return // the same members (a refused peer's check re-reads them): nothing left, nothing to resolve
 	}
 	c.hosts.set(addrs)
 	c.leftMu.Lock()

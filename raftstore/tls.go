@@ -130,7 +130,7 @@ func (s *tlsStream) acceptLoop() {
 		if member {
 			timeout = handshakeTimeout
 		}
-		go s.handshake(raw, cfg, release, timeout)
+		go s.handshake(raw, cfg, ip, release, timeout)
 	}
 }
 
@@ -140,11 +140,10 @@ func (s *tlsStream) refuse(ip, node, msg string, args ...any) {
 	s.refused.Log(context.Background(), s.log, slog.LevelWarn, ip+"\x00"+node+"\x00"+msg, msg, args...)
 }
 
-// handshake authenticates raw within timeout and hands it to Raft or HTTP; release gives its
-// admission slot back.
-func (s *tlsStream) handshake(raw net.Conn, cfg *tls.Config, release func(), timeout time.Duration) {
+// handshake authenticates raw (from ip) within timeout and hands it to Raft or HTTP; release
+// gives its admission slot back.
+func (s *tlsStream) handshake(raw net.Conn, cfg *tls.Config, ip string, release func(), timeout time.Duration) {
 	defer release()
-	ip := sourceIP(raw.RemoteAddr())
 	conn, err := s.server(raw, cfg)
 	if err != nil {
 		s.refuse(ip, "", "refused a cluster connection", "remote", raw.RemoteAddr().String(), "err", err)
@@ -177,16 +176,12 @@ func (s *tlsStream) handshake(raw net.Conn, cfg *tls.Config, release func(), tim
 		s.log.Debug("a cluster connection closed during its handshake", "remote", raw.RemoteAddr().String(), "err", err)
 		_ = conn.Close()
 		return
+	case errors.Is(err, errLeft): // its last attempts after a leave or removal
+		s.log.Info("refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
+		_ = conn.Close()
+		return
 	case err != nil:
-		level := slog.LevelWarn
-		if errors.Is(err, errLeft) {
-			level = slog.LevelInfo // its last attempts after a leave or removal
-		}
-		if level == slog.LevelWarn {
-			s.refuse(ip, node, "refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
-		} else {
-			s.log.Log(context.Background(), level, "refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
-		}
+		s.refuse(ip, node, "refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
 		_ = conn.Close()
 		return
 	}
