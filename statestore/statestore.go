@@ -163,8 +163,10 @@ type Live struct {
 
 // CollectFloor is the floor CollectFences raises to: below, lowered to the generation of every
 // live placement whose instance has no fence yet (its owner has not loaded it: its Load must
-// still pass). hasFence reports whether the store holds a fence for an instance. Every
-// implementation computes the floor here, so the rule is written once.
+// still pass). hasFence reports whether the store holds a fence for an instance. memstore and
+// boltstore compute the floor here; pgstore states the same rule in SQL (collectFloorSQL,
+// lockCollectableSQL), inside the collecting transaction: change them together (the
+// conformance suite's collection cases hold every store to the rule).
 func CollectFloor(below uint64, live []Live, hasFence func(InstanceKey) bool) uint64 {
 	floor := below
 	for _, l := range live {
