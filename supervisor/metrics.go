@@ -75,9 +75,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 // exported at 0 for every plugin from the start.
 var unansweredOutcomes = []string{httpx.OutcomeUnreachable, httpx.OutcomeUnknown, httpx.OutcomeTooLarge}
 
-// plugin exports a configured plugin's labelled counters at 0, so an alert
-// on them has a series before the first failure.
+// plugin exports every labelled series of a configured plugin at 0 from
+// the start: an alert over a window (a restart's increase) needs the 0
+// before the first event.
 func (m *metrics) plugin(name string) {
+	m.restarts.WithLabelValues(name)
+	m.pluginUp.WithLabelValues(name)
 	for _, o := range unansweredOutcomes {
 		m.unanswered.WithLabelValues(name, o)
 	}

@@ -166,10 +166,6 @@ func New(cfg Config) (*Supervisor, error) {
 			return nil, fmt.Errorf("supervisor: two plugins named %q", sp.Name)
 		}
 		names[sp.Name] = true
-		// Each plugin's series exist from the start: a restart alert
-		// (increase over a window) needs the 0 before the first restart.
-		s.metrics.restarts.WithLabelValues(sp.Name)
-		s.metrics.pluginUp.WithLabelValues(sp.Name)
 		if sp.User != nil {
 			if err := CheckCanSwitchUser(); err != nil {
 				return nil, fmt.Errorf("supervisor: plugin %s as user %s: %w", sp.Name, sp.User.Name, err)

@@ -106,19 +106,36 @@ func (t *SyncTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.roundTrip(req.Context(), req.URL.Host, req, bodyless, got1xx, func(bw *bufio.Writer) error { return req.Write(bw) })
 }
 
-// fallback is Fallback's round trip of req, its head bounded by a
-// WithHeadTimeout shorter than Fallback's own bound (a Transport's
-// ResponseHeaderTimeout is one for all requests). An Upgrade keeps
+// fallback is Fallback's round trip of req, the wait for its head bounded
+// by its WithHeadTimeout if it has one (a Transport's
+// ResponseHeaderTimeout is one for all requests; Fallback's own still
+// applies). An Upgrade keeps
 // Fallback's: its 101 body is the connection itself.
 func (t *SyncTransport) fallback(req *http.Request) (*http.Response, error) {
 	d, ok := req.Context().Value(headTimeoutKey{}).(time.Duration)
 	if !ok || req.Header.Get("Upgrade") != "" {
 		return t.Fallback.RoundTrip(req)
 	}
+	// The bound starts once the request is written, as on the synchronous
+	// path: a slow upload is not the head's wait.
 	ctx, cancel := context.WithCancelCause(req.Context())
-	timer := time.AfterFunc(d, func() { cancel(errHeadTimeout) })
-	resp, err := t.Fallback.RoundTrip(req.WithContext(ctx))
-	timer.Stop()
+	var mu sync.Mutex
+	var timer *time.Timer
+	returned := false
+	trace := &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !returned {
+			timer = time.AfterFunc(d, func() { cancel(errHeadTimeout) })
+		}
+	}}
+	resp, err := t.Fallback.RoundTrip(req.WithContext(httptrace.WithClientTrace(ctx, trace)))
+	mu.Lock()
+	returned = true
+	if timer != nil {
+		timer.Stop()
+	}
+	mu.Unlock()
 	if err != nil {
 		if context.Cause(ctx) == errHeadTimeout {
 			err = fmt.Errorf("%w: %w", errHeadTimeout, err)
