@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -141,7 +142,12 @@ type FrontDoor struct {
 	// every answer ends its connection; since stoppedAt (unix ns).
 	stopping  atomic.Bool
 	stoppedAt atomic.Int64
-	idle      idleConns // net/http's idle client connections
+	conns     connStates // net/http's client connections
+	// lns are the listeners Serve serves, for Shutdown to close before
+	// net/http's Shutdown; serving counts Serve's loops still accepting.
+	lnMu    sync.Mutex
+	lns     []net.Listener
+	serving sync.WaitGroup
 
 	trustedProxies  []netip.Prefix
 	affinityKey     func(*http.Request) *string
@@ -205,7 +211,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 	// bodies get a deadline on progress instead (BodyReadTimeout).
 	f.srv = &http.Server{Handler: f, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.IdleTimeout,
 		MaxHeaderBytes: MaxHeaderBytes, ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
-		ConnState: f.idle.track}
+		ConnState: f.conns.track}
 	f.api.mount(f.mux)
 	return f
 }
@@ -248,7 +254,17 @@ func (f *FrontDoor) Serve(ln net.Listener) error {
 	if f.fastPath {
 		f.serveHandBacks(f.srv)
 	}
-	return f.srv.Serve(f.Listener(ln))
+	ln = f.Listener(ln)
+	f.lnMu.Lock()
+	f.lns = append(f.lns, ln)
+	f.serving.Add(1)
+	f.lnMu.Unlock()
+	defer f.serving.Done()
+	err := f.srv.Serve(ln)
+	if errors.Is(err, net.ErrClosed) && f.stopping.Load() {
+		err = http.ErrServerClosed // Shutdown closed it
+	}
+	return err
 }
 
 // serveHandBacks lets the kept-alive loop take connections from srv
@@ -262,6 +278,23 @@ func (f *FrontDoor) Handle(pattern string, h http.Handler) { f.mux.Handle(patter
 // it (Tokens.Require).
 func (f *FrontDoor) RequireScope(scope Scope, h http.HandlerFunc) http.HandlerFunc {
 	return f.tokens.Require(h, scope)
+}
+
+// stopAccepting closes the listeners Serve serves and waits (up to ctx)
+// until its loops returned: every connection they accepted is then one
+// net/http tracks (it does before accepting the next).
+func (f *FrontDoor) stopAccepting(ctx context.Context) {
+	f.lnMu.Lock()
+	for _, ln := range f.lns {
+		_ = ln.Close()
+	}
+	f.lnMu.Unlock()
+	done := make(chan struct{})
+	go func() { f.serving.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }
 
 // Close ends the held streams this front door relays and stops the relay
@@ -281,14 +314,19 @@ func (f *FrontDoor) Close() error {
 // request under way gets its response unless ctx ends first (then they
 // are cut). Held streams end. After SetStopping, idle connections first
 // get until idleGrace from it to bring a request already on its way.
+//
+// The kept-alive loop stops first: a request it gives back to net/http
+// then still finds it serving. net/http's own Shutdown comes last, once
+// the listeners are closed and the connections accepted before have
+// brought their first request (it drops unanswered one it reads after).
 func (f *FrontDoor) Shutdown(ctx context.Context) error {
 	f.awaitIdle(ctx)
-	err := f.srv.Shutdown(ctx)
-	if err != nil {
-		_ = f.srv.Close()
+	err := f.keep.shutdown(ctx)
+	f.stopAccepting(ctx)
+	f.awaitFirstRequests(ctx)
+	if serr := f.srv.Shutdown(ctx); serr != nil {
+		err = errors.Join(err, serr, f.srv.Close())
 	}
-	// The connections that left net/http are not its Shutdown's to wait for.
-	err = errors.Join(err, f.keep.shutdown(ctx))
 	return errors.Join(err, f.Close())
 }
 

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 
 	"github.com/pinnedd/pinnedd/internal/relay"
@@ -39,6 +40,10 @@ type keptAlive struct {
 	on atomic.Bool
 	// stopped: the node is shutting down; no connection moves to the loop.
 	stopped atomic.Bool
+	// adopting orders adoption against stop: once stop holds it, no
+	// adoption is under way, and every connection adopted is one the
+	// loop's Drain sees.
+	adopting sync.RWMutex
 }
 
 // newKeptAlive builds the loop with rt as its router, its connections
@@ -114,7 +119,9 @@ func (k *keptAlive) serveHandBacks(srv *http.Server) {
 
 // stop takes no more connections, and drains the loop's.
 func (k *keptAlive) stop() {
+	k.adopting.Lock()
 	k.stopped.Store(true)
+	k.adopting.Unlock()
 	k.conns.Drain()
 }
 
@@ -149,7 +156,19 @@ func (k *keptAlive) adopt(w http.ResponseWriter, r *http.Request) bool {
 	if n := brw.Reader.Buffered(); n > 0 {
 		pending, _ = brw.Reader.Peek(n)
 	}
-	if err := k.conns.Adopt(conn, pending); err != nil {
+	k.adopting.RLock()
+	stopped := k.stopped.Load()
+	if !stopped {
+		err = k.conns.Adopt(conn, pending)
+	}
+	k.adopting.RUnlock()
+	switch {
+	case stopped:
+		// stop came after the check above: the response said nothing
+		// of the connection ending, so its next request may be on its
+		// way; net/http answers it, as a stopping node.
+		k.handBack.GiveBuffered(conn, pending)
+	case err != nil:
 		// The response went out whole; the client reconnects. The loop
 		// closed the connection and gave its slot back.
 		k.logger.Debug("kept-alive loop refused a connection; closed it", "err", err)

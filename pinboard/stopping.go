@@ -18,31 +18,59 @@ import (
 // within the grace; only one idle through all of it is closed unasked.
 const idleGrace = 2 * time.Second
 
-// idleConns are net/http's client connections idle between requests
+// newGrace bounds how long Shutdown, once it stopped accepting, waits for
+// the connections accepted just before to bring their first request:
+// net/http drops unanswered a request it reads after its Shutdown began.
+// A client that connected and sent nothing in this long is one Shutdown
+// may close unasked.
+const newGrace = time.Second
+
+// connStates are net/http's client connections by state
 // (http.Server.ConnState); the kept-alive loop counts its own
 // (relay.Conns.Idle).
-type idleConns struct {
-	mu   sync.Mutex
-	idle map[net.Conn]struct{}
+type connStates struct {
+	mu sync.Mutex
+	m  map[net.Conn]http.ConnState
 }
 
-func (c *idleConns) track(conn net.Conn, st http.ConnState) {
+func (c *connStates) track(conn net.Conn, st http.ConnState) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if st != http.StateIdle {
-		delete(c.idle, conn)
+	if st == http.StateClosed || st == http.StateHijacked {
+		delete(c.m, conn)
 		return
 	}
-	if c.idle == nil {
-		c.idle = make(map[net.Conn]struct{})
+	if c.m == nil {
+		c.m = make(map[net.Conn]http.ConnState)
 	}
-	c.idle[conn] = struct{}{}
+	c.m[conn] = st
 }
 
-func (c *idleConns) len() int {
+// count is how many connections are in state st.
+func (c *connStates) count(st http.ConnState) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.idle)
+	n := 0
+	for _, s := range c.m {
+		if s == st {
+			n++
+		}
+	}
+	return n
+}
+
+// pollUntil checks done every 10 ms until it holds, until passes, or ctx
+// ends. Only shutdown waits this way.
+func pollUntil(ctx context.Context, until time.Time, done func() bool) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for !done() && time.Now().Before(until) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // awaitIdle waits, up to idleGrace from SetStopping (or ctx), until no
@@ -53,14 +81,15 @@ func (f *FrontDoor) awaitIdle(ctx context.Context) {
 	if since == 0 {
 		return
 	}
-	until := time.Unix(0, since).Add(idleGrace)
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for f.idle.len()+f.keep.conns.Idle() > 0 && time.Now().Before(until) {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	pollUntil(ctx, time.Unix(0, since).Add(idleGrace), func() bool {
+		return f.conns.count(http.StateIdle)+f.keep.conns.Idle() == 0
+	})
+}
+
+// awaitFirstRequests waits, up to newGrace (or ctx), until net/http holds
+// no connection that has not brought its first request: one accepted
+// before the listener closed, whose request would otherwise reach
+// net/http after its Shutdown began and be dropped unanswered.
+func (f *FrontDoor) awaitFirstRequests(ctx context.Context) {
+	pollUntil(ctx, time.Now().Add(newGrace), func() bool { return f.conns.count(http.StateNew) == 0 })
 }
