@@ -436,7 +436,7 @@ func (fw *forwarder) forwardError(w http.ResponseWriter, info *fwdInfo, err erro
 	}
 	if info.orig.Context().Err() != nil {
 		info.failure = outcomeCanceled
-		return
+		httpx.Abandon()
 	}
 	u := classifyUnanswered(err)
 	info.failure = u.Outcome

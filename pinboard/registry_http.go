@@ -47,6 +47,7 @@ func (a *api) registryError(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, ErrNoSecret):
 		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error()+"; nothing was registered", time.Second)
 	case r.Context().Err() != nil:
+		httpx.Abandon()
 	default:
 		a.logger.Warn("registry request failed", "path", r.URL.Path, "err", err)
 		httpx.WriteError(w, http.StatusServiceUnavailable, "directory unavailable", time.Second)

@@ -314,7 +314,7 @@ func (f *FrontDoor) routeRequest(w http.ResponseWriter, r *http.Request, rq *ins
 // caught up (errStarting): nothing ran, retry.
 func (f *FrontDoor) starting(w http.ResponseWriter, r *http.Request) {
 	if r.Context().Err() != nil {
-		return
+		httpx.Abandon()
 	}
 	f.res.counter(outcomeStarting).Inc()
 	httpx.WriteError(w, http.StatusServiceUnavailable, errStarting.Error(), time.Second)
@@ -346,6 +346,7 @@ func (f *FrontDoor) claimFailed(w http.ResponseWriter, r *http.Request, key dire
 		}
 		httpx.WriteError(w, http.StatusServiceUnavailable, msg, time.Second)
 	case r.Context().Err() != nil:
+		httpx.Abandon()
 	default:
 		f.res.counter(outcomeError).Inc()
 		f.logger.Warn("placement failed", "path", r.URL.Path, "err", err)

@@ -178,6 +178,13 @@ func (c *Call) ServeHTTP(w http.ResponseWriter, r *http.Request, rest string) {
 
 type callCtxKey struct{}
 
+// evictedUnder reports whether r is a Call's, to an instance evicted
+// since (ServeHTTP ends the request's context then).
+func evictedUnder(r *http.Request) bool {
+	c, _ := r.Context().Value(callCtxKey{}).(*Call)
+	return c != nil && c.rs.in.ctx.Err() != nil
+}
+
 // WriteOpenError answers a request for namespace ns that Open refused.
 func (s *Supervisor) WriteOpenError(w http.ResponseWriter, r *http.Request, ns string, err error) {
 	sw := &statusWriter{ResponseWriter: w}
@@ -211,6 +218,7 @@ func (s *Supervisor) WriteOpenError(w http.ResponseWriter, r *http.Request, ns s
 		s.cfg.Logger.Warn("activation failed", "path", r.URL.Path, "err", err)
 		httpx.WriteError(w, http.StatusInternalServerError, "activation failed", 0)
 	case r.Context().Err() != nil:
+		httpx.Abandon()
 	default:
 		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error(), time.Second)
 	}

@@ -551,11 +551,12 @@ func (s *Supervisor) newProxy(inc *incarnation) *httputil.ReverseProxy {
 					sw.inactive = true
 				}
 				httpx.WriteError(w, http.StatusServiceUnavailable, RestartingMsg, time.Second)
-			case r.Context().Err() != nil:
-				// The client went away, or the instance was evicted under
-				// an open stream: nothing useful to write.
+			case r.Context().Err() != nil && !evictedUnder(r):
+				// The client went away: nobody to answer.
+				httpx.Abandon()
 			default:
-				// The front door's rule for an unanswered request: 503 +
+				// The front door's rule for an unanswered request,
+				// an instance evicted under it included: 503 +
 				// Retry-After only if nothing reached the plugin (it
 				// certainly did not run), else 504, it may have run.
 				s.unanswered(inc, err).Write(w)

@@ -198,3 +198,42 @@ func TestIdleTimerWaitsOutOpenRequests(t *testing.T) {
 		t.Fatal("evicted, and still live")
 	}
 }
+
+// A request cut by its instance's eviction is answered as one its plugin
+// did not answer (504, outcome unknown: it reached the plugin and may have
+// run), not with net/http's implicit empty 200.
+func TestEvictionUnderARequestAnswers504(t *testing.T) {
+	s, srv := startSupervisor(t, testutil.Bin(t, "testhost"), "/misc")
+	type answer struct {
+		r   testutil.Response
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		r, err := testutil.Do(context.Background(), "GET", srv.URL+"/misc/ev/sleep?ms=60000", "", nil)
+		got <- answer{r, err}
+	}()
+	testutil.WaitFor(t, 10*time.Second, "the request open on /misc/ev", func() bool {
+		for _, in := range s.Instances() {
+			if in.ID == "ev" && in.Connections == 1 {
+				return true
+			}
+		}
+		return false
+	})
+	if !s.Evict(context.Background(), Key{"/misc", "ev"}, 0) {
+		t.Fatal("instance not live")
+	}
+	var a answer
+	select {
+	case a = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("request still open after eviction")
+	}
+	if a.err != nil {
+		t.Fatalf("request cut without an answer: %v", a.err)
+	}
+	if a.r.Code != http.StatusGatewayTimeout || !strings.Contains(a.r.Body, `"outcome":"unknown"`) {
+		t.Fatalf("answer %d %q, want 504 with outcome unknown", a.r.Code, a.r.Body)
+	}
+}

@@ -31,3 +31,10 @@ func WriteError(w http.ResponseWriter, code int, msg string, retryAfter time.Dur
 func RetryAfterSeconds(d time.Duration) string {
 	return strconv.Itoa(max(1, int((d+time.Second-1)/time.Second)))
 }
+
+// Abandon ends, unanswered, the response of a handler whose client left
+// (its request's context ended). Returning instead would have net/http
+// send an implicit 200 with no body, which a client still reading (one
+// that only half-closed its connection, which ends the context too, or a
+// hop whose context ended for another reason) would take for an answer.
+func Abandon() { panic(http.ErrAbortHandler) }
