@@ -26,6 +26,13 @@ type linInput struct {
 	inc bool // POST increment; false: GET value
 }
 
+func (in linInput) String() string {
+	if in.inc {
+		return "POST /counters/" + in.id + "/increment"
+	}
+	return "GET /counters/" + in.id + "/value"
+}
+
 // linOutput is its answer: the value of a 200, or an unknown outcome (an
 // increment answered 5xx other than 503, or not answered in time).
 type linOutput struct {
@@ -86,7 +93,7 @@ type linHistory struct {
 func (h *linHistory) now() int64 { return time.Since(h.start).Nanoseconds() }
 
 // record books one operation by the status contract.
-func (h *linHistory) record(client int, in linInput, call int64, r testutil.Response, err error) {
+func (h *linHistory) record(client, node int, in linInput, call int64, r testutil.Response, err error) {
 	ret := h.now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -101,7 +108,8 @@ func (h *linHistory) record(client int, in linInput, call int64, r testutil.Resp
 	case r.Code == http.StatusOK:
 		v, perr := counterValue(r.Body)
 		if perr != nil {
-			h.bad = append(h.bad, fmt.Sprintf("200 %q: %v", r.Body, perr))
+			h.bad = append(h.bad, fmt.Sprintf("%s on node %d at %s (+%s): 200 %q %v: %v", in, node,
+				time.Now().Format("15:04:05.000"), time.Duration(call), r.Body, r.Header, perr))
 			return
 		}
 		h.codes["200"]++
@@ -125,7 +133,7 @@ func (h *linHistory) record(client int, in linInput, call int64, r testutil.Resp
 	h.ops = append(h.ops, op)
 }
 
-// Reads and increments of six counters through all three nodes of a
+// Reads and increments of twelve counters through all three nodes of a
 // Postgres-backed fleet, while owners are paused past their lease
 // (SIGSTOP, SIGCONT), Postgres is cut off, and an owner is killed
 // (kill -9), make a linearizable history
@@ -145,10 +153,10 @@ func TestCounterLinearizableUnderOwnerFaults(t *testing.T) {
 	}
 	t.Cleanup(func() { admin.Close(context.Background()) })
 	nodes := startFleet(t, "--database-url", dsn)
-	// Six counters: the checker's work grows exponentially with the
+	// Twelve counters: the checker's work grows exponentially with the
 	// unknown outcomes (504s, no answers) in one id's history, and they
 	// spread over the ids.
-	ids := []string{"la", "lb", "lc", "ld", "le", "lf"}
+	ids := []string{"la", "lb", "lc", "ld", "le", "lf", "lg", "lh", "li", "lj", "lk", "ll"}
 	// Place the ids before the clock starts.
 	for i, id := range ids {
 		if r := nodes[i%len(nodes)].a.MustDo("GET", "/counters/"+id+"/value", ""); r.Code != 200 {
@@ -185,9 +193,9 @@ func TestCounterLinearizableUnderOwnerFaults(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
 				r, err := testutil.Do(ctx, method, nodes[n].a.URL+path, "", map[string]string{"Authorization": "Bearer " + testutil.Token})
 				cancel()
-				h.record(c, in, call, r, err)
-				if err != nil || r.Code == http.StatusServiceUnavailable {
-					select { // do not spin on refusals
+				h.record(c, n, in, call, r, err)
+				if err != nil || r.Code >= 500 {
+					select { // do not spin on refusals and failures
 					case <-stop:
 						return
 					case <-time.After(20 * time.Millisecond):
