@@ -26,6 +26,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pinnedd/pinnedd/internal/clustertls"
 	"github.com/pinnedd/pinnedd/internal/datadir"
 	"github.com/pinnedd/pinnedd/internal/harden"
 	"github.com/pinnedd/pinnedd/internal/sdnotify"
@@ -53,6 +54,7 @@ type Agent struct {
 	states    statestore.Store
 	sup       *supervisor.Supervisor
 	machine   *directory.Machine // Raft's replica of the directory
+	sealer    *clustertls.Sealer // the keys at rest's (provisionSealer); nil without a token
 	store     *raftstore.Store
 	dir       *pinboard.Directory
 	registry  *pinboard.Registry
@@ -110,7 +112,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		a.tokens.AllowLoopbackAnonymous()
 	}
 	if shared := sharedUserPlugins(cfg.Specs, os.Geteuid()); len(shared) > 0 && !cfg.Dev {
-		a.log.Warn("PLUGINS RUN AS PINNEDD'S OWN USER: they can read everything pinnedd can, its data dir included (the cluster CA key, the Raft log and its cluster secret); run pinnedd as root with --plugin-user NAME so that each runs as a user of its own (README: Plugins and the agent's user)",
+		a.log.Warn("PLUGINS RUN AS PINNEDD'S OWN USER: they can read and alter everything pinnedd can, its data dir included (its keys are sealed under the deployment token, but not its Raft log's other entries, nor a --token-file pinnedd's user reads); run pinnedd as root with --plugin-user NAME so that each runs as a user of its own (README: Plugins and the agent's user)",
 			"plugins", shared, "uid", os.Geteuid())
 	}
 	if cfg.InsecureCluster {

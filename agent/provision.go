@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/pinnedd/pinnedd/internal/clustertls"
 	"github.com/pinnedd/pinnedd/internal/datadir"
 	"github.com/pinnedd/pinnedd/internal/procstat"
 	"github.com/pinnedd/pinnedd/internal/relay"
@@ -177,6 +178,9 @@ func runtimeDir(dataDir string) string {
 func (a *Agent) provisionRaft(ctx context.Context) error {
 	cfg := a.cfg
 	a.machine = directory.New()
+	if err := a.provisionSealer(); err != nil {
+		return err
+	}
 	tlsCfg := cfg.raftTLS()
 	if tlsCfg != nil && cfg.FastPath {
 		// The kept-alive loop may then take the cluster port's
@@ -187,7 +191,7 @@ func (a *Agent) provisionRaft(ctx context.Context) error {
 		NodeID: cfg.NodeID, RaftAddr: cfg.RaftAddr, AdvertiseRaftAddr: cfg.RaftAdvertiseAddr,
 		APIAddr: a.advertise, DataDir: a.dataDir, Bootstrap: cfg.Bootstrap, MaxVoters: cfg.MaxVoters,
 		LogStore: cfg.RaftLogStore, TLS: tlsCfg,
-		Logger: a.log, Token: cfg.Tokens[0], Registerer: a.reg,
+		Logger: a.log, Token: cfg.Tokens[0], Sealer: a.sealer, Registerer: a.reg,
 		HeartbeatTimeout: cfg.RaftTimeout, ElectionTimeout: cfg.RaftTimeout,
 		LeaderLeaseTimeout: cfg.RaftTimeout / 2,
 	}, a.machine)
@@ -201,10 +205,46 @@ func (a *Agent) provisionRaft(ctx context.Context) error {
 	return nil
 }
 
+// provisionSealer makes the sealer of the cluster's keys at rest (the CA
+// key, this node's key, the cluster secret) from the deployment tokens,
+// and has the directory's secret recorded sealed and opened with it.
+func (a *Agent) provisionSealer() error {
+	if len(a.cfg.Tokens) == 0 || a.cfg.Tokens[0] == "" {
+		a.machine.SetSecretOpener(func(recorded []byte) []byte {
+			if clustertls.IsSealed(recorded) {
+				a.log.Error("the cluster secret is sealed with the deployment token, and this node has none: it cannot attest requests to owners")
+				return nil
+			}
+			return recorded
+		})
+		return nil
+	}
+	s, err := clustertls.NewSealer(a.cfg.Tokens...)
+	if err != nil {
+		return err
+	}
+	a.sealer = s
+	a.machine.SetSecretOpener(func(recorded []byte) []byte {
+		if !clustertls.IsSealed(recorded) {
+			return recorded // an older version's, in clear
+		}
+		plain, err := s.Open(clustertls.LabelClusterSecret, recorded)
+		if err != nil {
+			a.log.Error("the cluster secret does not open with this node's deployment token: it cannot attest requests to owners", "err", err)
+			return nil
+		}
+		return plain
+	})
+	return nil
+}
+
 // provisionDirectory builds the directory over Raft's replica of the
 // directory state machine, and the registry over it.
 func (a *Agent) provisionDirectory(context.Context) error {
 	a.dir = pinboard.NewDirectory(a.machine, a.store)
+	if a.sealer != nil {
+		a.dir.SealSecretWith(func(plain []byte) []byte { return a.sealer.Seal(clustertls.LabelClusterSecret, plain) })
+	}
 	a.registry = pinboard.NewRegistry(a.dir, a.cfg.LeaseTTL)
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -57,18 +58,58 @@ func certFrom(t *testing.T, certPEM, keyPEM []byte) *tls.Config {
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &pair, nil }}
 }
 
-// readTLSFiles is n's certificate and key, as its join stored them.
+// readTLSFiles is n's certificate and key, as its join stored them (the key
+// sealed: opened with the deployment token, as the node itself does).
 func readTLSFiles(t *testing.T, n *node) (certPEM, keyPEM []byte) {
 	t.Helper()
 	certPEM, err := os.ReadFile(filepath.Join(n.dir, "tls", clustertls.CertFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	keyPEM, err = os.ReadFile(filepath.Join(n.dir, "tls", clustertls.KeyFile))
+	sealed, err := os.ReadFile(filepath.Join(n.dir, "tls", clustertls.KeyFile))
 	if err != nil {
 		t.Fatal(err)
 	}
+	s, err := clustertls.NewSealer(testutil.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keyPEM, err = s.Open(clustertls.LabelNodeKey, sealed); err != nil {
+		t.Fatalf("%s's key file: %v", n.id, err)
+	}
 	return certPEM, keyPEM
+}
+
+// keysAtRest lists what is wrong with n's data dir: a private key in clear
+// (key files, the Raft log, snapshots), or a Raft log without the cluster
+// CA's key and the cluster secret sealed. A process that reads the data
+// dir but lacks the deployment token (a plugin running as pinnedd's user)
+// must learn neither.
+func keysAtRest(n *node) ([]string, error) {
+	var problems []string
+	var log []byte
+	err := filepath.WalkDir(n.dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if bytes.Contains(b, []byte("PRIVATE KEY-----")) {
+			problems = append(problems, path+" holds a private key in clear")
+		}
+		if strings.Contains(path, string(filepath.Separator)+"raft"+string(filepath.Separator)) {
+			log = append(log, b...)
+		}
+		return nil
+	})
+	for _, label := range []string{clustertls.LabelCAKey, clustertls.LabelClusterSecret} {
+		if !bytes.Contains(log, []byte("Label: "+label)) {
+			problems = append(problems, n.id+": the Raft log holds no sealed "+label)
+		}
+	}
+	return problems, err
 }
 
 // clusterGet is an HTTP GET on a node's cluster port with cfg, and its status.
@@ -108,6 +149,16 @@ func TestRaftMutualTLS(t *testing.T) {
 		s := memberSummary(members(t, n1))
 		return strings.Count(s, "n") == 3 && strings.Count(s, "*") == 1 && !strings.Contains(s, "nonvoter")
 	})
+	// The leader's housekeeping draws the cluster secret as it starts.
+	for _, n := range []*node{n1, n2, n3} {
+		testutil.WaitForErr(t, 10*time.Second, n.id+"'s keys at rest sealed", func() error {
+			problems, err := keysAtRest(n)
+			if err != nil || len(problems) > 0 {
+				return fmt.Errorf("%v %v", problems, err)
+			}
+			return nil
+		})
+	}
 	var st struct {
 		ClusterTLS      string `json:"clusterTLS"`
 		InsecureCluster bool   `json:"insecureCluster"`

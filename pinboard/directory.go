@@ -49,7 +49,14 @@ type Directory struct {
 	wg     sync.WaitGroup
 
 	mergedIn atomic.Int64 // commands of followers' batches queued here
+
+	sealSecret func([]byte) []byte // see SealSecretWith
 }
+
+// SealSecretWith sets how the cluster secret a leader draws is sealed
+// before the log records it (the Machine's SecretOpener opens it). Set it
+// before housekeeping runs; without it the secret is recorded in clear.
+func (d *Directory) SealSecretWith(seal func(plain []byte) []byte) { d.sealSecret = seal }
 
 type pending struct {
 	ctx  context.Context

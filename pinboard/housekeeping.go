@@ -40,6 +40,9 @@ func (h *Housekeeping) Run(ctx context.Context) {
 	if len(h.dir.Machine().Secret()) == 0 {
 		secret := make([]byte, 32)
 		_, _ = rand.Read(secret)
+		if h.dir.sealSecret != nil {
+			secret = h.dir.sealSecret(secret)
+		}
 		if _, err := h.dir.Do(ctx, directory.Init{Secret: secret}); err != nil && ctx.Err() == nil {
 			h.log.Warn("init cluster secret", "err", err)
 		}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pinnedd/pinnedd/internal/clustertls"
 )
 
 // Config configures one node of the group. Zero values take the defaults documented per field
@@ -61,6 +63,9 @@ type Config struct {
 	// Token is sent as "Authorization: Bearer <Token>" on forwarded RPCs. Optional. With TLS
 	// and the cluster's own CA it also pins the CA a joining node accepts.
 	Token string
+	// Sealer keeps the cluster's keys at rest sealed (clustertls.Sealer): the CA key in the log,
+	// in snapshots and in <DataDir>/tls, and this node's key. Nil: they are kept in clear.
+	Sealer *clustertls.Sealer
 
 	// Raft timing. Defaults are hashicorp/raft's (1s, 1s, 500ms, 50ms), sized for a LAN.
 	// Tests use a few hundred milliseconds.

@@ -88,8 +88,13 @@ type fsm struct {
 	onConfiguration func(raft.Configuration)
 	mu              sync.RWMutex
 	members         map[string]string
-	ca              *clustertls.CA // the cluster CA, once recorded
-	fence           uint64         // index of the latest metaFence entry
+	// The cluster CA, once recorded: its certificate and key as the log recorded them (the
+	// key sealed, or in clear by an older node or one without a token), and the CA itself
+	// when this node can open the key.
+	caCert, caKey string
+	ca            *clustertls.CA
+	sealer        *clustertls.Sealer
+	fence         uint64 // index of the latest metaFence entry
 }
 
 var (
@@ -110,8 +115,8 @@ const (
 	skipUnknownKind = "unknown-kind"
 )
 
-func newFSM(sm StateMachine, onMeta func(), log *slog.Logger, reg prometheus.Registerer) *fsm {
-	f := &fsm{sm: sm, onMeta: onMeta, log: log, members: map[string]string{}}
+func newFSM(sm StateMachine, onMeta func(), log *slog.Logger, reg prometheus.Registerer, sealer *clustertls.Sealer) *fsm {
+	f := &fsm{sm: sm, onMeta: onMeta, log: log, members: map[string]string{}, sealer: sealer}
 	f.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pinned_raft_entries_skipped_total",
 		Help: "Committed Raft entries this node could not decode and skipped (the same on every node of its version).",
@@ -181,23 +186,60 @@ func (f *fsm) applyMeta(index uint64, c metaCommand) {
 }
 
 // applyCA records the cluster CA if none is recorded: the first one stays, so a second
-// bootstrap's CA (a mistake) cannot replace the one every certificate chains to. An unusable
-// CA is skipped like any entry this node cannot apply.
+// bootstrap's CA (a mistake) cannot replace the one every certificate chains to. The same CA
+// recorded again with its key sealed replaces one recorded in clear (sealCA). What was
+// recorded stays, for snapshots, even where this node cannot open or use it: that is logged,
+// and this node issues no certificate.
 func (f *fsm) applyCA(certPEM, keyPEM string) {
-	ca, err := clustertls.ParseCA([]byte(certPEM), []byte(keyPEM))
-	if err != nil {
-		f.skipped.WithLabelValues(skipUndecodable).Inc()
-		f.log.Error("skipped a cluster CA entry this node cannot use", "err", err)
+	f.mu.Lock()
+	switch {
+	case f.caCert == "":
+		f.caCert, f.caKey = certPEM, keyPEM
+	case certPEM == f.caCert && !clustertls.IsSealed([]byte(f.caKey)) && clustertls.IsSealed([]byte(keyPEM)):
+		f.caKey = keyPEM
+	default:
+		f.mu.Unlock()
 		return
 	}
-	f.mu.Lock()
-	if f.ca == nil {
-		f.ca = ca
-	}
+	f.ca = f.openCALocked()
 	f.mu.Unlock()
 	if f.onMeta != nil {
 		f.onMeta() // wakes a certificate request waiting for the CA
 	}
+}
+
+// openCALocked is the recorded CA with its key opened, or nil (logged) if this node cannot.
+func (f *fsm) openCALocked() *clustertls.CA {
+	if f.caCert == "" {
+		return nil
+	}
+	key := []byte(f.caKey)
+	if clustertls.IsSealed(key) {
+		if f.sealer == nil {
+			f.log.Error("the cluster CA's key is sealed with the deployment token, and this node has none: it issues no certificates")
+			return nil
+		}
+		var err error
+		if key, err = f.sealer.Open(clustertls.LabelCAKey, key); err != nil {
+			f.skipped.WithLabelValues(skipUndecodable).Inc()
+			f.log.Error("the cluster CA's key does not open with this node's deployment token: it issues no certificates", "err", err)
+			return nil
+		}
+	}
+	ca, err := clustertls.ParseCA([]byte(f.caCert), key)
+	if err != nil {
+		f.skipped.WithLabelValues(skipUndecodable).Inc()
+		f.log.Error("the cluster CA recorded in the log is unusable here", "err", err)
+		return nil
+	}
+	return ca
+}
+
+// caKeyInClear reports whether a CA is recorded with its key in clear.
+func (f *fsm) caKeyInClear() bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.caCert != "" && !clustertls.IsSealed([]byte(f.caKey))
 }
 
 // clusterCA is the recorded cluster CA, or nil.
@@ -241,10 +283,9 @@ type snapshotMeta struct {
 }
 
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
-	sm := snapshotMeta{Members: f.metaCopy(), Fence: f.membershipFence()}
-	if ca := f.clusterCA(); ca != nil {
-		sm.CACert, sm.CAKey = string(ca.CertPEM()), string(ca.KeyPEM())
-	}
+	f.mu.RLock()
+	sm := snapshotMeta{Members: maps.Clone(f.members), Fence: f.fence, CACert: f.caCert, CAKey: f.caKey}
+	f.mu.RUnlock()
 	meta, err := json.Marshal(sm)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: snapshot meta: %w", err)
@@ -284,19 +325,10 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if meta.Members == nil {
 		meta.Members = map[string]string{}
 	}
-	var ca *clustertls.CA
-	if meta.CACert != "" {
-		c, err := clustertls.ParseCA([]byte(meta.CACert), []byte(meta.CAKey))
-		if err != nil {
-			// As an entry this node cannot apply: skipped, never fatal.
-			f.skipped.WithLabelValues(skipUndecodable).Inc()
-			f.log.Error("skipped the snapshot's cluster CA: this node cannot use it", "err", err)
-		}
-		ca = c
-	}
 	f.mu.Lock()
 	f.members = meta.Members
-	f.ca = ca
+	f.caCert, f.caKey = meta.CACert, meta.CAKey
+	f.ca = f.openCALocked() // never fatal: what this node cannot use is logged
 	f.fence = meta.Fence
 	f.mu.Unlock()
 	if f.onMeta != nil {

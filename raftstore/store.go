@@ -273,7 +273,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	rc.ShutdownOnRemove = true
 	rc.NoLegacyTelemetry = true
 
-	s.fsm = newFSM(sm, s.metaChanged, s.log, cfg.Registerer)
+	s.fsm = newFSM(sm, s.metaChanged, s.log, cfg.Registerer, cfg.Sealer)
 	s.fsm.onConfiguration = s.configurationCommitted
 	s.raft, err = raft.NewRaft(rc, s.fsm, logs, stable, snaps, s.trans)
 	if err != nil {
@@ -282,6 +282,9 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	close(s.raftUp)
 	if s.localCA != nil {
 		s.leaderFns = append(s.leaderFns, leaderFn{name: "cluster-ca", fn: s.proposeCA})
+	}
+	if cfg.Sealer != nil && s.ident != nil {
+		s.leaderFns = append(s.leaderFns, leaderFn{name: "seal-cluster-ca", fn: s.sealCA})
 	}
 	cleanups = append(cleanups, func() { _ = s.raft.Shutdown().Error() })
 	if cfg.Registerer != nil {

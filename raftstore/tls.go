@@ -348,8 +348,12 @@ func (s *Store) setupTLS() error {
 		return nil
 	}
 	s.tlsDir = filepath.Join(s.cfg.DataDir, "tls")
-	caPEM, certPEM, keyPEM, err := readAll(
+	caPEM, certPEM, _, err := readAll(
 		filepath.Join(s.tlsDir, clustertls.CAFile), filepath.Join(s.tlsDir, clustertls.CertFile), filepath.Join(s.tlsDir, clustertls.KeyFile))
+	var keyPEM []byte
+	if err == nil {
+		keyPEM, err = s.readKey(clustertls.KeyFile, clustertls.LabelNodeKey)
+	}
 	switch {
 	case err == nil:
 		if err := s.ident.Set(caPEM, certPEM, keyPEM); err != nil {
@@ -371,10 +375,13 @@ func (s *Store) setupTLS() error {
 			return err
 		}
 		// The CA key first: a crash between the two leaves a CA to issue from again.
-		if err := clustertls.WriteFile(filepath.Join(s.tlsDir, clustertls.CAKeyFile), ca.KeyPEM(), 0o600); err != nil {
+		if err := s.writeKey(clustertls.CAKeyFile, clustertls.LabelCAKey, ca.KeyPEM()); err != nil {
 			return err
 		}
-		for name, data := range map[string][]byte{clustertls.CAFile: ca.CertPEM(), clustertls.KeyFile: key, clustertls.CertFile: cert} {
+		if err := s.writeKey(clustertls.KeyFile, clustertls.LabelNodeKey, key); err != nil {
+			return err
+		}
+		for name, data := range map[string][]byte{clustertls.CAFile: ca.CertPEM(), clustertls.CertFile: cert} {
 			if err := clustertls.WriteFile(filepath.Join(s.tlsDir, name), data, 0o600); err != nil {
 				return err
 			}
@@ -390,12 +397,51 @@ func (s *Store) setupTLS() error {
 		s.log.Info("no cluster certificate yet: a join gets one", "dir", s.tlsDir)
 	}
 	// The bootstrap node keeps the CA key; it proposes the CA into the log once it leads.
-	if keyPEM, err := os.ReadFile(filepath.Join(s.tlsDir, clustertls.CAKeyFile)); err == nil {
+	switch keyPEM, err := s.readKey(clustertls.CAKeyFile, clustertls.LabelCAKey); {
+	case err == nil:
 		if s.localCA, err = clustertls.ParseCA(s.ident.CAPEM(), keyPEM); err != nil {
 			return fmt.Errorf("raftstore: the CA in %s: %w", s.tlsDir, err)
 		}
+	case !errors.Is(err, os.ErrNotExist):
+		return err
 	}
 	return nil
+}
+
+// readKey reads the key file name in the TLS directory: sealed (Config.Sealer opens it), or
+// in clear, as an older version or a node without a sealer wrote it; a key found in clear
+// is sealed in place when this node can.
+func (s *Store) readKey(name, label string) ([]byte, error) {
+	path := filepath.Join(s.tlsDir, name)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if clustertls.IsSealed(b) {
+		if s.cfg.Sealer == nil {
+			return nil, fmt.Errorf("%w: %s is sealed with the deployment token, and this node has none", ErrInvalidConfig, path)
+		}
+		plain, err := s.cfg.Sealer.Open(label, b)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %w (was this data dir made with another PINBOARD_TOKEN?)", ErrInvalidConfig, path, err)
+		}
+		return plain, nil
+	}
+	if s.cfg.Sealer != nil {
+		if err := s.writeKey(name, label, b); err != nil {
+			return nil, fmt.Errorf("raftstore: sealing %s: %w", path, err)
+		}
+		s.log.Info("sealed a key kept in clear", "file", path)
+	}
+	return b, nil
+}
+
+// writeKey writes the key file name in the TLS directory, sealed when this node has a sealer.
+func (s *Store) writeKey(name, label string, plain []byte) error {
+	if s.cfg.Sealer != nil {
+		plain = s.cfg.Sealer.Seal(label, plain)
+	}
+	return clustertls.WriteFile(filepath.Join(s.tlsDir, name), plain, 0o600)
 }
 
 func (s *Store) hosts() []string {
@@ -482,10 +528,31 @@ func (s *Store) proposeCA(ctx context.Context) {
 	if s.localCA == nil || s.fsm.clusterCA() != nil {
 		return
 	}
-	cmd := metaCommand{Op: metaCA, CACert: string(s.localCA.CertPEM()), CAKey: string(s.localCA.KeyPEM())}
-	for delay := 50 * time.Millisecond; ctx.Err() == nil && s.fsm.clusterCA() == nil; delay = min(2*delay, 2*time.Second) {
+	s.recordCA(ctx, s.localCA, func() bool { return s.fsm.clusterCA() != nil },
+		"recorded the cluster CA in the log: any leader can issue certificates to joining nodes")
+}
+
+// sealCA is leader work: a CA an older node recorded with its key in clear is recorded again
+// with the key sealed. The entries before stay until a snapshot compacts them away.
+func (s *Store) sealCA(ctx context.Context) {
+	ca := s.fsm.clusterCA()
+	if s.cfg.Sealer == nil || ca == nil || !s.fsm.caKeyInClear() {
+		return
+	}
+	s.recordCA(ctx, ca, func() bool { return !s.fsm.caKeyInClear() },
+		"recorded the cluster CA's key sealed: the log's next snapshot holds it in clear no more")
+}
+
+// recordCA proposes ca (its key sealed when this node has a sealer) until done holds.
+func (s *Store) recordCA(ctx context.Context, ca *clustertls.CA, done func() bool, msg string) {
+	key := ca.KeyPEM()
+	if s.cfg.Sealer != nil {
+		key = s.cfg.Sealer.Seal(clustertls.LabelCAKey, key)
+	}
+	cmd := metaCommand{Op: metaCA, CACert: string(ca.CertPEM()), CAKey: string(key)}
+	for delay := 50 * time.Millisecond; ctx.Err() == nil && !done(); delay = min(2*delay, 2*time.Second) {
 		if _, err := s.applyLocal(ctx, encodeMeta(cmd)); err == nil {
-			s.log.Info("recorded the cluster CA in the log: any leader can issue certificates to joining nodes")
+			s.log.Info(msg)
 			return
 		} else if ctx.Err() == nil {
 			s.log.Warn("recording the cluster CA failed; retrying", "err", err)
@@ -541,11 +608,10 @@ func (s *Store) fetchCertificate(ctx context.Context, client *http.Client, membe
 	if err := clustertls.CheckPin(s.cfg.Token, []byte(ca.CA), ca.Pin); err != nil {
 		return fmt.Errorf("%w: the CA from %s is not vouched for by this node's PINBOARD_TOKEN (another cluster, another token, or someone in between): %w", ErrUntrustedCA, memberURL, err)
 	}
-	keyPath := filepath.Join(s.tlsDir, clustertls.KeyFile)
-	key, err := os.ReadFile(keyPath)
+	key, err := s.readKey(clustertls.KeyFile, clustertls.LabelNodeKey)
 	if errors.Is(err, os.ErrNotExist) {
 		if key, err = clustertls.NewKey(); err == nil {
-			err = clustertls.WriteFile(keyPath, key, 0o600)
+			err = s.writeKey(clustertls.KeyFile, clustertls.LabelNodeKey, key)
 		}
 	}
 	if err != nil {

@@ -1,6 +1,7 @@
 package directory
 
 import (
+	"bytes"
 	"cmp"
 	"slices"
 	"sync"
@@ -28,7 +29,8 @@ type Machine struct {
 	entryGen   uint64
 	removedNow map[Key]struct{}
 
-	onTakeover func(Takeover) // see OnTakeover; guarded by mu's write side
+	onTakeover func(Takeover)      // see OnTakeover; guarded by mu's write side
+	open       func([]byte) []byte // see SetSecretOpener
 }
 
 // view is what the lock-free reads see. The placement table is the live
@@ -37,7 +39,8 @@ type Machine struct {
 type view struct {
 	placements *placementTable
 	workers    map[string]*Worker
-	secret     []byte
+	secret     []byte // opened (SetSecretOpener) from recorded
+	recorded   []byte // the state's secret as the log recorded it
 }
 
 // Takeover is a claim that took an id from a worker whose lease had lapsed
@@ -48,6 +51,17 @@ type Takeover struct {
 	Owner        string // client id that got the id
 	Previous     string // client id that held it
 	PreviousNode string // the node id that worker registered with ("" if unknown)
+}
+
+// SetSecretOpener sets how the secret as recorded (Init's, which its
+// proposer may have sealed) becomes the secret Secret returns; nil for
+// the bytes it cannot open. Without one the recorded bytes are the secret.
+// It must be set before the first entry is applied (or restored). Only
+// readers' view depends on it, never the state.
+func (m *Machine) SetSecretOpener(open func(recorded []byte) []byte) {
+	m.mu.Lock()
+	m.open = open
+	m.mu.Unlock()
 }
 
 // OnTakeover sets fn to be told of every takeover this machine applies,
@@ -134,8 +148,13 @@ func (m *Machine) publish() {
 	workers, changed := m.st.workers.publish()
 	// The secret only ever goes from unset to set (or is replaced along
 	// with the placement table by Restore).
-	if changed || old == nil || old.placements != m.st.placements || len(old.secret) != len(m.st.secret) {
-		v := &view{placements: m.st.placements, workers: workers, secret: m.st.secret}
+	if changed || old == nil || old.placements != m.st.placements || len(old.recorded) != len(m.st.secret) {
+		v := &view{placements: m.st.placements, workers: workers, secret: m.st.secret, recorded: m.st.secret}
+		if old != nil && bytes.Equal(old.recorded, m.st.secret) {
+			v.secret = old.secret // opened once
+		} else if m.open != nil && len(m.st.secret) != 0 {
+			v.secret = m.open(m.st.secret)
+		}
 		if !changed && old != nil {
 			v.workers = old.workers
 		}

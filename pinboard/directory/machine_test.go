@@ -497,6 +497,49 @@ func TestInitSetsSecretOnce(t *testing.T) {
 	}
 }
 
+// The secret as recorded may be sealed: Secret is what the opener makes of
+// it, opened once; a snapshot keeps the recorded form, and a restore opens
+// it again.
+func TestSecretOpenedFromWhatWasRecorded(t *testing.T) {
+	opened := 0
+	open := func(recorded []byte) []byte {
+		opened++
+		plain, ok := bytes.CutPrefix(recorded, []byte("sealed:"))
+		if !ok {
+			return nil
+		}
+		return plain
+	}
+	n := newNode(t)
+	n.m.SetSecretOpener(open)
+	if r := n.apply(Init{Secret: []byte("sealed:s1")}); r.Code != CodeOK {
+		t.Fatalf("init: %+v", r)
+	}
+	n.apply(reg("a", "sa", "http://a", t0))
+	if got := string(n.m.Secret()); got != "s1" || opened != 1 {
+		t.Fatalf("secret %q, opened %d times", got, opened)
+	}
+	var snap bytes.Buffer
+	wt, err := n.m.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wt.WriteTo(&snap); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(snap.Bytes(), []byte("sealed:s1")) {
+		t.Fatal("the snapshot does not hold the secret as recorded")
+	}
+	back := New()
+	back.SetSecretOpener(open)
+	if err := back.Restore(&snap); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(back.Secret()); got != "s1" {
+		t.Fatalf("restored secret %q", got)
+	}
+}
+
 // Reads share the directory's slices (Worker.Namespaces, Secret) instead
 // of copying them per call, which is safe only if the directory never
 // modifies a slice it handed out: a re-registration replaces it.
