@@ -66,6 +66,10 @@ type Config struct {
 	// Sealer keeps the cluster's keys at rest sealed (clustertls.Sealer): the CA key in the log,
 	// in snapshots and in <DataDir>/tls, and this node's key. Nil: they are kept in clear.
 	Sealer *clustertls.Sealer
+	// CertValidity is how long the node certificates the cluster's own CA issues hold
+	// (clustertls.DefaultNodeValidity if 0). A node renews its own once a third of it is left,
+	// and at once when a rotation brings a new CA.
+	CertValidity time.Duration
 
 	// Raft timing. Defaults are hashicorp/raft's (1s, 1s, 500ms, 50ms), sized for a LAN.
 	// Tests use a few hundred milliseconds.

@@ -8,7 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
@@ -46,10 +48,10 @@ const (
 
 // metaCommand is the raftstore-internal command that maintains member metadata.
 type metaCommand struct {
-	Op      string `json:"op"` // "set", "delete", "ca" or "fence"
+	Op      string `json:"op"` // "set", "delete", "ca", "ca-rotate", "ca-retire" or "fence"
 	ID      string `json:"id,omitempty"`
 	APIAddr string `json:"api_addr,omitempty"`
-	// The cluster CA (op "ca"), PEM: recorded once, by the node that created it.
+	// A cluster CA, PEM (ops "ca", "ca-rotate"; "ca-retire" names it by CACert alone).
 	CACert string `json:"ca_cert,omitempty"`
 	CAKey  string `json:"ca_key,omitempty"`
 }
@@ -58,6 +60,10 @@ const (
 	metaSet    = "set"
 	metaDelete = "delete"
 	metaCA     = "ca"
+	// metaCARotate records a new CA that issues from then on; the ones before stay trusted
+	// until metaCARetire retires them (never the one that issues).
+	metaCARotate = "ca-rotate"
+	metaCARetire = "ca-retire"
 	// metaFence raises the membership fence to the entry's own index, before a member (ID) is
 	// removed: a join must name a fence at least as high (see Store.joinLocal).
 	metaFence = "fence"
@@ -88,13 +94,14 @@ type fsm struct {
 	onConfiguration func(raft.Configuration)
 	mu              sync.RWMutex
 	members         map[string]string
-	// The cluster CA, once recorded: its certificate and key as the log recorded them (the
-	// key sealed, or in clear by an older node or one without a token), and the CA itself
-	// when this node can open the key.
-	caCert, caKey string
-	ca            *clustertls.CA
-	sealer        *clustertls.Sealer
-	fence         uint64 // index of the latest metaFence entry
+	// The cluster CAs recorded, oldest first, as the log recorded them (keys sealed, or in
+	// clear by an older node or one without a token); the last one not retired issues
+	// (ca, when this node can open its key), every one not retired is trusted.
+	cas          []caRecord
+	ca           *clustertls.CA
+	sealer       *clustertls.Sealer
+	nodeValidity time.Duration // of the certificates ca issues
+	fence        uint64        // index of the latest metaFence entry
 }
 
 var (
@@ -115,8 +122,8 @@ const (
 	skipUnknownKind = "unknown-kind"
 )
 
-func newFSM(sm StateMachine, onMeta func(), log *slog.Logger, reg prometheus.Registerer, sealer *clustertls.Sealer) *fsm {
-	f := &fsm{sm: sm, onMeta: onMeta, log: log, members: map[string]string{}, sealer: sealer}
+func newFSM(sm StateMachine, onMeta func(), log *slog.Logger, reg prometheus.Registerer, sealer *clustertls.Sealer, nodeValidity time.Duration) *fsm {
+	f := &fsm{sm: sm, onMeta: onMeta, log: log, members: map[string]string{}, sealer: sealer, nodeValidity: nodeValidity}
 	f.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pinned_raft_entries_skipped_total",
 		Help: "Committed Raft entries this node could not decode and skipped (the same on every node of its version).",
@@ -166,8 +173,8 @@ func (f *fsm) Apply(l *raft.Log) any {
 }
 
 func (f *fsm) applyMeta(index uint64, c metaCommand) {
-	if c.Op == metaCA {
-		f.applyCA(c.CACert, c.CAKey)
+	if c.Op == metaCA || c.Op == metaCARotate || c.Op == metaCARetire {
+		f.applyCA(c)
 		return
 	}
 	f.mu.Lock()
@@ -185,35 +192,60 @@ func (f *fsm) applyMeta(index uint64, c metaCommand) {
 	}
 }
 
-// applyCA records the cluster CA if none is recorded: the first one stays, so a second
-// bootstrap's CA (a mistake) cannot replace the one every certificate chains to. The same CA
-// recorded again with its key sealed replaces one recorded in clear (sealCA). What was
-// recorded stays, for snapshots, even where this node cannot open or use it: that is logged,
-// and this node issues no certificate.
-func (f *fsm) applyCA(certPEM, keyPEM string) {
+// caRecord is one cluster CA as the log recorded it.
+type caRecord struct {
+	Cert    string `json:"cert"`
+	Key     string `json:"key"`
+	Retired bool   `json:"retired,omitempty"`
+}
+
+// applyCA applies the CA ops. "ca" records the cluster CA if none is recorded: the first one
+// stays, so a second bootstrap's CA (a mistake) cannot replace the one every certificate
+// chains to; a CA recorded again with its key sealed replaces its form in clear (sealCA).
+// "ca-rotate" adds a CA not recorded yet, which issues from then on; "ca-retire" retires a
+// CA that does not issue. What was recorded stays, for snapshots, even where this node cannot
+// open or use it: that is logged, and this node issues no certificate.
+func (f *fsm) applyCA(c metaCommand) {
 	f.mu.Lock()
+	at := slices.IndexFunc(f.cas, func(r caRecord) bool { return r.Cert == c.CACert })
+	changed := true
 	switch {
-	case f.caCert == "":
-		f.caCert, f.caKey = certPEM, keyPEM
-	case certPEM == f.caCert && !clustertls.IsSealed([]byte(f.caKey)) && clustertls.IsSealed([]byte(keyPEM)):
-		f.caKey = keyPEM
+	case c.Op == metaCA && len(f.cas) == 0, c.Op == metaCARotate && at < 0 && len(f.cas) > 0:
+		f.cas = append(f.cas, caRecord{Cert: c.CACert, Key: c.CAKey})
+	case c.Op != metaCARetire && at >= 0 && !clustertls.IsSealed([]byte(f.cas[at].Key)) && clustertls.IsSealed([]byte(c.CAKey)):
+		f.cas[at].Key = c.CAKey
+	case c.Op == metaCARetire && at >= 0 && at != f.issuerLocked() && !f.cas[at].Retired:
+		f.cas[at].Retired = true
 	default:
-		f.mu.Unlock()
-		return
+		changed = false
 	}
-	f.ca = f.openCALocked()
+	if changed {
+		f.ca = f.openCALocked()
+	}
 	f.mu.Unlock()
-	if f.onMeta != nil {
-		f.onMeta() // wakes a certificate request waiting for the CA
+	if changed && f.onMeta != nil {
+		f.onMeta() // wakes a certificate request waiting for the CA, renews this node's own
 	}
 }
 
-// openCALocked is the recorded CA with its key opened, or nil (logged) if this node cannot.
+// issuerLocked is the index of the CA that issues (the last one not retired), or -1.
+func (f *fsm) issuerLocked() int {
+	for i := len(f.cas) - 1; i >= 0; i-- {
+		if !f.cas[i].Retired {
+			return i
+		}
+	}
+	return -1
+}
+
+// openCALocked is the issuing CA with its key opened, or nil (logged) if this node cannot.
 func (f *fsm) openCALocked() *clustertls.CA {
-	if f.caCert == "" {
+	i := f.issuerLocked()
+	if i < 0 {
 		return nil
 	}
-	key := []byte(f.caKey)
+	rec := f.cas[i]
+	key := []byte(rec.Key)
 	if clustertls.IsSealed(key) {
 		if f.sealer == nil {
 			f.log.Error("the cluster CA's key is sealed with the deployment token, and this node has none: it issues no certificates")
@@ -226,20 +258,55 @@ func (f *fsm) openCALocked() *clustertls.CA {
 			return nil
 		}
 	}
-	ca, err := clustertls.ParseCA([]byte(f.caCert), key)
+	ca, err := clustertls.ParseCA([]byte(rec.Cert), key)
 	if err != nil {
 		f.skipped.WithLabelValues(skipUndecodable).Inc()
 		f.log.Error("the cluster CA recorded in the log is unusable here", "err", err)
 		return nil
 	}
+	ca.NodeValidity = f.nodeValidity
 	return ca
 }
 
-// caKeyInClear reports whether a CA is recorded with its key in clear.
-func (f *fsm) caKeyInClear() bool {
+// caKeyInClear is a CA recorded with its key in clear, or nil.
+func (f *fsm) caKeyInClear() *caRecord {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	return f.caCert != "" && !clustertls.IsSealed([]byte(f.caKey))
+	for _, r := range f.cas {
+		if !clustertls.IsSealed([]byte(r.Key)) {
+			return &r
+		}
+	}
+	return nil
+}
+
+// retirable are the certificates (as recorded) of the CAs trusted that do not issue.
+func (f *fsm) retirable() []string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	var out []string
+	for i, r := range f.cas {
+		if !r.Retired && i != f.issuerLocked() {
+			out = append(out, r.Cert)
+		}
+	}
+	return out
+}
+
+// trusted is the bundle of the CAs trusted, the issuer first (nil before any is recorded),
+// and how many there are.
+func (f *fsm) trusted() ([]byte, int) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	var b []byte
+	n := 0
+	for i := len(f.cas) - 1; i >= 0; i-- {
+		if !f.cas[i].Retired {
+			b = append(b, f.cas[i].Cert...)
+			n++
+		}
+	}
+	return b, n
 }
 
 // clusterCA is the recorded cluster CA, or nil.
@@ -277,14 +344,20 @@ var snapshotMagic = []byte("PNDRS\x00\x00\x01")
 
 type snapshotMeta struct {
 	Members map[string]string `json:"members"`
-	CACert  string            `json:"ca_cert,omitempty"`
-	CAKey   string            `json:"ca_key,omitempty"`
-	Fence   uint64            `json:"fence,omitempty"`
+	// CACert and CAKey are the issuing CA, for a node of a version before rotation; CAs all
+	// of them.
+	CACert string     `json:"ca_cert,omitempty"`
+	CAKey  string     `json:"ca_key,omitempty"`
+	CAs    []caRecord `json:"cas,omitempty"`
+	Fence  uint64     `json:"fence,omitempty"`
 }
 
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
-	sm := snapshotMeta{Members: maps.Clone(f.members), Fence: f.fence, CACert: f.caCert, CAKey: f.caKey}
+	sm := snapshotMeta{Members: maps.Clone(f.members), Fence: f.fence, CAs: slices.Clone(f.cas)}
+	if i := f.issuerLocked(); i >= 0 {
+		sm.CACert, sm.CAKey = f.cas[i].Cert, f.cas[i].Key
+	}
 	f.mu.RUnlock()
 	meta, err := json.Marshal(sm)
 	if err != nil {
@@ -327,7 +400,10 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	f.members = meta.Members
-	f.caCert, f.caKey = meta.CACert, meta.CAKey
+	f.cas = meta.CAs
+	if len(f.cas) == 0 && meta.CACert != "" {
+		f.cas = []caRecord{{Cert: meta.CACert, Key: meta.CAKey}} // an older version's
+	}
 	f.ca = f.openCALocked() // never fatal: what this node cannot use is logged
 	f.fence = meta.Fence
 	f.mu.Unlock()

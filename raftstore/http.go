@@ -94,6 +94,8 @@ const (
 //	GET  /_raft/ca       -> 200 {"ca","pin"}: the cluster CA and its pin (no authorization: both are public)
 //	POST /_raft/certificate {"id","csr"} -> 200 {"cert","ca"}: a joining node's certificate (403
 //	                     for a current member's id, unless it asks over its own certificate)
+//	POST /_raft/tls/rotate {} -> 200 {"ca"}: a new cluster CA (RotateCA), its fingerprint
+//	GET  /_raft/tls      -> 200 TLSState: the CAs trusted, the issuer, this node's certificate
 //
 // Errors are JSON {"error","code"} with a 4xx/5xx status; code not_leader, no_leader or closed
 // means nothing was started, outcome_unknown that it may have been. apply, and any request a
@@ -147,7 +149,55 @@ func (s *Store) routes(peer bool) *http.ServeMux {
 	mux.HandleFunc("GET "+HandlerPrefix+"members", s.handleMembers)
 	mux.HandleFunc("POST "+HandlerPrefix+"certificate", s.handleCertificate)
 	mux.HandleFunc("GET "+HandlerPrefix+"ca", s.handleCA)
+	mux.HandleFunc("POST "+HandlerPrefix+"tls/rotate", s.handleRotate)
+	mux.HandleFunc("GET "+HandlerPrefix+"tls", s.handleTLS)
 	return mux
+}
+
+func (s *Store) handleRotate(w http.ResponseWriter, r *http.Request) {
+	var req struct{}
+	if !readJSON(w, r, &req) {
+		return
+	}
+	var fp string
+	var err error
+	if forwarded(r) {
+		err = s.localOnly(func() error {
+			var lerr error
+			fp, lerr = s.RotateCA(r.Context())
+			return lerr
+		})
+	} else {
+		fp, err = s.RotateCA(r.Context())
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]string{"ca": fp})
+}
+
+func (s *Store) handleTLS(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(s.TLS())
+}
+
+// RotateCAVia asks the member at memberURL to rotate the cluster CA (RotateCA) and answers the
+// new CA's fingerprint.
+func RotateCAVia(ctx context.Context, client *http.Client, memberURL, token string) (string, error) {
+	var ans struct {
+		CA string `json:"ca"`
+	}
+	err := callJSON(ctx, client, memberURL, bearer(token), "tls/rotate", struct{}{}, &ans, false)
+	return ans.CA, err
+}
+
+// TLSVia is the cluster CAs and the certificate of the node at nodeURL (GET /_raft/tls).
+func TLSVia(ctx context.Context, client *http.Client, nodeURL, token string) (TLSState, error) {
+	var st TLSState
+	err := callJSON(ctx, client, nodeURL, bearer(token), "tls", nil, &st, false)
+	return st, err
 }
 
 // checkJoinProof admits a join or certificate request by its join proof, made with this

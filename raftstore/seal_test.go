@@ -135,7 +135,7 @@ func TestTLSKeysInClearAreSealedOnUpgrade(t *testing.T) {
 	}
 	waitLeader(t, nodes[0])
 	testutil.WaitFor(t, 10*time.Second, "the CA recorded again with its key sealed", func() bool {
-		return !nodes[0].s.fsm.caKeyInClear() && !nodes[1].s.fsm.caKeyInClear()
+		return nodes[0].s.fsm.caKeyInClear() == nil && nodes[1].s.fsm.caKeyInClear() == nil
 	})
 	if found := clearKeys(t, filepath.Join(n1.dir, "tls"), filepath.Join(n2.dir, "tls")); len(found) > 0 {
 		t.Fatalf("key files still in clear: %v", found)

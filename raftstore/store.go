@@ -68,6 +68,7 @@ type Store struct {
 	obsCh    chan raft.Observation
 	observer *raft.Observer
 	regCh    chan struct{}
+	certCh   chan struct{} // the recorded CAs changed: renewLoop looks again
 
 	baseCtx    context.Context // cancelled when Close starts
 	baseCancel context.CancelFunc
@@ -122,6 +123,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		notifyCh: make(chan bool, 16),
 		obsCh:    make(chan raft.Observation, 64),
 		regCh:    make(chan struct{}, 1),
+		certCh:   make(chan struct{}, 1),
 		changed:  make(chan struct{}),
 		raftDone: make(chan struct{}),
 		fatalCh:  make(chan error, 1),
@@ -273,7 +275,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	rc.ShutdownOnRemove = true
 	rc.NoLegacyTelemetry = true
 
-	s.fsm = newFSM(sm, s.metaChanged, s.log, cfg.Registerer, cfg.Sealer)
+	s.fsm = newFSM(sm, s.metaChanged, s.log, cfg.Registerer, cfg.Sealer, cfg.CertValidity)
 	s.fsm.onConfiguration = s.configurationCommitted
 	s.raft, err = raft.NewRaft(rc, s.fsm, logs, stable, snaps, s.trans)
 	if err != nil {
@@ -285,6 +287,9 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	}
 	if cfg.Sealer != nil && s.ident != nil {
 		s.leaderFns = append(s.leaderFns, leaderFn{name: "seal-cluster-ca", fn: s.sealCA})
+	}
+	if s.ident != nil && !cfg.TLS.own() {
+		s.leaderFns = append(s.leaderFns, leaderFn{name: "retire-cluster-cas", fn: s.retireCAs})
 	}
 	cleanups = append(cleanups, func() { _ = s.raft.Shutdown().Error() })
 	if cfg.Registerer != nil {
@@ -320,6 +325,10 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	go s.leaderLoop()
 	go s.observeLoop()
 	go s.registerLoop()
+	if s.ident != nil && !cfg.TLS.own() {
+		s.wg.Add(1)
+		go s.renewLoop()
+	}
 	s.nudgeRegistrar()
 	s.log.Info("raft started", "raft_addr", s.advertise, "api_addr", cfg.APIAddr, "existing_state", s.existing, "log_store", format)
 	return s, nil
@@ -1105,6 +1114,10 @@ func (s *Store) notifyChange() {
 func (s *Store) metaChanged() {
 	s.notifyChange()
 	s.nudgeRegistrar()
+	select {
+	case s.certCh <- struct{}{}:
+	default:
+	}
 }
 
 func (s *Store) nudgeRegistrar() {

@@ -3,6 +3,7 @@ package raftstore
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -266,6 +267,27 @@ func (s *tlsStream) sweep(keep func(nodeID string) bool) {
 	}
 }
 
+// sweepUntrusted closes inbound connections whose peer's certificate trusts no longer
+// accepts (its CA was retired): they were authenticated under a trust that has ended.
+func (s *tlsStream) sweepUntrusted(trusts func(*x509.Certificate) bool) {
+	s.mu.Lock()
+	var drop []*peerConn
+	for c := range s.accepted {
+		cs, ok := c.Conn.(interface{ ConnectionState() tls.ConnectionState })
+		if !ok {
+			continue
+		}
+		if certs := cs.ConnectionState().PeerCertificates; len(certs) > 0 && !trusts(certs[0]) {
+			drop = append(drop, c)
+		}
+	}
+	s.mu.Unlock()
+	for _, c := range drop {
+		s.log.Info("closing a connection whose certificate's CA was retired", "node", s.nodeOf(c))
+		_ = c.Close()
+	}
+}
+
 func (s *tlsStream) nodeOf(c *peerConn) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -363,6 +385,9 @@ func (s *Store) setupTLS() error {
 			return fmt.Errorf("%w: %s holds the certificate of node %q, this node is %q (a data dir of another node?)", ErrInvalidConfig, s.tlsDir, got, s.cfg.NodeID)
 		}
 		s.log.Info("cluster certificate loaded", "dir", s.tlsDir)
+		if prev, err := os.ReadFile(filepath.Join(s.tlsDir, clustertls.PrevCertFile)); err == nil {
+			_ = s.ident.SetPrevious(prev) // kept through a rotation under way; refreshIdentity drops it after
+		}
 	case !errors.Is(err, os.ErrNotExist):
 		return fmt.Errorf("raftstore: %w", err)
 	case s.cfg.Bootstrap && !s.existing:
@@ -370,6 +395,7 @@ func (s *Store) setupTLS() error {
 		if err != nil {
 			return err
 		}
+		ca.NodeValidity = s.cfg.CertValidity
 		cert, key, err := ca.Issue(s.cfg.NodeID, s.hosts())
 		if err != nil {
 			return err
@@ -528,28 +554,32 @@ func (s *Store) proposeCA(ctx context.Context) {
 	if s.localCA == nil || s.fsm.clusterCA() != nil {
 		return
 	}
-	s.recordCA(ctx, s.localCA, func() bool { return s.fsm.clusterCA() != nil },
+	s.recordCA(ctx, metaCA, s.localCA.CertPEM(), s.localCA.KeyPEM(), func() bool { return s.fsm.clusterCA() != nil },
 		"recorded the cluster CA in the log: any leader can issue certificates to joining nodes")
 }
 
 // sealCA is leader work: a CA an older node recorded with its key in clear is recorded again
 // with the key sealed. The entries before stay until a snapshot compacts them away.
 func (s *Store) sealCA(ctx context.Context) {
-	ca := s.fsm.clusterCA()
-	if s.cfg.Sealer == nil || ca == nil || !s.fsm.caKeyInClear() {
-		return
+	for ctx.Err() == nil {
+		rec := s.fsm.caKeyInClear()
+		if s.cfg.Sealer == nil || rec == nil {
+			return
+		}
+		s.recordCA(ctx, metaCA, []byte(rec.Cert), []byte(rec.Key), func() bool {
+			r := s.fsm.caKeyInClear()
+			return r == nil || r.Cert != rec.Cert
+		}, "recorded a cluster CA's key sealed: the log's next snapshot holds it in clear no more")
 	}
-	s.recordCA(ctx, ca, func() bool { return !s.fsm.caKeyInClear() },
-		"recorded the cluster CA's key sealed: the log's next snapshot holds it in clear no more")
 }
 
-// recordCA proposes ca (its key sealed when this node has a sealer) until done holds.
-func (s *Store) recordCA(ctx context.Context, ca *clustertls.CA, done func() bool, msg string) {
-	key := ca.KeyPEM()
-	if s.cfg.Sealer != nil {
-		key = s.cfg.Sealer.Seal(clustertls.LabelCAKey, key)
+// recordCA proposes op for the CA certPEM/keyPEM (the key sealed when this node has a sealer)
+// until done holds.
+func (s *Store) recordCA(ctx context.Context, op string, certPEM, keyPEM []byte, done func() bool, msg string) {
+	if s.cfg.Sealer != nil && !clustertls.IsSealed(keyPEM) {
+		keyPEM = s.cfg.Sealer.Seal(clustertls.LabelCAKey, keyPEM)
 	}
-	cmd := metaCommand{Op: metaCA, CACert: string(ca.CertPEM()), CAKey: string(key)}
+	cmd := metaCommand{Op: op, CACert: string(certPEM), CAKey: string(keyPEM)}
 	for delay := 50 * time.Millisecond; ctx.Err() == nil && !done(); delay = min(2*delay, 2*time.Second) {
 		if _, err := s.applyLocal(ctx, encodeMeta(cmd)); err == nil {
 			s.log.Info(msg)

@@ -45,10 +45,12 @@ var (
 	ErrNoIdentity = errors.New("clustertls: this node has no cluster certificate yet")
 )
 
-// Validity of what this package issues. There is no rotation yet: long-lived, as the CA.
+// Validity of what this package issues. A CA is long-lived (it is replaced by a rotation, not
+// by expiry); a node's certificate is short-lived by default and renewed automatically
+// (raftstore), so a key that leaked, or a node that left, stops counting soon.
 const (
-	CAValidity   = 10 * 365 * 24 * time.Hour
-	NodeValidity = 10 * 365 * 24 * time.Hour
+	CAValidity          = 10 * 365 * 24 * time.Hour
+	DefaultNodeValidity = 30 * 24 * time.Hour
 )
 
 // File names in a node's TLS directory (<data-dir>/tls).
@@ -56,15 +58,20 @@ const (
 	CAFile    = "ca.pem"
 	CAKeyFile = "ca-key.pem" // only where the CA was created (the bootstrap node, `pinnedd tls ca create`)
 	CertFile  = "node.pem"
-	KeyFile   = "node-key.pem"
+	// PrevCertFile is the certificate node.pem replaced, kept through a CA rotation.
+	PrevCertFile = "node-prev.pem"
+	KeyFile      = "node-key.pem"
 )
 
 // CA is a certificate authority: its certificate and private key.
 type CA struct {
-	Cert    *x509.Certificate
-	Key     *ecdsa.PrivateKey
-	certPEM []byte
-	keyPEM  []byte
+	Cert *x509.Certificate
+	Key  *ecdsa.PrivateKey
+	// NodeValidity is how long the certificates it issues hold (DefaultNodeValidity if 0), at
+	// most until the CA itself expires. Set it before the CA is shared.
+	NodeValidity time.Duration
+	certPEM      []byte
+	keyPEM       []byte
 }
 
 // NewCA creates a self-signed CA named name.
@@ -167,7 +174,11 @@ func (ca *CA) sign(nodeID string, pub crypto.PublicKey, dns []string, ips []net.
 		return nil, fmt.Errorf("%w: empty node id", ErrBadCSR)
 	}
 	now := time.Now()
-	notAfter := now.Add(NodeValidity)
+	validity := ca.NodeValidity
+	if validity <= 0 {
+		validity = DefaultNodeValidity
+	}
+	notAfter := now.Add(validity)
 	if notAfter.After(ca.Cert.NotAfter) {
 		notAfter = ca.Cert.NotAfter
 	}
@@ -221,8 +232,11 @@ func NewCSR(keyPEM []byte, nodeID string, hosts []string) ([]byte, error) {
 // The pin is public (GET /_raft/ca answers it to anyone, since a joining node must check the
 // CA before it sends the token), so it is also a way to test guesses of the token offline; the
 // stretching makes each guess cost PinIterations rounds of HMAC-SHA256 instead of one.
+//
+// caPEM may be a bundle (the CAs trusted during a rotation): the pin covers every certificate
+// in it, in order.
 func Pin(token string, caPEM []byte) (string, error) {
-	cert, err := ParseCert(caPEM)
+	certs, err := ParseCerts(caPEM)
 	if err != nil {
 		return "", err
 	}
@@ -232,7 +246,9 @@ func Pin(token string, caPEM []byte) (string, error) {
 	}
 	m := hmac.New(sha256.New, key)
 	m.Write([]byte("pinnedd cluster CA\x00"))
-	m.Write(cert.Raw)
+	for _, c := range certs {
+		m.Write(c.Raw)
+	}
 	return hex.EncodeToString(m.Sum(nil)), nil
 }
 
@@ -280,6 +296,30 @@ func ParseCert(certPEM []byte) (*x509.Certificate, error) {
 		return nil, fmt.Errorf("%w: %w", ErrBadPEM, err)
 	}
 	return cert, nil
+}
+
+// ParseCerts reads every PEM CERTIFICATE block of a bundle (at least one).
+func ParseCerts(bundle []byte) ([]*x509.Certificate, error) {
+	var out []*x509.Certificate
+	for rest := bundle; ; {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadPEM, err)
+		}
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: no CERTIFICATE block", ErrBadPEM)
+	}
+	return out, nil
 }
 
 // ParseKey reads a PEM ECDSA private key (SEC 1 "EC PRIVATE KEY" or PKCS #8).
@@ -374,17 +414,24 @@ type Identity struct {
 }
 
 type material struct {
-	cert   tls.Certificate
-	leaf   *x509.Certificate
-	pool   *x509.CertPool
-	caPEM  []byte
-	nodeID string
+	cert            tls.Certificate
+	leaf            *x509.Certificate
+	pool            *x509.CertPool
+	caPEM           []byte
+	certPEM, keyPEM []byte
+	nodeID          string
+	// prev is the certificate this one replaced, for its key, while a CA trusted issued it:
+	// presented to a peer that trusts only that CA (one that was down through a rotation, so
+	// that it can catch up).
+	prev    *tls.Certificate
+	prevPEM []byte
 }
 
-// Set installs a CA and this node's certificate and key (all PEM), after checking that the
-// certificate chains to the CA and fits the key.
+// Set installs the CAs trusted (a PEM bundle: one CA, or the old and the new during a
+// rotation) and this node's certificate and key (PEM), after checking that the certificate
+// chains to one of the CAs and fits the key.
 func (id *Identity) Set(caPEM, certPEM, keyPEM []byte) error {
-	ca, err := ParseCert(caPEM)
+	cas, err := ParseCerts(caPEM)
 	if err != nil {
 		return fmt.Errorf("CA: %w", err)
 	}
@@ -399,15 +446,78 @@ func (id *Identity) Set(caPEM, certPEM, keyPEM []byte) error {
 		}
 	}
 	pool := x509.NewCertPool()
-	pool.AddCert(ca)
+	for _, ca := range cas {
+		pool.AddCert(ca)
+	}
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}}); err != nil {
 		return fmt.Errorf("%w: %w", ErrUntrusted, err)
 	}
 	if leaf.Subject.CommonName == "" {
 		return fmt.Errorf("%w: the certificate names no node (empty CommonName)", ErrUntrusted)
 	}
-	id.cur.Store(&material{cert: pair, leaf: leaf, pool: pool, caPEM: caPEM, nodeID: leaf.Subject.CommonName})
+	m := &material{cert: pair, leaf: leaf, pool: pool, caPEM: caPEM, certPEM: certPEM, keyPEM: keyPEM, nodeID: leaf.Subject.CommonName}
+	if old := id.cur.Load(); old != nil && old.prevPEM != nil {
+		_ = m.setPrevious(old.prevPEM) // kept while it fits the key and a CA trusted
+	}
+	id.cur.Store(m)
 	return nil
+}
+
+// SetPrevious keeps certPEM, the certificate this node's current one replaced (for the same
+// key, from a CA still trusted), to present to a peer that trusts only the CA that issued it;
+// nil drops it. It is dropped by Set once its CA is no longer trusted.
+func (id *Identity) SetPrevious(certPEM []byte) error {
+	cur := id.cur.Load()
+	if cur == nil {
+		return ErrNoIdentity
+	}
+	m := *cur
+	m.prev, m.prevPEM = nil, nil
+	if certPEM != nil {
+		if err := m.setPrevious(certPEM); err != nil {
+			return err
+		}
+	}
+	id.cur.Store(&m)
+	return nil
+}
+
+// Previous is the previous certificate's PEM kept (SetPrevious), or nil.
+func (id *Identity) Previous() []byte {
+	if m := id.cur.Load(); m != nil {
+		return m.prevPEM
+	}
+	return nil
+}
+
+func (m *material) setPrevious(certPEM []byte) error {
+	pair, err := tls.X509KeyPair(certPEM, m.keyPEM)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUntrusted, err)
+	}
+	if _, err := pair.Leaf.Verify(x509.VerifyOptions{Roots: m.pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}}); err != nil {
+		return fmt.Errorf("%w: %w", ErrUntrusted, err)
+	}
+	m.prev, m.prevPEM = &pair, certPEM
+	return nil
+}
+
+// Leaf is the installed certificate, its PEM and its key's PEM; nil if none.
+func (id *Identity) Leaf() (leaf *x509.Certificate, certPEM, keyPEM []byte) {
+	if m := id.cur.Load(); m != nil {
+		return m.leaf, m.certPEM, m.keyPEM
+	}
+	return nil, nil, nil
+}
+
+// Trusts reports whether c chains to a CA the identity trusts now.
+func (id *Identity) Trusts(c *x509.Certificate) bool {
+	m := id.cur.Load()
+	if m == nil || c == nil {
+		return false
+	}
+	_, err := c.Verify(x509.VerifyOptions{Roots: m.pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}})
+	return err == nil
 }
 
 // Ready reports whether a certificate is installed.
@@ -421,7 +531,7 @@ func (id *Identity) NodeID() string {
 	return ""
 }
 
-// CAPEM is the installed CA certificate, or nil.
+// CAPEM is the installed CA bundle, or nil.
 func (id *Identity) CAPEM() []byte {
 	if m := id.cur.Load(); m != nil {
 		return m.caPEM
@@ -463,10 +573,13 @@ func (id *Identity) ClientConfig(proto string) *tls.Config {
 		MinVersion:         tls.VersionTLS13,
 		InsecureSkipVerify: true, // replaced by VerifyConnection: the chain, not the name
 		ClientSessionCache: tls.NewLRUClientSessionCache(64),
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		GetClientCertificate: func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			m := id.cur.Load()
 			if m == nil {
 				return nil, ErrNoIdentity
+			}
+			if m.prev != nil && cri.SupportsCertificate(&m.cert) != nil && cri.SupportsCertificate(m.prev) == nil {
+				return m.prev, nil // a peer that trusts only the CA before a rotation
 			}
 			return &m.cert, nil
 		},
