@@ -363,3 +363,55 @@ func TestInsecureClusterSaysSo(t *testing.T) {
 		t.Fatal("no request was forwarded")
 	}
 }
+
+// `pinnedd tls rotate` replaces the cluster CA of a running fleet: every
+// member renews its certificate, the old CA is retired, and a certificate
+// minted from the old CA's key in a member's name (what a removed node,
+// which kept that key, could make) is refused by every cluster port; the
+// fleet serves throughout.
+func TestTLSRotateRetiresTheOldCA(t *testing.T) {
+	t.Parallel()
+	nodes := startFleet(t)
+	n1 := nodes[0]
+	caPEM, err := os.ReadFile(filepath.Join(n1.dir, "tls", clustertls.CAFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := os.ReadFile(filepath.Join(n1.dir, "tls", clustertls.CAKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := clustertls.NewSealer(testutil.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := s.Open(clustertls.LabelCAKey, sealed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldCA, err := clustertls.ParseCA(caPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mintedCert, mintedKey, err := oldCA.Issue("n2", []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := certFrom(t, mintedCert, mintedKey)
+	if code, err := clusterGet(forged, nodes[2].raft, "/registry/health"); err != nil || code != 200 {
+		t.Fatalf("before the rotation, a certificate from the cluster CA: %d, %v", code, err)
+	}
+
+	out, err := testutil.CLI(t, "tls", "rotate", "--addr", nodes[1].url(), "--wait", "60s")
+	if err != nil || !strings.Contains(out, "the old CA is retired") {
+		t.Fatalf("pinnedd tls rotate: %v\n%s", err, out)
+	}
+	for _, n := range nodes {
+		if code, err := clusterGet(forged, n.raft, "/registry/health"); err == nil {
+			t.Fatalf("%s: a certificate minted from the retired CA's key got %d", n.id, code)
+		}
+		if r := n.a.MustDo("POST", "/counters/rotated-"+n.id+"/increment", ""); r.Code != 200 {
+			t.Fatalf("%s after the rotation: %d %s", n.id, r.Code, r.Body)
+		}
+	}
+}

@@ -1,23 +1,28 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/pinnedd/pinnedd/internal/clustertls"
+	"github.com/pinnedd/pinnedd/raftstore"
 )
 
 // tlsCommand makes a cluster CA and node certificates for bring-your-own PKI
-// (--tls-ca/--tls-cert/--tls-key), in the style of `consul tls`. The common
-// path needs none of it: the bootstrap node creates the cluster's CA.
+// (--tls-ca/--tls-cert/--tls-key), in the style of `consul tls`; the common
+// path needs none of it (the bootstrap node creates the cluster's CA), but
+// rotates that CA (`pinnedd tls rotate`).
 func tlsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "tls",
-		Usage: "make a cluster CA and node certificates for --tls-ca/--tls-cert/--tls-key (not needed with the cluster's own CA)",
+		Usage: "rotate the cluster's own CA, or make a CA and node certificates for --tls-ca/--tls-cert/--tls-key",
 		Subcommands: []*cli.Command{
 			{
 				Name:  "ca",
@@ -47,6 +52,53 @@ func tlsCommand() *cli.Command {
 						return err
 					},
 				}},
+			},
+			{
+				Name:  "rotate",
+				Usage: "replace the cluster's own CA: members renew their certificates from a new one, then the old one is retired (certificates it issued, and certificates its key could still mint, are refused)",
+				Flags: append(clientFlags(),
+					&cli.DurationFlag{Name: "wait", Value: 2 * time.Minute, Usage: "wait this long for every member to renew and the old CA to be retired (0: do not wait)"}),
+				Action: func(c *cli.Context) error {
+					if c.NArg() > 0 {
+						return usagef("pinnedd tls rotate takes no arguments, got %q", c.Args().First())
+					}
+					ac, err := newAgentClient(c)
+					if err != nil {
+						return err
+					}
+					var fp string
+					err = ac.raft(c.Context, func(ctx context.Context, hc *http.Client, url, token string) (err error) {
+						fp, err = raftstore.RotateCAVia(ctx, hc, url, token)
+						return err
+					})
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(c.App.Writer, "new cluster CA %s: members renew their certificates from it\n", fp)
+					if c.Duration("wait") <= 0 {
+						return nil
+					}
+					deadline := time.Now().Add(c.Duration("wait"))
+					for {
+						var st raftstore.TLSState
+						err := ac.raft(c.Context, func(ctx context.Context, hc *http.Client, url, token string) (err error) {
+							st, err = raftstore.TLSVia(ctx, hc, url, token)
+							return err
+						})
+						if err == nil && len(st.Trusted) == 1 && st.Trusted[0] == fp {
+							_, err = fmt.Fprintln(c.App.Writer, "every member renewed; the old CA is retired")
+							return err
+						}
+						if time.Now().After(deadline) {
+							return fmt.Errorf("the old CA is still trusted after %s: a member has not renewed yet (down? see `pinnedd members`); it is retired once every member did, or once the member is removed", c.Duration("wait"))
+						}
+						select {
+						case <-c.Context.Done():
+							return c.Context.Err()
+						case <-time.After(500 * time.Millisecond):
+						}
+					}
+				},
 			},
 			{
 				Name:  "cert",
