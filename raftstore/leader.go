@@ -74,7 +74,7 @@ func (s *Store) leaderLoop() {
 			// The term's first command, before leader work judges anything (a failure is
 			// retried by the first command applied through this node).
 			pctx, pcancel := context.WithTimeout(s.baseCtx, s.cfg.ApplyTimeout)
-			if err := s.commitPreamble(pctx); err != nil && s.baseCtx.Err() == nil {
+			if err := s.awaitPreamble(pctx); err != nil && s.baseCtx.Err() == nil {
 				s.log.Warn("leader preamble did not commit; the first command will retry it", "err", err)
 			}
 			pcancel()

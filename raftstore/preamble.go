@@ -15,14 +15,23 @@ type LeaderPreamble func(formerLeader string) []byte
 
 // preamble holds the state machine owner's LeaderPreamble and which term has committed it.
 type preamble struct {
-	// mu's write side is held while a preamble commits; its read side while a command is
-	// handed to raft, so none enters a term's log before that term's preamble.
-	mu   sync.RWMutex
-	fn   LeaderPreamble
-	term uint64 // the term whose preamble committed; 0 before any
+	// mu guards fn, term and running, and is held while a command is handed to raft (an
+	// enqueue), so none enters a term's log before that term's preamble. It is never held
+	// while a commit is awaited: a command waiting for its term's preamble waits on running,
+	// within its own context.
+	mu      sync.Mutex
+	fn      LeaderPreamble
+	term    uint64 // the term whose preamble committed; 0 before any
+	running *preambleRun
 	// former is the last leader observed other than this node (observeLoop); Store.mu
 	// guards it.
 	former string
+}
+
+// preambleRun is a preamble commit under way: done closes when it ends, with err.
+type preambleRun struct {
+	done chan struct{}
+	err  error
 }
 
 // SetLeaderPreamble makes every new leader commit fn's command before any other command of its
@@ -41,46 +50,83 @@ func (s *Store) SetLeaderPreamble(fn LeaderPreamble) {
 // preamble.
 func (s *Store) applyUser(ctx context.Context, cmd []byte) ([]byte, error) {
 	for {
-		s.pre.mu.RLock()
+		s.pre.mu.Lock()
 		if s.pre.fn == nil || s.pre.term == s.raft.CurrentTerm() {
 			f := s.raft.Apply(encodeUser(cmd), timeoutFrom(ctx, s.cfg.ApplyTimeout))
-			s.pre.mu.RUnlock()
+			s.pre.mu.Unlock()
 			if err := s.await(ctx, f); err != nil {
 				return nil, fmt.Errorf("raftstore: apply: %w", err)
 			}
 			res, _ := f.Response().([]byte)
 			return res, nil
 		}
-		s.pre.mu.RUnlock()
-		if err := s.commitPreamble(ctx); err != nil {
+		s.pre.mu.Unlock()
+		if err := s.awaitPreamble(ctx); err != nil {
 			// cmd itself was not started: the caller may try again (with the next leader).
 			return nil, fmt.Errorf("raftstore: apply: %w: the term's preamble did not commit: %w", ErrNotLeader, err)
 		}
 	}
 }
 
-// commitPreamble commits the preamble of the current term unless it already did.
-func (s *Store) commitPreamble(ctx context.Context) error {
+// awaitPreamble waits, within ctx, until the current term's preamble committed, starting its
+// commit unless one is under way.
+func (s *Store) awaitPreamble(ctx context.Context) error {
 	s.pre.mu.Lock()
-	defer s.pre.mu.Unlock()
+	if s.pre.fn == nil || s.pre.term == s.raft.CurrentTerm() {
+		s.pre.mu.Unlock()
+		return nil
+	}
+	run := s.pre.running
+	if run == nil {
+		run = &preambleRun{done: make(chan struct{})}
+		s.pre.running = run
+		go s.commitPreamble(run)
+	}
+	s.pre.mu.Unlock()
+	select {
+	case <-run.done:
+		return run.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// commitPreamble commits the preamble of the current term unless it already did, and ends
+// run. It runs on its own (bounded by ApplyTimeout and the store's life), so a caller that
+// gives up waiting leaves it to the next one.
+func (s *Store) commitPreamble(run *preambleRun) {
+	run.err = s.commitPreambleOnce()
+	s.pre.mu.Lock()
+	s.pre.running = nil
+	s.pre.mu.Unlock()
+	close(run.done)
+}
+
+func (s *Store) commitPreambleOnce() error {
+	s.pre.mu.Lock()
 	term := s.raft.CurrentTerm()
 	if s.pre.fn == nil || s.pre.term == term {
+		s.pre.mu.Unlock()
 		return nil
 	}
 	if s.raft.State() != raft.Leader {
+		s.pre.mu.Unlock()
 		return ErrNotLeader
 	}
 	s.mu.Lock()
 	former := s.pre.former
 	s.mu.Unlock()
-	f := s.raft.Apply(encodeUser(s.pre.fn(former)), timeoutFrom(ctx, s.cfg.ApplyTimeout))
-	if err := s.await(ctx, f); err != nil {
+	f := s.raft.Apply(encodeUser(s.pre.fn(former)), s.cfg.ApplyTimeout)
+	s.pre.mu.Unlock()
+	if err := s.await(s.baseCtx, f); err != nil {
 		return err
 	}
 	// Had leadership changed since term was read, the entry went into a later term, whose
 	// first command then finds its preamble missing and commits another: a repeat the
 	// preamble must tolerate, and far rarer than an election.
-	s.pre.term = term
+	s.pre.mu.Lock()
+	s.pre.term = max(s.pre.term, term)
+	s.pre.mu.Unlock()
 	s.log.Debug("leader preamble committed", "term", term, "former_leader", former, "index", f.Index())
 	return nil
 }
