@@ -106,6 +106,9 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.reg = newRegistry()
 	a.tokens = pinboard.NewTokens(cfg.Tokens...)
+	if cfg.Passport != nil {
+		a.tokens = pinboard.NewPassportTokens(cfg.Passport)
+	}
 	if cfg.Dev {
 		// dev-token is public anyway: a token-less call from this machine
 		// (`pinnedd status`) is as trusted as one that sends it.

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/pinnedd/pinnedd/passport"
 	"github.com/pinnedd/pinnedd/raftstore"
 	"github.com/pinnedd/pinnedd/supervisor"
 )
@@ -36,6 +37,10 @@ type Config struct {
 	// Tokens are the deployment tokens accepted; the first is the one
 	// this node sends.
 	Tokens []string
+	// Passport, if set, is the deployment's keys and namespace policies
+	// (PINBOARD_PASSPORT): requests are authorized against it instead of
+	// Tokens, which must then be a worker key of it (the node's own).
+	Passport *passport.Passport
 
 	// Raft: the transport's listen and advertised addresses, bootstrap or
 	// join, voters, the log format for a new data dir, and timing (zero:

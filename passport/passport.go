@@ -130,6 +130,21 @@ func Single(tokens ...string) *Passport {
 	return p
 }
 
+// Add adds k with the given tokens (replacing the key any of them named before), for a
+// passport built in code; it returns p.
+func (p *Passport) Add(k *Key, tokens ...string) *Passport {
+	for _, t := range tokens {
+		if t != "" {
+			p.keys[sha256.Sum256([]byte(t))] = k
+		}
+	}
+	p.named = append(p.named, k)
+	return p
+}
+
+// Unrestricted are the claims that admit everything (the single-key passport's).
+func Unrestricted() Claims { return unrestricted }
+
 // Lookup is the key token belongs to: one hash and one map look-up whatever the number of
 // keys. Tokens are held and compared only as their SHA-256, so the time the look-up takes
 // tells an attacker about the hash of a guess, never about how much of a token it matched.

@@ -1,7 +1,6 @@
 package pinboard
 
 import (
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net"
@@ -10,16 +9,17 @@ import (
 	"strings"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/passport"
 )
 
-// Scope is a permission a bearer token carries.
-type Scope string
+// Scope is a permission a bearer token carries (passport.Scope).
+type Scope = passport.Scope
 
 // Scopes: a worker registers and heartbeats, an operator reads and acts
 // on the fleet.
 const (
-	ScopeWorker   Scope = "pinboard:worker"
-	ScopeOperator Scope = "pinboard:operator"
+	ScopeWorker   = passport.Worker
+	ScopeOperator = passport.Operator
 )
 
 // Why a request is not authorized; Check wraps one of them, Require maps
@@ -30,34 +30,30 @@ var (
 	ErrMissingScope = errors.New("token lacks the scope")
 )
 
-// Tokens authorizes bearer tokens. Every route that needs a scope goes
-// through Check (Require, FrontDoor.RequireScope), so the answers are the
-// same everywhere; full passport auth is a later piece that lands here.
+// Tokens authorizes bearer tokens against the deployment's passport.
+// Every route that needs a scope goes through Check (Require,
+// FrontDoor.RequireScope), so the answers are the same everywhere.
 type Tokens struct {
-	keys map[string][]Scope
+	pass *passport.Passport
 	// loopbackAnonymous: a request with no Authorization header from a
 	// loopback peer gets every scope (--dev).
 	loopbackAnonymous bool
 }
 
-// NewTokens grants every scope to each of the given deployment tokens
-// (a deployment key carries worker and operator).
-func NewTokens(tokens ...string) *Tokens {
-	t := &Tokens{keys: map[string][]Scope{}}
-	for _, tok := range tokens {
-		if tok != "" {
-			t.keys[tok] = []Scope{ScopeWorker, ScopeOperator}
-		}
-	}
-	return t
-}
+// NewTokens is the single-key passport of the given deployment tokens
+// (passport.Single: a deployment key carries worker and operator).
+func NewTokens(tokens ...string) *Tokens { return &Tokens{pass: passport.Single(tokens...)} }
 
-// Grant adds token with only the given scopes (replacing what it had), and
-// returns t.
+// NewPassportTokens authorizes against p.
+func NewPassportTokens(p *passport.Passport) *Tokens { return &Tokens{pass: p} }
+
+// Passport is the passport t checks against.
+func (t *Tokens) Passport() *passport.Passport { return t.pass }
+
+// Grant adds token as a key of its own with only the given scopes and
+// unrestricted claims, and returns t.
 func (t *Tokens) Grant(token string, scopes ...Scope) *Tokens {
-	if token != "" {
-		t.keys[token] = append([]Scope(nil), scopes...)
-	}
+	t.pass.Add(&passport.Key{Name: "granted", Scopes: append([]Scope(nil), scopes...), Claims: passport.Unrestricted()}, token)
 	return t
 }
 
@@ -70,41 +66,61 @@ func (t *Tokens) AllowLoopbackAnonymous() *Tokens {
 	return t
 }
 
+// loopbackKey is what an anonymous loopback request holds under
+// AllowLoopbackAnonymous.
+var loopbackKey = &passport.Key{Name: "loopback", Scopes: []Scope{ScopeWorker, ScopeOperator}, Claims: passport.Unrestricted()}
+
+// Key is the passport key r's bearer token names: nil with an error
+// wrapping ErrMissingToken or ErrUnknownToken whose text says what to fix.
+func (t *Tokens) Key(r *http.Request) (*passport.Key, error) {
+	hs := r.Header.Values("Authorization")
+	if len(hs) == 0 {
+		if t.loopbackAnonymous && loopbackPeer(r.RemoteAddr) {
+			return loopbackKey, nil
+		}
+		return nil, ErrMissingToken
+	}
+	if len(hs) > 1 {
+		return nil, fmt.Errorf("%w (%d Authorization headers: send one)", ErrMissingToken, len(hs))
+	}
+	scheme, tok, ok := strings.Cut(hs[0], " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" || strings.TrimSpace(tok) != tok {
+		return nil, fmt.Errorf(`%w (the Authorization header must be "Bearer <token>")`, ErrMissingToken)
+	}
+	if len(tok) > maxTokenLength {
+		return nil, ErrUnknownToken
+	}
+	k, found := t.pass.Lookup(tok)
+	if !found {
+		return nil, ErrUnknownToken
+	}
+	return k, nil
+}
+
+// maxTokenLength bounds the token hashed per request: no passport key is
+// longer.
+const maxTokenLength = 4096
+
 // Check reports whether r may act with any of scopes: nil, or an error
 // wrapping ErrMissingToken, ErrUnknownToken or ErrMissingScope whose text
 // says what to fix.
 func (t *Tokens) Check(r *http.Request, scopes ...Scope) error {
-	h := r.Header.Get("Authorization")
-	if h == "" {
-		if t.loopbackAnonymous && loopbackPeer(r.RemoteAddr) {
-			return nil
-		}
-		return ErrMissingToken
-	}
-	tok, ok := strings.CutPrefix(h, "Bearer ")
-	if !ok || strings.TrimSpace(tok) == "" {
-		return fmt.Errorf(`%w (the Authorization header must be "Bearer <token>")`, ErrMissingToken)
-	}
-	var granted []Scope
-	found := false
-	for k, ss := range t.keys {
-		// Every key is compared, in constant time, so the time taken does
-		// not tell how much of a guess matched.
-		if subtle.ConstantTimeCompare([]byte(k), []byte(tok)) == 1 {
-			granted, found = ss, true
-		}
-	}
-	if !found {
-		return ErrUnknownToken
+	_, err := t.Authorize(r, scopes...)
+	return err
+}
+
+// Authorize is Check that also answers the key r acts with.
+func (t *Tokens) Authorize(r *http.Request, scopes ...Scope) (*passport.Key, error) {
+	k, err := t.Key(r)
+	if err != nil {
+		return nil, err
 	}
 	for _, want := range scopes {
-		for _, s := range granted {
-			if s == want {
-				return nil
-			}
+		if k.Has(want) {
+			return k, nil
 		}
 	}
-	return fmt.Errorf("%w %s", ErrMissingScope, joinScopes(scopes))
+	return nil, fmt.Errorf("%w %s (key %q)", ErrMissingScope, joinScopes(scopes), k.Name)
 }
 
 // Allowed reports whether r may act with scope (Check without the reason).

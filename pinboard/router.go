@@ -15,6 +15,7 @@ import (
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/internal/relay"
+	"github.com/pinnedd/pinnedd/passport"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/supervisor"
@@ -239,6 +240,8 @@ func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request) {
 		return
 	case ok:
 		rq.caller = f.res.selfID()
+	case !f.admitClient(w, r, ns):
+		return
 	}
 	switch {
 	case r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 && r.Header.Get("Transfer-Encoding") == "":
@@ -252,6 +255,30 @@ func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request) {
 		rq.body, rq.retryable = body, true
 	}
 	f.routeRequest(w, r, rq)
+}
+
+// admitClient applies ns's client policy (passport) to r, a client's
+// request (not a cluster call): an anonymous namespace admits anyone, and
+// its Authorization header is the host's business; an authenticated one
+// needs a bearer key whose claims admit ns (401 + WWW-Authenticate
+// without a known key, 403 with one that does not), and the key goes no
+// further than here: the host never sees it. It answers w and reports
+// false when r may not go on.
+func (f *FrontDoor) admitClient(w http.ResponseWriter, r *http.Request, ns string) bool {
+	if f.tokens.Passport().Policy(ns) == passport.Anonymous {
+		return true
+	}
+	k, err := f.tokens.Key(r)
+	if err != nil {
+		WriteAuthError(w, err)
+		return false
+	}
+	if !k.Claims.Namespace(ns) {
+		httpx.WriteError(w, http.StatusForbidden, fmt.Sprintf("key %q does not admit namespace %s", k.Name, ns), 0)
+		return false
+	}
+	r.Header.Del("Authorization")
+	return true
 }
 
 // routeRequest is net/http's way for an instance request (routeLoop is the
@@ -436,8 +463,8 @@ func (f *FrontDoor) routeLoop(h *relay.ReqHead) (relay.Forward, bool) {
 		return relay.Forward{}, false
 	}
 	ns, id, rest, err := parseInstancePath(path)
-	if err != nil {
-		return relay.Forward{}, false
+	if err != nil || f.tokens.Passport().Policy(ns) != passport.Anonymous {
+		return relay.Forward{}, false // net/http checks the client's key
 	}
 	for _, fl := range h.Fields {
 		if strings.EqualFold(fl.Name, plugins.HeaderClusterCall) {

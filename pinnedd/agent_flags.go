@@ -17,6 +17,7 @@ import (
 
 	"github.com/pinnedd/pinnedd/agent"
 	"github.com/pinnedd/pinnedd/examples"
+	"github.com/pinnedd/pinnedd/passport"
 	"github.com/pinnedd/pinnedd/pinboard"
 	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/raftstore"
@@ -58,6 +59,7 @@ func agentCommand() *cli.Command {
 			&cli.BoolFlag{Name: "no-hosts", Usage: "serve no instances: a pure front door and Raft member (what a pinboard-only node is)", EnvVars: []string{"PINNEDD_NO_HOSTS"}},
 			&cli.StringFlag{Name: "token", Usage: "deployment token (worker and operator scopes); prefer PINBOARD_TOKEN or --token-file: on the command line it is visible to every local user (ps)", EnvVars: []string{"PINBOARD_TOKEN"}},
 			tokenFileFlag(),
+			&cli.StringFlag{Name: "passport", Usage: "read the passport (keys with scopes and claims, namespace policies) from this `FILE`; PINBOARD_PASSPORT holds one inline (JSON); without either, PINBOARD_TOKEN is the one key, with every scope, and every namespace is anonymous", EnvVars: []string{"PINNEDD_PASSPORT_FILE"}},
 			&cli.GenericFlag{Name: "lease-ttl", Value: &msDuration{pinboard.DefaultLeaseTTL}, Usage: "worker lease TTL: a duration (15s) or milliseconds (15000)", EnvVars: envVars("PINBOARD_LEASE_TTL_MS")},
 			&cli.DurationFlag{Name: "heartbeat-interval", Value: pinboard.DefaultHeartbeatInterval, Usage: "worker heartbeat interval", EnvVars: []string{"PINNEDD_HEARTBEAT_INTERVAL"}},
 			&cli.DurationFlag{Name: "detached-timeout", Value: 60 * time.Second, Usage: "evict an instance with no open request for this long (a host may set its own)", EnvVars: []string{"PINNEDD_DETACHED_TIMEOUT"}},
@@ -250,7 +252,8 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 		if len(c.StringSlice("plugin")) > 0 || len(c.StringSlice("plugin-user")) > 0 || cfg.Dev {
 			return cfg, errors.New("--no-hosts serves no instances: it excludes --plugin, --plugin-user and --dev")
 		}
-		return cfg, nil
+		cfg.Passport, err = passportFrom(c, cfg.Tokens, nil)
+		return cfg, err
 	}
 	switch {
 	case cfg.DatabaseURL != "" && localState:
@@ -290,7 +293,51 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 	if len(cfg.Specs) == 0 {
 		return cfg, errors.New("no hosts to serve: give --plugin /ns=path (or --dev for the built-in examples, or --no-hosts for a pure front door)")
 	}
+	if cfg.Passport, err = passportFrom(c, cfg.Tokens, specs); err != nil {
+		return cfg, err
+	}
 	return cfg, nil
+}
+
+// passportFrom reads the passport (--passport FILE, or PINBOARD_PASSPORT
+// inline), nil for none. The node's own token must be a worker key of it
+// whose claims admit every namespace the node's --plugin flags name.
+func passportFrom(c *cli.Context, tokens []string, specs []supervisor.Spec) (*passport.Passport, error) {
+	inline, file := os.Getenv("PINBOARD_PASSPORT"), c.String("passport")
+	var doc []byte
+	switch {
+	case inline != "" && file != "":
+		return nil, usagef("--passport and PINBOARD_PASSPORT both give the passport: use one")
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("--passport: %w", err)
+		}
+		doc = b
+	case inline != "":
+		doc = []byte(inline)
+	default:
+		return nil, nil
+	}
+	p, err := passport.Parse(doc, os.LookupEnv, validateToken)
+	if err != nil {
+		return nil, err
+	}
+	if len(tokens) == 0 {
+		return p, nil
+	}
+	k, ok := p.Lookup(tokens[0])
+	if !ok || !k.Has(passport.Worker) {
+		return nil, fmt.Errorf("%w: PINBOARD_TOKEN (the node's own key) is not a key of it with scope %s", passport.ErrInvalid, passport.Worker)
+	}
+	for _, sp := range specs {
+		for _, ns := range sp.Namespaces {
+			if !k.Claims.Namespace(ns) {
+				return nil, fmt.Errorf("--plugin %s=%s: this node's key %q does not admit namespace %s (its claims.pinboard.namespaces)", ns, sp.Path, k.Name, ns)
+			}
+		}
+	}
+	return p, nil
 }
 
 // checkClusterTLS: --tls-ca, --tls-cert and --tls-key go together, and not with
