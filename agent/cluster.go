@@ -76,7 +76,7 @@ func joinUntilDone(ctx context.Context, url, token string, store *raftstore.Stor
 // the local agent to join the cluster through the member at url.
 func joinHandler(tokens *pinboard.Tokens, store *raftstore.Store, log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := tokens.Check(r, pinboard.ScopeOperator); err != nil {
+		if _, err := tokens.AuthorizeFleet(r, pinboard.ScopeOperator); err != nil {
 			pinboard.WriteAuthError(w, err)
 			return
 		}

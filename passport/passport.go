@@ -99,6 +99,9 @@ func (c Claims) BackendHost(ip netip.Addr) bool {
 	return false
 }
 
+// AnyBackendHost reports whether the claims let a worker advertise any address ("*").
+func (c Claims) AnyBackendHost() bool { return c.anyBackend }
+
 // Unrestricted reports whether the claims admit everything (what /metrics and the fleet-wide
 // operator routes need).
 func (c Claims) Unrestricted() bool {

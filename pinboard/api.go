@@ -39,7 +39,10 @@ type api struct {
 
 // mount registers the API's routes on mux.
 func (a *api) mount(mux *http.ServeMux) {
-	operator := func(h http.HandlerFunc) http.HandlerFunc { return a.tokens.Require(h, ScopeOperator) }
+	// operator routes read or act on the whole fleet; operatorNS ones name
+	// the namespaces they touch and check the key's claims themselves.
+	operator := func(h http.HandlerFunc) http.HandlerFunc { return a.tokens.RequireFleet(h, ScopeOperator) }
+	operatorNS := func(h http.HandlerFunc) http.HandlerFunc { return a.tokens.Require(h, ScopeOperator) }
 	worker := func(h http.HandlerFunc) http.HandlerFunc { return a.tokens.Require(h, ScopeWorker) }
 	mux.HandleFunc("GET /healthz", a.healthz)
 	mux.HandleFunc("GET /readyz", a.readyz)
@@ -57,14 +60,14 @@ func (a *api) mount(mux *http.ServeMux) {
 	mux.HandleFunc("GET /registry/health", a.registryHealth)
 	mux.HandleFunc("GET /registry/stats", operator(a.registryStats))
 	mux.HandleFunc("GET "+statsPath, a.ownerStats)
-	mux.HandleFunc("POST /registry/drain", operator(a.registryDrain))
-	mux.HandleFunc("POST /registry/undrain", operator(a.registryUndrain))
-	mux.HandleFunc("POST /registry/wind_down", operator(a.registryWindDown))
+	mux.HandleFunc("POST /registry/drain", operatorNS(a.registryDrain))
+	mux.HandleFunc("POST /registry/undrain", operatorNS(a.registryUndrain))
+	mux.HandleFunc("POST /registry/wind_down", operatorNS(a.registryWindDown))
 	mux.HandleFunc("GET /registry/overview", operator(a.registryOverview))
 	mux.HandleFunc("POST "+windDownPath, a.ownerWindDown)
 	mux.HandleFunc("POST /_pinned/drain", operator(a.localDrain))
 	mux.HandleFunc("POST /_pinned/undrain", operator(a.localUndrain))
-	mux.HandleFunc("POST /_pinned/plugins/reload", operator(a.pluginsReload))
+	mux.HandleFunc("POST /_pinned/plugins/reload", operatorNS(a.pluginsReload))
 	mux.HandleFunc("GET /registry/workers", operator(a.registryWorkers))
 	if a.registry != nil {
 		mux.HandleFunc("POST /registry/register", worker(a.registryRegister))

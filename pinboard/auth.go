@@ -1,6 +1,7 @@
 package pinboard
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -129,14 +130,60 @@ func (t *Tokens) Allowed(r *http.Request, scope Scope) bool { return t.Check(r, 
 // Require wraps h: a request that may not act with any of scopes gets 401
 // {"error"} with WWW-Authenticate: Bearer (no token, or an unknown one)
 // or 403 (a known token without the scope) and never reaches h.
+//
+// The key goes with the request (KeyOf) for the handler's claims checks.
 func (t *Tokens) Require(h http.HandlerFunc, scopes ...Scope) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if err := t.Check(r, scopes...); err != nil {
+		k, err := t.Authorize(r, scopes...)
+		if err != nil {
 			WriteAuthError(w, err)
 			return
 		}
-		h(w, r)
+		h(w, r.WithContext(context.WithValue(r.Context(), keyCtxKey{}, k)))
 	}
+}
+
+// RequireFleet is Require for a route that reads or acts on the whole
+// fleet: the key's claims must admit every namespace too (a key narrowed
+// to some namespaces reaches only the routes that name one, and checks it
+// there: AdmitsNamespace, AdmitsWorker).
+func (t *Tokens) RequireFleet(h http.HandlerFunc, scopes ...Scope) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		k, err := t.AuthorizeFleet(r, scopes...)
+		if err != nil {
+			WriteAuthError(w, err)
+			return
+		}
+		h(w, r.WithContext(context.WithValue(r.Context(), keyCtxKey{}, k)))
+	}
+}
+
+// AuthorizeFleet is Authorize for what reads or acts on the whole fleet:
+// a key narrowed to some namespaces lacks the scope for it.
+func (t *Tokens) AuthorizeFleet(r *http.Request, scopes ...Scope) (*passport.Key, error) {
+	k, err := t.Authorize(r, scopes...)
+	if err == nil && !k.Claims.AllNamespaces() {
+		return nil, fmt.Errorf("%w %s over every namespace (key %q is narrowed to some)", ErrMissingScope, joinScopes(scopes), k.Name)
+	}
+	return k, err
+}
+
+type keyCtxKey struct{}
+
+// KeyOf is the passport key Require admitted r with, nil if none.
+func KeyOf(r *http.Request) *passport.Key {
+	k, _ := r.Context().Value(keyCtxKey{}).(*passport.Key)
+	return k
+}
+
+// admitsNamespace answers 403 and reports false unless the key r came with
+// admits ns.
+func admitsNamespace(w http.ResponseWriter, r *http.Request, ns string) bool {
+	if k := KeyOf(r); k != nil && !k.Claims.Namespace(ns) {
+		httpx.WriteError(w, http.StatusForbidden, fmt.Sprintf("key %q does not admit namespace %s", k.Name, ns), 0)
+		return false
+	}
+	return true
 }
 
 // WriteAuthError answers a failed Check.

@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/pinnedd/pinnedd/passport"
 )
 
 // Every route that needs a scope answers the same way: 401 with
@@ -91,5 +93,70 @@ func TestLoopbackAnonymous(t *testing.T) {
 	r.RemoteAddr = "127.0.0.1:4000"
 	if err := NewTokens("dev-token").Check(r, ScopeOperator); !errors.Is(err, ErrMissingToken) {
 		t.Errorf("loopback without the option: %v", err)
+	}
+}
+
+// Claims narrow the scopes: an operator key narrowed to /a reaches the
+// routes that name /a only (not the fleet-wide ones, nor /b), a worker key
+// registers only the namespaces and addresses its claims admit. The
+// answer names the key, never the token.
+func TestClaimsNarrowTheScopes(t *testing.T) {
+	narrow := func(scope Scope) *passport.Key {
+		c, err := passport.Parse([]byte(`{"providers":[{"type":"staticToken","keys":[{"name":"k","token":{"env":"T"},"scopes":["`+string(scope)+`"],
+		  "claims":{"pinboard":{"namespaces":["/a"],"allowedBackendHosts":["10.0.0.0/8"]}}}]}]}`),
+			func(string) (string, bool) { return "tok", true }, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, _ := c.Lookup("tok")
+		return k
+	}
+	rig := newDoorRig(t, func(r *doorRig, c *FrontDoorConfig) {
+		c.Registry = NewRegistry(r.dir, 0)
+		c.Tokens = NewTokens("full-token")
+		c.Tokens.Passport().Add(narrow(ScopeOperator), "ops-a")
+		c.Tokens.Passport().Add(narrow(ScopeWorker), "worker-a")
+	})
+	for _, c := range []struct {
+		method, path, body, token string
+		code                      int
+		say                       string
+	}{
+		{"GET", "/_pinned/status", "", "ops-a", 403, `key \"k\" is narrowed to some`},
+		{"GET", "/registry/workers", "", "ops-a", 403, "every namespace"},
+		{"GET", "/_pinned/status", "", "full-token", 200, ""},
+		{"POST", "/registry/wind_down", `{"namespace":"/b","deadline":0}`, "ops-a", 403, "does not admit namespace /b"},
+		{"POST", "/registry/drain", `{"clientId":"nobody","deadline":30}`, "ops-a", 403, "forbidden"},
+		{"POST", "/registry/drain", `{"clientId":"nobody","deadline":30}`, "full-token", 404, "unknown client id"},
+		{"POST", "/_pinned/plugins/reload", `{}`, "ops-a", 403, "name one"},
+		{"POST", "/registry/register", `{"clientId":"c","advertiseUrl":"http://10.1.2.3:80","namespaces":["/b"]}`, "worker-a", 403, "does not admit namespace /b"},
+		{"POST", "/registry/register", `{"clientId":"c","advertiseUrl":"http://192.0.2.1:80","namespaces":["/a"]}`, "worker-a", 403, "may not advertise"},
+		{"POST", "/registry/register", `{"clientId":"c","advertiseUrl":"http://workers.example:80","namespaces":["/a"]}`, "worker-a", 403, "may not advertise"},
+	} {
+		req, _ := http.NewRequestWithContext(t.Context(), c.method, rig.srv.URL+c.path, strings.NewReader(c.body))
+		req.Header.Set("Authorization", "Bearer "+c.token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.code || !strings.Contains(string(buf), c.say) || strings.Contains(string(buf), c.token) {
+			t.Errorf("%s %s %s with %s: %d %s, want %d saying %q", c.method, c.path, c.body, c.token, resp.StatusCode, buf, c.code, c.say)
+		}
+	}
+	// Inside its claims, a narrowed worker key passes to the registry
+	// (which then checks the registration itself).
+	req, _ := http.NewRequestWithContext(t.Context(), "POST", rig.srv.URL+"/registry/register",
+		strings.NewReader(`{"clientId":"c","advertiseUrl":"http://10.1.2.3:80","namespaces":["/a"]}`))
+	req.Header.Set("Authorization", "Bearer worker-a")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(buf), "may not advertise") || strings.Contains(string(buf), "does not admit") {
+		t.Fatalf("a registration inside the key's claims was refused for them: %d %s", resp.StatusCode, buf)
 	}
 }

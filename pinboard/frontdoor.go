@@ -274,10 +274,11 @@ func (f *FrontDoor) serveHandBacks(srv *http.Server) { f.keep.serveHandBacks(srv
 // Handle mounts h on the front door's mux (registry, raft, ...).
 func (f *FrontDoor) Handle(pattern string, h http.Handler) { f.mux.Handle(pattern, h) }
 
-// RequireScope wraps h: only a request that may act with scope reaches
+// RequireScope wraps h: only a request that may act with scope over every
+// namespace (Tokens.RequireFleet) reaches
 // it (Tokens.Require).
 func (f *FrontDoor) RequireScope(scope Scope, h http.HandlerFunc) http.HandlerFunc {
-	return f.tokens.Require(h, scope)
+	return f.tokens.RequireFleet(h, scope)
 }
 
 // stopAccepting closes the listeners Serve serves and waits (up to ctx)

@@ -97,6 +97,8 @@ func (a *api) registryDrain(w http.ResponseWriter, r *http.Request) {
 	case !present:
 		httpx.WriteError(w, http.StatusBadRequest, "deadline is required: seconds, or null to cordon", 0)
 		return
+	case !a.admitsDrainTarget(w, r, req.drainTarget):
+		return
 	}
 	now := time.Now()
 	var deadline int64
@@ -131,6 +133,9 @@ func (a *api) registryUndrain(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &req) || !req.check(w) {
 		return
 	}
+	if !a.admitsDrainTarget(w, r, req) {
+		return
+	}
 	var cmd directory.Command = directory.UndrainWorker{ClientID: req.ClientID}
 	if req.NodeID != "" {
 		cmd = directory.UndrainNode{NodeID: req.NodeID}
@@ -145,6 +150,38 @@ func (a *api) registryUndrain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpx.WriteJSON(w, http.StatusOK, req.answer())
+}
+
+// admitsDrainTarget answers 403 and reports false unless the key r came
+// with admits every namespace of the workers t names (a client id, or
+// every worker of a node id). A key narrowed to some namespaces gets the
+// same 403 for a target the directory does not know: it learns nothing of
+// workers it may not touch.
+func (a *api) admitsDrainTarget(w http.ResponseWriter, r *http.Request, t drainTarget) bool {
+	k := KeyOf(r)
+	if k == nil || k.Claims.AllNamespaces() {
+		return true
+	}
+	found := false
+	for _, wk := range a.dir.Machine().Workers() {
+		if wk.ClientID != t.ClientID && (t.NodeID == "" || wk.NodeID != t.NodeID) {
+			continue
+		}
+		found = true
+		for _, ns := range wk.Namespaces {
+			if !k.Claims.Namespace(ns) {
+				found = false
+				break
+			}
+		}
+		if !found {
+			break
+		}
+	}
+	if !found {
+		httpx.WriteError(w, http.StatusForbidden, fmt.Sprintf("forbidden: key %q does not admit every namespace of that worker", k.Name), 0)
+	}
+	return found
 }
 
 // unknownDrainTarget answers a drain or undrain of a node id no known
@@ -208,6 +245,8 @@ func (a *api) registryWindDown(w http.ResponseWriter, r *http.Request) {
 		return
 	case !present:
 		httpx.WriteError(w, http.StatusBadRequest, "deadline is required: seconds, or null to revoke", 0)
+		return
+	case !admitsNamespace(w, r, req.Namespace):
 		return
 	}
 	var id string // "": the whole namespace
@@ -402,6 +441,14 @@ func (a *api) pluginsReload(w http.ResponseWriter, r *http.Request) {
 			httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
 			return
 		}
+	}
+	// Every namespace's plugins, or one: the key must admit what is named.
+	if k := KeyOf(r); k != nil && req.Namespace == "" && !k.Claims.AllNamespaces() {
+		httpx.WriteError(w, http.StatusForbidden, fmt.Sprintf("key %q is narrowed to some namespaces: name one", k.Name), 0)
+		return
+	}
+	if req.Namespace != "" && !admitsNamespace(w, r, req.Namespace) {
+		return
 	}
 	if a.reload == nil {
 		httpx.WriteError(w, http.StatusConflict, "this node hosts no instances", 0)

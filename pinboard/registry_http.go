@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -56,7 +58,7 @@ func (a *api) registryError(w http.ResponseWriter, r *http.Request, err error) {
 
 func (a *api) registryRegister(w http.ResponseWriter, r *http.Request) {
 	var req RegisterRequest
-	if !decodeBody(w, r, &req) {
+	if !decodeBody(w, r, &req) || !admitsRegistration(w, r, req) {
 		return
 	}
 	ack, err := a.registry.Register(r.Context(), req)
@@ -65,6 +67,35 @@ func (a *api) registryRegister(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpx.WriteJSON(w, http.StatusOK, ack)
+}
+
+// admitsRegistration answers 403 and reports false unless the key r came
+// with admits every namespace req announces and the address it advertises
+// (claims allowedBackendHosts: an IP the claims' prefixes hold, unless
+// they hold "*").
+func admitsRegistration(w http.ResponseWriter, r *http.Request, req RegisterRequest) bool {
+	k := KeyOf(r)
+	if k == nil {
+		return true
+	}
+	for _, ns := range req.Namespaces {
+		if !admitsNamespace(w, r, ns) {
+			return false
+		}
+	}
+	if k.Claims.AnyBackendHost() {
+		return true
+	}
+	u, err := url.Parse(req.AdvertiseURL)
+	if err != nil {
+		return true // the registry refuses it, saying why
+	}
+	ip, err := netip.ParseAddr(u.Hostname())
+	if err != nil || !k.Claims.BackendHost(ip) {
+		httpx.WriteError(w, http.StatusForbidden, fmt.Sprintf("key %q may not advertise %q: its claims allowedBackendHosts admit other addresses (an IP address they hold)", k.Name, u.Host), 0)
+		return false
+	}
+	return true
 }
 
 func (a *api) registryHeartbeat(w http.ResponseWriter, r *http.Request) {
