@@ -275,8 +275,7 @@ func (f *FrontDoor) serveHandBacks(srv *http.Server) { f.keep.serveHandBacks(srv
 func (f *FrontDoor) Handle(pattern string, h http.Handler) { f.mux.Handle(pattern, h) }
 
 // RequireScope wraps h: only a request that may act with scope over every
-// namespace (Tokens.RequireFleet) reaches
-// it (Tokens.Require).
+// namespace reaches it (Tokens.RequireFleet).
 func (f *FrontDoor) RequireScope(scope Scope, h http.HandlerFunc) http.HandlerFunc {
 	return f.tokens.RequireFleet(h, scope)
 }
