@@ -293,13 +293,19 @@ func (a *Agent) provisionFrontDoor(context.Context) error {
 	a.serving.Store(a.fd)
 	tokens, store := a.tokens, a.store
 	insecure := a.cfg.InsecureCluster
-	member := func(r *http.Request) bool {
-		if _, err := tokens.AuthorizeFleet(r, pinboard.ScopeOperator); err == nil {
-			return true
+	member := func(r *http.Request) error {
+		_, err := tokens.AuthorizeFleet(r, pinboard.ScopeOperator)
+		switch {
+		case err == nil:
+			return nil
+		case insecure && tokens.Allowed(r, pinboard.ScopeWorker):
+			// Without mutual TLS the members' own calls come here too,
+			// with their worker keys.
+			return nil
+		case errors.Is(err, pinboard.ErrMissingScope):
+			return fmt.Errorf("%w: %w", raftstore.ErrForbidden, err)
 		}
-		// Without mutual TLS the members' own calls come here too,
-		// with their worker keys.
-		return insecure && tokens.Allowed(r, pinboard.ScopeWorker)
+		return err
 	}
 	a.fd.Handle(raftstore.HandlerPrefix, store.Handler(member))
 	a.fd.Handle("POST /_pinned/join", joinHandler(tokens, store, a.log))

@@ -38,7 +38,7 @@ type api struct {
 }
 
 // mount registers the API's routes on mux.
-func (a *api) mount(mux *http.ServeMux) {
+func (a *api) mount(mux *routeMux) {
 	// operator routes read or act on the whole fleet; operatorNS ones name
 	// the namespaces they touch and check the key's claims themselves.
 	operator := func(h http.HandlerFunc) http.HandlerFunc { return a.tokens.RequireFleet(h, ScopeOperator) }

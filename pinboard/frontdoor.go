@@ -136,7 +136,7 @@ type FrontDoor struct {
 	dir    *Directory // the cluster secret (Wake); worker URLs (peerIPs)
 	tokens *Tokens
 	logger *slog.Logger
-	mux    *http.ServeMux
+	mux    *routeMux
 	srv    *http.Server // Serve's
 	// stopping: new instance requests are answered 503 (SetStopping),
 	// every answer ends its connection; since stoppedAt (unix ns).
@@ -172,7 +172,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		cfg.Tokens = NewTokens()
 	}
 	f := &FrontDoor{
-		dir: cfg.Dir, tokens: cfg.Tokens, logger: cfg.Logger, mux: http.NewServeMux(),
+		dir: cfg.Dir, tokens: cfg.Tokens, logger: cfg.Logger, mux: &routeMux{ServeMux: http.NewServeMux()},
 		trustedProxies: cfg.TrustedProxies, affinityKey: cfg.AffinityKey, clusterCalls: cfg.ClusterCalls,
 		bodyReadTimeout: cfg.BodyReadTimeout, maxBody: cfg.MaxBodyBytes, accessLog: cfg.AccessLog, fastPath: cfg.FastPath,
 		peerAddrs: cfg.PeerAddrs, capPerIP: cfg.MaxConnsPerIP > 0,
@@ -273,6 +273,39 @@ func (f *FrontDoor) serveHandBacks(srv *http.Server) { f.keep.serveHandBacks(srv
 
 // Handle mounts h on the front door's mux (registry, raft, ...).
 func (f *FrontDoor) Handle(pattern string, h http.Handler) { f.mux.Handle(pattern, h) }
+
+// Routes are the patterns mounted on the front door's mux, in the order
+// they were: what a test holds to an authorization rule, one by one.
+// Instance paths (/<namespace>/<id>/...) are not among them: the router
+// serves those itself.
+func (f *FrontDoor) Routes() []string {
+	f.mux.mu.Lock()
+	defer f.mux.mu.Unlock()
+	return slices.Clone(f.mux.patterns)
+}
+
+// routeMux is the front door's mux, remembering what was mounted.
+type routeMux struct {
+	*http.ServeMux
+	mu       sync.Mutex
+	patterns []string
+}
+
+func (m *routeMux) Handle(pattern string, h http.Handler) {
+	m.record(pattern)
+	m.ServeMux.Handle(pattern, h)
+}
+
+func (m *routeMux) HandleFunc(pattern string, h func(http.ResponseWriter, *http.Request)) {
+	m.record(pattern)
+	m.ServeMux.HandleFunc(pattern, h)
+}
+
+func (m *routeMux) record(pattern string) {
+	m.mu.Lock()
+	m.patterns = append(m.patterns, pattern)
+	m.mu.Unlock()
+}
 
 // RequireScope wraps h: only a request that may act with scope over every
 // namespace reaches it (Tokens.RequireFleet).

@@ -165,7 +165,12 @@ func startNodeSM(t testing.TB, id, dir, raftAddr string, bootstrap bool, mod fun
 	s.ServePeers(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "peer "+r.URL.Path)
 	}))
-	h := s.Handler(func(r *http.Request) bool { return r.Header.Get("Authorization") == "Bearer secret" })
+	h := s.Handler(func(r *http.Request) error {
+		if r.Header.Get("Authorization") != "Bearer secret" {
+			return errors.New("missing or wrong bearer token")
+		}
+		return nil
+	})
 	n.handler.Store(&h)
 	t.Cleanup(n.close)
 	return n

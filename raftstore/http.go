@@ -101,13 +101,14 @@ const (
 // means nothing was started, outcome_unknown that it may have been. apply, and any request a
 // follower marked as forwarded, is handled on this node only (apply by the ForwardedFunc, if
 // set); any other request may be forwarded once to the leader. authorize decides every
-// request (e.g. check the bearer token); nil allows all, which only suits tests and closed
-// networks.
+// request (e.g. check the bearer token): nil admits it, an error wrapping ErrForbidden is a 403
+// (a known caller without the right), any other a 401; a nil authorize admits all, which only
+// suits tests and closed networks.
 //
 // With mutual TLS, node-to-node calls (apply, meta, and whatever a follower forwards) travel
 // only over the cluster port (ServePeers): Handler, for the public port, refuses them whatever
 // token they carry, and keeps what an operator or a joining node asks.
-func (s *Store) Handler(authorize func(*http.Request) bool) http.Handler {
+func (s *Store) Handler(authorize func(*http.Request) error) http.Handler {
 	mux := s.routes(s.stream == nil)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The CA certificate is public and its pin reveals nothing of the token: a joining
@@ -121,9 +122,14 @@ func (s *Store) Handler(authorize func(*http.Request) bool) http.Handler {
 			}
 			open = true
 		}
-		if !open && authorize != nil && !authorize(r) {
-			writeError(w, fmt.Errorf("%w: missing or wrong bearer token for %s", ErrUnauthorized, r.URL.Path))
-			return
+		if !open && authorize != nil {
+			if err := authorize(r); err != nil {
+				if !errors.Is(err, ErrForbidden) {
+					err = fmt.Errorf("%w: %w", ErrUnauthorized, err)
+				}
+				writeError(w, err)
+				return
+			}
 		}
 		if s.stream != nil && forwarded(r) {
 			writeError(w, errPeerOnly(r))
