@@ -77,7 +77,7 @@ func joinUntilDone(ctx context.Context, url, token string, store *raftstore.Stor
 func joinHandler(tokens *pinboard.Tokens, store *raftstore.Store, log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, err := tokens.AuthorizeFleet(r, pinboard.ScopeOperator); err != nil {
-			pinboard.WriteAuthError(w, err)
+			tokens.Refuse(w, err)
 			return
 		}
 		var req struct {

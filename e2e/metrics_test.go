@@ -32,6 +32,10 @@ func TestMetricsMatchREADME(t *testing.T) {
 	if r := a.MustDo("POST", "/registry/wind_down", `{"namespace":"/counters","id":"alice","deadline":0}`); r.Code != http.StatusOK {
 		t.Fatalf("wind_down: %d %s", r.Code, r.Body)
 	}
+	// A refused request (a token no key has) counts as one.
+	if r, err := testutil.Do(t.Context(), "GET", a.URL+"/_pinned/status", "", map[string]string{"Authorization": "Bearer not-a-key"}); err != nil || r.Code != http.StatusUnauthorized {
+		t.Fatalf("status with an unknown token: %v %v", r.Code, err)
+	}
 	plugins := testutil.ChildrenOf(a.PID())
 	if len(plugins) == 0 {
 		t.Fatal("no plugin processes under the agent")

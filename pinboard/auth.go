@@ -11,6 +11,7 @@ import (
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/passport"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Scope is a permission a bearer token carries (passport.Scope).
@@ -35,7 +36,8 @@ var (
 // Every route that needs a scope goes through Check (Require,
 // FrontDoor.RequireScope), so the answers are the same everywhere.
 type Tokens struct {
-	pass *passport.Passport
+	pass    *passport.Passport
+	refused *prometheus.CounterVec // by key name and reason
 	// loopbackAnonymous: a request with no Authorization header from a
 	// loopback peer gets every scope (--dev).
 	loopbackAnonymous bool
@@ -43,10 +45,50 @@ type Tokens struct {
 
 // NewTokens is the single-key passport of the given deployment tokens
 // (passport.Single: a deployment key carries worker and operator).
-func NewTokens(tokens ...string) *Tokens { return &Tokens{pass: passport.Single(tokens...)} }
+func NewTokens(tokens ...string) *Tokens { return NewPassportTokens(passport.Single(tokens...)) }
 
 // NewPassportTokens authorizes against p.
-func NewPassportTokens(p *passport.Passport) *Tokens { return &Tokens{pass: p} }
+func NewPassportTokens(p *passport.Passport) *Tokens {
+	return &Tokens{pass: p, refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pinboard_auth_refused_total",
+		Help: "Requests refused authorization, by the key's name (none: no known key) and reason: missing, unknown, scope, claims.",
+	}, []string{"key", "reason"})}
+}
+
+// Collector is the refusals' counter, for the registry.
+func (t *Tokens) Collector() prometheus.Collector { return t.refused }
+
+// keyError is a refusal of a known key: its name labels the count.
+type keyError struct {
+	key string
+	error
+}
+
+func (e keyError) Unwrap() error { return e.error }
+
+// Refuse answers a failed Check (WriteAuthError) and counts it.
+func (t *Tokens) Refuse(w http.ResponseWriter, err error) {
+	key, reason := "none", "unknown"
+	var ke keyError
+	if errors.As(err, &ke) {
+		key = ke.key
+	}
+	switch {
+	case errors.Is(err, ErrMissingScope):
+		reason = "scope"
+	case errors.Is(err, ErrMissingToken):
+		reason = "missing"
+	}
+	t.refused.WithLabelValues(key, reason).Inc()
+	WriteAuthError(w, err)
+}
+
+// refuseClaims answers 403 for a request whose key's claims do not admit
+// what it names, and counts it.
+func (t *Tokens) refuseClaims(w http.ResponseWriter, k *passport.Key, msg string) {
+	t.refused.WithLabelValues(k.Name, "claims").Inc()
+	httpx.WriteError(w, http.StatusForbidden, msg, 0)
+}
 
 // Passport is the passport t checks against.
 func (t *Tokens) Passport() *passport.Passport { return t.pass }
@@ -121,7 +163,7 @@ func (t *Tokens) Authorize(r *http.Request, scopes ...Scope) (*passport.Key, err
 			return k, nil
 		}
 	}
-	return nil, fmt.Errorf("%w %s (key %q)", ErrMissingScope, joinScopes(scopes), k.Name)
+	return nil, keyError{k.Name, fmt.Errorf("%w %s (key %q)", ErrMissingScope, joinScopes(scopes), k.Name)}
 }
 
 // Allowed reports whether r may act with scope (Check without the reason).
@@ -136,10 +178,10 @@ func (t *Tokens) Require(h http.HandlerFunc, scopes ...Scope) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		k, err := t.Authorize(r, scopes...)
 		if err != nil {
-			WriteAuthError(w, err)
+			t.Refuse(w, err)
 			return
 		}
-		h(w, r.WithContext(context.WithValue(r.Context(), keyCtxKey{}, k)))
+		h(w, r.WithContext(context.WithValue(r.Context(), keyCtxKey{}, authed{k, t})))
 	}
 }
 
@@ -151,10 +193,10 @@ func (t *Tokens) RequireFleet(h http.HandlerFunc, scopes ...Scope) http.HandlerF
 	return func(w http.ResponseWriter, r *http.Request) {
 		k, err := t.AuthorizeFleet(r, scopes...)
 		if err != nil {
-			WriteAuthError(w, err)
+			t.Refuse(w, err)
 			return
 		}
-		h(w, r.WithContext(context.WithValue(r.Context(), keyCtxKey{}, k)))
+		h(w, r.WithContext(context.WithValue(r.Context(), keyCtxKey{}, authed{k, t})))
 	}
 }
 
@@ -163,24 +205,40 @@ func (t *Tokens) RequireFleet(h http.HandlerFunc, scopes ...Scope) http.HandlerF
 func (t *Tokens) AuthorizeFleet(r *http.Request, scopes ...Scope) (*passport.Key, error) {
 	k, err := t.Authorize(r, scopes...)
 	if err == nil && !k.Claims.AllNamespaces() {
-		return nil, fmt.Errorf("%w %s over every namespace (key %q is narrowed to some)", ErrMissingScope, joinScopes(scopes), k.Name)
+		return nil, keyError{k.Name, fmt.Errorf("%w %s over every namespace (key %q is narrowed to some)", ErrMissingScope, joinScopes(scopes), k.Name)}
 	}
 	return k, err
 }
 
 type keyCtxKey struct{}
 
+// authed is what Require hands the handler: the key, and the Tokens that
+// admitted it (which count a claims refusal).
+type authed struct {
+	key *passport.Key
+	t   *Tokens
+}
+
 // KeyOf is the passport key Require admitted r with, nil if none.
 func KeyOf(r *http.Request) *passport.Key {
-	k, _ := r.Context().Value(keyCtxKey{}).(*passport.Key)
-	return k
+	a, _ := r.Context().Value(keyCtxKey{}).(authed)
+	return a.key
+}
+
+// refuseClaims is Tokens.refuseClaims for the key r came with.
+func refuseClaims(w http.ResponseWriter, r *http.Request, msg string) {
+	if a, ok := r.Context().Value(keyCtxKey{}).(authed); ok {
+		a.t.refuseClaims(w, a.key, msg)
+		return
+	}
+	httpx.WriteError(w, http.StatusForbidden, msg, 0)
 }
 
 // admitsNamespace answers 403 and reports false unless the key r came with
 // admits ns.
 func admitsNamespace(w http.ResponseWriter, r *http.Request, ns string) bool {
 	if k := KeyOf(r); k != nil && !k.Claims.Namespace(ns) {
-		httpx.WriteError(w, http.StatusForbidden, fmt.Sprintf("key %q does not admit namespace %s", k.Name, ns), 0)
+		refuseClaims(w, r, fmt.Sprintf("key %q does not admit namespace %s", k.Name, ns))
 		return false
 	}
 	return true

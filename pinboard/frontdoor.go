@@ -223,6 +223,7 @@ func (f *FrontDoor) register(reg prometheus.Registerer, worker *Worker) {
 	reg.MustRegister(f.owner.collectors()...)
 	reg.MustRegister(f.fwd.collectors()...)
 	reg.MustRegister(f.keep.collectors()...)
+	reg.MustRegister(f.tokens.Collector())
 	if worker == nil {
 		return
 	}

@@ -179,7 +179,7 @@ func (a *api) admitsDrainTarget(w http.ResponseWriter, r *http.Request, t drainT
 		}
 	}
 	if !found {
-		httpx.WriteError(w, http.StatusForbidden, fmt.Sprintf("forbidden: key %q does not admit every namespace of that worker", k.Name), 0)
+		refuseClaims(w, r, fmt.Sprintf("forbidden: key %q does not admit every namespace of that worker", k.Name))
 	}
 	return found
 }
@@ -444,7 +444,7 @@ func (a *api) pluginsReload(w http.ResponseWriter, r *http.Request) {
 	}
 	// Every namespace's plugins, or one: the key must admit what is named.
 	if k := KeyOf(r); k != nil && req.Namespace == "" && !k.Claims.AllNamespaces() {
-		httpx.WriteError(w, http.StatusForbidden, fmt.Sprintf("key %q is narrowed to some namespaces: name one", k.Name), 0)
+		refuseClaims(w, r, fmt.Sprintf("key %q is narrowed to some namespaces: name one", k.Name))
 		return
 	}
 	if req.Namespace != "" && !admitsNamespace(w, r, req.Namespace) {

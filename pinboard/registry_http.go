@@ -92,7 +92,7 @@ func admitsRegistration(w http.ResponseWriter, r *http.Request, req RegisterRequ
 	}
 	ip, err := netip.ParseAddr(u.Hostname())
 	if err != nil || !k.Claims.BackendHost(ip) {
-		httpx.WriteError(w, http.StatusForbidden, fmt.Sprintf("key %q may not advertise %q: its claims allowedBackendHosts admit other addresses (an IP address they hold)", k.Name, u.Host), 0)
+		refuseClaims(w, r, fmt.Sprintf("key %q may not advertise %q: its claims allowedBackendHosts admit other addresses (an IP address they hold)", k.Name, u.Host))
 		return false
 	}
 	return true
@@ -279,7 +279,7 @@ func (a *api) registryHealth(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteJSON(w, http.StatusOK, body)
 		return
 	case err != nil:
-		WriteAuthError(w, err)
+		a.tokens.Refuse(w, err)
 		return
 	}
 	workers, placements := m.Len()

@@ -270,11 +270,11 @@ func (f *FrontDoor) admitClient(w http.ResponseWriter, r *http.Request, ns strin
 	}
 	k, err := f.tokens.Key(r)
 	if err != nil {
-		WriteAuthError(w, err)
+		f.tokens.Refuse(w, err)
 		return false
 	}
 	if !k.Claims.Namespace(ns) {
-		httpx.WriteError(w, http.StatusForbidden, fmt.Sprintf("key %q does not admit namespace %s", k.Name, ns), 0)
+		f.tokens.refuseClaims(w, k, fmt.Sprintf("key %q does not admit namespace %s", k.Name, ns))
 		return false
 	}
 	r.Header.Del("Authorization")
