@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/supervisor"
@@ -142,7 +143,7 @@ type FrontDoor struct {
 	// every answer ends its connection; since stoppedAt (unix ns).
 	stopping  atomic.Bool
 	stoppedAt atomic.Int64
-	conns     connStates // net/http's client connections
+	conns     httpx.ConnStates // net/http's client connections
 	// lns are the listeners Serve serves, for Shutdown to close before
 	// net/http's Shutdown; serving counts Serve's loops still accepting.
 	lnMu    sync.Mutex
@@ -211,7 +212,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 	// bodies get a deadline on progress instead (BodyReadTimeout).
 	f.srv = &http.Server{Handler: f, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.IdleTimeout,
 		MaxHeaderBytes: MaxHeaderBytes, ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
-		ConnState: f.conns.track}
+		ConnState: f.conns.Track}
 	f.api.mount(f.mux)
 	return f
 }
@@ -357,7 +358,7 @@ func (f *FrontDoor) Shutdown(ctx context.Context) error {
 	f.awaitIdle(ctx)
 	err := f.keep.shutdown(ctx)
 	f.stopAccepting(ctx)
-	f.awaitFirstRequests(ctx)
+	f.conns.AwaitFirstRequests(ctx)
 	if serr := f.srv.Shutdown(ctx); serr != nil {
 		err = errors.Join(err, serr, f.srv.Close())
 	}

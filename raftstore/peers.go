@@ -212,6 +212,7 @@ func (s *Store) ServePeers(h http.Handler, handBacks ...net.Listener) {
 			}
 			return ctx
 		},
+		ConnState:         s.peerConns.Track,
 		ReadHeaderTimeout: handshakeTimeout,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    1 << 20,
@@ -244,6 +245,9 @@ func (s *Store) stopPeers(ctx context.Context, graceful bool) {
 	} else if srv != nil {
 		ctx, cancel := context.WithTimeout(ctx, peerShutdownBound)
 		defer cancel()
+		// A request on a connection accepted just before would reach net/http
+		// after its Shutdown began, which drops it unanswered.
+		s.peerConns.AwaitFirstRequests(ctx)
 		if err := srv.Shutdown(ctx); err != nil {
 			s.log.Warn("requests on the cluster port still under way at the shutdown deadline; cut them off", "err", err)
 			_ = srv.Close()

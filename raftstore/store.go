@@ -63,6 +63,7 @@ type Store struct {
 	peerClient *http.Client
 	members    memberCache
 	peerSrv    atomic.Pointer[http.Server] // ServePeers'
+	peerConns  httpx.ConnStates            // peerSrv's connections
 
 	notifyCh chan bool
 	obsCh    chan raft.Observation
