@@ -42,7 +42,8 @@ func expect(t *testing.T, a *testutil.Agent, method, path string, code int, want
 // testhostAgent runs --dev with the test plugin serving its namespaces.
 func testhostAgent(t *testing.T, extra ...string) (*testutil.Agent, string) {
 	t.Helper()
-	events := filepath.Join(t.TempDir(), "events")
+	// The plugins append to it as the account a root pinnedd runs them as.
+	events := testutil.SharedFile(t, "events")
 	bin := testutil.Bin(t, "testhost")
 	args := []string{"--dev"}
 	for _, ns := range []string{"/hooks", "/keep", "/slow", "/fail", "/misc"} {
