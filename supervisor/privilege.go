@@ -335,6 +335,16 @@ var switchCaps = []struct {
 	{unix.CAP_KILL, "CAP_KILL"},
 }
 
+// SwitchCapabilities names the capabilities CheckCanSwitchUser wants (the
+// shipped systemd unit's CapabilityBoundingSet=).
+func SwitchCapabilities() []string {
+	var out []string
+	for _, c := range switchCaps {
+		out = append(out, c.name)
+	}
+	return out
+}
+
 // CheckCanSwitchUser says whether this process can start plugins as other
 // users: it must be root, with the capabilities in switchCaps (a systemd
 // unit may have taken them away).
