@@ -462,7 +462,9 @@ func TestWeakTokenRefused(t *testing.T) {
 // starts; a data dir's plugin sockets go when the node restarts on it.
 func TestKill9LeavesNothingBehindNextStart(t *testing.T) {
 	t.Parallel()
-	tmp := t.TempDir()
+	// The plugins' account (the suite runs as root) must reach the
+	// sockets pinnedd makes in TMPDIR: not a 0700 t.TempDir.
+	tmp := testutil.SharedDir(t)
 	env := []string{"TMPDIR=" + tmp}
 	devDirs := func() []string { m, _ := filepath.Glob(filepath.Join(tmp, "pinnedd-dev-*")); return m }
 	kill9 := func(a *testutil.Agent) {
@@ -488,7 +490,12 @@ func TestKill9LeavesNothingBehindNextStart(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
 	c := testutil.StartAgent(t, env, "--dev", "--data-dir", dir)
 	kill9(c)
-	if socks, _ := filepath.Glob(filepath.Join(dir, "run", "*.sock")); len(socks) == 0 {
+	// Plugins run as another account (as root): their sockets are in a
+	// directory of their own, through the link in run/ (the data dir is
+	// closed to them); else in run/ itself.
+	socks, _ := filepath.Glob(filepath.Join(dir, "run", "*.sock"))
+	theirs, _ := filepath.Glob(filepath.Join(dir, "run", "sockets", "*", "*.sock"))
+	if len(socks)+len(theirs) == 0 {
 		t.Fatalf("no plugin socket under %s/run to leave behind", dir)
 	}
 	d := testutil.StartAgent(t, env, "--dev", "--data-dir", dir)
