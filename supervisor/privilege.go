@@ -476,10 +476,10 @@ func (sp *Spec) CheckExecutable() error {
 	}()
 	err := <-errc
 	switch {
-	case err == nil, errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EPERM):
-		return nil
 	case errors.Is(err, errSwitchFS):
 		return fmt.Errorf("plugin %s: check that %s can execute %s: %w", sp.Name, u.Name, sp.Path, err)
+	case err == nil, errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EPERM):
+		return nil
 	}
 	return fmt.Errorf("%w: plugin %s runs as %s, which cannot execute %s (%w); make the binary and every directory above it executable by that account (install it root-owned, mode 0755, e.g. in /opt/pinned), or run the plugin as another account with --plugin-user",
 		ErrPluginBinary, sp.Name, u.about(), sp.Path, err)
@@ -510,8 +510,8 @@ func accessAs(u *User, path string) (err error) {
 	ownGID, _ := unix.SetfsgidRetGid(int(u.GID))
 	ownUID, _ := unix.SetfsuidRetUid(int(u.UID))
 	defer func() {
-		// fsuid first: going back to root's gives back the capabilities
-		// that setgroups needs.
+		// Back to pinnedd's (root's fsuid gives back the file-system
+		// capabilities the kernel took away with the change), then read.
 		_, _ = unix.SetfsuidRetUid(ownUID)
 		_, _ = unix.SetfsgidRetGid(ownGID)
 		uid, _ := unix.SetfsuidRetUid(ownUID)
