@@ -46,7 +46,8 @@ type Agent struct {
 
 	// The parts, in the order New builds them. Stop skips the ones never
 	// built; the optional ones are nil with NoHosts.
-	devDir    string // Dev's temporary data dir, removed last
+	devDir    string     // Dev's temporary data dir, removed last
+	devBin    *devBinary // Dev's copy of pinnedd's binary for its built-in hosts, if made
 	dataDir   string
 	lock      *datadir.Lock
 	ln        net.Listener
@@ -115,8 +116,12 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		a.tokens.AllowLoopbackAnonymous()
 	}
 	if shared := sharedUserPlugins(cfg.Specs, os.Geteuid()); len(shared) > 0 && !cfg.Dev {
-		a.log.Warn("PLUGINS RUN AS PINNEDD'S OWN USER: they can read and alter everything pinnedd can, its data dir included (its keys are sealed under the deployment token, but not its Raft log's other entries, nor a --token-file pinnedd's user reads); run pinnedd as root with --plugin-user NAME so that each runs as a user of its own (README: Plugins and the agent's user)",
+		a.log.Warn("PLUGINS RUN AS PINNEDD'S OWN USER: they can read and alter everything pinnedd can, its data dir included (its keys are sealed under the deployment token, but not its Raft log's other entries, nor a --token-file pinnedd's user reads); run pinnedd as root, which runs them as an account of their own ("+supervisor.DefaultPluginUserName+", or --plugin-user NAME) (README: Plugins and the agent's user)",
 			"plugins", shared, "uid", os.Geteuid())
+	}
+	if nobody := sharedAccountPlugins(cfg.Specs); len(nobody) > 0 {
+		a.log.Warn("PLUGINS RUN AS THE SHARED ACCOUNT "+supervisor.SharedPluginUserName+": any other process running as "+supervisor.SharedPluginUserName+" can signal them and reach their sockets and temporary files; give them an account of their own: create "+supervisor.DefaultPluginUserName+" (systemd/pinnedd.sysusers; a root pinnedd runs its plugins as it when it exists), or set --plugin-user NAME (README: Plugins and the agent's user)",
+			"plugins", nobody)
 	}
 	if cfg.InsecureCluster {
 		a.log.Warn("INSECURE CLUSTER: Raft and node-to-node calls run without mutual TLS (--insecure-cluster); anyone who reaches --raft-addr or the front door's node-to-node routes can take this cluster over or destroy it")
@@ -255,6 +260,20 @@ func (a *Agent) reload() {
 		a.log.Error("plugin reload failed", "err", err)
 	}
 	_ = sdnotify.Ready()
+}
+
+// sharedAccountPlugins names the plugins that run as
+// supervisor.SharedPluginUserName, the default of a root pinnedd on a
+// machine without supervisor.DefaultPluginUserName (or an operator's
+// --plugin-user): an account other daemons may run as too.
+func sharedAccountPlugins(specs []supervisor.Spec) []string {
+	var out []string
+	for _, sp := range specs {
+		if sp.User != nil && sp.User.Name == supervisor.SharedPluginUserName {
+			out = append(out, sp.Name)
+		}
+	}
+	return out
 }
 
 // sharedUserPlugins names the plugins that would run as uid, pinnedd's own

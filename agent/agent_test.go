@@ -302,3 +302,16 @@ func TestSharedUserPlugins(t *testing.T) {
 		t.Fatalf("a plugin with a user of its own: %v, want none", got)
 	}
 }
+
+// A plugin run as nobody, pinnedd's fallback when the machine has no
+// pinnedd-plugin, shares that account with whatever else runs as it (the
+// agent warns about those at start).
+func TestSharedAccountPlugins(t *testing.T) {
+	specs := []supervisor.Spec{
+		{Name: "own"}, {Name: "nobody", User: &supervisor.User{Name: supervisor.SharedPluginUserName, UID: 65534}},
+		{Name: "plugin", User: &supervisor.User{Name: supervisor.DefaultPluginUserName, UID: 990}},
+	}
+	if got := sharedAccountPlugins(specs); !slices.Equal(got, []string{"nobody"}) {
+		t.Fatalf("plugins run as nobody: %v, want [nobody]", got)
+	}
+}

@@ -131,6 +131,11 @@ func (a *Agent) provisionPlugins(ctx context.Context) error {
 	if a.cfg.NoHosts {
 		return nil
 	}
+	if a.cfg.Dev {
+		if err := a.provisionDevBinary(); err != nil {
+			return err
+		}
+	}
 	sup, err := supervisor.New(supervisor.Config{
 		Specs: a.cfg.Specs, Logger: a.log, Registerer: a.reg, Store: a.states, RuntimeDir: runtimeDir(a.dataDir), FrontDoorURL: a.advertise,
 		DetachedTimeout: a.cfg.DetachedTimeout, StopGrace: a.cfg.StopGrace, StablePeriod: a.cfg.StablePeriod,

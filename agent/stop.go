@@ -134,6 +134,12 @@ func (a *Agent) stop(e Ending) error {
 			}
 			return nil
 		}},
+		{"remove the dev copy of pinnedd's binary", a.devBin != nil, 0, func(context.Context) error {
+			if err := a.devBin.remove(); err != nil {
+				a.log.Warn("remove the dev copy of pinnedd's binary", "dir", a.devBin.dir, "err", err)
+			}
+			return nil
+		}},
 	}
 	errs := []error{e.Err}
 	for _, s := range steps {

@@ -44,6 +44,11 @@ func chatBin(t *testing.T) string {
 	t.Helper()
 	chatBuildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "pinnedd-chat-")
+		if err == nil {
+			// The account a root pinnedd runs the plugin as must reach it
+			// (MkdirTemp makes the directory 0700).
+			err = os.Chmod(dir, 0o755)
+		}
 		if err != nil {
 			chatBuildErr = err
 			return

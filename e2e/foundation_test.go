@@ -42,7 +42,8 @@ func expect(t *testing.T, a *testutil.Agent, method, path string, code int, want
 // testhostAgent runs --dev with the test plugin serving its namespaces.
 func testhostAgent(t *testing.T, extra ...string) (*testutil.Agent, string) {
 	t.Helper()
-	events := filepath.Join(t.TempDir(), "events")
+	// The plugins append to it as the account a root pinnedd runs them as.
+	events := testutil.SharedFile(t, "events")
 	bin := testutil.Bin(t, "testhost")
 	args := []string{"--dev"}
 	for _, ns := range []string{"/hooks", "/keep", "/slow", "/fail", "/misc"} {
@@ -461,7 +462,9 @@ func TestWeakTokenRefused(t *testing.T) {
 // starts; a data dir's plugin sockets go when the node restarts on it.
 func TestKill9LeavesNothingBehindNextStart(t *testing.T) {
 	t.Parallel()
-	tmp := t.TempDir()
+	// The plugins' account (the suite runs as root) must reach the
+	// sockets pinnedd makes in TMPDIR: not a 0700 t.TempDir.
+	tmp := testutil.SharedDir(t)
 	env := []string{"TMPDIR=" + tmp}
 	devDirs := func() []string { m, _ := filepath.Glob(filepath.Join(tmp, "pinnedd-dev-*")); return m }
 	kill9 := func(a *testutil.Agent) {
@@ -487,7 +490,12 @@ func TestKill9LeavesNothingBehindNextStart(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
 	c := testutil.StartAgent(t, env, "--dev", "--data-dir", dir)
 	kill9(c)
-	if socks, _ := filepath.Glob(filepath.Join(dir, "run", "*.sock")); len(socks) == 0 {
+	// Plugins run as another account (as root): their sockets are in a
+	// directory of their own, through the link in run/ (the data dir is
+	// closed to them); else in run/ itself.
+	socks, _ := filepath.Glob(filepath.Join(dir, "run", "*.sock"))
+	theirs, _ := filepath.Glob(filepath.Join(dir, "run", "sockets", "*", "*.sock"))
+	if len(socks)+len(theirs) == 0 {
 		t.Fatalf("no plugin socket under %s/run to leave behind", dir)
 	}
 	d := testutil.StartAgent(t, env, "--dev", "--data-dir", dir)

@@ -225,7 +225,7 @@ func TestDrainOfDownNodeAppliesOnReturn(t *testing.T) {
 // clients only ever see retryable refusals.
 func TestHotSwapUnderLoad(t *testing.T) {
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "counter")
+	bin := filepath.Join(testutil.SharedDir(t), "counter") // the plugin account runs it
 	copyFile(t, testutil.Bin(t, "counter"), bin)
 	a := testutil.StartAgent(t, nil, "--dev", "--plugin", "/counters="+bin, "--swap-deadline", "2s")
 	var acked, refused atomic.Int64

@@ -2,11 +2,13 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -76,8 +78,8 @@ func TestPluginUser(t *testing.T) {
 	t.Parallel()
 	a, b := testUser(t, "pinnedd-test-a"), testUser(t, "pinnedd-test-b")
 	dataDir := t.TempDir()
-	agent := testutil.StartAgentBin(t, testutil.SharedBin(t, "pinnedd"), nil,
-		"--dev", "--data-dir", dataDir, "--plugin", "/counters="+testutil.SharedBin(t, "counter"),
+	agent := testutil.StartAgentBin(t, testutil.Bin(t, "pinnedd"), nil,
+		"--dev", "--data-dir", dataDir, "--plugin", "/counters="+testutil.Bin(t, "counter"),
 		"--plugin-user", a.Name, "--plugin-user", "/counters="+b.Name)
 
 	expect(t, agent, "POST", "/counters/alice/increment", 200, `{"value":1}`)
@@ -154,7 +156,7 @@ func runAgent(t *testing.T, bin string, cred *syscall.Credential, args ...string
 func TestPluginUserRefused(t *testing.T) {
 	t.Parallel()
 	a, b := testUser(t, "pinnedd-test-a"), testUser(t, "pinnedd-test-b")
-	bin := testutil.SharedBin(t, "pinnedd")
+	bin := testutil.Bin(t, "pinnedd")
 	for _, c := range []struct {
 		name string
 		cred *syscall.Credential
@@ -185,7 +187,7 @@ func TestPluginUserRefused(t *testing.T) {
 func TestAgentNonDumpable(t *testing.T) {
 	t.Parallel()
 	a := testUser(t, "pinnedd-test-a")
-	bin := testutil.SharedBin(t, "pinnedd")
+	bin := testutil.Bin(t, "pinnedd")
 	parent, err := os.MkdirTemp("", "pinnedd-nondumpable-")
 	if err != nil {
 		t.Fatal(err)
@@ -249,6 +251,12 @@ func TestAgentNonDumpable(t *testing.T) {
 	if len(kids) == 0 {
 		t.Fatal("pinnedd runs no plugin")
 	}
+	// Not root, pinnedd switches no user: its plugins share its own.
+	for _, kid := range kids {
+		if got := procUID(t, kid); got != fmt.Sprint(a.UID) {
+			t.Errorf("plugin %d of a pinnedd run as %s runs as uid %s", kid, a.Name, got)
+		}
+	}
 
 	// The kernel gives a non-dumpable process's environ to root.
 	var st syscall.Stat_t
@@ -281,23 +289,197 @@ func TestAgentNonDumpable(t *testing.T) {
 	}
 }
 
-// A fleet node whose plugins run as its own user says so at start, loudly,
-// and names them; with --plugin-user it does not.
+// A fleet node whose plugins share its user says so at start, loudly, and
+// names them: one not run as root. As root its plugins run as an account of
+// their own, the default one or --plugin-user's, and it does not.
 func TestFleetNodeSaysPluginsShareItsUser(t *testing.T) {
 	t.Parallel()
-	n := newNode(t, "n1", "--bootstrap").start(t, true)
-	if _, err := n.a.WaitLog(10*time.Second, `"level":"WARN"`, "PLUGINS RUN AS PINNEDD'S OWN USER", `"plugins":["counter"]`); err != nil {
+	const shared = "PLUGINS RUN AS PINNEDD'S OWN USER"
+	a := testUser(t, "pinnedd-test-a")
+	n := newNode(t, "n1", "--bootstrap")
+	agent := testutil.StartAgentAs(t, &syscall.Credential{Uid: a.UID, Gid: a.GID, Groups: a.Groups}, fleetEnv,
+		replaceArg(n.args, "--data-dir", userDataDir(t, a))...)
+	if _, err := agent.WaitLog(10*time.Second, `"level":"WARN"`, shared, `"plugins":["counter"]`, fmt.Sprintf(`"uid":%d`, a.UID)); err != nil {
 		t.Fatalf("no warning that the plugins share pinnedd's user: %v", err)
 	}
-	a := testUser(t, "pinnedd-test-a")
-	m := newNode(t, "n1", "--bootstrap", "--plugin-user", a.Name)
-	for i, arg := range m.args {
-		if strings.HasPrefix(arg, "/counters=") {
-			m.args[i] = "/counters=" + testutil.SharedBin(t, "counter") // a binary the plugin user can run
+	if got := procUID(t, pluginPID(t, agent, "counter")); got != fmt.Sprint(a.UID) {
+		t.Errorf("the plugin of a pinnedd run as %s runs as uid %s, want %s's", a.Name, got, a.Name)
+	}
+
+	for _, args := range [][]string{nil, {"--plugin-user", a.Name}} {
+		m := newNode(t, "n1", append([]string{"--bootstrap"}, args...)...).start(t, true)
+		if strings.Contains(m.a.Logs(), shared) {
+			t.Errorf("root, %q: warned with every plugin under a user of its own", args)
 		}
 	}
-	m.start(t, true)
-	if strings.Contains(m.a.Logs(), "PLUGINS RUN AS PINNEDD'S OWN USER") {
-		t.Fatal("warned with every plugin under a user of its own")
+}
+
+// userDataDir is a data dir that u owns, for a pinnedd run as u, in a
+// directory u may enter.
+func userDataDir(t *testing.T, u *supervisor.User) string {
+	t.Helper()
+	dir := filepath.Join(testutil.SharedDir(t), "data")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, int(u.UID), int(u.GID)); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// replaceArg is args with the value after flag set to value.
+func replaceArg(args []string, flag, value string) []string {
+	out := slices.Clone(args)
+	for i := 0; i+1 < len(out); i++ {
+		if out[i] == flag {
+			out[i+1] = value
+		}
+	}
+	return out
+}
+
+// defaultPluginUser is the account a root pinnedd runs its plugins as
+// without --plugin-user on this machine: pinnedd-plugin if it exists, else
+// nobody. No test creates pinnedd-plugin, so a run sees the same one
+// throughout.
+func defaultPluginUser(t *testing.T) *supervisor.User {
+	t.Helper()
+	sets, err := supervisor.WithDefaultPluginUser(nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sets[0].User
+}
+
+// A root pinnedd without --plugin-user runs its plugins as its default
+// account, not as root: both processes (the counter and the built-in
+// hosts) have its uid, each its own socket directory; the counter works end
+// to end; the account can neither list pinnedd's data dir nor read what is
+// in it. On a machine without pinnedd-plugin the account is nobody, and
+// pinnedd says so at start.
+func TestPluginUserDefault(t *testing.T) {
+	t.Parallel()
+	def := defaultPluginUser(t)
+	dataDir := t.TempDir()
+	agent := testutil.StartAgent(t, nil, "--dev", "--data-dir", dataDir, "--plugin", "/counters="+testutil.Bin(t, "counter"))
+
+	expect(t, agent, "POST", "/counters/alice/increment", 200, `{"value":1}`)
+	expect(t, agent, "POST", "/counters/alice/increment", 200, `{"value":2}`)
+	expect(t, agent, "GET", "/counters/alice/value", 200, `{"value":2}`)
+
+	st := getStatus(t, agent)
+	if len(st.Plugins) != 2 {
+		t.Fatalf("plugins %+v: want the counter and the built-in hosts", st.Plugins)
+	}
+	dirs := map[string]bool{}
+	for _, p := range st.Plugins {
+		if got := procUID(t, p.PID); got != fmt.Sprint(def.UID) || p.User != def.Name {
+			t.Errorf("plugin %s (pid %d) runs as uid %s, status says user %q; want %s's %d", p.Name, p.PID, got, p.User, def.Name, def.UID)
+		}
+		dirs[filepath.Dir(envOf(t, p.PID, plugins.EnvDataSocket))] = true
+	}
+	if len(dirs) != 2 {
+		t.Errorf("socket directories %v: want one for each plugin", dirs)
+	}
+
+	entries, err := os.ReadDir(dataDir)
+	if err != nil || len(entries) == 0 {
+		t.Fatalf("data dir %s: %v, %d entries", dataDir, err, len(entries))
+	}
+	if out, err := runAs(def, "ls", dataDir); err == nil || !strings.Contains(out, "Permission denied") {
+		t.Errorf("%s lists the data dir: %v %s", def.Name, err, out)
+	}
+	for _, e := range entries {
+		path := filepath.Join(dataDir, e.Name())
+		if out, err := runAs(def, "cat", path); err == nil || !strings.Contains(out, "Permission denied") {
+			t.Errorf("%s reads %s: %v %s", def.Name, path, err, out)
+		}
+	}
+
+	const warn = "PLUGINS RUN AS THE SHARED ACCOUNT nobody"
+	if def.Name == supervisor.SharedPluginUserName {
+		if _, err := agent.WaitLog(5*time.Second, `"level":"WARN"`, warn, "create pinnedd-plugin", "--plugin-user"); err != nil {
+			t.Errorf("plugins run as nobody, and no warning saying so: %v", err)
+		}
+	} else if strings.Contains(agent.Logs(), warn) {
+		t.Errorf("plugins run as %s, and pinnedd warns they run as nobody", def.Name)
+	}
+}
+
+// A plugin binary its account cannot execute (in a directory closed to it)
+// is refused at start, as a configuration the unit does not restart on
+// (78), naming the binary, the account and what to do: the default
+// account's and an operator's --plugin-user alike.
+func TestPluginUserCannotExecute(t *testing.T) {
+	t.Parallel()
+	a := testUser(t, "pinnedd-test-a")
+	def := defaultPluginUser(t)
+	closed := filepath.Join(t.TempDir(), "counter") // t.TempDir is root's, 0700
+	copyFile(t, testutil.Bin(t, "counter"), closed)
+	for _, c := range []struct {
+		name string
+		args []string
+		user string
+	}{
+		{"default", nil, def.Name},
+		{"--plugin-user", []string{"--plugin-user", a.Name}, a.Name},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			args := append([]string{"--dev", "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--plugin", "/counters=" + closed}, c.args...)
+			code, out := runAgent(t, testutil.Bin(t, "pinnedd"), nil, args...)
+			if code != 78 {
+				t.Errorf("exit %d, want 78 (a configuration refused)", code)
+			}
+			for _, want := range []string{"plugin counter runs as " + c.user, "cannot execute " + closed, "permission denied",
+				"make the binary and every directory above it executable by that account", "--plugin-user"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("output does not say %q:\n%s", want, out)
+				}
+			}
+			if strings.Contains(out, "front door listening") {
+				t.Errorf("the agent started:\n%s", out)
+			}
+		})
+	}
+}
+
+// `pinnedd agent --dev` as root, from a binary in a directory only root
+// may enter (where `go run` builds it): the built-in hosts run as the
+// default account from a copy of pinnedd's binary that it can execute, and
+// serve; the copy is gone once the agent has stopped.
+func TestDevAsRootFromPrivateBinary(t *testing.T) {
+	t.Parallel()
+	def := defaultPluginUser(t)
+	bin := filepath.Join(t.TempDir(), "pinnedd")
+	copyFile(t, testutil.Bin(t, "pinnedd"), bin)
+	agent := testutil.StartAgentBin(t, bin, nil, "--dev")
+	expect(t, agent, "POST", "/counters/alice/increment", 200, `{"value":1}`)
+
+	st := getStatus(t, agent)
+	if len(st.Plugins) != 1 || st.Plugins[0].Name != "builtin" {
+		t.Fatalf("plugins %+v: want the built-in hosts", st.Plugins)
+	}
+	p := st.Plugins[0]
+	if got := procUID(t, p.PID); got != fmt.Sprint(def.UID) || p.User != def.Name {
+		t.Errorf("the built-in hosts run as uid %s, user %q; want %s's %d", got, p.User, def.Name, def.UID)
+	}
+	if p.Path == bin || filepath.Base(p.Path) != "pinnedd" {
+		t.Fatalf("the built-in hosts run %s, want a copy of %s", p.Path, bin)
+	}
+	if _, err := agent.WaitLog(5*time.Second, "the built-in hosts run from a copy of pinnedd's binary", p.Path); err != nil {
+		t.Errorf("no word of the copy: %v", err)
+	}
+	copyDir := filepath.Dir(p.Path)
+	if fi, err := os.Stat(copyDir); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("the copy's directory: %v %v, want 0755", fi, err)
+	}
+
+	agent.Signal(syscall.SIGTERM)
+	if code, err := agent.Wait(20 * time.Second); err != nil || code != 0 {
+		t.Fatalf("agent exit %d, %v", code, err)
+	}
+	if _, err := os.Stat(copyDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the copy's directory %s after the agent stopped: %v, want it gone", copyDir, err)
 	}
 }

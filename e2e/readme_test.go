@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
 // TestReadme runs README.md as a reader would, block by block, and fails
@@ -95,7 +97,11 @@ func TestReadme(t *testing.T) {
 // runReadme runs the README's sections in a copy of the module at root,
 // with curl's requests through p if it is set.
 func runReadme(t *testing.T, root string, blocks []mdBlock, p *keptAliveProxy) {
-	tmp := t.TempDir()
+	// A directory every account may enter, as a reader's checkout usually
+	// is: the suite runs as root, and a root pinnedd runs the plugins the
+	// README builds (bin/counter, ../greeter) as its default account, which
+	// must be able to execute them (t.TempDir's are 0700).
+	tmp := testutil.SharedDir(t)
 	clone := filepath.Join(tmp, "pinnedd")
 	copyModule(t, root, clone)
 

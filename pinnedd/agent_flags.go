@@ -50,7 +50,7 @@ func agentCommand() *cli.Command {
 			&cli.DurationFlag{Name: "raft-timeout", Usage: "Raft heartbeat and election timeout", DefaultText: "hashicorp/raft's 1s; 300ms with --dev", EnvVars: []string{"PINNEDD_RAFT_TIMEOUT"}, Hidden: true},
 			&cli.StringSliceFlag{Name: "plugin", Usage: "serve `/NS=PATH`: namespace NS from the plugin binary at PATH (repeatable)", EnvVars: []string{"PINNEDD_PLUGINS"}},
 			&cli.StringSliceFlag{Name: "plugin-env", Usage: "pass `[/NS=]KEY` (pinnedd's own value) or set `[/NS=]KEY=VALUE` in plugins' environments, every plugin's or the one serving NS (repeatable); plugins get nothing else of pinnedd's environment but PATH, HOME, LANG, LC_*, TZ, TMPDIR", EnvVars: []string{"PINNEDD_PLUGIN_ENV"}},
-			&cli.StringSliceFlag{Name: "plugin-user", Usage: "run plugins as user `[/NS=]NAME`: every plugin, or the one serving NS (repeatable); its uid, groups and HOME, its sockets in a directory of its own; pinnedd must run as root, NAME must not be root", EnvVars: []string{"PINNEDD_PLUGIN_USER"}},
+			&cli.StringSliceFlag{Name: "plugin-user", Usage: "run plugins as user `[/NS=]NAME`: every plugin, or the one serving NS (repeatable); its uid, groups and HOME, its sockets in a directory of its own; pinnedd must run as root, NAME must not be root", DefaultText: "as root, pinnedd-plugin if the machine has it, else nobody; otherwise pinnedd's own user", EnvVars: []string{"PINNEDD_PLUGIN_USER"}},
 			&cli.BoolFlag{Name: "watch-plugins", Usage: "hot-swap a plugin when its binary is replaced", DefaultText: "on with --dev, off otherwise", EnvVars: []string{"PINNEDD_WATCH_PLUGINS"}},
 			&cli.StringFlag{Name: "database-url", Usage: "Postgres for instance state, shared by the fleet, so any node can restore any id; prefer DATABASE_URL (e.g. from a 0600 environment file): on the command line its password is visible to every local user (ps)", EnvVars: []string{"DATABASE_URL"}},
 			&cli.BoolFlag{Name: "local-state", Usage: "keep instance state in --data-dir instead of a shared --database-url: an id stays on its node while that node lives, but one that moves (a drain, a restart, the node's death) starts EMPTY on its new node", EnvVars: []string{"PINNEDD_LOCAL_STATE"}},
@@ -90,7 +90,13 @@ func agentCommand() *cli.Command {
 			}
 			ctx, cancel := signalContext()
 			defer cancel()
-			return agent.Run(ctx, cfg)
+			err = agent.Run(ctx, cfg)
+			if errors.Is(err, supervisor.ErrPluginBinary) {
+				// A binary its user cannot run fails every start alike:
+				// a configuration to fix, not a crash to restart.
+				return &configError{err}
+			}
+			return err
 		},
 	}
 }
@@ -286,7 +292,7 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 	if err := supervisor.ApplyPluginEnv(specs, envSets, os.LookupEnv); err != nil {
 		return cfg, err
 	}
-	if err := pluginUsers(specs, c.StringSlice("plugin-user")); err != nil {
+	if err := pluginUsers(specs, c.StringSlice("plugin-user"), os.Geteuid()); err != nil {
 		return cfg, err
 	}
 	cfg.Specs = specs
@@ -431,14 +437,15 @@ func pluginSpecs(flags []string, builtin bool) ([]supervisor.Spec, error) {
 	return specs, nil
 }
 
-// pluginUsers applies --plugin-user settings to the specs: refused unless
-// pinnedd runs as root, for root itself and for unknown users.
-func pluginUsers(specs []supervisor.Spec, flags []string) error {
-	if len(flags) == 0 {
-		return nil
-	}
-	if err := supervisor.CheckCanSwitchUser(); err != nil {
-		return fmt.Errorf("--plugin-user %w", err)
+// pluginUsers applies --plugin-user settings to the specs and, when
+// pinnedd runs as root (euid), its default user to the plugins they leave
+// out (supervisor.WithDefaultPluginUser): refused unless pinnedd runs as
+// root, for root itself and for unknown users.
+func pluginUsers(specs []supervisor.Spec, flags []string, euid int) error {
+	if len(flags) > 0 {
+		if err := supervisor.CheckCanSwitchUser(); err != nil {
+			return fmt.Errorf("--plugin-user %w", err)
+		}
 	}
 	var sets []supervisor.PluginUserSetting
 	for _, f := range flags {
@@ -447,6 +454,20 @@ func pluginUsers(specs []supervisor.Spec, flags []string) error {
 			return fmt.Errorf("--plugin-user: %w", err)
 		}
 		sets = append(sets, set)
+	}
+	sets, err := supervisor.WithDefaultPluginUser(sets, euid)
+	if err != nil {
+		return err
+	}
+	if len(sets) == 0 {
+		return nil
+	}
+	if len(flags) == 0 {
+		// Root, without the capabilities to switch (a unit's
+		// CapabilityBoundingSet=, a container's --cap-drop).
+		if err := supervisor.CheckCanSwitchUser(); err != nil {
+			return fmt.Errorf("pinnedd runs as root, so its plugins run as %s (no --plugin-user): that %w; or run pinnedd as another user (its plugins then share that user)", sets[len(sets)-1].User.Name, err)
+		}
 	}
 	if err := supervisor.ApplyPluginUsers(specs, sets); err != nil {
 		return fmt.Errorf("--plugin-user: %w", err)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pinnedd/pinnedd/agent"
 	"github.com/pinnedd/pinnedd/internal/testutil"
+	"github.com/pinnedd/pinnedd/supervisor"
 )
 
 // envLine is a KEY=value line of the env template; a commented-out one
@@ -205,4 +206,39 @@ func systemdSeconds(v string) (time.Duration, error) {
 		return time.Duration(n) * time.Second, nil
 	}
 	return time.ParseDuration(strings.ReplaceAll(v, "min", "m"))
+}
+
+// TestSystemdUnitRunsPluginsAsOtherUsers: the shipped unit runs the agent as
+// root with exactly the capabilities it checks for before running plugins
+// as other users (a missing one would refuse every start, an extra one
+// would be root's power for nothing), and pinnedd.sysusers makes the
+// account a root agent runs its plugins as by default.
+func TestSystemdUnitRunsPluginsAsOtherUsers(t *testing.T) {
+	u := unitSettings(t)
+	if u["Service.User"] != "root" || u["Service.Group"] != "root" {
+		t.Errorf("User=%q Group=%q, want root", u["Service.User"], u["Service.Group"])
+	}
+	caps := strings.Fields(u["Service.CapabilityBoundingSet"])
+	slices.Sort(caps)
+	want := supervisor.SwitchCapabilities()
+	slices.Sort(want)
+	if !slices.Equal(caps, want) {
+		t.Errorf("CapabilityBoundingSet=%q, want %q", u["Service.CapabilityBoundingSet"], want)
+	}
+	if u["Service.AmbientCapabilities"] != "" {
+		t.Errorf("AmbientCapabilities=%q: plugins would inherit them", u["Service.AmbientCapabilities"])
+	}
+	b, err := os.ReadFile("../systemd/pinnedd.sysusers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accounts []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 3 && f[0] == "u" {
+			accounts = append(accounts, f[1])
+		}
+	}
+	if !slices.Equal(accounts, []string{supervisor.DefaultPluginUserName}) {
+		t.Errorf("pinnedd.sysusers makes users %q, want %s alone", accounts, supervisor.DefaultPluginUserName)
+	}
 }

@@ -13,6 +13,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rev="${1:?usage: scripts/bench-hop-ab.sh REV}"
 tmp="$(mktemp -d)"
+# Run as root, a pinnedd runs its plugins as another account (pinnedd-plugin
+# or nobody), which must be able to execute the B build's plugins in here.
+chmod 755 "$tmp"
 cleanup() { git worktree remove --force "$tmp/src" >/dev/null 2>&1 || true; rm -rf "$tmp"; }
 trap cleanup EXIT
 git worktree add --detach "$tmp/src" "$rev" >/dev/null

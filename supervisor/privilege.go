@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/user"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -260,6 +261,18 @@ type User struct {
 	GID    uint32
 	Groups []uint32
 	Home   string
+	// Default: pinnedd chose this account (WithDefaultPluginUser), no
+	// --plugin-user did. Only what pinnedd says about it differs.
+	Default bool
+}
+
+// about names u in a message: its name and uid, and why a plugin runs as it
+// when pinnedd chose it.
+func (u *User) about() string {
+	if u.Default {
+		return fmt.Sprintf("%s (uid %d; pinnedd's default account for plugins as root without --plugin-user)", u.Name, u.UID)
+	}
+	return fmt.Sprintf("%s (uid %d)", u.Name, u.UID)
 }
 
 // LookupUser finds the account a plugin is to run as. It refuses an
@@ -322,6 +335,16 @@ var switchCaps = []struct {
 	{unix.CAP_KILL, "CAP_KILL"},
 }
 
+// SwitchCapabilities names the capabilities CheckCanSwitchUser wants (the
+// shipped systemd unit's CapabilityBoundingSet=).
+func SwitchCapabilities() []string {
+	var out []string
+	for _, c := range switchCaps {
+		out = append(out, c.name)
+	}
+	return out
+}
+
 // CheckCanSwitchUser says whether this process can start plugins as other
 // users: it must be root, with the capabilities in switchCaps (a systemd
 // unit may have taken them away).
@@ -380,6 +403,132 @@ func ParsePluginUser(s string) (PluginUserSetting, error) {
 	}
 	set.User = u
 	return set, nil
+}
+
+// The accounts a root pinnedd runs plugins as when no --plugin-user setting
+// names one for them. A plugin as root would hold everything pinnedd holds,
+// so root is never the default: DefaultPluginUserName when the machine has
+// it (systemd/pinnedd.sysusers makes it), else SharedPluginUserName, which
+// other daemons may run as too (the agent warns at start).
+const (
+	DefaultPluginUserName = "pinnedd-plugin"
+	SharedPluginUserName  = "nobody"
+)
+
+// WithDefaultPluginUser adds pinnedd's default user to settings when
+// pinnedd runs as root (euid 0) and none of them is a default of the
+// operator's (a setting without a namespace): the plugins no setting names
+// then run as DefaultPluginUserName, or SharedPluginUserName on a machine
+// without it. It is a setting like any --plugin-user one, looked up and
+// refused by LookupUser and applied by ApplyPluginUsers: one path for
+// both. Not root, pinnedd cannot switch users: settings come back as they
+// are, and its plugins share its user.
+func WithDefaultPluginUser(settings []PluginUserSetting, euid int) ([]PluginUserSetting, error) {
+	return withDefaultPluginUser(settings, euid, LookupUser)
+}
+
+func withDefaultPluginUser(settings []PluginUserSetting, euid int, lookup func(string) (*User, error)) ([]PluginUserSetting, error) {
+	if euid != 0 || slices.ContainsFunc(settings, func(s PluginUserSetting) bool { return s.Namespace == "" }) {
+		return settings, nil
+	}
+	u, err := lookup(DefaultPluginUserName)
+	var unknown user.UnknownUserError
+	if errors.As(err, &unknown) {
+		// Only a missing account falls back: one that exists and is
+		// refused (root's uid, group root) is an error to fix.
+		u, err = lookup(SharedPluginUserName)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("no account for plugins (pinnedd runs as root without --plugin-user): %w; create %s (systemd/pinnedd.sysusers) or give --plugin-user NAME", err, DefaultPluginUserName)
+	}
+	u.Default = true
+	return append(slices.Clone(settings), PluginUserSetting{User: u}), nil
+}
+
+// ErrPluginBinary: a plugin's binary the account it runs as cannot execute.
+var ErrPluginBinary = errors.New("plugin binary not executable by its user")
+
+// CheckExecutable says whether the account sp's plugin runs as can execute
+// its binary, so that pinnedd can refuse at start, saying what to do,
+// rather than fail at exec. A spec without a User runs as pinnedd, which
+// found the binary executable (--plugin): nothing to check.
+//
+// The kernel answers, for that account: faccessat2(AT_EACCESS) on a thread
+// that takes the account's file-system uid, gid and groups for the check
+// (setfsuid leaves the process's other ids alone), so every directory on
+// the path, ACLs, symlinks and noexec mounts count as they will at exec.
+// The kernel makes the process non-dumpable as its fsuid changes; pinnedd
+// already is (harden.NonDumpable). A kernel (or seccomp filter) without
+// faccessat2 cannot say: the check passes, and exec decides as before.
+func (sp *Spec) CheckExecutable() error {
+	u := sp.User
+	if u == nil {
+		return nil
+	}
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: no other goroutine runs on a thread whose
+		// credentials were changed. The runtime ends it when this
+		// goroutine returns, or parks it for good if it is the main
+		// thread, which is why accessAs puts pinnedd's ids back.
+		runtime.LockOSThread()
+		errc <- accessAs(u, sp.Path)
+	}()
+	err := <-errc
+	switch {
+	case errors.Is(err, errSwitchFS):
+		return fmt.Errorf("plugin %s: check that %s can execute %s: %w", sp.Name, u.Name, sp.Path, err)
+	case err == nil, errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EPERM):
+		return nil
+	}
+	return fmt.Errorf("%w: plugin %s runs as %s, which cannot execute %s (%w); make the binary and every directory above it executable by that account (install it root-owned, mode 0755, e.g. in /opt/pinned), or run the plugin as another account with --plugin-user",
+		ErrPluginBinary, sp.Name, u.about(), sp.Path, err)
+}
+
+// errSwitchFS: the checking thread could not take the account's ids.
+var errSwitchFS = errors.New("take the account's file-system ids")
+
+// accessAs asks the kernel whether u can execute path, with the calling
+// thread's file-system ids and groups set to u's for the call and put back
+// after it. The caller's thread must be locked and never unlocked.
+func accessAs(u *User, path string) (err error) {
+	// unix's calls are the raw, per-thread syscalls (syscall's Setgroups
+	// would change every thread of pinnedd).
+	own, err := unix.Getgroups()
+	if err != nil {
+		return fmt.Errorf("%w: getgroups: %w", errSwitchFS, err)
+	}
+	groups := make([]int, len(u.Groups))
+	for i, g := range u.Groups {
+		groups[i] = int(g)
+	}
+	if err := unix.Setgroups(groups); err != nil {
+		return fmt.Errorf("%w: setgroups: %w", errSwitchFS, err)
+	}
+	// setfsuid and setfsgid say nothing on failure: each returns the
+	// previous value, so setting the same again reads the current one.
+	ownGID, _ := unix.SetfsgidRetGid(int(u.GID))
+	ownUID, _ := unix.SetfsuidRetUid(int(u.UID))
+	defer func() {
+		// Back to pinnedd's (root's fsuid gives back the file-system
+		// capabilities the kernel took away with the change), then read.
+		_, _ = unix.SetfsuidRetUid(ownUID)
+		_, _ = unix.SetfsgidRetGid(ownGID)
+		uid, _ := unix.SetfsuidRetUid(ownUID)
+		gid, _ := unix.SetfsgidRetGid(ownGID)
+		if gerr := unix.Setgroups(own); gerr != nil || uid != ownUID || gid != ownGID {
+			// The thread stays locked, and ends or parks: nothing runs
+			// with these ids. Said all the same.
+			err = errors.Join(err, fmt.Errorf("%w: put pinnedd's back: fsuid %d, fsgid %d: %v", errSwitchFS, uid, gid, gerr))
+		}
+	}()
+	if uid, _ := unix.SetfsuidRetUid(int(u.UID)); uid != int(u.UID) {
+		return fmt.Errorf("%w: fsuid is %d", errSwitchFS, uid)
+	}
+	if gid, _ := unix.SetfsgidRetGid(int(u.GID)); gid != int(u.GID) {
+		return fmt.Errorf("%w: fsgid is %d", errSwitchFS, gid)
+	}
+	return unix.Faccessat2(unix.AT_FDCWD, path, unix.X_OK, unix.AT_EACCESS)
 }
 
 // ApplyPluginUsers sets each spec's User: the setting naming one of its

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -379,7 +380,7 @@ func ids(n uint32, times int) string {
 // user can neither list that directory nor connect to its data socket.
 func TestPluginRunsAsItsUser(t *testing.T) {
 	a, b := ensureUser(t, "pinnedd-test-a"), ensureUser(t, "pinnedd-test-b")
-	bin := testutil.SharedBin(t, "testhost")
+	bin := testutil.Bin(t, "testhost")
 	// A runtime dir others can pass through, as systemd's /run/pinnedd.
 	parent, err := os.MkdirTemp("", "pinnedd-rt-")
 	if err != nil {
@@ -520,5 +521,165 @@ func TestPluginUserRefusals(t *testing.T) {
 		if err := ApplyPluginUsers(specs(), sets); !errors.Is(err, ErrPluginUser) || !strings.Contains(err.Error(), why) {
 			t.Errorf("%v: %v, want ErrPluginUser saying %q", sets, err, why)
 		}
+	}
+}
+
+// As root with no default of the operator's, plugins run as pinnedd-plugin
+// when the machine has it, else as nobody; an operator's default, or
+// pinnedd not being root, leaves the settings as they are. A
+// pinnedd-plugin that is refused does not fall back to nobody.
+func TestDefaultPluginUser(t *testing.T) {
+	lookupOf := func(accounts map[string]*User) func(string) (*User, error) {
+		return func(name string) (*User, error) {
+			u, ok := accounts[name]
+			if !ok {
+				return nil, fmt.Errorf("%w %q: %w", ErrPluginUser, name, user.UnknownUserError(name))
+			}
+			if u.UID == 0 {
+				return nil, fmt.Errorf("%w %q: it is root (uid 0)", ErrPluginUser, name)
+			}
+			c := *u
+			return &c, nil
+		}
+	}
+	own := &User{Name: DefaultPluginUserName, UID: 990, GID: 990}
+	nobody := &User{Name: SharedPluginUserName, UID: 65534, GID: 65534}
+	ns := PluginUserSetting{Namespace: "/tally", User: &User{Name: "t", UID: 1001}}
+	for _, c := range []struct {
+		name     string
+		euid     int
+		settings []PluginUserSetting
+		accounts map[string]*User
+		want     string // the added default's name; "" none added
+		err      string
+	}{
+		{"root, pinnedd-plugin", 0, nil, map[string]*User{DefaultPluginUserName: own, SharedPluginUserName: nobody}, DefaultPluginUserName, ""},
+		{"root, only nobody", 0, nil, map[string]*User{SharedPluginUserName: nobody}, SharedPluginUserName, ""},
+		{"root, a namespace's setting only", 0, []PluginUserSetting{ns}, map[string]*User{SharedPluginUserName: nobody}, SharedPluginUserName, ""},
+		{"root, the operator's default", 0, []PluginUserSetting{{User: &User{Name: "op", UID: 1002}}}, map[string]*User{DefaultPluginUserName: own}, "", ""},
+		{"not root", 1000, nil, map[string]*User{DefaultPluginUserName: own}, "", ""},
+		{"pinnedd-plugin refused", 0, nil, map[string]*User{DefaultPluginUserName: {Name: DefaultPluginUserName}, SharedPluginUserName: nobody}, "", "it is root (uid 0)"},
+		{"no account", 0, nil, map[string]*User{}, "", "no account for plugins"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := withDefaultPluginUser(c.settings, c.euid, lookupOf(c.accounts))
+			if c.err != "" {
+				if !errors.Is(err, ErrPluginUser) || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("err %v, want ErrPluginUser saying %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.want == "" {
+				if !slices.Equal(got, c.settings) {
+					t.Fatalf("settings %v, want them unchanged", got)
+				}
+				return
+			}
+			if len(got) != len(c.settings)+1 {
+				t.Fatalf("settings %v, want one added", got)
+			}
+			def := got[len(got)-1]
+			if def.Namespace != "" || def.User.Name != c.want || !def.User.Default {
+				t.Fatalf("added %+v (user %+v), want %s as the default", def, def.User, c.want)
+			}
+		})
+	}
+	// The default goes where the operator's would: to the plugins no
+	// setting names.
+	specs := []Spec{{Name: "p", Namespaces: []string{"/misc"}}, {Name: "q", Namespaces: []string{"/tally"}}}
+	sets, err := withDefaultPluginUser([]PluginUserSetting{ns}, 0, lookupOf(map[string]*User{DefaultPluginUserName: own}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ApplyPluginUsers(specs, sets); err != nil {
+		t.Fatal(err)
+	}
+	if specs[0].User.Name != DefaultPluginUserName || specs[1].User != ns.User {
+		t.Errorf("users: p %v, q %v; want the default for p, /tally's for q", specs[0].User, specs[1].User)
+	}
+}
+
+// CheckExecutable asks the kernel for the plugin's account: a binary in a
+// directory closed to it, or not executable by it, is refused, naming the
+// binary, the account and what to do; one it can run passes. Afterwards no
+// thread of pinnedd has the account's file-system uid (the check's thread
+// puts root's back before it ends, or parks if it is the main thread).
+// New refuses such a spec.
+func TestCheckExecutable(t *testing.T) {
+	u := ensureUser(t, "pinnedd-test-a")
+	src, err := os.ReadFile(testutil.Bin(t, "testhost"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := testutil.SharedDir(t)
+	closed := filepath.Join(shared, "closed")
+	if err := os.Mkdir(closed, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	write := func(path string, mode os.FileMode) string {
+		if err := os.WriteFile(path, src, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	ok := write(filepath.Join(shared, "ok"), 0o755)
+	for _, c := range []struct {
+		path string
+		why  string
+	}{
+		{write(filepath.Join(closed, "testhost"), 0o755), "permission denied"},
+		{write(filepath.Join(shared, "owner-only"), 0o700), "permission denied"},
+		{filepath.Join(shared, "missing"), "no such file"},
+	} {
+		sp := Spec{Name: "p", Path: c.path, User: u}
+		err := sp.CheckExecutable()
+		if !errors.Is(err, ErrPluginBinary) {
+			t.Errorf("%s: %v, want ErrPluginBinary", c.path, err)
+			continue
+		}
+		for _, want := range []string{c.path, u.Name, c.why, "executable by that account", "--plugin-user"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: %q does not say %q", c.path, err, want)
+			}
+		}
+	}
+	if err := (&Spec{Name: "p", Path: ok, User: u}).CheckExecutable(); err != nil {
+		t.Errorf("a binary %s can run: %v", u.Name, err)
+	}
+	def := *u
+	def.Default = true
+	if err := (&Spec{Name: "p", Path: filepath.Join(closed, "testhost"), User: &def}).CheckExecutable(); err == nil || !strings.Contains(err.Error(), "default account") {
+		t.Errorf("pinnedd's default account: %v, want the error to say it is the default", err)
+	}
+	if err := (&Spec{Name: "p", Path: filepath.Join(closed, "testhost")}).CheckExecutable(); err != nil {
+		t.Errorf("a plugin without a user (pinnedd's own): %v, want no check", err)
+	}
+	testutil.WaitForErr(t, 5*time.Second, "every thread back to root's file-system uid", func() error {
+		tasks, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			return err
+		}
+		for _, task := range tasks {
+			b, err := os.ReadFile(filepath.Join("/proc/self/task", task.Name(), "status"))
+			if err != nil {
+				continue // gone
+			}
+			for _, line := range strings.Split(string(b), "\n") {
+				if v, ok := strings.CutPrefix(line, "Uid:"); ok && strings.Fields(v)[3] != "0" {
+					return fmt.Errorf("thread %s of %d: Uid:%s", task.Name(), os.Getpid(), v)
+				}
+			}
+		}
+		return nil
+	})
+	_, err = New(Config{Specs: []Spec{{Name: "p", Path: filepath.Join(closed, "testhost"), User: u}}})
+	if !errors.Is(err, ErrPluginBinary) {
+		t.Errorf("New with a binary its user cannot run: %v, want ErrPluginBinary", err)
 	}
 }

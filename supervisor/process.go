@@ -201,6 +201,11 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 	runtime.UnlockOSThread()
 	if err != nil {
 		client.Kill()
+		if xerr := p.spec.CheckExecutable(); xerr != nil {
+			// A binary replaced since the start (a hot swap) by one its
+			// user cannot run: say that, not exec's "permission denied".
+			err = xerr
+		}
 		return nil, fmt.Errorf("start plugin %s: %w", p.spec.Name, err)
 	}
 	raw, err := rpc.Dispense(plugins.PluginName)

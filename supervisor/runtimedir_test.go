@@ -164,7 +164,7 @@ func TestRuntimeDirUnreachableByPluginUsersFallsBack(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "run")
 	logs, logger := newLogBuffer()
 	s, err := New(Config{
-		Specs:      []Spec{{Name: "p", Path: testutil.SharedBin(t, "testhost"), Namespaces: []string{"/misc"}, User: u}},
+		Specs:      []Spec{{Name: "p", Path: testutil.Bin(t, "testhost"), Namespaces: []string{"/misc"}, User: u}},
 		Logger:     logger,
 		RuntimeDir: dir,
 	})

@@ -170,6 +170,9 @@ func New(cfg Config) (*Supervisor, error) {
 			if err := CheckCanSwitchUser(); err != nil {
 				return nil, fmt.Errorf("supervisor: plugin %s as user %s: %w", sp.Name, sp.User.Name, err)
 			}
+			if err := sp.CheckExecutable(); err != nil {
+				return nil, fmt.Errorf("supervisor: %w", err)
+			}
 		}
 		s.metrics.plugin(sp.Name)
 		s.procs = append(s.procs, &pluginProc{sup: s, spec: sp, state: StateStopped, logger: cfg.Logger.With("plugin", sp.Name), swapped: make(chan struct{})})

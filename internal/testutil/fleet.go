@@ -17,6 +17,7 @@ type Status struct {
 	} `json:"worker"`
 	Plugins []struct {
 		Name       string   `json:"name"`
+		Path       string   `json:"path"`
 		PID        int      `json:"pid"`
 		State      string   `json:"state"`
 		Restarts   int      `json:"restarts"`

@@ -55,6 +55,13 @@ func Bin(t testing.TB, name string) string {
 	defer buildMu.Unlock()
 	if buildDir == "" && buildErr == nil {
 		buildDir, buildErr = os.MkdirTemp("", "pinnedd-bin-")
+		if buildErr == nil {
+			// MkdirTemp makes it 0700. The tests run as root, and a root
+			// pinnedd runs its plugins as another account
+			// (pinnedd-plugin or nobody), which must be able to execute
+			// them: every account may enter, only root may write.
+			buildErr = os.Chmod(buildDir, 0o755)
+		}
 	}
 	if buildErr != nil {
 		t.Fatal(buildErr)
@@ -133,6 +140,19 @@ func LaunchAgent(t testing.TB, env []string, args ...string) *Agent {
 func LaunchAgentBin(t testing.TB, bin string, env []string, args ...string) *Agent {
 	t.Helper()
 	return launch(t, agentCommand(t, bin, args), env, "pinnedd")
+}
+
+// StartAgentAs is StartAgent with the agent run as cred's user: a pinnedd
+// that is not root, as the non-root systemd unit runs it.
+func StartAgentAs(t testing.TB, cred *syscall.Credential, env []string, args ...string) *Agent {
+	t.Helper()
+	cmd := agentCommand(t, Bin(t, "pinnedd"), args)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	a := launch(t, cmd, env, "pinnedd")
+	if err := a.WaitReady(30 * time.Second); err != nil {
+		t.Fatalf("pinnedd not ready: %v\n%s", err, a.Logs())
+	}
+	return a
 }
 
 // StartAgentAt is StartAgent with dir as the agent's working directory (a
@@ -708,24 +728,34 @@ func EnsureUser(t testing.TB, name string) {
 	})
 }
 
-// SharedBin copies the binary Bin builds where any user may run it (Bin
-// builds into a directory only its owner can enter).
-func SharedBin(t testing.TB, name string) string {
+// SharedDir is a temporary directory, removed when t ends, that every
+// account may enter and read (0755, where t.TempDir's are 0700): for
+// plugin binaries a test copies, which a root pinnedd's plugin account
+// must be able to execute.
+func SharedDir(t testing.TB) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "pinnedd-shared-bin-")
+	dir, err := os.MkdirTemp("", "pinnedd-shared-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	b, err := os.ReadFile(Bin(t, name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, name)
-	if err := os.WriteFile(path, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// SharedFile is an empty file in a SharedDir that every account may write:
+// for what a plugin records (TESTHOST_EVENTS), whatever account a root
+// pinnedd runs it as.
+func SharedFile(t testing.TB, name string) string {
+	t.Helper()
+	path := filepath.Join(SharedDir(t), name)
+	if err := os.WriteFile(path, nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	// The umask may have taken bits away.
+	if err := os.Chmod(path, 0o666); err != nil {
 		t.Fatal(err)
 	}
 	return path
