@@ -842,6 +842,24 @@ func startNginx(b *testing.B, bin, target string, upTLS *upstreamTLS) (string, i
 	}
 	var ssl string
 	if upTLS != nil {
+		// The node's key is sealed under the deployment token; nginx gets
+		// a copy in clear, in its own directory.
+		sealed, err := os.ReadFile(filepath.Join(upTLS.dir, clustertls.KeyFile))
+		if err != nil {
+			b.Fatal(err)
+		}
+		sealer, err := clustertls.NewSealer(testutil.Token)
+		if err != nil {
+			b.Fatal(err)
+		}
+		keyPEM, err := sealer.Open(clustertls.LabelNodeKey, sealed)
+		if err != nil {
+			b.Fatalf("the node key for nginx: %v", err)
+		}
+		keyPath := filepath.Join(dir, "node-key.pem")
+		if err := os.WriteFile(keyPath, keyPEM, 0o600); err != nil {
+			b.Fatal(err)
+		}
 		// nginx checks proxy_ssl_name with OpenSSL's X509_check_host: DNS
 		// names only, so the raft host IP a node certificate carries never
 		// matches; with no DNS name in the certificate it checks the
@@ -854,7 +872,7 @@ func startNginx(b *testing.B, bin, target string, upTLS *upstreamTLS) (string, i
 			proxy_ssl_name %s;
 			proxy_ssl_protocols TLSv1.3;
 			proxy_ssl_session_reuse on;
-`, filepath.Join(upTLS.dir, clustertls.CertFile), filepath.Join(upTLS.dir, clustertls.KeyFile),
+`, filepath.Join(upTLS.dir, clustertls.CertFile), keyPath,
 			filepath.Join(upTLS.dir, clustertls.CAFile), upTLS.name)
 	}
 	conf := fmt.Sprintf(`daemon off;
