@@ -37,14 +37,8 @@ func minted(t *testing.T, ca *clustertls.CA, node string) *http.Client {
 // throughout, and a restarted member comes back on its new certificate.
 func TestTLSRotateCA(t *testing.T) {
 	seal := sealedTLS("secret")
-	n1 := startNode(t, "n1", t.TempDir(), "", true, seal)
-	waitLeader(t, n1)
-	nodes := []*testNode{n1}
-	for _, id := range []string{"n2", "n3"} {
-		n := startNode(t, id, t.TempDir(), "", false, seal)
-		joinTLS(t, n1.srv.URL, n)
-		nodes = append(nodes, n)
-	}
+	nodes := tlsClusterWith(t, 3, seal)
+	n1 := nodes[0]
 	mustApply(t, n1, "a")
 	converged(t, nodes, []string{"a"})
 	old := n1.s.fsm.clusterCA()
@@ -109,14 +103,8 @@ func TestTLSCertificateRenewsBeforeItExpires(t *testing.T) {
 // (not retired) until it too renewed.
 func TestTLSRotateCAWithAMemberDown(t *testing.T) {
 	seal := sealedTLS("secret")
-	n1 := startNode(t, "n1", t.TempDir(), "", true, seal)
-	waitLeader(t, n1)
-	nodes := []*testNode{n1}
-	for _, id := range []string{"n2", "n3"} {
-		n := startNode(t, id, t.TempDir(), "", false, seal)
-		joinTLS(t, n1.srv.URL, n)
-		nodes = append(nodes, n)
-	}
+	nodes := tlsClusterWith(t, 3, seal)
+	n1 := nodes[0]
 	mustApply(t, n1, "a")
 	converged(t, nodes, []string{"a"})
 	down := nodes[2]

@@ -65,11 +65,8 @@ func snapshotAll(t *testing.T, nodes []*testNode) {
 // the snapshots), not a node's key; the nodes restart from their sealed keys.
 func TestTLSKeysAtRestAreSealed(t *testing.T) {
 	seal := sealedTLS("secret")
-	n1 := startNode(t, "n1", t.TempDir(), "", true, seal)
-	waitLeader(t, n1)
-	n2 := startNode(t, "n2", t.TempDir(), "", false, seal)
-	joinTLS(t, n1.srv.URL, n2)
-	nodes := []*testNode{n1, n2}
+	nodes := tlsClusterWith(t, 2, seal)
+	n1, n2 := nodes[0], nodes[1]
 	mustApply(t, n1, "a")
 	converged(t, nodes, []string{"a"})
 	testutil.WaitFor(t, 5*time.Second, "n2 holds the cluster CA", func() bool { return n2.s.fsm.clusterCA() != nil })
@@ -114,10 +111,8 @@ func TestTLSSealedKeyRefusesAnotherToken(t *testing.T) {
 // sealer: the key files in place, the CA in the log by the leader (and so in the snapshots
 // after it).
 func TestTLSKeysInClearAreSealedOnUpgrade(t *testing.T) {
-	n1 := startNode(t, "n1", t.TempDir(), "", true, tlsOn)
-	waitLeader(t, n1)
-	n2 := startNode(t, "n2", t.TempDir(), "", false, tlsOn)
-	joinTLS(t, n1.srv.URL, n2)
+	older := tlsCluster(t, 2)
+	n1, n2 := older[0], older[1]
 	mustApply(t, n1, "a")
 	converged(t, []*testNode{n1, n2}, []string{"a"})
 	testutil.WaitFor(t, 5*time.Second, "n2 holds the cluster CA", func() bool { return n2.s.fsm.clusterCA() != nil })

@@ -199,13 +199,16 @@ func joinTLS(t testing.TB, url string, n *testNode) {
 
 // tlsCluster is size nodes over mutual TLS, formed by the common path: n1 bootstraps, the
 // others join through it.
-func tlsCluster(t *testing.T, size int) []*testNode {
+func tlsCluster(t *testing.T, size int) []*testNode { return tlsClusterWith(t, size, tlsOn) }
+
+// tlsClusterWith is tlsCluster with mod (which turns TLS on) applied to every node.
+func tlsClusterWith(t *testing.T, size int, mod func(*Config)) []*testNode {
 	t.Helper()
-	n1 := startNode(t, "n1", t.TempDir(), "", true, tlsOn)
+	n1 := startNode(t, "n1", t.TempDir(), "", true, mod)
 	waitLeader(t, n1)
 	nodes := []*testNode{n1}
 	for i := 2; i <= size; i++ {
-		n := startNode(t, fmt.Sprintf("n%d", i), t.TempDir(), "", false, tlsOn)
+		n := startNode(t, fmt.Sprintf("n%d", i), t.TempDir(), "", false, mod)
 		joinTLS(t, n1.srv.URL, n)
 		nodes = append(nodes, n)
 	}
