@@ -68,29 +68,16 @@ type belief struct {
 	lostAt int64
 }
 
-// nowOf returns the time a command carries, 0 if none.
+// nowOf returns the time a command carries, 0 if none: a batch's latest.
 func nowOf(c Command) int64 {
-	switch c := c.(type) {
-	case Register:
-		return c.Now
-	case Heartbeat:
-		return c.Now
-	case Claim:
-		return c.Now
-	case DrainWorker:
-		return c.Now
-	case DrainNode:
-		return c.Now
-	case GC:
-		return c.Now
-	case Batch:
+	if b, ok := c.(Batch); ok {
 		var t int64
-		for _, sub := range c.Commands {
+		for _, sub := range b.Commands {
 			t = max(t, nowOf(sub))
 		}
 		return t
 	}
-	return 0
+	return commandNow(c)
 }
 
 func newChecker(tb testing.TB) *checker {
