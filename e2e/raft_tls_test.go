@@ -66,18 +66,7 @@ func readTLSFiles(t *testing.T, n *node) (certPEM, keyPEM []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sealed, err := os.ReadFile(filepath.Join(n.dir, "tls", clustertls.KeyFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := clustertls.NewSealer(testutil.Token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if keyPEM, err = s.Open(clustertls.LabelNodeKey, sealed); err != nil {
-		t.Fatalf("%s's key file: %v", n.id, err)
-	}
-	return certPEM, keyPEM
+	return certPEM, testutil.OpenSealed(t, filepath.Join(n.dir, "tls", clustertls.KeyFile), clustertls.LabelNodeKey)
 }
 
 // keysAtRest lists what is wrong with n's data dir: a private key in clear
@@ -377,18 +366,7 @@ func TestTLSRotateRetiresTheOldCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sealed, err := os.ReadFile(filepath.Join(n1.dir, "tls", clustertls.CAKeyFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := clustertls.NewSealer(testutil.Token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyPEM, err := s.Open(clustertls.LabelCAKey, sealed)
-	if err != nil {
-		t.Fatal(err)
-	}
+	keyPEM := testutil.OpenSealed(t, filepath.Join(n1.dir, "tls", clustertls.CAKeyFile), clustertls.LabelCAKey)
 	oldCA, err := clustertls.ParseCA(caPEM, keyPEM)
 	if err != nil {
 		t.Fatal(err)

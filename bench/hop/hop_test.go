@@ -844,18 +844,7 @@ func startNginx(b *testing.B, bin, target string, upTLS *upstreamTLS) (string, i
 	if upTLS != nil {
 		// The node's key is sealed under the deployment token; nginx gets
 		// a copy in clear, in its own directory.
-		sealed, err := os.ReadFile(filepath.Join(upTLS.dir, clustertls.KeyFile))
-		if err != nil {
-			b.Fatal(err)
-		}
-		sealer, err := clustertls.NewSealer(testutil.Token)
-		if err != nil {
-			b.Fatal(err)
-		}
-		keyPEM, err := sealer.Open(clustertls.LabelNodeKey, sealed)
-		if err != nil {
-			b.Fatalf("the node key for nginx: %v", err)
-		}
+		keyPEM := testutil.OpenSealed(b, filepath.Join(upTLS.dir, clustertls.KeyFile), clustertls.LabelNodeKey)
 		keyPath := filepath.Join(dir, "node-key.pem")
 		if err := os.WriteFile(keyPath, keyPEM, 0o600); err != nil {
 			b.Fatal(err)
