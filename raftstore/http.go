@@ -349,7 +349,9 @@ func (s *Store) issuer() (*clustertls.CA, error) {
 	if ca := s.fsm.clusterCA(); ca != nil {
 		return ca, nil
 	}
-	if s.localCA != nil {
+	// The CA this node created, before the log recorded any: never one the
+	// log superseded (a restart replays the log before it knows).
+	if _, n := s.fsm.trusted(); s.localCA != nil && n == 0 && !s.existing {
 		return s.localCA, nil
 	}
 	return nil, fmt.Errorf("%w: %w", ErrNoClusterCA, errNoCAYet)

@@ -73,12 +73,16 @@ func TestTLSRotateCA(t *testing.T) {
 		t.Fatal("after the rotation, a certificate minted from the old CA's key is accepted")
 	}
 
-	// A member restarted comes back with its renewed certificate and the new trust.
-	addr := nodes[2].s.RaftAddr()
-	nodes[2].close()
-	nodes[2] = startNode(t, "n3", nodes[2].dir, addr, false, seal)
-	mustApply(t, leaderOf(t, nodes), "c")
-	converged(t, nodes, []string{"a", "b", "c"})
+	// A member restarted comes back with its renewed certificate and the new trust; so does
+	// the node that created the retired CA (its key file names a CA no longer trusted).
+	for i, want := range [][]string{{"a", "b", "c"}, {"a", "b", "c", "d"}} {
+		n := nodes[2-2*i]
+		addr := n.s.RaftAddr()
+		n.close()
+		nodes[2-2*i] = startNode(t, n.id, n.dir, addr, false, seal)
+		mustApply(t, leaderOf(t, nodes), want[len(want)-1])
+		converged(t, nodes, want)
+	}
 }
 
 // A certificate nearing its end is renewed by its node, from the same CA, well before it

@@ -425,7 +425,12 @@ func (s *Store) setupTLS() error {
 	// The bootstrap node keeps the CA key; it proposes the CA into the log once it leads.
 	switch keyPEM, err := s.readKey(clustertls.CAKeyFile, clustertls.LabelCAKey); {
 	case err == nil:
-		if s.localCA, err = clustertls.ParseCA(s.ident.CAPEM(), keyPEM); err != nil {
+		// After a rotation the trust bundle leads with the new CA, and once
+		// the old one is retired it is not in it at all: the key file then
+		// serves nothing (the log holds every CA's key).
+		if s.localCA, err = clustertls.CAFromBundle(s.ident.CAPEM(), keyPEM); errors.Is(err, clustertls.ErrUntrusted) {
+			s.log.Info("the CA key file is of a CA no longer trusted: ignored", "file", filepath.Join(s.tlsDir, clustertls.CAKeyFile))
+		} else if err != nil {
 			return fmt.Errorf("raftstore: the CA in %s: %w", s.tlsDir, err)
 		}
 	case !errors.Is(err, os.ErrNotExist):

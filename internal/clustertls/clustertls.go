@@ -121,6 +121,25 @@ func ParseCA(certPEM, keyPEM []byte) (*CA, error) {
 	return &CA{Cert: cert, Key: key, certPEM: certPEM, keyPEM: keyPEM}, nil
 }
 
+// CAFromBundle is the CA of the bundle's certificates whose public key keyPEM's key is
+// (a bundle holds the CAs trusted through a rotation), ErrUntrusted if none.
+func CAFromBundle(bundle, keyPEM []byte) (*CA, error) {
+	key, err := ParseKey(keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	certs, err := ParseCerts(bundle)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range certs {
+		if key.PublicKey.Equal(c.PublicKey) {
+			return ParseCA(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw}), keyPEM)
+		}
+	}
+	return nil, fmt.Errorf("%w: no CA trusted has this key", ErrUntrusted)
+}
+
 // CertPEM is the CA certificate, PEM-encoded.
 func (ca *CA) CertPEM() []byte { return ca.certPEM }
 
