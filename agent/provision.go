@@ -291,6 +291,13 @@ func (a *Agent) provisionWorker(context.Context) error {
 	return nil
 }
 
+// fleetWorker: r carries a worker key whose claims admit every namespace
+// (a node's own, not a client's narrowed one).
+func fleetWorker(tokens *pinboard.Tokens, r *http.Request) bool {
+	_, err := tokens.AuthorizeFleet(r, pinboard.ScopeWorker)
+	return err == nil
+}
+
 // provisionFrontDoor builds the front door over every other part and
 // mounts the cluster's routes on it.
 func (a *Agent) provisionFrontDoor(context.Context) error {
@@ -303,7 +310,7 @@ func (a *Agent) provisionFrontDoor(context.Context) error {
 		switch {
 		case err == nil:
 			return nil
-		case insecure && tokens.Allowed(r, pinboard.ScopeWorker):
+		case insecure && fleetWorker(tokens, r):
 			// Without mutual TLS the members' own calls come here too,
 			// with their worker keys.
 			return nil

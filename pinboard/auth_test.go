@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pinnedd/pinnedd/passport"
 )
@@ -117,11 +118,18 @@ func TestClaimsNarrowTheScopes(t *testing.T) {
 		c.Tokens.Passport().Add(narrow(ScopeOperator), "ops-a")
 		c.Tokens.Passport().Add(narrow(ScopeWorker), "worker-a")
 	})
+	rig.register(t, "wa", "n1", time.Hour, "/a")
+	rig.register(t, "wb", "n2", time.Hour, "/b")
 	for _, c := range []struct {
 		method, path, body, token string
 		code                      int
 		say                       string
 	}{
+		{"POST", "/registry/drain", `{"clientId":"wa","deadline":30}`, "ops-a", 200, "wa"},
+		{"POST", "/registry/drain", `{"clientId":"wb","deadline":30}`, "ops-a", 403, "forbidden"},
+		{"POST", "/registry/register", `{"clientId":"wb","advertiseUrl":"http://10.1.2.3:80","namespaces":["/a"]}`, "worker-a", 403, "does not admit namespace /b"},
+		{"POST", "/registry/register", `{"clientId":"c","advertiseUrl":"http://10.1.2.3:80","namespaces":["/a"],"liveIds":[{"namespace":"/b","id":"x"}]}`, "worker-a", 403, "does not admit namespace /b"},
+		{"GET", "/registry/health", "", "ops-a", 200, `"ok":true`},
 		{"GET", "/_pinned/status", "", "ops-a", 403, `key \"k\" is narrowed to some`},
 		{"GET", "/registry/workers", "", "ops-a", 403, "every namespace"},
 		{"GET", "/_pinned/status", "", "full-token", 200, ""},
@@ -141,6 +149,9 @@ func TestClaimsNarrowTheScopes(t *testing.T) {
 		}
 		buf, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		if c.path == "/registry/health" && strings.Contains(string(buf), "placements") {
+			t.Errorf("health gave a narrowed key the fleet's figures: %s", buf)
+		}
 		if resp.StatusCode != c.code || !strings.Contains(string(buf), c.say) || strings.Contains(string(buf), c.token) {
 			t.Errorf("%s %s %s with %s: %d %s, want %d saying %q", c.method, c.path, c.body, c.token, resp.StatusCode, buf, c.code, c.say)
 		}

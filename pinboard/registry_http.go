@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -58,7 +59,7 @@ func (a *api) registryError(w http.ResponseWriter, r *http.Request, err error) {
 
 func (a *api) registryRegister(w http.ResponseWriter, r *http.Request) {
 	var req RegisterRequest
-	if !decodeBody(w, r, &req) || !admitsRegistration(w, r, req) {
+	if !decodeBody(w, r, &req) || !a.admitsRegistration(w, r, req) {
 		return
 	}
 	ack, err := a.registry.Register(r.Context(), req)
@@ -70,15 +71,23 @@ func (a *api) registryRegister(w http.ResponseWriter, r *http.Request) {
 }
 
 // admitsRegistration answers 403 and reports false unless the key r came
-// with admits every namespace req announces and the address it advertises
-// (claims allowedBackendHosts: an IP the claims' prefixes hold, unless
-// they hold "*").
-func admitsRegistration(w http.ResponseWriter, r *http.Request, req RegisterRequest) bool {
+// with admits every namespace req announces or keeps ids of, every
+// namespace of the worker whose session it would replace (the same client
+// id), and the address it advertises (claims allowedBackendHosts: an IP
+// the claims' prefixes hold, unless they hold "*").
+func (a *api) admitsRegistration(w http.ResponseWriter, r *http.Request, req RegisterRequest) bool {
 	k := KeyOf(r)
 	if k == nil {
 		return true
 	}
-	for _, ns := range req.Namespaces {
+	namespaces := slices.Clone(req.Namespaces)
+	for _, id := range req.LiveIDs {
+		namespaces = append(namespaces, id.Namespace)
+	}
+	if wk, ok := a.dir.Machine().Worker(req.ClientID); ok {
+		namespaces = append(namespaces, wk.Namespaces...)
+	}
+	for _, ns := range namespaces {
 		if !admitsNamespace(w, r, ns) {
 			return false
 		}
@@ -273,7 +282,7 @@ func (a *api) registryHealth(w http.ResponseWriter, r *http.Request) {
 		"quarantineMs": m.QuarantineMs(now, a.quarantine.Milliseconds()),
 		"ready":        a.readiness()["ready"],
 	}
-	err := a.tokens.Check(r, ScopeOperator)
+	_, err := a.tokens.AuthorizeFleet(r, ScopeOperator)
 	switch {
 	case errors.Is(err, ErrMissingScope), errors.Is(err, ErrMissingToken) && r.Header.Get("Authorization") == "":
 		httpx.WriteJSON(w, http.StatusOK, body)
