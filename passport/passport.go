@@ -116,13 +116,15 @@ type Passport struct {
 	keys     map[[sha256.Size]byte]*Key // by the SHA-256 of each of their tokens
 	named    []*Key
 	policies map[string]Policy // by namespace; "*" for the rest
+	// open: every namespace is anonymous (Policy's answer without a look-up).
+	open bool
 }
 
 // Single is the passport of one deployment key (or several values of it, during a rotation):
 // both scopes, unrestricted claims, every namespace anonymous. It is what PINBOARD_TOKEN
 // alone means.
 func Single(tokens ...string) *Passport {
-	p := &Passport{keys: map[[sha256.Size]byte]*Key{}, policies: map[string]Policy{"*": Anonymous}}
+	p := &Passport{keys: map[[sha256.Size]byte]*Key{}, policies: map[string]Policy{"*": Anonymous}, open: true}
 	k := &Key{Name: "deployment", Provider: "pinboard", Scopes: []Scope{Worker, Operator}, Claims: unrestricted}
 	for _, t := range tokens {
 		if t != "" {
@@ -162,6 +164,9 @@ func (p *Passport) Keys() []*Key { return p.named }
 // Policy is the policy of namespace ns: its own, or "*"'s, or Authenticated when neither is
 // given.
 func (p *Passport) Policy(ns string) Policy {
+	if p.open {
+		return Anonymous
+	}
 	if pol, ok := p.policies[ns]; ok {
 		return pol
 	}
@@ -259,6 +264,10 @@ func Parse(data []byte, getenv func(string) (string, bool), weak func(string) er
 			return nil, bad(where+".allow", "unknown policy %q (want anonymous or authenticated)", pol.Allow)
 		}
 		p.policies[ns] = pol.Allow
+	}
+	p.open = p.policies["*"] == Anonymous
+	for _, pol := range p.policies {
+		p.open = p.open && pol == Anonymous
 	}
 	return p, nil
 }

@@ -60,7 +60,8 @@ func (t *Tokens) Collector() prometheus.Collector { return t.refused }
 
 // keyError is a refusal of a known key: its name labels the count.
 type keyError struct {
-	key string
+	key    string
+	reason string // for the count: scope or claims
 	error
 }
 
@@ -74,8 +75,8 @@ func (t *Tokens) Refuse(w http.ResponseWriter, err error) {
 		key = ke.key
 	}
 	switch {
-	case errors.Is(err, ErrMissingScope):
-		reason = "scope"
+	case ke.reason != "":
+		reason = ke.reason
 	case errors.Is(err, ErrMissingToken):
 		reason = "missing"
 	}
@@ -163,7 +164,7 @@ func (t *Tokens) Authorize(r *http.Request, scopes ...Scope) (*passport.Key, err
 			return k, nil
 		}
 	}
-	return nil, keyError{k.Name, fmt.Errorf("%w %s (key %q)", ErrMissingScope, joinScopes(scopes), k.Name)}
+	return nil, keyError{k.Name, "scope", fmt.Errorf("%w %s (key %q)", ErrMissingScope, joinScopes(scopes), k.Name)}
 }
 
 // Allowed reports whether r may act with scope (Check without the reason).
@@ -188,7 +189,7 @@ func (t *Tokens) Require(h http.HandlerFunc, scopes ...Scope) http.HandlerFunc {
 // RequireFleet is Require for a route that reads or acts on the whole
 // fleet: the key's claims must admit every namespace too (a key narrowed
 // to some namespaces reaches only the routes that name one, and checks it
-// there: AdmitsNamespace, AdmitsWorker).
+// there: admitsNamespace, admitsDrainTarget, admitsRegistration).
 func (t *Tokens) RequireFleet(h http.HandlerFunc, scopes ...Scope) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		k, err := t.AuthorizeFleet(r, scopes...)
@@ -205,7 +206,7 @@ func (t *Tokens) RequireFleet(h http.HandlerFunc, scopes ...Scope) http.HandlerF
 func (t *Tokens) AuthorizeFleet(r *http.Request, scopes ...Scope) (*passport.Key, error) {
 	k, err := t.Authorize(r, scopes...)
 	if err == nil && !k.Claims.AllNamespaces() {
-		return nil, keyError{k.Name, fmt.Errorf("%w %s over every namespace (key %q is narrowed to some)", ErrMissingScope, joinScopes(scopes), k.Name)}
+		return nil, keyError{k.Name, "claims", fmt.Errorf("%w %s over every namespace (key %q is narrowed to some)", ErrMissingScope, joinScopes(scopes), k.Name)}
 	}
 	return k, err
 }

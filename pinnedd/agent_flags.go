@@ -60,6 +60,7 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "token", Usage: "deployment token (worker and operator scopes); prefer PINBOARD_TOKEN or --token-file: on the command line it is visible to every local user (ps)", EnvVars: []string{"PINBOARD_TOKEN"}},
 			tokenFileFlag(),
 			&cli.StringFlag{Name: "passport", Usage: "read the passport (keys with scopes and claims, namespace policies) from this `FILE`; PINBOARD_PASSPORT holds one inline (JSON); without either, PINBOARD_TOKEN is the one key, with every scope, and every namespace is anonymous", EnvVars: []string{"PINNEDD_PASSPORT_FILE"}},
+			&cli.StringFlag{Name: "passport-json", Hidden: true, Usage: "the passport inline (JSON)", EnvVars: []string{"PINBOARD_PASSPORT"}},
 			&cli.GenericFlag{Name: "lease-ttl", Value: &msDuration{pinboard.DefaultLeaseTTL}, Usage: "worker lease TTL: a duration (15s) or milliseconds (15000)", EnvVars: envVars("PINBOARD_LEASE_TTL_MS")},
 			&cli.DurationFlag{Name: "heartbeat-interval", Value: pinboard.DefaultHeartbeatInterval, Usage: "worker heartbeat interval", EnvVars: []string{"PINNEDD_HEARTBEAT_INTERVAL"}},
 			&cli.DurationFlag{Name: "detached-timeout", Value: 60 * time.Second, Usage: "evict an instance with no open request for this long (a host may set its own)", EnvVars: []string{"PINNEDD_DETACHED_TIMEOUT"}},
@@ -309,7 +310,7 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 // inline), nil for none. The node's own token must be a worker key of it
 // whose claims admit every namespace the node's --plugin flags name.
 func passportFrom(c *cli.Context, tokens []string, specs []supervisor.Spec) (*passport.Passport, error) {
-	inline, file := os.Getenv("PINBOARD_PASSPORT"), c.String("passport")
+	inline, file := c.String("passport-json"), c.String("passport")
 	var doc []byte
 	switch {
 	case inline != "" && file != "":

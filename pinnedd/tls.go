@@ -85,9 +85,12 @@ func tlsCommand() *cli.Command {
 							st, err = raftstore.TLSVia(ctx, hc, url, token)
 							return err
 						})
-						if err == nil && len(st.Trusted) == 1 && st.Trusted[0] == fp {
+						switch {
+						case err == nil && len(st.Trusted) == 1 && st.Trusted[0] == fp:
 							_, err = fmt.Fprintln(c.App.Writer, "every member renewed; the old CA is retired")
 							return err
+						case errors.Is(err, raftstore.ErrUnauthorized), errors.Is(err, raftstore.ErrForbidden), errors.Is(err, raftstore.ErrBadRequest):
+							return err // waiting longer changes nothing
 						}
 						if time.Now().After(deadline) {
 							return fmt.Errorf("the old CA is still trusted after %s: a member has not renewed yet (down? see `pinnedd members`); it is retired once every member did, or once the member is removed", c.Duration("wait"))

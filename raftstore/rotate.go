@@ -154,7 +154,9 @@ func (s *Store) refreshIdentity() error {
 		return nil // no CA recorded yet (the bootstrap node before it proposed it)
 	}
 	newCA := issuer != nil && leaf.CheckSignatureFrom(issuer.Cert) != nil
-	renew := newCA || (issuer != nil && time.Until(leaf.NotAfter) < s.certValidity()/3)
+	// Near its end, unless it ends with its CA already (a new one would too: the CA needs
+	// rotating, not the certificate renewing).
+	renew := newCA || (issuer != nil && time.Until(leaf.NotAfter) < s.certValidity()/3 && leaf.NotAfter.Before(issuer.Cert.NotAfter))
 	if !renew && bytes.Equal(bundle, s.ident.CAPEM()) {
 		return nil
 	}
@@ -175,15 +177,17 @@ func (s *Store) refreshIdentity() error {
 	if err := clustertls.WriteFile(filepath.Join(s.tlsDir, clustertls.CAFile), bundle, 0o600); err != nil {
 		return err
 	}
-	if renew {
-		if err := clustertls.WriteFile(filepath.Join(s.tlsDir, clustertls.CertFile), certPEM, 0o600); err != nil {
-			return err
-		}
-	}
-	replaced := s.ident.Previous()
+	// A certificate a new CA replaces is kept (before the new one is written, so a crash
+	// between loses neither); Set carries one kept before over while its CA is trusted.
+	var replaced []byte
 	if newCA {
 		_, replaced, _ = s.ident.Leaf()
 		if err := clustertls.WriteFile(filepath.Join(s.tlsDir, clustertls.PrevCertFile), replaced, 0o600); err != nil {
+			return err
+		}
+	}
+	if renew {
+		if err := clustertls.WriteFile(filepath.Join(s.tlsDir, clustertls.CertFile), certPEM, 0o600); err != nil {
 			return err
 		}
 	}
@@ -191,7 +195,7 @@ func (s *Store) refreshIdentity() error {
 		return err
 	}
 	if replaced != nil {
-		_ = s.ident.SetPrevious(replaced) // kept while its CA is trusted
+		_ = s.ident.SetPrevious(replaced)
 	}
 	if s.ident.Previous() == nil {
 		if err := os.Remove(filepath.Join(s.tlsDir, clustertls.PrevCertFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
