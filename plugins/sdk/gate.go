@@ -89,8 +89,9 @@ func (g *gate) WriteHeader(code int) {
 		return
 	}
 	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
-		// Informational: advisory, so it goes only if nothing waits.
-		if g.admit() {
+		// Informational: advisory, so it goes only if nothing waits (and
+		// makes nothing after it wait).
+		if !g.held && (g.unconfirmed.Load() || g.st.done.Load() >= g.st.enq.Load()) {
 			g.w.WriteHeader(code)
 		}
 		return
@@ -114,6 +115,9 @@ func (g *gate) Write(p []byte) (int, error) {
 }
 
 func (g *gate) start() {
+	if g.code == 0 {
+		g.code = http.StatusOK
+	}
 	if !g.started {
 		g.started = true
 		g.w.WriteHeader(g.code)
@@ -131,7 +135,9 @@ func (g *gate) release() error {
 		return g.failed
 	}
 	g.held = false
-	g.start()
+	if g.code != 0 { // a hijack with no status of its own sends none
+		g.start()
+	}
 	buf := g.buf
 	g.buf = nil
 	if len(buf) == 0 {
@@ -198,8 +204,12 @@ func (g *gate) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if g.failed != nil {
 		return nil, nil, g.failed
 	}
+	g.admit() // what the connection carries from now on is an output too
 	if err := g.release(); err != nil {
 		return nil, nil, err
+	}
+	if g.code != 0 {
+		g.start() // a status written before (an upgrade's 101): net/http sends it as it hijacks
 	}
 	c, rw, err := http.NewResponseController(g.w).Hijack()
 	if err == nil {
@@ -219,9 +229,8 @@ func (g *gate) finish() {
 	if g.hijacked || g.failed != nil {
 		return
 	}
-	if g.code == 0 {
-		_, _ = g.Write(nil)
-	}
+	// The end of the response (a bare status included) waits like any output.
+	g.admit()
 	if g.release() == nil {
 		g.start()
 	}

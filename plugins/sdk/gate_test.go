@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -41,6 +42,44 @@ func gateHost() sdk.Host {
 		mux.HandleFunc("GET /get-unconfirmed", func(w http.ResponseWriter, r *http.Request) {
 			sdk.AllowUnconfirmed(r)
 			get(w)
+		})
+		// Outputs other than body bytes: a bare status, a 1xx then a
+		// status, a hijack answering itself, a 101 before a hijack.
+		mux.HandleFunc("POST /set-204", func(w http.ResponseWriter, r *http.Request) {
+			if tray.Set("v", "204") == nil {
+				w.WriteHeader(http.StatusNoContent)
+			}
+		})
+		mux.HandleFunc("POST /set-103", func(w http.ResponseWriter, r *http.Request) {
+			if tray.Set("v", "103") == nil {
+				w.WriteHeader(http.StatusEarlyHints)
+				w.WriteHeader(http.StatusCreated)
+			}
+		})
+		mux.HandleFunc("POST /set-hijack", func(w http.ResponseWriter, r *http.Request) {
+			if tray.Set("v", "hijack") != nil {
+				return
+			}
+			c, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nhi\n")
+		})
+		mux.HandleFunc("POST /set-101", func(w http.ResponseWriter, r *http.Request) {
+			if tray.Set("v", "101") != nil {
+				return
+			}
+			w.Header().Set("Upgrade", "echo")
+			w.Header().Set("Connection", "Upgrade")
+			w.WriteHeader(http.StatusSwitchingProtocols)
+			c, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			_, _ = io.WriteString(c, "hello")
 		})
 		mux.HandleFunc("GET /stream", func(w http.ResponseWriter, r *http.Request) {
 			rc := http.NewResponseController(w)
@@ -197,4 +236,65 @@ func TestFencedWriteAnswers503(t *testing.T) {
 		resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("fenced write: %+v, then %d (Retry-After %q)", r, resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
+}
+
+// Every kind of output waits for the write queued before it: a status
+// with no body, a status after a 1xx, a hijacked connection (the 101 an
+// upgrade wrote before hijacking goes out first).
+func TestGateHoldsStatusesAndHijacksBehindAWrite(t *testing.T) {
+	for _, c := range []struct {
+		path string
+		code int
+		body string
+	}{
+		{"/set-204", http.StatusNoContent, ""},
+		{"/set-103", http.StatusCreated, ""},
+		{"/set-hijack", http.StatusOK, "hi\n"},
+	} {
+		t.Run(c.path, func(t *testing.T) {
+			store := faulty.New(memstore.New())
+			rt, _ := activateThing(t, store, gateHost(), "a", 1)
+			do := serveThing(t, rt, "a")
+			gate := holdCommits(store)
+			t.Cleanup(gate.Open)
+			answer := async(do, "POST", c.path)
+			<-gate.Entered()
+			select {
+			case r := <-answer:
+				t.Fatalf("answered %d %q while its write was held", r.code, r.body)
+			case <-time.After(300 * time.Millisecond):
+			}
+			gate.Open()
+			if r := <-answer; r.err != nil || r.code != c.code || r.body != c.body {
+				t.Fatalf("after the commit: %d %q %v, want %d %q", r.code, r.body, r.err, c.code, c.body)
+			}
+		})
+	}
+	t.Run("/set-101", func(t *testing.T) {
+		store := faulty.New(memstore.New())
+		rt, _ := activateThing(t, store, gateHost(), "a", 1)
+		srv := httptest.NewServer(rt)
+		t.Cleanup(srv.Close)
+		gate := holdCommits(store)
+		t.Cleanup(gate.Open)
+		conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "POST /set-101 HTTP/1.1\r\nHost: x\r\n%s: /things\r\n%s: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\nContent-Length: 0\r\n\r\n", plugins.HeaderNamespace, plugins.HeaderID)
+		got := make(chan string, 1)
+		go func() { b, _ := io.ReadAll(conn); got <- string(b) }()
+		<-gate.Entered()
+		select {
+		case b := <-got:
+			t.Fatalf("answered %q while its write was held", b)
+		case <-time.After(300 * time.Millisecond):
+		}
+		gate.Open()
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if b := <-got; !strings.HasPrefix(b, "HTTP/1.1 101") || !strings.HasSuffix(b, "hello") {
+			t.Fatalf("upgrade answered %q, want a 101 then hello", b)
+		}
+	})
 }
