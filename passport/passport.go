@@ -15,6 +15,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/pinnedd/pinnedd/plugins"
 )
 
 // Scope is a right a key carries.
@@ -114,8 +116,7 @@ var unrestricted = Claims{Namespaces: []string{"*"}, Hostnames: []string{"*"}, E
 // Passport is the deployment's keys and namespace policies.
 type Passport struct {
 	keys     map[[sha256.Size]byte]*Key // by the SHA-256 of each of their tokens
-	named    []*Key
-	policies map[string]Policy // by namespace; "*" for the rest
+	policies map[string]Policy          // by namespace; "*" for the rest
 	// open: every namespace is anonymous (Policy's answer without a look-up).
 	open bool
 }
@@ -131,7 +132,6 @@ func Single(tokens ...string) *Passport {
 			p.keys[sha256.Sum256([]byte(t))] = k
 		}
 	}
-	p.named = []*Key{k}
 	return p
 }
 
@@ -143,7 +143,6 @@ func (p *Passport) Add(k *Key, tokens ...string) *Passport {
 			p.keys[sha256.Sum256([]byte(t))] = k
 		}
 	}
-	p.named = append(p.named, k)
 	return p
 }
 
@@ -157,9 +156,6 @@ func (p *Passport) Lookup(token string) (*Key, bool) {
 	k, ok := p.keys[sha256.Sum256([]byte(token))]
 	return k, ok
 }
-
-// Keys are the passport's keys, in its order.
-func (p *Passport) Keys() []*Key { return p.named }
 
 // Policy is the policy of namespace ns: its own, or "*"'s, or Authenticated when neither is
 // given.
@@ -231,7 +227,7 @@ func Parse(data []byte, getenv func(string) (string, bool), weak func(string) er
 				return nil, bad(kw+".claims.pinboard", "%v", err)
 			}
 			k.Claims = claims
-			refs, err := kd.Token.refs()
+			refs, err := tokenRefs(kd.Token)
 			if err != nil {
 				return nil, bad(kw+".token", "%v", err)
 			}
@@ -252,13 +248,14 @@ func Parse(data []byte, getenv func(string) (string, bool), weak func(string) er
 				}
 				p.keys[h] = k
 			}
-			p.named = append(p.named, k)
 		}
 	}
 	for ns, pol := range doc.Namespaces {
-		where := "namespaces[" + strconvQuote(ns) + "]"
-		if ns != "*" && (!strings.HasPrefix(ns, "/") || len(ns) < 2 || strings.Contains(ns[1:], "/")) {
-			return nil, bad(where, "not a namespace: want \"*\" or \"/name\"")
+		where := fmt.Sprintf("namespaces[%q]", ns)
+		if ns != "*" {
+			if err := plugins.ValidateNamespace(ns); err != nil {
+				return nil, bad(where, "not a namespace nor \"*\": %v", err)
+			}
 		}
 		if pol.Allow != Anonymous && pol.Allow != Authenticated {
 			return nil, bad(where+".allow", "unknown policy %q (want anonymous or authenticated)", pol.Allow)
@@ -272,8 +269,6 @@ func Parse(data []byte, getenv func(string) (string, bool), weak func(string) er
 	return p, nil
 }
 
-func strconvQuote(s string) string { b, _ := json.Marshal(s); return string(b) }
-
 type passportDoc struct {
 	Providers  []providerDoc        `json:"providers"`
 	Namespaces map[string]policyDoc `json:"namespaces"`
@@ -286,10 +281,10 @@ type providerDoc struct {
 }
 
 type keyDoc struct {
-	Name   string    `json:"name"`
-	Token  tokenDoc  `json:"token"`
-	Scopes []Scope   `json:"scopes"`
-	Claims claimsDoc `json:"claims"`
+	Name   string          `json:"name"`
+	Token  json.RawMessage `json:"token"`
+	Scopes []Scope         `json:"scopes"`
+	Claims claimsDoc       `json:"claims"`
 }
 
 type policyDoc struct {
@@ -300,26 +295,20 @@ type envRef struct {
 	Env string `json:"env"`
 }
 
-// tokenDoc is {"env": NAME} or an array of them (the values of a key being rotated).
-type tokenDoc struct{ raw json.RawMessage }
-
-func (t *tokenDoc) UnmarshalJSON(b []byte) error {
-	t.raw = append(json.RawMessage(nil), b...)
-	return nil
-}
-
-func (t tokenDoc) refs() ([]envRef, error) {
-	if len(t.raw) == 0 {
+// tokenRefs reads a key's token: {"env": NAME} or an array of them (the values of a key
+// being rotated).
+func tokenRefs(raw json.RawMessage) ([]envRef, error) {
+	if len(raw) == 0 {
 		return nil, errors.New(`missing (want {"env": NAME} or an array of them)`)
 	}
 	var refs []envRef
-	if bytes.HasPrefix(bytes.TrimSpace(t.raw), []byte("[")) {
-		if err := strictJSON(t.raw, &refs); err != nil {
+	if bytes.HasPrefix(bytes.TrimSpace(raw), []byte("[")) {
+		if err := strictJSON(raw, &refs); err != nil {
 			return nil, err
 		}
 	} else {
 		var one envRef
-		if err := strictJSON(t.raw, &one); err != nil {
+		if err := strictJSON(raw, &one); err != nil {
 			return nil, err
 		}
 		refs = []envRef{one}
@@ -355,8 +344,11 @@ func (d claimsDoc) claims() (Claims, error) {
 	}
 	pc := d.Pinboard
 	for _, ns := range pc.Namespaces {
-		if ns != "*" && (!strings.HasPrefix(ns, "/") || len(ns) < 2 || strings.Contains(ns[1:], "/")) {
-			return c, fmt.Errorf("namespaces: %q is not \"*\" nor a namespace (\"/name\")", ns)
+		if ns == "*" {
+			continue
+		}
+		if err := plugins.ValidateNamespace(ns); err != nil {
+			return c, fmt.Errorf("namespaces: %q is not \"*\" nor a namespace: %w", ns, err)
 		}
 	}
 	c.Namespaces = pc.Namespaces
