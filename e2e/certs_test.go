@@ -47,7 +47,7 @@ func certRequest(t *testing.T, client *http.Client, base, id string, keyPEM []by
 	return resp.StatusCode, string(b)
 }
 
-// Issue 28, findings 1 and 6, with real processes. The deployment token buys no certificate
+// With real processes: the deployment token buys no certificate
 // in a live member's name (403, logged at WARN with the requester), while a member renews its
 // own over its certificate on the cluster port. A join captured on the way (n3's, through a
 // recording proxy) and sent again after `pinnedd remove n3` is refused and n3 stays out; n3

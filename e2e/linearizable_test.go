@@ -136,10 +136,8 @@ func (h *linHistory) record(client, node int, in linInput, call int64, r testuti
 // Reads and increments of twelve counters through all three nodes of a
 // Postgres-backed fleet, while owners are paused past their lease
 // (SIGSTOP, SIGCONT), Postgres is cut off, and an owner is killed
-// (kill -9), make a linearizable history
-// under the status contract. Before the output gate a read could answer a
-// value still in flight that the owner's death then lost, and porcupine
-// found no linearization.
+// (kill -9), make a linearizable history under the status contract: no
+// read answers a value still in flight that the owner's death then loses.
 func TestCounterLinearizableUnderOwnerFaults(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.NewDatabase(t)

@@ -89,9 +89,7 @@ func configFromEnv(t *testing.T, env map[string]string) (agent.Config, error) {
 // placeholders filled in (the token, the plugin binary), is a configuration
 // the agent accepts, and so is its documented alternative for instance state
 // (--local-state instead of DATABASE_URL). Every variable it names, set or
-// commented out, is one the agent reads. (The template used to leave
-// DATABASE_URL unset, saying that meant an embedded store; a fleet node
-// refuses that, and the unit restarted it every 2 s forever.)
+// commented out, is one the agent reads.
 func TestSystemdEnvTemplateStartsANode(t *testing.T) {
 	active, commented := readEnvTemplate(t)
 	known := agentEnvVars()
