@@ -4,10 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -112,23 +109,10 @@ func TestPassportRefusedAtStart(t *testing.T) {
 		{strings.Replace(passportJ, `"namespaces":["*"],"allowedBackendHosts"`, `"namespaces":["/hooks"],"allowedBackendHosts"`, 1), "does not admit namespace /counters"},
 		{strings.Replace(passportJ, `"name":"node","token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:worker"]`, `"name":"node","token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:operator"]`, 1), "not a key of it with scope pinboard:worker"},
 	} {
-		code, out := runAgentEnv(t, bin, []string{"PINBOARD_PASSPORT=" + c.passport, "OPS_KEY=" + opsKey, "HOOKS_KEY=" + hooksKey, "COUNT_KEY=" + countKey},
+		code, out := runAgentEnv(t, bin, nil, []string{"PINBOARD_PASSPORT=" + c.passport, "OPS_KEY=" + opsKey, "HOOKS_KEY=" + hooksKey, "COUNT_KEY=" + countKey},
 			"--bootstrap", "--local-state", "--data-dir", t.TempDir(), "--plugin", "/counters="+testutil.Bin(t, "counter"))
 		if code == 0 || !strings.Contains(out, c.want) {
 			t.Errorf("passport %.60s...: exit %d, want a refusal saying %q:\n%s", c.passport, code, c.want, out)
 		}
 	}
-}
-
-// runAgentEnv runs `pinnedd agent` with args and env (on top of the
-// deployment token) to its end, and returns its exit code and output.
-func runAgentEnv(t *testing.T, bin string, env []string, args ...string) (int, string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, append([]string{"agent"}, args...)...)
-	cmd.Env = append(append(os.Environ(), "PINBOARD_TOKEN="+testutil.Token), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out, _ := cmd.CombinedOutput()
-	return cmd.ProcessState.ExitCode(), string(out)
 }

@@ -142,10 +142,16 @@ func TestPluginUser(t *testing.T) {
 // at start) and returns its exit code and output.
 func runAgent(t *testing.T, bin string, cred *syscall.Credential, args ...string) (int, string) {
 	t.Helper()
+	return runAgentEnv(t, bin, cred, nil, args...)
+}
+
+// runAgentEnv is runAgent with env on top of the deployment token.
+func runAgentEnv(t *testing.T, bin string, cred *syscall.Credential, env []string, args ...string) (int, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, append([]string{"agent"}, args...)...)
-	cmd.Env = append(os.Environ(), "PINBOARD_TOKEN="+testutil.Token)
+	cmd.Env = append(append(os.Environ(), "PINBOARD_TOKEN="+testutil.Token), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
 	out, _ := cmd.CombinedOutput()
 	return cmd.ProcessState.ExitCode(), string(out)
