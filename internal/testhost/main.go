@@ -79,6 +79,8 @@ var activations atomic.Int64
 // testhost with -ldflags "-X main.version=..." to see which binary serves.
 var version = "dev"
 
+var sleeping atomic.Int64
+
 func main() {
 	if p := os.Getenv("TESTHOST_PROTOCOL"); p != "" {
 		v, err := strconv.ParseUint(p, 10, 32)
@@ -247,6 +249,9 @@ func misc(inst *sdk.Instance) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/panic", func(http.ResponseWriter, *http.Request) { panic("boom") })
 	mux.HandleFunc("/crash", func(http.ResponseWriter, *http.Request) { os.Exit(3) })
+	// How many /sleep requests this process holds: a test that must act
+	// while one is inside the plugin (not merely admitted) waits for it.
+	mux.HandleFunc("/sleeping", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, sleeping.Load()) })
 	mux.HandleFunc("/pid", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, os.Getpid()) })
 	mux.HandleFunc("/version", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, version) })
 	mux.HandleFunc("/call", func(w http.ResponseWriter, r *http.Request) {
@@ -321,6 +326,8 @@ func misc(inst *sdk.Instance) http.Handler {
 	})
 	mux.HandleFunc("/sleep", func(w http.ResponseWriter, r *http.Request) {
 		ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
+		sleeping.Add(1)
+		defer sleeping.Add(-1)
 		select {
 		case <-time.After(time.Duration(ms) * time.Millisecond):
 			fmt.Fprint(w, "slept")
