@@ -13,9 +13,11 @@ package agent
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"slices"
@@ -26,6 +28,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pinnedd/pinnedd/internal/certfile"
 	"github.com/pinnedd/pinnedd/internal/clustertls"
 	"github.com/pinnedd/pinnedd/internal/datadir"
 	"github.com/pinnedd/pinnedd/internal/harden"
@@ -51,17 +54,23 @@ type Agent struct {
 	dataDir   string
 	lock      *datadir.Lock
 	ln        net.Listener
+	frontCert *certfile.Pair // the front door's HTTPS pair; nil: plain HTTP
 	advertise string
-	states    statestore.Store
-	sup       *supervisor.Supervisor
-	machine   *directory.Machine // Raft's replica of the directory
-	sealer    *clustertls.Sealer // the keys at rest's (provisionSealer); nil without a token
-	store     *raftstore.Store
-	dir       *pinboard.Directory
-	registry  *pinboard.Registry
-	worker    *pinboard.Worker
-	fd        *pinboard.FrontDoor
-	serving   atomic.Pointer[pinboard.FrontDoor] // fd, for hooks that may run before it exists
+	// memberRoots verify members' HTTPS front doors (the system roots and
+	// --http-tls-ca; nil: the system roots): joinClient's calls (joining
+	// through one) and the registry's challenge probes.
+	memberRoots *x509.CertPool
+	joinClient  *http.Client
+	states      statestore.Store
+	sup         *supervisor.Supervisor
+	machine     *directory.Machine // Raft's replica of the directory
+	sealer      *clustertls.Sealer // the keys at rest's (provisionSealer); nil without a token
+	store       *raftstore.Store
+	dir         *pinboard.Directory
+	registry    *pinboard.Registry
+	worker      *pinboard.Worker
+	fd          *pinboard.FrontDoor
+	serving     atomic.Pointer[pinboard.FrontDoor] // fd, for hooks that may run before it exists
 
 	leave    chan time.Duration // POST /_pinned/leave, with its drain deadline
 	serveErr chan error
@@ -185,7 +194,7 @@ func (a *Agent) Start() {
 		a.background(ctx, fenceGC.Run)
 	}
 	if a.cfg.Join != "" {
-		a.background(ctx, func(ctx context.Context) { joinUntilDone(ctx, a.cfg.Join, a.cfg.Tokens[0], a.store, a.log) })
+		a.background(ctx, func(ctx context.Context) { joinUntilDone(ctx, a.cfg.Join, a.store, a.joinClient, a.log) })
 	}
 	if a.cfg.Join == "" && (!a.cfg.Bootstrap || a.store.HadExistingState()) {
 		a.background(ctx, func(ctx context.Context) { waitToBeJoined(ctx, a.store, a.advertise, a.log) })
@@ -249,17 +258,21 @@ func (a *Agent) Wait(ctx context.Context) Ending {
 	}
 }
 
-// reload hot-swaps every plugin (SIGHUP, systemctl reload).
+// reload re-reads the front door's certificate and hot-swaps every plugin
+// (SIGHUP, systemctl reload).
 func (a *Agent) reload() {
+	_ = sdnotify.Reloading()
+	defer func() { _ = sdnotify.Ready() }()
+	if a.frontCert != nil {
+		_ = a.frontCert.Reload() // logged; the working pair stays
+	}
 	if a.sup == nil {
 		return
 	}
-	_ = sdnotify.Reloading()
 	a.log.Info("SIGHUP: reloading plugins")
 	if err := a.sup.Reload(context.Background(), ""); err != nil {
 		a.log.Error("plugin reload failed", "err", err)
 	}
-	_ = sdnotify.Ready()
 }
 
 // sharedAccountPlugins names the plugins that run as

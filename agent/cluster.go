@@ -47,8 +47,7 @@ func memberAPIAddrs(store *raftstore.Store) []string {
 // joinUntilDone asks the member at url to add this node, retrying with
 // backoff until it succeeds: on a restart it is harmless (join is
 // idempotent), and the member may simply not be up yet.
-func joinUntilDone(ctx context.Context, url, token string, store *raftstore.Store, log *slog.Logger) {
-	client := &http.Client{Timeout: 15 * time.Second}
+func joinUntilDone(ctx context.Context, url string, store *raftstore.Store, client *http.Client, log *slog.Logger) {
 	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 10*time.Second) {
 		err := store.JoinCluster(ctx, client, url)
 		if err == nil {
@@ -74,7 +73,7 @@ func joinUntilDone(ctx context.Context, url, token string, store *raftstore.Stor
 
 // joinHandler serves POST /_pinned/join {"url": ...}: `pinnedd join` asks
 // the local agent to join the cluster through the member at url.
-func joinHandler(tokens *pinboard.Tokens, store *raftstore.Store, log *slog.Logger) http.Handler {
+func joinHandler(tokens *pinboard.Tokens, store *raftstore.Store, client *http.Client, log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, err := tokens.AuthorizeFleet(r, pinboard.ScopeOperator); err != nil {
 			tokens.Refuse(w, err)
@@ -93,7 +92,7 @@ func joinHandler(tokens *pinboard.Tokens, store *raftstore.Store, log *slog.Logg
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 		defer cancel()
-		err := store.JoinCluster(ctx, &http.Client{}, req.URL)
+		err := store.JoinCluster(ctx, client, req.URL)
 		if err != nil {
 			log.Warn("join failed", "via", req.URL, "err", err)
 			httpx.WriteError(w, http.StatusBadGateway, "join via "+req.URL+": "+err.Error(), 0)

@@ -32,6 +32,13 @@ type Config struct {
 	// other nodes reach it (default http://<bound HTTPAddr>).
 	HTTPAddr     string
 	AdvertiseURL string
+	// HTTPTLSCert and HTTPTLSKey, if set, make the front door serve HTTPS
+	// with this pair (reloaded when the files change, and on SIGHUP).
+	HTTPTLSCert string
+	HTTPTLSKey  string
+	// HTTPTLSCA, if set, verifies other members' HTTPS front doors (an
+	// https Join URL), besides the system roots.
+	HTTPTLSCA string
 	// DataDir holds the node's durable state; empty with Dev only.
 	DataDir string
 	// Tokens are the deployment tokens accepted; the first is the one
@@ -107,7 +114,7 @@ func (c Config) raftTLS() *raftstore.TLSConfig {
 // at start: the agent keeps them (a plugin's socket under DataDir is dialed
 // long after, by code that must not depend on the working directory).
 func (c *Config) absolute() error {
-	paths := []*string{&c.DataDir, &c.TLSCA, &c.TLSCert, &c.TLSKey}
+	paths := []*string{&c.DataDir, &c.TLSCA, &c.TLSCert, &c.TLSKey, &c.HTTPTLSCert, &c.HTTPTLSKey, &c.HTTPTLSCA}
 	for i := range c.Specs {
 		paths = append(paths, &c.Specs[i].Path)
 	}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/pinnedd/pinnedd/internal/certfile"
 	"github.com/pinnedd/pinnedd/internal/clustertls"
 	"github.com/pinnedd/pinnedd/internal/datadir"
 	"github.com/pinnedd/pinnedd/internal/procstat"
@@ -65,18 +67,45 @@ func (a *Agent) provisionDataDir(context.Context) error {
 // provisionListener binds the front door's address and settles the URL
 // other nodes reach it at.
 func (a *Agent) provisionListener(context.Context) error {
+	scheme := "http"
+	if a.cfg.HTTPTLSCert != "" {
+		pair, err := certfile.Load(a.cfg.HTTPTLSCert, a.cfg.HTTPTLSKey, a.log)
+		if err != nil {
+			return fmt.Errorf("front door: --http-tls-cert, --http-tls-key: %w", err)
+		}
+		a.frontCert, scheme = pair, "https"
+	}
+	var err error
+	if a.memberRoots, err = certfile.Roots(a.cfg.HTTPTLSCA); err != nil {
+		return fmt.Errorf("--http-tls-ca: %w", err)
+	}
+	a.joinClient = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: a.memberRoots, MinVersion: tls.VersionTLS12}, ForceAttemptHTTP2: true,
+		TLSHandshakeTimeout: 10 * time.Second, ResponseHeaderTimeout: 30 * time.Second,
+	}}
 	ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("front door: %w", err)
 	}
 	a.ln = ln
-	a.advertise, err = advertiseURL(a.cfg.AdvertiseURL, ln.Addr())
-	return err
+	if a.advertise, err = advertiseURL(a.cfg.AdvertiseURL, scheme, ln.Addr()); err != nil {
+		return err
+	}
+	if a.frontCert != nil {
+		// The registry probes the advertise URL (this node's own
+		// registration too), and members join through it: a certificate
+		// they cannot verify would fail there, later and less clearly.
+		u, _ := url.Parse(a.advertise)
+		if err := a.frontCert.Verify(a.memberRoots, u.Hostname()); err != nil {
+			return fmt.Errorf("front door: --http-tls-cert does not verify for the advertise URL %s with the system roots or --http-tls-ca (pass the CA that issued it as --http-tls-ca; the certificate must name that host): %w", a.advertise, err)
+		}
+	}
+	return nil
 }
 
-// advertiseURL is the flag's value, or http://<bound address> when that
+// advertiseURL is the flag's value, or scheme://<bound address> when that
 // names a concrete host.
-func advertiseURL(flag string, bound net.Addr) (string, error) {
+func advertiseURL(flag, scheme string, bound net.Addr) (string, error) {
 	if flag != "" {
 		u, err := url.Parse(flag)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -88,7 +117,7 @@ func advertiseURL(flag string, bound net.Addr) (string, error) {
 	if !ok || tcp.IP.IsUnspecified() {
 		return "", fmt.Errorf("--http-addr %s listens on every interface: set --advertise-url to the address other nodes reach", bound)
 	}
-	return "http://" + bound.String(), nil
+	return scheme + "://" + bound.String(), nil
 }
 
 // provisionStateStore opens the node's instance state store: Postgres with
@@ -251,6 +280,7 @@ func (a *Agent) provisionDirectory(context.Context) error {
 		a.dir.SealSecretWith(func(plain []byte) []byte { return a.sealer.Seal(clustertls.LabelClusterSecret, plain) })
 	}
 	a.registry = pinboard.NewRegistry(a.dir, a.cfg.LeaseTTL)
+	a.registry.VerifyWith(a.memberRoots)
 	return nil
 }
 
@@ -291,6 +321,14 @@ func (a *Agent) provisionWorker(context.Context) error {
 	return nil
 }
 
+// frontDoorTLS is the front door's HTTPS config, nil for plain HTTP.
+func (a *Agent) frontDoorTLS() *tls.Config {
+	if a.frontCert == nil {
+		return nil
+	}
+	return a.frontCert.ServerConfig()
+}
+
 // fleetWorker: r carries a worker key whose claims admit every namespace
 // (a node's own, not a client's narrowed one).
 func fleetWorker(tokens *pinboard.Tokens, r *http.Request) bool {
@@ -320,7 +358,7 @@ func (a *Agent) provisionFrontDoor(context.Context) error {
 		return err
 	}
 	a.fd.Handle(raftstore.HandlerPrefix, store.Handler(member))
-	a.fd.Handle("POST /_pinned/join", joinHandler(tokens, store, a.log))
+	a.fd.Handle("POST /_pinned/join", joinHandler(tokens, store, a.joinClient, a.log))
 	a.fd.Handle("POST /_pinned/leave", a.fd.RequireScope(pinboard.ScopeOperator, leaveHandler(store, a.cfg.DrainDeadline, a.leave)))
 	// Go's profiles, for an operator chasing CPU or memory in a running
 	// node (Consul and Nomad expose them behind an operator ACL too).
@@ -345,12 +383,16 @@ func (a *Agent) frontDoorConfig() pinboard.FrontDoorConfig {
 		MaxConnsPerIP: cfg.MaxConnsPerIP, MaxConns: cfg.MaxConns, PeerAddrs: func() []string { return memberAPIAddrs(store) },
 		Policy: pinboard.PlacementPolicy{BalanceFactor: cfg.BalanceFactor}, TrustedProxies: cfg.TrustedProxies,
 		PeerTLS: store.PeerTLS(), PeerAddr: store.PeerAddr,
+		TLS:    a.frontDoorTLS(),
 		Ready:  func() bool { id, _ := store.Leader(); return id != "" && store.Fault() == nil },
 		Health: func() map[string]any { return raftHealth(store) },
 		Status: func() map[string]any {
 			st := map[string]any{
 				"nodeId": cfg.NodeID, "version": cfg.Version, "dev": cfg.Dev, "advertiseUrl": a.advertise, "pid": os.Getpid(),
 				"raft": raftHealth(store), "clusterTLS": store.ClusterTLS(), "insecureCluster": cfg.InsecureCluster,
+			}
+			if a.frontCert != nil {
+				st["frontDoorCertNotAfter"] = a.frontCert.NotAfter().UTC().Format(time.RFC3339)
 			}
 			if sup != nil {
 				st["plugins"], st["instances"] = sup.Plugins(), sup.Instances()

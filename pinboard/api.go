@@ -35,6 +35,7 @@ type api struct {
 	drainHook     func(deadline time.Time, cordon bool)
 	windDown      func(ns, id string, deadline time.Time) int
 	reload        func(ctx context.Context, ns string) error
+	https         bool // the front door serves TLS
 }
 
 // mount registers the API's routes on mux.
@@ -105,9 +106,19 @@ func (a *api) readyz(w http.ResponseWriter, _ *http.Request) {
 	httpx.WriteJSON(w, code, body)
 }
 
+// scheme is how the front door serves clients: "https", or "http" (keys
+// and bodies in clear), for /readyz and status.
+func (a *api) scheme() string {
+	if a.https {
+		return "https"
+	}
+	return "http"
+}
+
 // readiness is /readyz's body: "ready", and why not (lease, stateStore,
 // reason); "cluster": "insecure" on a node whose node-to-node traffic runs
-// without mutual TLS (--insecure-cluster), for whoever watches readiness.
+// without mutual TLS (--insecure-cluster), and "frontDoor" (http or
+// https), for whoever watches readiness.
 func (a *api) readiness() map[string]any {
 	ready := a.ready == nil || a.ready()
 	body := map[string]any{}
@@ -135,6 +146,7 @@ func (a *api) readiness() map[string]any {
 	if !a.peer.secure() {
 		body["cluster"] = "insecure"
 	}
+	body["frontDoor"] = a.scheme()
 	body["ready"] = ready
 	return body
 }
@@ -142,7 +154,7 @@ func (a *api) readiness() map[string]any {
 // nodeStatus serves GET /_pinned/status: the worker's state and what the
 // Status hook adds (plugins, instances).
 func (a *api) nodeStatus(w http.ResponseWriter, _ *http.Request) {
-	body := map[string]any{}
+	body := map[string]any{"frontDoor": a.scheme()}
 	if a.worker != nil {
 		body["worker"] = a.worker.Status()
 	}

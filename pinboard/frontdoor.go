@@ -117,6 +117,10 @@ type FrontDoorConfig struct {
 	// MaxBodyBytes caps a request body (boundRequest): over it, 413; 0:
 	// no cap.
 	MaxBodyBytes int64
+	// TLS, if set, makes Serve serve HTTPS (HTTP/2 and HTTP/1.1, as its
+	// NextProtos offer) on the listeners it is given. TLS clients stay in
+	// net/http: the kept-alive loop takes plain connections only.
+	TLS *tls.Config
 }
 
 // FrontDoor is the node's HTTP entry point: the router of every request
@@ -158,6 +162,8 @@ type FrontDoor struct {
 	accessLog       bool
 	fastPath        bool
 
+	tls *tls.Config // Serve's HTTPS; nil: plain HTTP
+
 	limiter   *ConnLimiter
 	fleetIPs  peerSet // the fleet's own IPs, exempt from the per-IP cap
 	peerAddrs func() []string
@@ -176,7 +182,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		dir: cfg.Dir, tokens: cfg.Tokens, logger: cfg.Logger, mux: &routeMux{ServeMux: http.NewServeMux()},
 		trustedProxies: cfg.TrustedProxies, affinityKey: cfg.AffinityKey, clusterCalls: cfg.ClusterCalls,
 		bodyReadTimeout: cfg.BodyReadTimeout, maxBody: cfg.MaxBodyBytes, accessLog: cfg.AccessLog, fastPath: cfg.FastPath,
-		peerAddrs: cfg.PeerAddrs, capPerIP: cfg.MaxConnsPerIP > 0,
+		peerAddrs: cfg.PeerAddrs, capPerIP: cfg.MaxConnsPerIP > 0, tls: cfg.TLS,
 		transport: newPeerTransport(cfg.Transport, cfg.PeerTLS, cfg.PeerAddr),
 	}
 	f.res = newResolver(cfg.Dir, cfg.Worker, cfg.Local, cfg.Policy, cfg.Quarantine, cfg.Logger)
@@ -189,6 +195,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		peer: f.transport, logger: cfg.Logger, quarantine: cfg.Quarantine, stopping: f.stopping.Load,
 		metrics: cfg.Metrics, metricsPublic: cfg.MetricsPublic, health: cfg.Health, ready: cfg.Ready, status: cfg.Status,
 		workerStats: cfg.WorkerStats, drainHook: cfg.Drain, windDown: cfg.WindDown, reload: cfg.Reload,
+		https: cfg.TLS != nil,
 	}
 	f.limiter = NewConnLimiter(ConnLimits{PerIP: cfg.MaxConnsPerIP, Total: cfg.MaxConns, Exempt: f.exemptFromIPCap},
 		cfg.Logger, cfg.Registerer)
@@ -250,13 +257,19 @@ func (f *FrontDoor) register(reg prometheus.Registerer, worker *Worker) {
 }
 
 // Serve serves the front door on ln until Shutdown, with its connection
-// caps (MaxConnsPerIP, MaxConns) and net/http's bounds; with FastPath, the
-// kept-alive loop takes the connections it can serve.
+// caps (MaxConnsPerIP, MaxConns) and net/http's bounds, over TLS if the
+// config has it (the handshake bounded as a request's header is); with
+// FastPath, the kept-alive loop takes the connections it can serve.
 func (f *FrontDoor) Serve(ln net.Listener) error {
 	if f.fastPath {
 		f.serveHandBacks(f.srv)
 	}
 	ln = f.Listener(ln)
+	if f.tls != nil {
+		// With no TLSConfig of its own, net/http sets up HTTP/2 for the
+		// *tls.Conn this listener returns when ALPN chose h2.
+		ln = tls.NewListener(ln, f.tls)
+	}
 	f.lnMu.Lock()
 	f.lns = append(f.lns, ln)
 	f.serving.Add(1)

@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -108,6 +110,14 @@ func NewRegistry(dir *Directory, ttl time.Duration) *Registry {
 		ttl = DefaultLeaseTTL
 	}
 	return &Registry{dir: dir, ttl: ttl, client: &http.Client{Timeout: 2 * time.Second}}
+}
+
+// VerifyWith makes the challenge probes verify an https advertise URL
+// with roots (nil: the system roots).
+func (r *Registry) VerifyWith(roots *x509.CertPool) {
+	r.client = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+	}}
 }
 
 // TTL is the lease TTL the registry grants.

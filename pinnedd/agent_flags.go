@@ -35,7 +35,10 @@ func agentCommand() *cli.Command {
 			&cli.BoolFlag{Name: "dev", Usage: "one-node cluster in a temporary data dir, built-in example hosts, calls from loopback need no token (else dev-token); refused in production", EnvVars: []string{"PINNEDD_DEV"}},
 			&cli.StringFlag{Name: "node-id", Usage: "this node's name in the cluster", DefaultText: "the hostname", EnvVars: []string{"PINNEDD_NODE_ID"}},
 			&cli.StringFlag{Name: "http-addr", Value: "127.0.0.1:8080", Usage: "front door listen address", EnvVars: []string{"PINNEDD_HTTP_ADDR"}},
-			&cli.StringFlag{Name: "advertise-url", Usage: "URL other nodes reach this one at", DefaultText: "http://<http-addr>", EnvVars: envVars("PINNEDD_ADVERTISE_URL")},
+			&cli.StringFlag{Name: "advertise-url", Usage: "URL other nodes reach this one at", DefaultText: "http(s)://<http-addr>", EnvVars: envVars("PINNEDD_ADVERTISE_URL")},
+			&cli.StringFlag{Name: "http-tls-cert", Usage: "serve the front door over HTTPS with this certificate (PEM, with --http-tls-key); reloaded when the file changes and on SIGHUP", EnvVars: []string{"PINNEDD_HTTP_TLS_CERT"}},
+			&cli.StringFlag{Name: "http-tls-key", Usage: "the private key (PEM) of --http-tls-cert", EnvVars: []string{"PINNEDD_HTTP_TLS_KEY"}},
+			&cli.StringFlag{Name: "http-tls-ca", Usage: "a CA certificate (PEM) that verifies other members' HTTPS front doors (an https --join URL, `pinnedd join`), besides the system roots", EnvVars: []string{"PINNEDD_HTTP_TLS_CA"}},
 			&cli.StringFlag{Name: "data-dir", Usage: "where durable node state lives (Raft log, snapshots); --dev without it uses a temporary one", EnvVars: []string{"PINNEDD_DATA_DIR"}},
 			&cli.StringFlag{Name: "raft-addr", Value: "127.0.0.1:8300", Usage: "Raft transport listen address", DefaultText: "127.0.0.1:8300; with --dev a free loopback port", EnvVars: []string{"PINNEDD_RAFT_ADDR"}},
 			&cli.StringFlag{Name: "raft-advertise-addr", Usage: "Raft address other nodes dial", DefaultText: "the bound --raft-addr", EnvVars: []string{"PINNEDD_RAFT_ADVERTISE_ADDR"}},
@@ -166,6 +169,9 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 		NodeID:            c.String("node-id"),
 		HTTPAddr:          c.String("http-addr"),
 		AdvertiseURL:      c.String("advertise-url"),
+		HTTPTLSCert:       c.String("http-tls-cert"),
+		HTTPTLSKey:        c.String("http-tls-key"),
+		HTTPTLSCA:         c.String("http-tls-ca"),
 		DataDir:           c.String("data-dir"),
 		LeaseTTL:          c.Generic("lease-ttl").(*msDuration).d,
 		Heartbeat:         c.Duration("heartbeat-interval"),
@@ -348,10 +354,12 @@ func passportFrom(c *cli.Context, tokens []string, specs []supervisor.Spec) (*pa
 }
 
 // checkClusterTLS: --tls-ca, --tls-cert and --tls-key go together, and not with
-// --insecure-cluster.
+// --insecure-cluster; --http-tls-cert and --http-tls-key go together.
 func checkClusterTLS(cfg agent.Config) error {
 	own := cfg.TLSCA != "" || cfg.TLSCert != "" || cfg.TLSKey != ""
 	switch {
+	case (cfg.HTTPTLSCert == "") != (cfg.HTTPTLSKey == ""):
+		return errors.New("the front door's HTTPS needs --http-tls-cert and --http-tls-key together (make a pair with `pinnedd tls cert create --node <name> --host <address>`)")
 	case own && cfg.InsecureCluster:
 		return errors.New("--insecure-cluster turns Raft's TLS off: it excludes --tls-ca, --tls-cert and --tls-key")
 	case own && (cfg.TLSCA == "" || cfg.TLSCert == "" || cfg.TLSKey == ""):

@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"strconv"
@@ -20,6 +22,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/pinnedd/pinnedd/internal/certfile"
 	"github.com/pinnedd/pinnedd/raftstore"
 )
 
@@ -60,6 +63,8 @@ func clientFlags() []cli.Flag {
 		&cli.StringFlag{Name: "token", Usage: "operator token (none: only an agent in --dev accepts calls from loopback without one); prefer PINBOARD_TOKEN or --token-file: on the command line it is visible to every local user (ps)", EnvVars: []string{"PINBOARD_TOKEN"}},
 		tokenFileFlag(),
 		&cli.DurationFlag{Name: "timeout", Value: defaultTimeout, Usage: "give up on a call the agent has not answered within this long", EnvVars: []string{"PINNEDD_TIMEOUT"}},
+		&cli.StringFlag{Name: "ca", Usage: "a CA certificate (PEM) that verifies an https:// --addr, besides the system roots", EnvVars: []string{"PINNEDD_CA"}},
+		&cli.BoolFlag{Name: "insecure", Usage: "send the token over plain http:// to an address off this machine, where anyone on the path can read it", EnvVars: []string{"PINNEDD_INSECURE"}},
 	}
 }
 
@@ -70,6 +75,7 @@ type agentClient struct {
 	timeout time.Duration
 	refused time.Duration // how long a refused connection is retried
 	http    *http.Client
+	tls     *tls.Config // verifies an https base
 }
 
 func newAgentClient(c *cli.Context) (*agentClient, error) {
@@ -92,13 +98,47 @@ func newAgentClient(c *cli.Context) (*agentClient, error) {
 	if err != nil {
 		return nil, err
 	}
+	if token != "" && !c.Bool("insecure") {
+		if err := keyTravelsSafely(base); err != nil {
+			return nil, err
+		}
+	}
+	tr := rd.transport()
+	if tr.TLSClientConfig, err = caConfig(c.String("ca")); err != nil {
+		return nil, err
+	}
 	return &agentClient{
 		base:    base,
 		token:   token,
 		timeout: timeout,
 		refused: rd.window,
-		http:    &http.Client{Transport: rd.transport()},
+		http:    &http.Client{Transport: tr},
+		tls:     tr.TLSClientConfig,
 	}, nil
+}
+
+// keyTravelsSafely refuses to send a bearer key to base over plain HTTP
+// off this machine: anyone on the path could read and reuse it.
+func keyTravelsSafely(base string) error {
+	u, err := url.Parse(base)
+	if err != nil || u.Scheme == "https" {
+		return err
+	}
+	host := u.Hostname()
+	if ip, err := netip.ParseAddr(host); (err == nil && ip.IsLoopback()) || strings.EqualFold(host, "localhost") {
+		return nil
+	}
+	return usagef("refusing to send the token in clear to %s: use an https:// --addr (the agent's --http-tls-cert; --ca verifies a private CA), or pass --insecure to send it anyway", base)
+}
+
+// caConfig is the TLS client config verifying an https --addr: the system
+// roots, and the CA in file if one is given.
+func caConfig(file string) (*tls.Config, error) {
+	roots, err := certfile.Roots(file)
+	if err != nil {
+		return nil, usagef("--ca: %v", err)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}, nil
 }
 
 // normalizeAddr turns what an operator may type for an agent's address
@@ -329,6 +369,8 @@ type statusView struct {
 	Version      string `json:"version"`
 	Dev          bool   `json:"dev"`
 	AdvertiseURL string `json:"advertiseUrl"`
+	FrontDoor    string `json:"frontDoor"` // http or https
+	CertNotAfter string `json:"frontDoorCertNotAfter"`
 	PID          int    `json:"pid"`
 	Worker       struct {
 		ClientID    string `json:"clientId"`
@@ -388,6 +430,12 @@ func printStatus(out io.Writer, st statusView) error {
 	fmt.Fprintf(w, "node\t%s (pinnedd %s, pid %d)\n", st.NodeID, st.Version, st.PID)
 	fmt.Fprintf(w, "mode\t%s\n", mode)
 	fmt.Fprintf(w, "advertise\t%s\n", st.AdvertiseURL)
+	switch {
+	case st.FrontDoor == "https":
+		fmt.Fprintf(w, "front door\thttps (certificate valid until %s)\n", st.CertNotAfter)
+	case st.FrontDoor != "":
+		fmt.Fprintf(w, "front door\t%s (keys and bodies travel in clear: see --http-tls-cert)\n", st.FrontDoor)
+	}
 	fmt.Fprintf(w, "worker\t%s lease %s (expires in %dms)%s\n", st.Worker.ClientID, st.Worker.Lease, st.Worker.ExpiresInMs, st.Worker.drainView.text(", ", time.Now()))
 	fmt.Fprintln(w, "\nPLUGIN\tSTATE\tPID\tRESTARTS\tNAMESPACES")
 	for _, p := range st.Plugins {

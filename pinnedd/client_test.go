@@ -153,3 +153,32 @@ func TestRefusedWindowFor(t *testing.T) {
 		}
 	}
 }
+
+// A token goes in clear only to this machine; anywhere else it needs
+// https (or --insecure, which skips this check).
+func TestKeyTravelsSafely(t *testing.T) {
+	for _, c := range []struct {
+		base string
+		ok   bool
+	}{
+		{"http://127.0.0.1:8080", true},
+		{"http://127.8.9.10:8080", true},
+		{"http://[::1]:8080", true},
+		{"http://localhost:8080", true},
+		{"http://LOCALHOST:8080", true},
+		{"https://10.0.0.5:8080", true},
+		{"https://node1.example:8443", true},
+		{"http://10.0.0.5:8080", false},
+		{"http://node1.example:8080", false},
+		{"http://localhost.evil.example:8080", false},
+		{"http://[::ffff:10.0.0.5]:8080", false},
+	} {
+		err := keyTravelsSafely(c.base)
+		if (err == nil) != c.ok {
+			t.Errorf("%s: %v, want ok %v", c.base, err, c.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "--insecure") {
+			t.Errorf("%s: the refusal does not name --insecure: %v", c.base, err)
+		}
+	}
+}

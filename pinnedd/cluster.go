@@ -199,7 +199,7 @@ func leaveCommand() *cli.Command {
 				return nil
 			}
 			bound := deadline + 30*time.Second
-			if err := waitGone(c.Context, ac.base, bound); err != nil {
+			if err := ac.waitGone(c.Context, bound); err != nil {
 				return fmt.Errorf("%s: %w", node, err)
 			}
 			_, err = fmt.Fprintf(c.App.Writer, "%s left the cluster\n", node)
@@ -211,13 +211,15 @@ func leaveCommand() *cli.Command {
 // errStillServing is waitGone's failure: the agent answered for too long.
 var errStillServing = errors.New("still answers /healthz")
 
-// waitGone polls base's /healthz until it stops answering (the process has
-// exited), for at most bound.
-func waitGone(ctx context.Context, base string, bound time.Duration) error {
+// waitGone polls the agent's /healthz until it stops answering (the
+// process has exited), for at most bound.
+func (ac *agentClient) waitGone(ctx context.Context, bound time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	// No retry of refused connections here: a refusal is the answer awaited.
-	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	base := ac.base
+	// No retry of refused connections here: a refusal is the answer
+	// awaited. The agent's TLS is verified as for the call that made it leave.
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: ac.tls}}
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for {

@@ -89,12 +89,15 @@ func moduleRoot() string {
 
 // Agent is a running `pinnedd agent` process.
 type Agent struct {
-	t    testing.TB
-	Cmd  *exec.Cmd
-	URL  string
-	logs *logBuffer
-	done chan struct{}
-	err  error // from Wait, valid after done
+	t   testing.TB
+	Cmd *exec.Cmd
+	URL string // https:// for a front door with --http-tls-cert
+	// Client, if set, is what Do sends with (an HTTPS front door's test
+	// sets one trusting its CA); nil: http.DefaultClient.
+	Client *http.Client
+	logs   *logBuffer
+	done   chan struct{}
+	err    error // from Wait, valid after done
 }
 
 // Token is the deployment token every agent a test starts gets (an env
@@ -250,12 +253,17 @@ func launch(t testing.TB, cmd *exec.Cmd, env []string, what string) *Agent {
 		t.Fatalf("%s did not start: %v\n%s", what, err, logs.String())
 	}
 	var rec struct {
-		Addr string `json:"addr"`
+		Addr      string `json:"addr"`
+		Advertise string `json:"advertise_url"`
 	}
 	if err := json.Unmarshal([]byte(line), &rec); err != nil || rec.Addr == "" {
 		t.Fatalf("parse listen line %q: %v", line, err)
 	}
-	a.URL = "http://" + rec.Addr
+	scheme := "http"
+	if strings.HasPrefix(rec.Advertise, "https:") {
+		scheme = "https"
+	}
+	a.URL = scheme + "://" + rec.Addr
 	return a
 }
 
@@ -468,6 +476,7 @@ type Response struct {
 	Code   int
 	Header http.Header
 	Body   string
+	Proto  string // HTTP/1.1, HTTP/2.0
 }
 
 // JSON decodes the body into v.
@@ -484,12 +493,21 @@ func (r Response) JSONErr(v any) error { return json.Unmarshal([]byte(r.Body), v
 // Do sends a request to the agent (path relative to its URL) with the dev
 // token, and reads the whole answer.
 func (a *Agent) Do(method, path, body string) (Response, error) {
-	return Do(context.Background(), method, a.URL+path, body, map[string]string{"Authorization": "Bearer " + Token})
+	c := a.Client
+	if c == nil {
+		c = http.DefaultClient
+	}
+	return DoWith(context.Background(), c, method, a.URL+path, body, map[string]string{"Authorization": "Bearer " + Token})
 }
 
 // Do sends one request and reads the whole answer, within 30 s unless ctx
 // says otherwise: a test must fail, not hang, when a node stops answering.
 func Do(ctx context.Context, method, url, body string, headers map[string]string) (Response, error) {
+	return DoWith(ctx, http.DefaultClient, method, url, body, headers)
+}
+
+// DoWith is Do through client.
+func DoWith(ctx context.Context, client *http.Client, method, url, body string, headers map[string]string) (Response, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
@@ -506,13 +524,13 @@ func Do(ctx context.Context, method, url, body string, headers map[string]string
 	for k, v := range headers {
 		req.Header.Set(k, v)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return Response{}, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return Response{Code: resp.StatusCode, Header: resp.Header, Body: string(b)}, err
+	return Response{Code: resp.StatusCode, Header: resp.Header, Body: string(b), Proto: resp.Proto}, err
 }
 
 // MustDo is Do that fails the test on a transport error.
