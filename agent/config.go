@@ -110,6 +110,29 @@ func (c Config) raftTLS() *raftstore.TLSConfig {
 	return &raftstore.TLSConfig{CAFile: c.TLSCA, CertFile: c.TLSCert, KeyFile: c.TLSKey}
 }
 
+// nodeTokens are the values of this node's own key: the token it sends
+// first, then, with a passport, the other values its key lists (a rotation
+// under way). They seal its keys at rest (the first seals, any opens) and
+// are the tokens a join proof may be made with and the CA is pinned for.
+func (c Config) nodeTokens() []string {
+	if len(c.Tokens) == 0 || c.Tokens[0] == "" {
+		return nil
+	}
+	own := c.Tokens[0]
+	out := []string{own}
+	if c.Passport == nil {
+		return append(out, c.Tokens[1:]...)
+	}
+	if k, ok := c.Passport.Lookup(own); ok {
+		for _, t := range k.Tokens() {
+			if t != own {
+				out = append(out, t)
+			}
+		}
+	}
+	return out
+}
+
 // absolute makes every path in c absolute, against the working directory
 // at start: the agent keeps them (a plugin's socket under DataDir is dialed
 // long after, by code that must not depend on the working directory).

@@ -225,7 +225,7 @@ func (a *Agent) provisionRaft(ctx context.Context) error {
 		NodeID: cfg.NodeID, RaftAddr: cfg.RaftAddr, AdvertiseRaftAddr: cfg.RaftAdvertiseAddr,
 		APIAddr: a.advertise, DataDir: a.dataDir, Bootstrap: cfg.Bootstrap, MaxVoters: cfg.MaxVoters,
 		LogStore: cfg.RaftLogStore, TLS: tlsCfg,
-		Logger: a.log, Token: cfg.Tokens[0], Sealer: a.sealer, Registerer: a.reg,
+		Logger: a.log, Token: cfg.Tokens[0], JoinTokens: cfg.nodeTokens(), Sealer: a.sealer, Registerer: a.reg,
 		HeartbeatTimeout: cfg.RaftTimeout, ElectionTimeout: cfg.RaftTimeout,
 		LeaderLeaseTimeout: cfg.RaftTimeout / 2,
 	}, a.machine)
@@ -244,30 +244,30 @@ func (a *Agent) provisionRaft(ctx context.Context) error {
 // and has the directory's secret recorded sealed and opened with it.
 func (a *Agent) provisionSealer() error {
 	if len(a.cfg.Tokens) == 0 || a.cfg.Tokens[0] == "" {
-		a.machine.SetSecretOpener(func(recorded []byte) []byte {
+		a.machine.SetSecretOpener(func(recorded []byte) ([]byte, bool) {
 			if clustertls.IsSealed(recorded) {
 				a.log.Error("the cluster secret is sealed with the deployment token, and this node has none: it cannot attest requests to owners")
-				return nil
+				return nil, false
 			}
-			return recorded
+			return recorded, false
 		})
 		return nil
 	}
-	s, err := clustertls.NewSealer(a.cfg.Tokens...)
+	s, err := clustertls.NewSealer(a.cfg.nodeTokens()...)
 	if err != nil {
 		return err
 	}
 	a.sealer = s
-	a.machine.SetSecretOpener(func(recorded []byte) []byte {
+	a.machine.SetSecretOpener(func(recorded []byte) ([]byte, bool) {
 		if !clustertls.IsSealed(recorded) {
-			return recorded // an older version's, in clear
+			return recorded, false // an older version's, in clear
 		}
-		plain, err := s.Open(clustertls.LabelClusterSecret, recorded)
+		plain, stale, err := s.OpenStale(clustertls.LabelClusterSecret, recorded)
 		if err != nil {
 			a.log.Error("the cluster secret does not open with this node's deployment token: it cannot attest requests to owners", "err", err)
-			return nil
+			return nil, false
 		}
-		return plain
+		return plain, stale
 	})
 	return nil
 }
@@ -319,6 +319,20 @@ func (a *Agent) provisionWorker(context.Context) error {
 		},
 	}, a.registry)
 	return nil
+}
+
+// keysToSeal names the keys at rest in the log still sealed under a token
+// this node is rotating out (or in clear): the leader seals them again
+// under its own; the old token may go once every node lists none.
+func (a *Agent) keysToSeal() []string {
+	out := []string{}
+	if a.store.CAKeyToSeal() {
+		out = append(out, clustertls.LabelCAKey)
+	}
+	if a.machine.SecretStale() {
+		out = append(out, clustertls.LabelClusterSecret)
+	}
+	return out
 }
 
 // frontDoorTLS is the front door's HTTPS config, nil for plain HTTP.
@@ -393,6 +407,9 @@ func (a *Agent) frontDoorConfig() pinboard.FrontDoorConfig {
 			}
 			if a.frontCert != nil {
 				st["frontDoorCertNotAfter"] = a.frontCert.NotAfter().UTC().Format(time.RFC3339)
+			}
+			if a.sealer != nil {
+				st["keysToSeal"] = a.keysToSeal()
 			}
 			if sup != nil {
 				st["plugins"], st["instances"] = sup.Plugins(), sup.Instances()

@@ -47,7 +47,13 @@ type Key struct {
 	Provider string
 	Scopes   []Scope
 	Claims   Claims
+	tokens   []string // its values, in the passport's order (Tokens)
 }
+
+// Tokens are the key's token values, as the passport lists them: a node's
+// own key's, during its rotation, seal its keys at rest and prove its
+// joins. Never to be logged or sent anywhere.
+func (k *Key) Tokens() []string { return slices.Clone(k.tokens) }
 
 // Has reports whether k carries scope s.
 func (k *Key) Has(s Scope) bool { return slices.Contains(k.Scopes, s) }
@@ -130,6 +136,7 @@ func Single(tokens ...string) *Passport {
 	for _, t := range tokens {
 		if t != "" {
 			p.keys[sha256.Sum256([]byte(t))] = k
+			k.tokens = append(k.tokens, t)
 		}
 	}
 	return p
@@ -141,6 +148,7 @@ func (p *Passport) Add(k *Key, tokens ...string) *Passport {
 	for _, t := range tokens {
 		if t != "" {
 			p.keys[sha256.Sum256([]byte(t))] = k
+			k.tokens = append(k.tokens, t)
 		}
 	}
 	return p
@@ -247,6 +255,7 @@ func Parse(data []byte, getenv func(string) (string, bool), weak func(string) er
 					return nil, bad(tw, "%s holds the same token as key %q: every token names one key", ref.Env, other.Name)
 				}
 				p.keys[h] = k
+				k.tokens = append(k.tokens, val)
 			}
 		}
 	}

@@ -47,7 +47,29 @@ func (h *Housekeeping) Run(ctx context.Context) {
 			h.log.Warn("init cluster secret", "err", err)
 		}
 	}
+	h.resealSecret(ctx)
 	everyTick(ctx, h.every, h.collect)
+}
+
+// resealSecret records the cluster secret again sealed under this leader's
+// token when it opened with one being rotated out, so that the old token
+// can go. Only leaders reseal, so once every node runs with the new token
+// first, the secret ends up under it.
+func (h *Housekeeping) resealSecret(ctx context.Context) {
+	m := h.dir.Machine()
+	plain := m.Secret()
+	if h.dir.sealSecret == nil || len(plain) == 0 || !m.SecretStale() {
+		return
+	}
+	res, err := h.dir.Do(ctx, directory.Reseal{Secret: h.dir.sealSecret(plain)})
+	switch {
+	case err != nil:
+		if ctx.Err() == nil {
+			h.log.Warn("sealing the cluster secret again under this node's token failed; the next leader tries again", "err", err)
+		}
+	case res.Code == directory.CodeOK:
+		h.log.Info("sealed the cluster secret again under this node's token (it opened with a token being rotated out)")
+	}
 }
 
 // LeasePreamble is the first command of every term a new leader commits

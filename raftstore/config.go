@@ -63,6 +63,10 @@ type Config struct {
 	// Token is sent as "Authorization: Bearer <Token>" on forwarded RPCs. Optional. With TLS
 	// and the cluster's own CA it also pins the CA a joining node accepts.
 	Token string
+	// JoinTokens are the tokens a join proof to this node may be made with, and the CA is
+	// pinned for, Token among them (the first if Token is not): the values of a node key
+	// being rotated. Empty: Token alone.
+	JoinTokens []string
 	// Sealer keeps the cluster's keys at rest sealed (clustertls.Sealer): the CA key in the log,
 	// in snapshots and in <DataDir>/tls, and this node's key. Nil: they are kept in clear.
 	Sealer *clustertls.Sealer

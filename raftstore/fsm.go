@@ -98,7 +98,8 @@ type fsm struct {
 	// clear by an older node or one without a token); the last one not retired issues
 	// (ca, when this node can open its key), every one not retired is trusted.
 	cas          []caRecord
-	ca           *clustertls.CA
+	ca           *clustertls.CA // the issuing CA opened, once caOpened (clusterCA)
+	caOpened     bool
 	sealer       *clustertls.Sealer
 	nodeValidity time.Duration // of the certificates ca issues
 	fence        uint64        // index of the latest metaFence entry
@@ -201,7 +202,8 @@ type caRecord struct {
 
 // applyCA applies the CA ops. "ca" records the cluster CA if none is recorded: the first one
 // stays, so a second bootstrap's CA (a mistake) cannot replace the one every certificate
-// chains to; a CA recorded again with its key sealed replaces its form in clear (sealCA).
+// chains to; a CA recorded again with its key sealed replaces what was recorded (in clear, or
+// sealed under a token being rotated out: sealCA).
 // "ca-rotate" adds a CA not recorded yet, which issues from then on; "ca-retire" retires a
 // CA that does not issue. What was recorded stays, for snapshots, even where this node cannot
 // open or use it: that is logged, and this node issues no certificate.
@@ -212,15 +214,15 @@ func (f *fsm) applyCA(c metaCommand) {
 	switch {
 	case c.Op == metaCA && len(f.cas) == 0, c.Op == metaCARotate && at < 0 && len(f.cas) > 0:
 		f.cas = append(f.cas, caRecord{Cert: c.CACert, Key: c.CAKey})
-	case c.Op != metaCARetire && at >= 0 && !clustertls.IsSealed([]byte(f.cas[at].Key)) && clustertls.IsSealed([]byte(c.CAKey)):
-		f.cas[at].Key = c.CAKey
+	case c.Op != metaCARetire && at >= 0 && clustertls.IsSealed([]byte(c.CAKey)) && c.CAKey != f.cas[at].Key:
+		f.cas[at].Key = c.CAKey // sealed (again, under the leader's current token)
 	case c.Op == metaCARetire && at >= 0 && at != f.issuerLocked() && !f.cas[at].Retired:
 		f.cas[at].Retired = true
 	default:
 		changed = false
 	}
 	if changed {
-		f.ca = f.openCALocked()
+		f.ca, f.caOpened = nil, false
 	}
 	f.mu.Unlock()
 	if changed && f.onMeta != nil {
@@ -268,12 +270,20 @@ func (f *fsm) openCALocked() *clustertls.CA {
 	return ca
 }
 
-// caKeyInClear is a CA recorded with its key in clear, or nil.
-func (f *fsm) caKeyInClear() *caRecord {
+// caKeyToSeal is a CA whose key this node would seal (again): recorded in
+// clear, or sealed under a token of its being rotated out (not its first);
+// nil if there is none, or this node has no sealer.
+func (f *fsm) caKeyToSeal() *caRecord {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
+	if f.sealer == nil {
+		return nil
+	}
 	for _, r := range f.cas {
 		if !clustertls.IsSealed([]byte(r.Key)) {
+			return &r
+		}
+		if _, stale, err := f.sealer.OpenStale(clustertls.LabelCAKey, []byte(r.Key)); err == nil && stale {
 			return &r
 		}
 	}
@@ -309,10 +319,21 @@ func (f *fsm) trusted() ([]byte, int) {
 	return b, n
 }
 
-// clusterCA is the recorded cluster CA, or nil.
+// clusterCA is the recorded cluster CA, or nil. It is opened when first asked for after a
+// change, not as each change applies: a log replayed from before a token rotation holds
+// records this node no longer opens, replaced by entries further on.
 func (f *fsm) clusterCA() *clustertls.CA {
 	f.mu.RLock()
-	defer f.mu.RUnlock()
+	ca, opened := f.ca, f.caOpened
+	f.mu.RUnlock()
+	if opened {
+		return ca
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.caOpened {
+		f.ca, f.caOpened = f.openCALocked(), true
+	}
 	return f.ca
 }
 
@@ -404,7 +425,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if len(f.cas) == 0 && meta.CACert != "" {
 		f.cas = []caRecord{{Cert: meta.CACert, Key: meta.CAKey}} // an older version's
 	}
-	f.ca = f.openCALocked() // never fatal: what this node cannot use is logged
+	f.ca, f.caOpened = nil, false // opened when asked for (clusterCA)
 	f.fence = meta.Fence
 	f.mu.Unlock()
 	if f.onMeta != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -46,10 +47,13 @@ type certAnswer struct {
 	CA   string `json:"ca"`
 }
 
-// caAnswer is the cluster CA certificate and its pin under the deployment token.
+// caAnswer is the cluster CA certificate and its pin under the deployment token; Pins, its
+// pins under each of the member's join tokens (a node key being rotated: the joining node
+// may hold the new value or the old).
 type caAnswer struct {
-	CA  string `json:"ca"`
-	Pin string `json:"pin"`
+	CA   string   `json:"ca"`
+	Pin  string   `json:"pin"`
+	Pins []string `json:"pins,omitempty"`
 }
 
 type removeRequest struct {
@@ -206,9 +210,21 @@ func TLSVia(ctx context.Context, client *http.Client, nodeURL, token string) (TL
 	return st, err
 }
 
-// checkJoinProof admits a join or certificate request by its join proof, made with this
-// node's token over the request's method, path and body (read here, and put back for the
-// handler).
+// joinTokens are the tokens a join proof may be made with and the CA is pinned for: Token
+// first, then the other JoinTokens.
+func (s *Store) joinTokens() []string {
+	out := []string{s.cfg.Token}
+	for _, t := range s.cfg.JoinTokens {
+		if t != "" && !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// checkJoinProof admits a join or certificate request by its join proof, made with one of
+// this node's join tokens over the request's method, path and body (read here, and put back
+// for the handler).
 func (s *Store) checkJoinProof(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodPost || (r.URL.Path != HandlerPrefix+"join" && r.URL.Path != HandlerPrefix+"certificate") {
 		return fmt.Errorf("%w: a join proof admits only a join or certificate request", ErrUnauthorized)
@@ -220,11 +236,14 @@ func (s *Store) checkJoinProof(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return fmt.Errorf("%w: reading the request: %w", ErrBadRequest, err)
 	}
-	if err := clustertls.CheckJoinProof(s.cfg.Token, r.Header.Get(joinProofHeader), r.Method, r.URL.Path, body, time.Now()); err != nil {
-		return fmt.Errorf("%w: %w", ErrUnauthorized, err)
+	proof, now := r.Header.Get(joinProofHeader), time.Now()
+	for _, token := range s.joinTokens() {
+		if err = clustertls.CheckJoinProof(token, proof, r.Method, r.URL.Path, body, now); err == nil {
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			return nil
+		}
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	return nil
+	return fmt.Errorf("%w: %w", ErrUnauthorized, err)
 }
 
 func errPeerOnly(r *http.Request) error {
@@ -390,13 +409,18 @@ func (s *Store) handleCA(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	pin, err := clustertls.Pin(s.cfg.Token, ca.CertPEM())
-	if err != nil {
-		writeError(w, err)
-		return
+	ans := caAnswer{CA: string(ca.CertPEM())}
+	for _, token := range s.joinTokens() {
+		pin, err := clustertls.Pin(token, ca.CertPEM())
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		ans.Pins = append(ans.Pins, pin)
 	}
+	ans.Pin = ans.Pins[0]
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(caAnswer{CA: string(ca.CertPEM()), Pin: pin})
+	_ = json.NewEncoder(w).Encode(ans)
 }
 
 // handleCertificate signs a certificate request. Only for an id that is not a current member

@@ -14,10 +14,10 @@ import (
 	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
-func sealedTLS(token string) func(*Config) {
+func sealedTLS(tokens ...string) func(*Config) {
 	return func(c *Config) {
 		tlsOn(c)
-		s, err := clustertls.NewSealer(token)
+		s, err := clustertls.NewSealer(tokens...)
 		if err != nil {
 			panic(err)
 		}
@@ -130,7 +130,7 @@ func TestTLSKeysInClearAreSealedOnUpgrade(t *testing.T) {
 	}
 	waitLeader(t, nodes[0])
 	testutil.WaitFor(t, 10*time.Second, "the CA recorded again with its key sealed", func() bool {
-		return nodes[0].s.fsm.caKeyInClear() == nil && nodes[1].s.fsm.caKeyInClear() == nil
+		return nodes[0].s.fsm.caKeyToSeal() == nil && nodes[1].s.fsm.caKeyToSeal() == nil
 	})
 	if found := clearKeys(t, filepath.Join(n1.dir, "tls"), filepath.Join(n2.dir, "tls")); len(found) > 0 {
 		t.Fatalf("key files still in clear: %v", found)
@@ -140,6 +140,43 @@ func TestTLSKeysInClearAreSealedOnUpgrade(t *testing.T) {
 	for _, n := range nodes {
 		if found := clearKeys(t, filepath.Join(n.dir, "raft", "snapshots")); len(found) > 0 {
 			t.Fatalf("%s: a snapshot holds a key in clear: %v", n.id, found)
+		}
+	}
+}
+
+// A token rotation: run with the new token first and the old one after, the nodes seal their
+// key files again under the new one and the leader records the CA's key again under it, so
+// that the old token can go: with the new one alone, the nodes start and the CA opens.
+func TestTLSKeysSealedAgainWhenTheTokenRotates(t *testing.T) {
+	nodes := tlsClusterWith(t, 2, sealedTLS("old-token"))
+	n1, n2 := nodes[0], nodes[1]
+	mustApply(t, n1, "a")
+	converged(t, nodes, []string{"a"})
+	testutil.WaitFor(t, 5*time.Second, "n2 holds the cluster CA", func() bool { return n2.s.fsm.clusterCA() != nil })
+	a1, a2 := n1.s.RaftAddr(), n2.s.RaftAddr()
+	n1.close()
+	n2.close()
+
+	rolling := sealedTLS("new-token", "old-token")
+	nodes = []*testNode{startNode(t, "n1", n1.dir, a1, false, rolling), startNode(t, "n2", n2.dir, a2, false, rolling)}
+	waitLeader(t, nodes[0])
+	testutil.WaitFor(t, 10*time.Second, "the CA's key sealed again under the new token", func() bool {
+		return nodes[0].s.fsm.caKeyToSeal() == nil && nodes[1].s.fsm.caKeyToSeal() == nil
+	})
+	mustApply(t, leaderOf(t, nodes), "b")
+	converged(t, nodes, []string{"a", "b"})
+	for _, n := range nodes {
+		n.close()
+	}
+
+	only := sealedTLS("new-token")
+	nodes = []*testNode{startNode(t, "n1", n1.dir, a1, false, only), startNode(t, "n2", n2.dir, a2, false, only)}
+	waitLeader(t, nodes[0])
+	mustApply(t, leaderOf(t, nodes), "c")
+	converged(t, nodes, []string{"a", "b", "c"})
+	for _, n := range nodes {
+		if n.s.fsm.clusterCA() == nil {
+			t.Fatalf("%s: the CA does not open with the new token alone", n.id)
 		}
 	}
 }

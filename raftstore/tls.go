@@ -440,8 +440,8 @@ func (s *Store) setupTLS() error {
 }
 
 // readKey reads the key file name in the TLS directory: sealed (Config.Sealer opens it), or
-// in clear, as an older version or a node without a sealer wrote it; a key found in clear
-// is sealed in place when this node can.
+// in clear, as an older version or a node without a sealer wrote it; a key found in clear,
+// or sealed under a token being rotated out, is sealed in place under this node's token.
 func (s *Store) readKey(name, label string) ([]byte, error) {
 	path := filepath.Join(s.tlsDir, name)
 	b, err := os.ReadFile(path)
@@ -452,9 +452,15 @@ func (s *Store) readKey(name, label string) ([]byte, error) {
 		if s.cfg.Sealer == nil {
 			return nil, fmt.Errorf("%w: %s is sealed with the deployment token, and this node has none", ErrInvalidConfig, path)
 		}
-		plain, err := s.cfg.Sealer.Open(label, b)
+		plain, stale, err := s.cfg.Sealer.OpenStale(label, b)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: %w (was this data dir made with another PINBOARD_TOKEN?)", ErrInvalidConfig, path, err)
+		}
+		if stale {
+			if err := s.writeKey(name, label, plain); err != nil {
+				return nil, fmt.Errorf("raftstore: sealing %s again: %w", path, err)
+			}
+			s.log.Info("sealed a key again under this node's token (it opened with a token being rotated out)", "file", path)
 		}
 		return plain, nil
 	}
@@ -563,18 +569,32 @@ func (s *Store) proposeCA(ctx context.Context) {
 		"recorded the cluster CA in the log: any leader can issue certificates to joining nodes")
 }
 
-// sealCA is leader work: a CA an older node recorded with its key in clear is recorded again
-// with the key sealed. The entries before stay until a snapshot compacts them away.
+// CAKeyToSeal reports whether a cluster CA's key in the log is in clear or sealed under a
+// token this node is rotating out: the leader records it again (sealCA); until then the old
+// token must stay listed.
+func (s *Store) CAKeyToSeal() bool { return s.fsm.caKeyToSeal() != nil }
+
+// sealCA is leader work: a CA recorded with its key in clear (by an older node), or sealed
+// under a token this leader is rotating out, is recorded again with the key sealed under
+// this leader's token. The entries before stay until a snapshot compacts them away.
 func (s *Store) sealCA(ctx context.Context) {
 	for ctx.Err() == nil {
-		rec := s.fsm.caKeyInClear()
-		if s.cfg.Sealer == nil || rec == nil {
+		rec := s.fsm.caKeyToSeal()
+		if rec == nil {
 			return
 		}
-		s.recordCA(ctx, metaCA, []byte(rec.Cert), []byte(rec.Key), func() bool {
-			r := s.fsm.caKeyInClear()
+		key := []byte(rec.Key)
+		if clustertls.IsSealed(key) {
+			plain, err := s.cfg.Sealer.Open(clustertls.LabelCAKey, key)
+			if err != nil {
+				return // caKeyToSeal opened it a moment ago: a newer record replaced it
+			}
+			key = plain
+		}
+		s.recordCA(ctx, metaCA, []byte(rec.Cert), key, func() bool {
+			r := s.fsm.caKeyToSeal()
 			return r == nil || r.Cert != rec.Cert
-		}, "recorded a cluster CA's key sealed: the log's next snapshot holds it in clear no more")
+		}, "recorded a cluster CA's key sealed under this node's token: the log's next snapshot holds it in clear, or under a previous token, no more")
 	}
 }
 
@@ -632,6 +652,19 @@ func (s *Store) JoinCluster(ctx context.Context, client *http.Client, memberURL 
 	return nil
 }
 
+// checkPins: the CA is pinned under token, by its main pin or one of the others (a member
+// whose node key is being rotated pins it under each value).
+func checkPins(token string, ca caAnswer) error {
+	err := clustertls.CheckPin(token, []byte(ca.CA), ca.Pin)
+	for _, pin := range ca.Pins {
+		if err == nil {
+			break
+		}
+		err = clustertls.CheckPin(token, []byte(ca.CA), pin)
+	}
+	return err
+}
+
 func (s *Store) fetchCertificate(ctx context.Context, client *http.Client, memberURL string) error {
 	if s.cfg.Token == "" {
 		return fmt.Errorf("%w: joining with the cluster's own CA needs the deployment token (it pins the CA)", ErrInvalidConfig)
@@ -640,7 +673,7 @@ func (s *Store) fetchCertificate(ctx context.Context, client *http.Client, membe
 	if err := callJSON(ctx, client, memberURL, rpcAuth{}, "ca", nil, &ca, false); err != nil {
 		return fmt.Errorf("raftstore: fetching the cluster CA: %w", err)
 	}
-	if err := clustertls.CheckPin(s.cfg.Token, []byte(ca.CA), ca.Pin); err != nil {
+	if err := checkPins(s.cfg.Token, ca); err != nil {
 		return fmt.Errorf("%w: the CA from %s is not vouched for by this node's PINBOARD_TOKEN (another cluster, another token, or someone in between): %w", ErrUntrustedCA, memberURL, err)
 	}
 	key, err := s.readKey(clustertls.KeyFile, clustertls.LabelNodeKey)

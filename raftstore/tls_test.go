@@ -322,6 +322,26 @@ func TestTLSJoinRefusesACAOfAnotherToken(t *testing.T) {
 	}
 }
 
+// During a rotation of the node key, a member listing both values admits a node that joins
+// with the new one (its proof checks, its CA pin matches), while a member that knows only the
+// old one still refuses it.
+func TestTLSJoinWithARotatedToken(t *testing.T) {
+	n1 := startNode(t, "n1", t.TempDir(), "", true, func(c *Config) { tlsOn(c); c.JoinTokens = []string{"secret", "next-secret"} })
+	waitLeader(t, n1)
+	n2 := startNode(t, "n2", t.TempDir(), "", false, func(c *Config) { tlsOn(c); c.Token = "next-secret" })
+	joinTLS(t, n1.srv.URL, n2)
+	if ms := membersByID(t, n1); len(ms) != 2 {
+		t.Fatalf("members %v", ms)
+	}
+
+	old := startNode(t, "n3", t.TempDir(), "", true, tlsOn) // knows "secret" alone
+	waitLeader(t, old)
+	n4 := startNode(t, "n4", t.TempDir(), "", false, func(c *Config) { tlsOn(c); c.Token = "next-secret" })
+	if err := n4.s.JoinCluster(ctxTimeout(t, 10*time.Second), nil, old.srv.URL); !errors.Is(err, ErrUntrustedCA) {
+		t.Fatalf("join with a token the member does not list: %v, want ErrUntrustedCA", err)
+	}
+}
+
 // Bring-your-own PKI: nodes given the CA, certificate and key files form a group over mutual
 // TLS without the cluster's own CA (none is recorded, none issued); a certificate that names
 // another node is refused at Open.

@@ -74,23 +74,31 @@ func (s *Sealer) Seal(label string, plain []byte) []byte {
 
 // Open opens what Seal sealed as label.
 func (s *Sealer) Open(label string, sealed []byte) ([]byte, error) {
+	plain, _, err := s.OpenStale(label, sealed)
+	return plain, err
+}
+
+// OpenStale is Open, also saying whether a token other than the first
+// opened it: a token being rotated out sealed it, and the caller seals it
+// again (Seal) before that token goes.
+func (s *Sealer) OpenStale(label string, sealed []byte) (plain []byte, stale bool, err error) {
 	b, _ := pem.Decode(sealed)
 	if b == nil || b.Type != sealedType {
-		return nil, fmt.Errorf("%w: not sealed", ErrBadPEM)
+		return nil, false, fmt.Errorf("%w: not sealed", ErrBadPEM)
 	}
 	if b.Headers["Label"] != label {
-		return nil, fmt.Errorf("%w: sealed as %q, wanted %q", ErrSealed, b.Headers["Label"], label)
+		return nil, false, fmt.Errorf("%w: sealed as %q, wanted %q", ErrSealed, b.Headers["Label"], label)
 	}
-	for _, a := range s.aeads {
+	for i, a := range s.aeads {
 		if len(b.Bytes) < a.NonceSize() {
 			break
 		}
 		nonce, ct := b.Bytes[:a.NonceSize()], b.Bytes[a.NonceSize():]
 		if plain, err := a.Open(nil, nonce, ct, []byte(label)); err == nil {
-			return plain, nil
+			return plain, i > 0, nil
 		}
 	}
-	return nil, ErrSealed
+	return nil, false, ErrSealed
 }
 
 // IsSealed reports whether b is a sealed value (of any label).

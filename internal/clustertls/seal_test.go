@@ -49,6 +49,13 @@ func TestSealOpens(t *testing.T) {
 	if _, err := s.Open(LabelCAKey, rotated.Seal(LabelCAKey, plain)); !errors.Is(err, ErrSealed) {
 		t.Fatalf("the rotated sealer sealed with the old token: %v", err)
 	}
+	// What the old token sealed is stale (to seal again), what the new one did is not.
+	if _, stale, err := rotated.OpenStale(LabelCAKey, sealed); err != nil || !stale {
+		t.Fatalf("the old token's seal: stale %v, %v", stale, err)
+	}
+	if _, stale, err := rotated.OpenStale(LabelCAKey, rotated.Seal(LabelCAKey, plain)); err != nil || stale {
+		t.Fatalf("the new token's seal: stale %v, %v", stale, err)
+	}
 	if _, err := NewSealer(); err == nil {
 		t.Fatal("a sealer without a token")
 	}

@@ -20,6 +20,14 @@ func (m *Machine) applyInit(c Init) Result {
 	return Result{Code: CodeOK}
 }
 
+func (m *Machine) applyReseal(c Reseal) Result {
+	if len(c.Secret) == 0 || len(m.st.secret) == 0 {
+		return Result{Code: CodeInvalid, Reason: "no secret to reseal"}
+	}
+	m.st.secret = append([]byte(nil), c.Secret...)
+	return Result{Code: CodeOK}
+}
+
 // activeDrain returns the drain of clientID if it is in force at now.
 func (m *Machine) activeDrain(clientID string, now int64) (Drain, bool) {
 	d, ok := m.st.drains[clientID]

@@ -36,6 +36,7 @@ const (
 	TypeDrainNode   CommandType = 12
 	TypeUndrainNode CommandType = 13
 	TypeRenewLeases CommandType = 14
+	TypeReseal      CommandType = 15
 )
 
 // Command is one directory command. The set is closed: the concrete types in
@@ -48,6 +49,13 @@ type Command interface {
 // Init sets the cluster secret (the attestation key) once; the proposer
 // draws the random bytes. Later Inits are no-ops that answer CodeExisting.
 type Init struct {
+	Secret []byte
+}
+
+// Reseal records the cluster secret again, sealed anew (under the token
+// that replaces the one it was sealed with): the same secret, so every key
+// derived from it stays. Without a secret recorded it is CodeInvalid.
+type Reseal struct {
 	Secret []byte
 }
 
@@ -203,12 +211,15 @@ func (GiveBack) Type() CommandType      { return TypeGiveBack }
 func (DrainNode) Type() CommandType     { return TypeDrainNode }
 func (UndrainNode) Type() CommandType   { return TypeUndrainNode }
 func (RenewLeases) Type() CommandType   { return TypeRenewLeases }
+func (Reseal) Type() CommandType        { return TypeReseal }
 func (o Opaque) Type() CommandType      { return o.Code }
 
 func (c Init) appendPayload(b []byte) []byte {
 	b = binary.AppendUvarint(b, uint64(len(c.Secret)))
 	return append(b, c.Secret...)
 }
+
+func (c Reseal) appendPayload(b []byte) []byte { return Init(c).appendPayload(b) }
 
 func (c Register) appendPayload(b []byte) []byte {
 	b = appendString(b, c.ClientID)
@@ -330,6 +341,10 @@ func typeByte(c Command) byte {
 		if c.Ignorable {
 			t |= IgnorableFlag
 		}
+	case Reseal:
+		// A node of a version before it keeps the secret sealed as
+		// before, which opens while the old token is still listed.
+		t |= IgnorableFlag
 	case RenewLeases:
 		// A node of a version before it skips it and judges leases as it
 		// did then, until the next heartbeats bring the leases together
@@ -377,6 +392,8 @@ func decodeBody(t byte, payload []byte, inBatch bool) (Command, error) {
 	switch CommandType(t &^ IgnorableFlag) {
 	case TypeInit:
 		c = Init{Secret: append([]byte(nil), d.bytes()...)}
+	case TypeReseal:
+		c = Reseal{Secret: append([]byte(nil), d.bytes()...)}
 	case TypeRegister:
 		c = Register{
 			ClientID: d.string(), SessionID: d.string(), NodeID: d.string(),

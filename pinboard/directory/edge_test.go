@@ -35,6 +35,7 @@ func TestBatchSubCommandLengthsAroundOneByte(t *testing.T) {
 func TestTruncatedCommandsAreMalformed(t *testing.T) {
 	for _, c := range []Command{
 		Init{Secret: []byte{1, 2}},
+		Reseal{Secret: []byte{3, 4}},
 		reg("a", "s", "http://a", t0, key("x")),
 		Heartbeat{ClientID: "a", SessionID: "s", Now: t0, TTLMs: ttl, Headroom: 3, ProbeOK: true},
 		Deregister{ClientID: "a", SessionID: "s"},

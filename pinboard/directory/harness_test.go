@@ -241,8 +241,11 @@ func (g *gen) command(inBatch bool) Command {
 	}
 	switch op := g.s.pick(20); op {
 	case 0:
-		if g.s.pick(8) == 0 {
+		switch g.s.pick(8) {
+		case 0:
 			return Init{} // invalid: no secret
+		case 1:
+			return Reseal{Secret: []byte{g.s.byte(), 2}} // invalid before an Init
 		}
 		return Init{Secret: []byte{g.s.byte(), 1}}
 	case 1, 2:

@@ -29,9 +29,13 @@ type Machine struct {
 	entryGen   uint64
 	removedNow map[Key]struct{}
 
-	onTakeover func(Takeover)      // see OnTakeover; guarded by mu's write side
-	open       func([]byte) []byte // see SetSecretOpener
+	onTakeover func(Takeover) // see OnTakeover; guarded by mu's write side
+	open       SecretOpener   // see SetSecretOpener
 }
+
+// SecretOpener turns the secret as recorded into the secret, nil if it
+// cannot; stale says it opened with a token being rotated out (Reseal).
+type SecretOpener func(recorded []byte) (secret []byte, stale bool)
 
 // view is what the lock-free reads see. The placement table is the live
 // one (its readers see committed entries only); workers and secret are as
@@ -39,8 +43,31 @@ type Machine struct {
 type view struct {
 	placements *placementTable
 	workers    map[string]*Worker
-	secret     []byte // opened (SetSecretOpener) from recorded
-	recorded   []byte // the state's secret as the log recorded it
+	secret     *secretBox // shared by the views of one recorded secret
+}
+
+// secretBox is the secret as recorded, opened (SetSecretOpener) when first
+// read: not as each entry applies, so a log replayed from before a token
+// rotation does not try the records the rotation replaced.
+type secretBox struct {
+	recorded []byte
+	open     SecretOpener
+	once     sync.Once
+	secret   []byte
+	stale    bool
+}
+
+func (b *secretBox) opened() ([]byte, bool) {
+	b.once.Do(func() {
+		switch {
+		case len(b.recorded) == 0:
+		case b.open == nil:
+			b.secret = b.recorded
+		default:
+			b.secret, b.stale = b.open(b.recorded)
+		}
+	})
+	return b.secret, b.stale
 }
 
 // Takeover is a claim that took an id from a worker whose lease had lapsed
@@ -53,12 +80,12 @@ type Takeover struct {
 	PreviousNode string // the node id that worker registered with ("" if unknown)
 }
 
-// SetSecretOpener sets how the secret as recorded (Init's, which its
-// proposer may have sealed) becomes the secret Secret returns; nil for
-// the bytes it cannot open. Without one the recorded bytes are the secret.
-// It must be set before the first entry is applied (or restored). Only
-// readers' view depends on it, never the state.
-func (m *Machine) SetSecretOpener(open func(recorded []byte) []byte) {
+// SetSecretOpener sets how the secret as recorded (Init's or Reseal's,
+// which its proposer may have sealed) becomes the secret Secret returns;
+// nil for the bytes it cannot open. Without one the recorded bytes are the
+// secret. It must be set before the first entry is applied (or restored).
+// Only readers' view depends on it, never the state.
+func (m *Machine) SetSecretOpener(open SecretOpener) {
 	m.mu.Lock()
 	m.open = open
 	m.mu.Unlock()
@@ -146,14 +173,13 @@ func (m *Machine) applyLocked(index uint64, c Command, decodeErr error) Result {
 func (m *Machine) publish() {
 	old := m.view.Load()
 	workers, changed := m.st.workers.publish()
-	// The secret only ever goes from unset to set (or is replaced along
-	// with the placement table by Restore).
-	if changed || old == nil || old.placements != m.st.placements || len(old.recorded) != len(m.st.secret) {
-		v := &view{placements: m.st.placements, workers: workers, secret: m.st.secret, recorded: m.st.secret}
-		if old != nil && bytes.Equal(old.recorded, m.st.secret) {
+	// The secret goes from unset to set, is sealed anew (Reseal), or is
+	// replaced along with the placement table by Restore.
+	sameSecret := old != nil && bytes.Equal(old.secret.recorded, m.st.secret)
+	if changed || old == nil || old.placements != m.st.placements || !sameSecret {
+		v := &view{placements: m.st.placements, workers: workers, secret: &secretBox{recorded: m.st.secret, open: m.open}}
+		if sameSecret {
 			v.secret = old.secret // opened once
-		} else if m.open != nil && len(m.st.secret) != 0 {
-			v.secret = m.open(m.st.secret)
 		}
 		if !changed && old != nil {
 			v.workers = old.workers
@@ -170,6 +196,8 @@ func (m *Machine) exec(c Command, inBatch bool) Result {
 	switch c := c.(type) {
 	case Init:
 		return m.applyInit(c)
+	case Reseal:
+		return m.applyReseal(c)
 	case Register:
 		return m.applyRegister(c)
 	case Heartbeat:
@@ -371,11 +399,20 @@ func (m *Machine) QuarantineMs(now, quarantineMs int64) int64 {
 	return max(0, cs+quarantineMs-now)
 }
 
-// Secret returns the cluster secret, nil before Init. It is set once and
-// never modified, so this is the Machine's own slice, not a copy (every
-// forwarded request reads it): callers must not modify it.
+// Secret returns the cluster secret, nil before Init. It is set once (a
+// Reseal records the same secret sealed anew) and never modified, so this
+// is the Machine's own slice, not a copy (every forwarded request reads
+// it): callers must not modify it.
 func (m *Machine) Secret() []byte {
-	return m.view.Load().secret
+	s, _ := m.view.Load().secret.opened()
+	return s
+}
+
+// SecretStale reports whether the secret opened with a token being rotated
+// out: a leader records it again sealed under its own (Reseal).
+func (m *Machine) SecretStale() bool {
+	_, stale := m.view.Load().secret.opened()
+	return stale
 }
 
 // AppliedIndex returns the index of the last entry applied (or restored).

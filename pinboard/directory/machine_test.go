@@ -502,13 +502,13 @@ func TestInitSetsSecretOnce(t *testing.T) {
 // it again.
 func TestSecretOpenedFromWhatWasRecorded(t *testing.T) {
 	opened := 0
-	open := func(recorded []byte) []byte {
+	open := func(recorded []byte) ([]byte, bool) {
 		opened++
 		plain, ok := bytes.CutPrefix(recorded, []byte("sealed:"))
 		if !ok {
-			return nil
+			return nil, false
 		}
-		return plain
+		return plain, false
 	}
 	n := newNode(t)
 	n.m.SetSecretOpener(open)
@@ -537,6 +537,50 @@ func TestSecretOpenedFromWhatWasRecorded(t *testing.T) {
 	}
 	if got := string(back.Secret()); got != "s1" {
 		t.Fatalf("restored secret %q", got)
+	}
+}
+
+// A secret sealed under a token being rotated out opens stale; Reseal
+// records it sealed anew (the same secret), and a replay of the log opens
+// only what the reseal left, never the entries it replaced. A Reseal with
+// no secret recorded changes nothing.
+func TestResealReplacesTheRecordedSecret(t *testing.T) {
+	var tried []string
+	open := func(recorded []byte) ([]byte, bool) {
+		tried = append(tried, string(recorded))
+		if plain, ok := bytes.CutPrefix(recorded, []byte("new:")); ok {
+			return plain, false
+		}
+		if plain, ok := bytes.CutPrefix(recorded, []byte("old:")); ok {
+			return plain, true
+		}
+		return nil, false
+	}
+	n := newNode(t)
+	n.m.SetSecretOpener(open)
+	if r := n.apply(Reseal{Secret: []byte("new:s1")}); r.Code != CodeInvalid || n.m.Secret() != nil {
+		t.Fatalf("reseal before init: %+v", r)
+	}
+	n.apply(Init{Secret: []byte("old:s1")})
+	if got := string(n.m.Secret()); got != "s1" || !n.m.SecretStale() {
+		t.Fatalf("secret %q, stale %v", got, n.m.SecretStale())
+	}
+	n.apply(Reseal{Secret: []byte("new:s1")})
+	if got := string(n.m.Secret()); got != "s1" || n.m.SecretStale() {
+		t.Fatalf("after reseal: secret %q, stale %v", got, n.m.SecretStale())
+	}
+
+	// Replayed: the two entries apply before anything reads the secret.
+	tried = nil
+	replay := newNode(t)
+	replay.m.SetSecretOpener(open)
+	for _, c := range []Command{Init{Secret: []byte("old:s1")}, Reseal{Secret: []byte("new:s1")}} {
+		if r := replay.apply(c); r.Code != CodeOK {
+			t.Fatalf("replay %T: %+v", c, r)
+		}
+	}
+	if got := string(replay.m.Secret()); got != "s1" || !slices.Equal(tried, []string{"new:s1"}) {
+		t.Fatalf("replayed: secret %q, opened %q", got, tried)
 	}
 }
 
@@ -576,6 +620,7 @@ func TestRestoreRejectsCorruptSnapshot(t *testing.T) {
 func TestCommandRoundTrip(t *testing.T) {
 	cmds := []Command{
 		Init{Secret: []byte{1, 2}},
+		Reseal{Secret: []byte{3, 4}},
 		reg("a", "s", "http://a", t0, key("x"), Key{Env: "e", Namespace: "/n", ID: "i"}),
 		Heartbeat{ClientID: "a", SessionID: "s", Now: -5, TTLMs: ttl, Headroom: -1, ProbeOK: true},
 		Deregister{ClientID: "a", SessionID: "s"},

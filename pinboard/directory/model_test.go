@@ -152,6 +152,11 @@ func (c *checker) expect(cmd Command) Result {
 		}
 		c.secret = true
 		return Result{Code: CodeOK}
+	case Reseal:
+		if len(cmd.Secret) == 0 || !c.secret {
+			return Result{Code: CodeInvalid}
+		}
+		return Result{Code: CodeOK}
 	case Register:
 		return c.register(cmd)
 	case Heartbeat:
