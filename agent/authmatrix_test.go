@@ -6,17 +6,22 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pinnedd/pinnedd/internal/testutil"
 	"github.com/pinnedd/pinnedd/passport"
+	"github.com/pinnedd/pinnedd/supervisor"
 )
 
 // The credentials of the matrix: none, one no key has, each key of the
-// passport, and both values of a key being rotated.
+// passport, both values of a key being rotated, and a plugin's own
+// (its cluster-call credential: the request goes through its instance's
+// cluster client).
 var matrixCreds = []struct{ name, token string }{
 	{"anonymous", ""},
 	{"unknown", "not-a-key-0123456789abcdef0123456789"},
@@ -26,6 +31,7 @@ var matrixCreds = []struct{ name, token string }{
 	{"operator /a", "operator-a-key-0123456789abcdef012345"},
 	{"client old", "client-old-0123456789abcdef0123456789"},
 	{"client new", "client-new-0123456789abcdef0123456789"},
+	{"plugin", ""},
 }
 
 const matrixPassport = `{"providers":[{"type":"staticToken","id":"pinboard","keys":[
@@ -39,17 +45,17 @@ const matrixPassport = `{"providers":[{"type":"staticToken","id":"pinboard","key
 // What each class of route answers each credential: 401, 403, or "ok" (it
 // got past authorization, whatever the handler then said of the request).
 var matrixClasses = map[string][]string{
-	//               anonymous unknown node  worker operator op/a client-old client-new
-	"public":      {"ok", "ok", "ok", "ok", "ok", "ok", "ok", "ok"},
-	"operator":    {"401", "401", "403", "403", "ok", "403", "403", "403"},
-	"operator ns": {"401", "401", "403", "403", "ok", "ok", "403", "403"},
-	"worker":      {"401", "401", "ok", "ok", "403", "403", "ok", "ok"},
+	//               anonymous unknown node  worker operator op/a client-old client-new plugin
+	"public":      {"ok", "ok", "ok", "ok", "ok", "ok", "ok", "ok", "ok"},
+	"operator":    {"401", "401", "403", "403", "ok", "403", "403", "403", "401"},
+	"operator ns": {"401", "401", "403", "403", "ok", "ok", "403", "403", "401"},
+	"worker":      {"401", "401", "ok", "ok", "403", "403", "ok", "ok", "401"},
 	// A drain names a worker; here there is none the narrowed key may touch.
-	"operator worker": {"401", "401", "403", "403", "ok", "403", "403", "403"},
+	"operator worker": {"401", "401", "403", "403", "ok", "403", "403", "403", "401"},
 	// The client key's claims admit no address to advertise.
-	"worker register": {"401", "401", "ok", "ok", "403", "403", "403", "403"},
-	"worker health":   {"ok", "401", "ok", "ok", "ok", "ok", "ok", "ok"},
-	"attested":        {"403", "403", "403", "403", "403", "403", "403", "403"},
+	"worker register": {"401", "401", "ok", "ok", "403", "403", "403", "403", "401"},
+	"worker health":   {"ok", "401", "ok", "ok", "ok", "ok", "ok", "ok", "ok"},
+	"attested":        {"403", "403", "403", "403", "403", "403", "403", "403", "403"},
 }
 
 // Every route the front door mounts, by class: a route mounted without a
@@ -57,6 +63,7 @@ var matrixClasses = map[string][]string{
 var matrixRoutes = map[string]string{
 	"GET /healthz":                 "public",
 	"GET /readyz":                  "public",
+	"GET /_pinned/challenge":       "public", // a worker's answer to the registry's probe
 	"GET /metrics":                 "operator",
 	"GET /_pinned/status":          "operator",
 	"GET /registry/health":         "worker health",
@@ -91,8 +98,9 @@ var matrixBodies = map[string]string{
 	"POST /registry/register":      `{"clientId":"c1","advertiseUrl":"http://10.0.0.1:8000","namespaces":["/a"]}`,
 }
 
-// The authorization matrix comes from the routes actually mounted: each
-// route × each credential gets its class's answer.
+// The authorization matrix comes from the routes actually mounted, on a
+// node that runs a plugin (testhost, /misc): each route × each credential
+// gets its class's answer.
 func TestAuthorizationMatrix(t *testing.T) {
 	for k, v := range map[string]string{"M_NODE": testToken, "M_WORKER": matrixCreds[3].token, "M_OPS": matrixCreds[4].token,
 		"M_OPS_A": matrixCreds[5].token, "M_CLIENT_OLD": matrixCreds[6].token, "M_CLIENT_NEW": matrixCreds[7].token} {
@@ -104,7 +112,9 @@ func TestAuthorizationMatrix(t *testing.T) {
 	}
 	var logs testutil.SyncBuffer
 	cfg := noHostsConfig(t, &logs)
-	cfg.Passport = p
+	cfg.Passport, cfg.NoHosts = p, false
+	cfg.Specs = []supervisor.Spec{{Name: "testhost", Path: testutil.Bin(t, "testhost"), Namespaces: []string{"/misc"}}}
+	cfg.LeaseTTL, cfg.Heartbeat = 2*time.Second, 500*time.Millisecond // a short cold-start quarantine
 	a, err := New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -113,6 +123,12 @@ func TestAuthorizationMatrix(t *testing.T) {
 	a.Start()
 	waitReady(t, a)
 	base := "http://" + a.ln.Addr().String()
+	// The plugin's instance makes its calls with its own credential; the
+	// node's key admits /misc (its policy: authenticated) to reach it.
+	testutil.WaitFor(t, 15*time.Second, "/misc/caller active", func() bool {
+		r, err := testutil.Do(context.Background(), "GET", base+"/misc/caller/pid", "", map[string]string{"Authorization": "Bearer " + testToken})
+		return err == nil && r.Code == 200
+	})
 
 	routes := a.fd.Routes()
 	if len(routes) < 10 {
@@ -135,7 +151,12 @@ func TestAuthorizationMatrix(t *testing.T) {
 			path += "members"
 		}
 		for i, cred := range matrixCreds {
-			got := matrixAnswer(t, method, base+path, matrixBodies[route], cred.token)
+			var got string
+			if cred.name == "plugin" {
+				got = pluginAnswer(t, base, method, path)
+			} else {
+				got = matrixAnswer(t, method, base+path, matrixBodies[route], cred.token)
+			}
 			if want := matrixClasses[class][i]; got != want {
 				t.Errorf("%s (%s) with %s: %s, want %s", route, class, cred.name, got, want)
 			}
@@ -146,6 +167,22 @@ func TestAuthorizationMatrix(t *testing.T) {
 			t.Errorf("the matrix has a row for %q, which is not mounted", route)
 		}
 	}
+}
+
+// pluginAnswer is matrixAnswer for a request /misc/caller makes with its
+// cluster client (its plugin's credential, and no key).
+func pluginAnswer(t *testing.T, base, method, path string) string {
+	t.Helper()
+	q := url.Values{"method": {method}, "target": {path}}
+	r, err := testutil.Do(context.Background(), "GET", base+"/misc/caller/call?"+q.Encode(), "", map[string]string{"Authorization": "Bearer " + testToken})
+	if err != nil {
+		t.Fatalf("cluster call %s %s: %v", method, path, err)
+	}
+	switch r.Code {
+	case 401, 403:
+		return fmt.Sprint(r.Code)
+	}
+	return "ok"
 }
 
 // matrixAnswer is "401", "403", or "ok" for any other answer.

@@ -166,7 +166,7 @@ func (a *Agent) provisionPlugins(ctx context.Context) error {
 		}
 	}
 	sup, err := supervisor.New(supervisor.Config{
-		Specs: a.cfg.Specs, Logger: a.log, Registerer: a.reg, Store: a.states, RuntimeDir: runtimeDir(a.dataDir), FrontDoorURL: a.advertise,
+		Specs: a.cfg.Specs, Logger: a.log, Registerer: a.reg, Store: a.states, RuntimeDir: runtimeDir(a.dataDir), FrontDoorURL: a.advertise, FrontDoorCA: a.pluginFrontDoorCA(),
 		DetachedTimeout: a.cfg.DetachedTimeout, StopGrace: a.cfg.StopGrace, StablePeriod: a.cfg.StablePeriod,
 		SwapDeadline: a.cfg.SwapDeadline, KeepPlacementsOnIdle: a.cfg.DatabaseURL == "",
 		OnEvicted: a.released, OnDegraded: a.degraded,
@@ -333,6 +333,20 @@ func (a *Agent) keysToSeal() []string {
 		out = append(out, clustertls.LabelClusterSecret)
 	}
 	return out
+}
+
+// pluginFrontDoorCA is the CA plugins verify the front door's HTTPS with
+// for their cluster calls: --http-tls-ca's certificates (public, like any
+// CA certificate); nil for plain HTTP or the system roots.
+func (a *Agent) pluginFrontDoorCA() []byte {
+	if a.frontCert == nil || a.cfg.HTTPTLSCA == "" {
+		return nil
+	}
+	b, err := os.ReadFile(a.cfg.HTTPTLSCA)
+	if err != nil {
+		return nil // read at start already (certfile.Roots): gone since, the system roots it is
+	}
+	return b
 }
 
 // frontDoorTLS is the front door's HTTPS config, nil for plain HTTP.

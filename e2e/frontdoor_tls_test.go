@@ -19,7 +19,8 @@ import (
 // The front door over HTTPS, as the README sets it up: a CA and a
 // certificate made with `pinnedd tls`, HTTP/2 and HTTP/1.1 on the same
 // address, /readyz and `pinnedd status` saying so, the CLI verifying it
-// with --ca (and failing without), a plain-HTTP request to the TLS port
+// with --ca (and failing without), an instance's cluster call through it,
+// a plain-HTTP request to the TLS port
 // answered 400, and a renewed certificate served without a restart.
 func TestFrontDoorHTTPS(t *testing.T) {
 	t.Parallel()
@@ -41,7 +42,8 @@ func TestFrontDoorHTTPS(t *testing.T) {
 	}
 	caFile, certFile, keyFile := filepath.Join(dir, "pinnedd-ca.pem"), filepath.Join(dir, "front.pem"), filepath.Join(dir, "front-key.pem")
 	a := testutil.LaunchAgent(t, nil, "--bootstrap", "--local-state", "--data-dir", t.TempDir(),
-		"--raft-addr", testutil.FreeAddr(t), "--lease-ttl", "3s", "--heartbeat-interval", "500ms", "--raft-timeout", "300ms", "--plugin", "/counters="+testutil.Bin(t, "counter"),
+		"--raft-addr", testutil.FreeAddr(t), "--lease-ttl", "3s", "--heartbeat-interval", "500ms", "--raft-timeout", "300ms",
+		"--plugin", "/counters="+testutil.Bin(t, "counter"), "--plugin", "/misc="+testutil.Bin(t, "testhost"),
 		"--http-tls-cert", certFile, "--http-tls-key", keyFile, "--http-tls-ca", caFile)
 	if !strings.HasPrefix(a.URL, "https://") {
 		t.Fatalf("front door at %s, want https", a.URL)
@@ -85,6 +87,12 @@ func TestFrontDoorHTTPS(t *testing.T) {
 	}
 	if r, err := testutil.DoWith(context.Background(), h1, "GET", a.URL+"/counters/tls/value", "", nil); err != nil || !strings.Contains(r.Body, `"value":4`) {
 		t.Fatalf("value after 4 increments over https: %v %+v", err, r)
+	}
+
+	// An instance's cluster call reaches the front door over HTTPS,
+	// verified with the CA pinnedd hands its plugin.
+	if r := a.MustDo("GET", "/misc/caller/call?method=GET&target=/counters/tls/value", ""); r.Code != 200 || !strings.Contains(r.Body, `"value":4`) {
+		t.Fatalf("cluster call over https: %+v", r)
 	}
 
 	// Plain HTTP to the TLS port: a clear 400, not a hang.

@@ -64,6 +64,9 @@ const (
 	// EnvFrontDoor is the URL of the node's own front door, where
 	// instances make cluster calls.
 	EnvFrontDoor = "PINNEDD_URL"
+	// EnvFrontDoorCA holds CA certificates (PEM) that verify an https
+	// EnvFrontDoor besides the system roots: the node's --http-tls-ca.
+	EnvFrontDoorCA = "PINNEDD_URL_CA"
 	// EnvClusterCallToken was protocol 1's cluster-call token, shared by
 	// every plugin of a node.
 	//

@@ -181,6 +181,9 @@ func (p *pluginProc) pinnedEnv(socket, dir string) []string {
 	if s.cfg.FrontDoorURL != "" {
 		env = append(env, plugins.EnvFrontDoor+"="+s.cfg.FrontDoorURL)
 	}
+	if len(s.cfg.FrontDoorCA) != 0 {
+		env = append(env, plugins.EnvFrontDoorCA+"="+string(s.cfg.FrontDoorCA))
+	}
 	return env
 }
 

@@ -70,6 +70,10 @@ type Config struct {
 	// FrontDoorURL is the node's own front door, where instances make
 	// cluster calls (plugins.EnvFrontDoor in their environment).
 	FrontDoorURL string
+	// FrontDoorCA, with an https FrontDoorURL under a private CA, is that
+	// CA (PEM), which plugins verify their cluster calls with
+	// (plugins.EnvFrontDoorCA); nil: the system roots.
+	FrontDoorCA []byte
 
 	// KeepPlacementsOnIdle keeps every id placed here across idle eviction,
 	// whatever its host says: with a node-local state store, its state is

@@ -10,6 +10,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -255,9 +256,16 @@ func misc(inst *sdk.Instance) http.Handler {
 	mux.HandleFunc("/pid", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, os.Getpid()) })
 	mux.HandleFunc("/version", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, version) })
 	mux.HandleFunc("/call", func(w http.ResponseWriter, r *http.Request) {
-		// A cluster call: POST ?target=/ns/id/rest through this node's
-		// front door, answering with what came back.
-		resp, err := inst.ClusterClient().Post(r.URL.Query().Get("target"), "application/json", nil)
+		// A cluster call: ?target=/ns/id/rest (any path of the front
+		// door) with ?method (POST if none) through this node's front
+		// door, answering with what came back.
+		method := cmp.Or(r.URL.Query().Get("method"), http.MethodPost)
+		req, err := http.NewRequestWithContext(r.Context(), method, r.URL.Query().Get("target"), nil)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		resp, err := inst.ClusterClient().Do(req)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadGateway)
 			return

@@ -2,6 +2,8 @@ package sdk
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -297,5 +299,23 @@ func (c clusterTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if c.token != "" {
 		r2.Header.Set(plugins.HeaderClusterCall, plugins.ClusterCallValue(c.ns, c.token))
 	}
-	return http.DefaultTransport.RoundTrip(r2)
+	return frontDoorTransport().RoundTrip(r2)
 }
+
+// frontDoorTransport carries cluster calls: http.DefaultTransport's, also
+// trusting the CA pinnedd names for an https front door under a private
+// one (plugins.EnvFrontDoorCA).
+var frontDoorTransport = sync.OnceValue(func() http.RoundTripper {
+	caPEM := os.Getenv(plugins.EnvFrontDoorCA)
+	if caPEM == "" {
+		return http.DefaultTransport
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	pool.AppendCertsFromPEM([]byte(caPEM))
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	return t
+})
