@@ -30,11 +30,22 @@ func TestRequireScopeAnswers(t *testing.T) {
 		{"unknown token", "Bearer nope", http.StatusUnauthorized, "unknown token: check PINBOARD_TOKEN"},
 		{"no scope", "Bearer worker-only", http.StatusForbidden, "token lacks the scope pinboard:operator"},
 		{"good", "Bearer op-token", http.StatusOK, ""},
+		// Odd shapes: the scheme is case-insensitive, and the white space
+		// around a field value is not part of it (net/http trims it),
+		// but a token is one word after one space.
+		{"lowercase scheme", "bearer op-token", http.StatusOK, ""},
+		{"trailing spaces", "Bearer op-token   ", http.StatusOK, ""},
+		{"two spaces", "Bearer  op-token", http.StatusUnauthorized, `must be "Bearer <token>"`},
+		{"space inside", "Bearer op-token x", http.StatusUnauthorized, "unknown token"},
+		{"10 KB key", "Bearer " + strings.Repeat("k", 10<<10), http.StatusUnauthorized, "unknown token"},
+		{"two headers", "Bearer op-token\x00Bearer op-token", http.StatusUnauthorized, "2 Authorization headers: send one"},
 	} {
 		for _, path := range []string{"/registry/workers", "/_pinned/status", "/registry/stats"} {
 			req, _ := http.NewRequestWithContext(t.Context(), "GET", rig.srv.URL+path, nil)
-			if c.header != "" {
-				req.Header.Set("Authorization", c.header)
+			for h := range strings.SplitSeq(c.header, "\x00") {
+				if h != "" {
+					req.Header.Add("Authorization", h)
+				}
 			}
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {

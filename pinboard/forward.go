@@ -587,7 +587,7 @@ func (fw *forwarder) forwardWire(w http.ResponseWriter, r *http.Request, info *f
 	// An owner the loop cannot reach (advertised by name: the loop does not
 	// resolve names) stays with net/http: the loop would give every request
 	// back.
-	if resp.ContentLength >= 0 && announced == 0 && len(resp.Trailer) == 0 && fw.ownerBase(info.owner).host != "" && fw.keep.adopt(w, r) {
+	if resp.ContentLength >= 0 && announced == 0 && len(resp.Trailer) == 0 && !info.rq.keyed && fw.ownerBase(info.owner).host != "" && fw.keep.adopt(w, r) {
 		return true // the connection's next requests go to the kept-alive loop
 	}
 	if len(resp.Trailer) > 0 {

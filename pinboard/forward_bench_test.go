@@ -41,6 +41,13 @@ func newForwardRig(tb testing.TB) *forwardRig {
 // newForwardRigWith: the owner answers with serve once the attestation holds.
 func newForwardRigWith(tb testing.TB, serve http.HandlerFunc) *forwardRig {
 	tb.Helper()
+	return newForwardRigConfig(tb, serve, nil)
+}
+
+// newForwardRigConfig is newForwardRigWith with the entry front door's
+// config adjusted by mod.
+func newForwardRigConfig(tb testing.TB, serve http.HandlerFunc, mod func(*FrontDoorConfig)) *forwardRig {
+	tb.Helper()
 	secret := []byte("0123456789abcdef0123456789abcdef")
 	var verifier Verifier
 	var forged atomic.Int64
@@ -71,9 +78,13 @@ func newForwardRigWith(tb testing.TB, serve http.HandlerFunc) *forwardRig {
 	}
 	dir := NewDirectory(m, nil)
 	tb.Cleanup(dir.Close)
-	f := NewFrontDoor(FrontDoorConfig{
+	cfg := FrontDoorConfig{
 		Dir: dir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: prometheus.NewRegistry(),
-	})
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	f := NewFrontDoor(cfg)
 	entry := httptest.NewServer(f)
 	tb.Cleanup(func() {
 		entry.Close()

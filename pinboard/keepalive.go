@@ -177,17 +177,17 @@ func (k *keptAlive) adopt(w http.ResponseWriter, r *http.Request) bool {
 }
 
 // serveAdopting runs serve, then hands r's connection to the kept-alive
-// loop if the response went out whole with a declared length and bodyRead
-// says none of r's body is left unread: the connection's next requests
-// are the loop's.
-func (k *keptAlive) serveAdopting(w http.ResponseWriter, r *http.Request, bodyRead func() bool, serve func(http.ResponseWriter)) {
+// loop if the response went out whole with a declared length and
+// adoptable says the request allows it (none of its body is left unread):
+// the connection's next requests are the loop's.
+func (k *keptAlive) serveAdopting(w http.ResponseWriter, r *http.Request, adoptable func() bool, serve func(http.ResponseWriter)) {
 	if !k.on.Load() || k.never || !k.adoptable(r) {
 		serve(w)
 		return
 	}
 	lw := &lengthWriter{ResponseWriter: w}
 	serve(lw)
-	if lw.complete(r.Method) && bodyRead() {
+	if lw.complete(r.Method) && adoptable() {
 		k.adopt(w, r)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/pinnedd/pinnedd/passport"
 )
 
 // After one forwarded request through net/http the connection is served
@@ -50,5 +52,37 @@ func TestKeptAliveSendsWhatNetHTTPSends(t *testing.T) {
 	}
 	if got := rig.f.keep.conns.Served(); got != 3 {
 		t.Fatalf("the loop forwarded %d requests, want 3 (all but the first)", got)
+	}
+}
+
+// A namespace that needs the client's key keeps its connections in
+// net/http, which checks every request's key: the loop would give each one
+// back.
+func TestKeyedNamespaceStaysInNetHTTP(t *testing.T) {
+	const key = "client-key-0123456789abcdef0123456789"
+	doc := `{"providers":[{"type":"staticToken","id":"pinboard","keys":[
+	 {"name":"client","token":{"env":"K"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["/counters"]}}}]}],
+	 "namespaces":{"/counters":{"allow":"authenticated"},"*":{"allow":"anonymous"}}}`
+	p, err := passport.Parse([]byte(doc), func(string) (string, bool) { return key, true }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rig := newForwardRigConfig(t, func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") },
+		func(c *FrontDoorConfig) { c.Tokens = NewPassportTokens(p); c.FastPath = true })
+	rig.f.serveHandBacks(rig.entry.Config)
+	conn, br := rig.dial(t)
+	for i := range 4 {
+		fmt.Fprint(conn, "GET /counters/c1/value HTTP/1.1\r\nHost: front.example\r\nAuthorization: Bearer "+key+"\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 || string(body) != "ok" {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	if n, served := rig.f.keep.conns.Len(), rig.f.keep.conns.HandedBack(); n != 0 || served != 0 {
+		t.Fatalf("the loop holds %d connections and gave %d back: a keyed connection was adopted", n, served)
 	}
 }

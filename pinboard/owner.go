@@ -68,7 +68,7 @@ func (o *ownerSide) serveLive(w http.ResponseWriter, r *http.Request, rq *instan
 	}
 	o.servedHere.Inc()
 	noteServed(r, "here", "")
-	o.keep.serveAdopting(w, r, rq.bodyRead, func(w http.ResponseWriter) { c.ServeHTTP(w, rq.withBody(r), rq.rest) })
+	o.keep.serveAdopting(w, r, rq.adoptable, func(w http.ResponseWriter) { c.ServeHTTP(w, rq.withBody(r), rq.rest) })
 	return true
 }
 
@@ -77,7 +77,7 @@ func (o *ownerSide) serveLive(w http.ResponseWriter, r *http.Request, rq *instan
 func (o *ownerSide) servePlaced(w http.ResponseWriter, r *http.Request, rq *instanceRequest, p directory.Placement) {
 	o.servedHere.Inc()
 	noteServed(r, "here", "")
-	o.keep.serveAdopting(w, r, rq.bodyRead, func(w http.ResponseWriter) { o.serveLocal(w, rq.withBody(r), p, rq.rest) })
+	o.keep.serveAdopting(w, r, rq.adoptable, func(w http.ResponseWriter) { o.serveLocal(w, rq.withBody(r), p, rq.rest) })
 }
 
 // owned serves the owner-side route /_pinned/i/<ns>/<id>/<rest>: only with

@@ -50,11 +50,20 @@ type instanceRequest struct {
 	selfDegraded bool
 	viaLeader    bool   // the replica named a wrong owner: ask the leader
 	caller       string // this node's worker, on a cluster call from one of its instances
+	// keyed: the namespace's policy needed the client's key. Its
+	// connection stays in net/http, which checks the next request's key:
+	// the kept-alive loop would give every such request back.
+	keyed bool
 }
 
 // bodyRead: nothing of the request body is left on the connection (none,
 // or all of it buffered).
 func (rq *instanceRequest) bodyRead() bool { return rq.retryable }
+
+// adoptable: the kept-alive loop may take the connection after this
+// request's response (serveAdopting): its body was read, and the loop can
+// serve the next one like it.
+func (rq *instanceRequest) adoptable() bool { return rq.bodyRead() && !rq.keyed }
 
 // withBody gives r a fresh copy of the buffered body for this attempt.
 func (rq *instanceRequest) withBody(r *http.Request) *http.Request {
@@ -242,6 +251,8 @@ func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request) {
 		rq.caller = f.res.selfID()
 	case !f.admitClient(w, r, ns):
 		return
+	default:
+		rq.keyed = f.tokens.Passport().Policy(ns) != passport.Anonymous
 	}
 	switch {
 	case r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 && r.Header.Get("Transfer-Encoding") == "":
