@@ -15,6 +15,7 @@ const (
 	opsKey    = "ops-key-0123456789abcdef0123456789"
 	hooksKey  = "hooks-client-0123456789abcdef01234"
 	countKey  = "counters-client-0123456789abcdef01"
+	hooksOps  = "hooks-ops-0123456789abcdef0123456789"
 	passportJ = `{"providers":[{"type":"staticToken","id":"pinboard","keys":[
   {"name":"node","token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:worker"],
    "claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}},
@@ -23,17 +24,20 @@ const (
   {"name":"hooks-client","token":{"env":"HOOKS_KEY"},"scopes":["pinboard:worker"],
    "claims":{"pinboard":{"namespaces":["/hooks"]}}},
   {"name":"counters-client","token":{"env":"COUNT_KEY"},"scopes":["pinboard:worker"],
-   "claims":{"pinboard":{"namespaces":["/counters"]}}}]}],
+   "claims":{"pinboard":{"namespaces":["/counters"]}}},
+  {"name":"hooks-ops","token":{"env":"HOOKS_OPS_KEY"},"scopes":["pinboard:operator"],
+   "claims":{"pinboard":{"namespaces":["/hooks"]}}}]}],
  "namespaces":{"/hooks":{"allow":"authenticated"},"*":{"allow":"anonymous"}}}`
 )
 
-var passportEnv = []string{"PINBOARD_PASSPORT=" + passportJ, "OPS_KEY=" + opsKey, "HOOKS_KEY=" + hooksKey, "COUNT_KEY=" + countKey}
+var passportEnv = []string{"PINBOARD_PASSPORT=" + passportJ, "OPS_KEY=" + opsKey, "HOOKS_KEY=" + hooksKey, "COUNT_KEY=" + countKey, "HOOKS_OPS_KEY=" + hooksOps}
 
 // A passport splits the keys: an anonymous namespace admits anyone, an
 // authenticated one only a key whose claims admit it (401 without one, 403
 // with one that does not), also on a kept-alive connection whose previous
 // request was admitted, and the host never sees the key; operator routes
-// need the operator key, not the node's worker key nor a client's.
+// need the operator key, not the node's worker key nor a client's, and an
+// operator key narrowed to a namespace reaches that namespace only.
 func TestPassportPoliciesAndScopes(t *testing.T) {
 	t.Parallel()
 	n := newNode(t, "n1", "--bootstrap", "--plugin", "/hooks="+testutil.Bin(t, "testhost"))
@@ -91,6 +95,20 @@ func TestPassportPoliciesAndScopes(t *testing.T) {
 		}
 	}
 	_ = h
+	// An operator key narrowed to /hooks winds /hooks down, nothing else.
+	for _, c := range []struct {
+		ns   string
+		want int
+	}{{"/hooks", 200}, {"/counters", 403}} {
+		r, err := testutil.Do(context.Background(), "POST", n.url()+"/registry/wind_down", `{"namespace":"`+c.ns+`","deadline":0}`,
+			map[string]string{"Authorization": "Bearer " + hooksOps})
+		if err != nil || r.Code != c.want {
+			t.Errorf("wind_down %s with the /hooks operator key: %v %d %s, want %d", c.ns, err, r.Code, r.Body, c.want)
+		}
+	}
+	if code, _, _ := get("/_pinned/status", hooksOps); code != 403 {
+		t.Errorf("status with the /hooks operator key: %d, want 403", code)
+	}
 	// Keys are named in answers, never shown.
 	if _, _, body := get("/hooks/p1/x", countKey); strings.Contains(body["error"].(string), countKey) || !strings.Contains(body["error"].(string), "counters-client") {
 		t.Errorf("a refusal shows the key or not its name: %v", body)
@@ -109,7 +127,7 @@ func TestPassportRefusedAtStart(t *testing.T) {
 		{strings.Replace(passportJ, `"namespaces":["*"],"allowedBackendHosts"`, `"namespaces":["/hooks"],"allowedBackendHosts"`, 1), "does not admit namespace /counters"},
 		{strings.Replace(passportJ, `"name":"node","token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:worker"]`, `"name":"node","token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:operator"]`, 1), "not a key of it with scope pinboard:worker"},
 	} {
-		code, out := runAgentEnv(t, bin, nil, []string{"PINBOARD_PASSPORT=" + c.passport, "OPS_KEY=" + opsKey, "HOOKS_KEY=" + hooksKey, "COUNT_KEY=" + countKey},
+		code, out := runAgentEnv(t, bin, nil, []string{"PINBOARD_PASSPORT=" + c.passport, "OPS_KEY=" + opsKey, "HOOKS_KEY=" + hooksKey, "COUNT_KEY=" + countKey, "HOOKS_OPS_KEY=" + hooksOps},
 			"--bootstrap", "--local-state", "--data-dir", t.TempDir(), "--plugin", "/counters="+testutil.Bin(t, "counter"))
 		if code == 0 || !strings.Contains(out, c.want) {
 			t.Errorf("passport %.60s...: exit %d, want a refusal saying %q:\n%s", c.passport, code, c.want, out)
