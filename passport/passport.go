@@ -154,6 +154,18 @@ func (p *Passport) Add(k *Key, tokens ...string) *Passport {
 	return p
 }
 
+// Keys are the passport's keys, each once, by name.
+func (p *Passport) Keys() []*Key {
+	var out []*Key
+	for _, k := range p.keys {
+		if !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Key) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
 // Unrestricted are the claims that admit everything (the single-key passport's).
 func Unrestricted() Claims { return unrestricted }
 

@@ -49,10 +49,19 @@ func NewTokens(tokens ...string) *Tokens { return NewPassportTokens(passport.Sin
 
 // NewPassportTokens authorizes against p.
 func NewPassportTokens(p *passport.Passport) *Tokens {
-	return &Tokens{pass: p, refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+	t := &Tokens{pass: p, refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pinboard_auth_refused_total",
 		Help: "Requests refused authorization, by the key's name (none: no known key) and reason: missing, unknown, scope, claims.",
 	}, []string{"key", "reason"})}
+	// Every series that can be counted starts at 0, so a rate or an
+	// alert sees the first refusal.
+	t.refused.WithLabelValues("none", "missing")
+	t.refused.WithLabelValues("none", "unknown")
+	for _, k := range p.Keys() {
+		t.refused.WithLabelValues(k.Name, "scope")
+		t.refused.WithLabelValues(k.Name, "claims")
+	}
+	return t
 }
 
 // Collector is the refusals' counter, for the registry.

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/pinnedd/pinnedd/passport"
 )
 
@@ -180,5 +182,29 @@ func TestClaimsNarrowTheScopes(t *testing.T) {
 	resp.Body.Close()
 	if strings.Contains(string(buf), "may not advertise") || strings.Contains(string(buf), "does not admit") {
 		t.Fatalf("a registration inside the key's claims was refused for them: %d %s", resp.StatusCode, buf)
+	}
+}
+
+// The refusal counter has every series it can count from the start, at 0:
+// a rate over it, or an alert, sees the first refusal.
+func TestRefusalSeriesStartAtZero(t *testing.T) {
+	p := passport.Single("deployment-token-0123456789abcdef0123")
+	p.Add(&passport.Key{Name: "ops", Scopes: []Scope{ScopeOperator}, Claims: passport.Unrestricted()}, "ops-token-0123456789abcdef0123456789")
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewPassportTokens(p).Collector())
+	mfs, err := reg.Gather()
+	if err != nil || len(mfs) != 1 {
+		t.Fatalf("gather: %v, %d families", err, len(mfs))
+	}
+	var series []string
+	for _, m := range mfs[0].GetMetric() {
+		if v := m.GetCounter().GetValue(); v != 0 {
+			t.Errorf("%v = %v", m.GetLabel(), v)
+		}
+		series = append(series, m.GetLabel()[0].GetValue()+"/"+m.GetLabel()[1].GetValue())
+	}
+	want := "deployment/claims deployment/scope none/missing none/unknown ops/claims ops/scope"
+	if got := strings.Join(series, " "); got != want {
+		t.Fatalf("series %s, want %s", got, want)
 	}
 }
