@@ -1164,7 +1164,7 @@ func writeResults(b *testing.B, cmd string, started time.Time, loadBefore, table
 	fmt.Fprintf(&s, "- run took %s; load average after %s\n\n", time.Since(started).Round(time.Second), loadavg())
 	s.WriteString("Method, all in one run on loopback: two-node pinnedd fleets (`--plugin /counters=counter --plugin /misc=testhost`, " +
 		"`--trusted-proxies 127.0.0.1/32` so the benchmark can place the id on the owner node; default timings but for a " +
-		"3 s lease renewed every second, so the cold-start quarantine is short). Rows 1-4 come from a fleet started with " +
+		"5 s lease renewed every second, so the cold-start quarantine is short). Rows 1-4 come from a fleet started with " +
 		"`--insecure-cluster` (node-to-node HTTP in plain text), rows 5-7 from one with mutual TLS between nodes (the default). " +
 		"Every row requests `GET /counters/<id>/value` for an id owned by its fleet's second node: rows 1 and 5 sent to the " +
 		"owner itself, rows 2 and 6 to the other node (one attested forwarding hop; row 6's to the owner's cluster port, over " +
