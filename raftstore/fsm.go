@@ -214,10 +214,12 @@ func (f *fsm) applyCA(c metaCommand) {
 	switch {
 	case c.Op == metaCA && len(f.cas) == 0, c.Op == metaCARotate && at < 0 && len(f.cas) > 0:
 		f.cas = append(f.cas, caRecord{Cert: c.CACert, Key: c.CAKey})
-	case c.Op != metaCARetire && at >= 0 && clustertls.IsSealed([]byte(c.CAKey)) && c.CAKey != f.cas[at].Key:
+	case c.Op != metaCARetire && at >= 0 && !f.cas[at].Retired && clustertls.IsSealed([]byte(c.CAKey)) && c.CAKey != f.cas[at].Key:
 		f.cas[at].Key = c.CAKey // sealed (again, under the leader's current token)
 	case c.Op == metaCARetire && at >= 0 && at != f.issuerLocked() && !f.cas[at].Retired:
-		f.cas[at].Retired = true
+		// Its key goes with it: nothing signs with a retired CA, and the
+		// snapshots after this no longer hold it for anyone to open.
+		f.cas[at].Retired, f.cas[at].Key = true, ""
 	default:
 		changed = false
 	}
@@ -280,6 +282,9 @@ func (f *fsm) caKeyToSeal() *caRecord {
 		return nil
 	}
 	for _, r := range f.cas {
+		if r.Retired {
+			continue // its key is gone
+		}
 		if !clustertls.IsSealed([]byte(r.Key)) {
 			return &r
 		}

@@ -72,6 +72,16 @@ func TestTLSRotateCA(t *testing.T) {
 	if _, err := minted(t, old, "n2").Get(port); err == nil {
 		t.Fatal("after the rotation, a certificate minted from the old CA's key is accepted")
 	}
+	// The retired CA's key is gone from the state, and so from the snapshots.
+	for _, n := range nodes {
+		n.s.fsm.mu.RLock()
+		for _, r := range n.s.fsm.cas {
+			if r.Retired && r.Key != "" {
+				t.Errorf("%s keeps the retired CA's key", n.id)
+			}
+		}
+		n.s.fsm.mu.RUnlock()
+	}
 
 	// A member restarted comes back with its renewed certificate and the new trust; so does
 	// the node that created the retired CA (its key file names a CA no longer trusted).
