@@ -199,58 +199,14 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 	if cfg.IdleTimeout < 0 || cfg.BodyReadTimeout < 0 {
 		return cfg, errors.New("--http-idle-timeout and --http-body-timeout must not be negative (0: no bound)")
 	}
-	if cfg.ScanInterval <= 0 {
-		return cfg, fmt.Errorf("--scan-interval (%s) must be positive", cfg.ScanInterval)
-	}
-	if cfg.FenceGCInterval <= 0 {
-		return cfg, fmt.Errorf("--fence-gc-interval (%s) must be positive", cfg.FenceGCInterval)
-	}
-	if cfg.Heartbeat >= cfg.LeaseTTL {
-		return cfg, fmt.Errorf("--heartbeat-interval (%s) must be shorter than --lease-ttl (%s)", cfg.Heartbeat, cfg.LeaseTTL)
-	}
-	if !cfg.Dev { // one voter: no election after its first
-		warn, err := leaseTiming(cfg.LeaseTTL, cfg.Heartbeat, cfg.RaftTimeout)
-		if err != nil {
-			return cfg, err
-		}
-		if warn != "" {
-			logger.Warn(warn, "lease_ttl", cfg.LeaseTTL, "heartbeat_interval", cfg.Heartbeat, "election_bound", raftstore.ElectionBound(cfg.RaftTimeout, cfg.RaftTimeout))
-		}
+	if err := checkTimings(cfg, logger); err != nil {
+		return cfg, err
 	}
 	if cfg.NodeID == "" {
 		cfg.NodeID, _ = os.Hostname()
 	}
-	if t, err := tokenFrom(c); err != nil {
+	if err := tokensAndMode(c, &cfg); err != nil {
 		return cfg, err
-	} else if t != "" {
-		cfg.Tokens = append(cfg.Tokens, t)
-	}
-	if cfg.Dev {
-		if err := devAllowed(os.Getenv); err != nil {
-			return cfg, err
-		}
-		cfg.Tokens = append(cfg.Tokens, devToken)
-		cfg.Bootstrap = true
-		if !c.IsSet("raft-addr") {
-			cfg.RaftAddr = "127.0.0.1:0"
-		}
-		if cfg.Join != "" {
-			return cfg, errors.New("--dev is a one-node cluster: it cannot --join")
-		}
-		if !c.IsSet("raft-timeout") {
-			// One voter elects itself; no need to wait out a LAN timeout.
-			cfg.RaftTimeout = 300 * time.Millisecond
-		}
-	} else {
-		if len(cfg.Tokens) == 0 {
-			return cfg, errors.New("a fleet node needs a deployment token: set PINBOARD_TOKEN (or --token-file); make one with `pinnedd token generate`")
-		}
-		if err := validateToken(cfg.Tokens[0]); err != nil {
-			return cfg, fmt.Errorf("PINBOARD_TOKEN (or --token-file, --token) refused: %w", err)
-		}
-		if cfg.DataDir == "" {
-			return cfg, errors.New("a fleet node needs --data-dir (its Raft log lives there)")
-		}
 	}
 	if cfg.Bootstrap && cfg.Join != "" {
 		return cfg, errors.New("--bootstrap and --join exclude each other: bootstrap one node, join the rest")
@@ -275,11 +231,93 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 		return cfg, errors.New("a fleet node needs a shared state store: give --database-url (Postgres, so any node can restore any id), " +
 			"or --local-state to keep state on this node and accept that an id which moves (a drain, a restart, the node's death) starts empty elsewhere")
 	}
-	specs, err := pluginSpecs(c.StringSlice("plugin"), cfg.Dev)
+	specs, err := hostSpecs(c, cfg.Dev)
 	if err != nil {
 		return cfg, err
 	}
-	watch := cfg.Dev
+	cfg.Specs = specs
+	if len(cfg.Specs) == 0 {
+		return cfg, errors.New("no hosts to serve: give --plugin /ns=path (or --dev for the built-in examples, or --no-hosts for a pure front door)")
+	}
+	if cfg.Passport, err = passportFrom(c, cfg.Tokens, specs); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+// checkTimings refuses intervals that cannot work (a heartbeat no shorter
+// than the lease, a lease an election outlasts) and warns of tight ones.
+func checkTimings(cfg agent.Config, logger *slog.Logger) error {
+	if cfg.ScanInterval <= 0 {
+		return fmt.Errorf("--scan-interval (%s) must be positive", cfg.ScanInterval)
+	}
+	if cfg.FenceGCInterval <= 0 {
+		return fmt.Errorf("--fence-gc-interval (%s) must be positive", cfg.FenceGCInterval)
+	}
+	if cfg.Heartbeat >= cfg.LeaseTTL {
+		return fmt.Errorf("--heartbeat-interval (%s) must be shorter than --lease-ttl (%s)", cfg.Heartbeat, cfg.LeaseTTL)
+	}
+	if cfg.Dev { // one voter: no election after its first
+		return nil
+	}
+	warn, err := leaseTiming(cfg.LeaseTTL, cfg.Heartbeat, cfg.RaftTimeout)
+	if err != nil {
+		return err
+	}
+	if warn != "" {
+		logger.Warn(warn, "lease_ttl", cfg.LeaseTTL, "heartbeat_interval", cfg.Heartbeat, "election_bound", raftstore.ElectionBound(cfg.RaftTimeout, cfg.RaftTimeout))
+	}
+	return nil
+}
+
+// tokensAndMode adds the node's token to cfg and settles what --dev
+// changes (the dev token, bootstrap, a free Raft port, fast elections),
+// or, for a fleet node, checks that it has a strong token and a data dir.
+func tokensAndMode(c *cli.Context, cfg *agent.Config) error {
+	if t, err := tokenFrom(c); err != nil {
+		return err
+	} else if t != "" {
+		cfg.Tokens = append(cfg.Tokens, t)
+	}
+	if !cfg.Dev {
+		if len(cfg.Tokens) == 0 {
+			return errors.New("a fleet node needs a deployment token: set PINBOARD_TOKEN (or --token-file); make one with `pinnedd token generate`")
+		}
+		if err := validateToken(cfg.Tokens[0]); err != nil {
+			return fmt.Errorf("PINBOARD_TOKEN (or --token-file, --token) refused: %w", err)
+		}
+		if cfg.DataDir == "" {
+			return errors.New("a fleet node needs --data-dir (its Raft log lives there)")
+		}
+		return nil
+	}
+	if err := devAllowed(os.Getenv); err != nil {
+		return err
+	}
+	cfg.Tokens = append(cfg.Tokens, devToken)
+	cfg.Bootstrap = true
+	if !c.IsSet("raft-addr") {
+		cfg.RaftAddr = "127.0.0.1:0"
+	}
+	if cfg.Join != "" {
+		return errors.New("--dev is a one-node cluster: it cannot --join")
+	}
+	if !c.IsSet("raft-timeout") {
+		// One voter elects itself; no need to wait out a LAN timeout.
+		cfg.RaftTimeout = 300 * time.Millisecond
+	}
+	return nil
+}
+
+// hostSpecs are the plugins to run (--plugin, or --dev's built-in hosts),
+// with their watch setting, environment (--plugin-env) and users
+// (--plugin-user).
+func hostSpecs(c *cli.Context, dev bool) ([]supervisor.Spec, error) {
+	specs, err := pluginSpecs(c.StringSlice("plugin"), dev)
+	if err != nil {
+		return nil, err
+	}
+	watch := dev
 	if c.IsSet("watch-plugins") {
 		watch = c.Bool("watch-plugins")
 	}
@@ -292,24 +330,17 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 	for _, f := range c.StringSlice("plugin-env") {
 		set, err := supervisor.ParsePluginEnv(f)
 		if err != nil {
-			return cfg, fmt.Errorf("--plugin-env: %w", err)
+			return nil, fmt.Errorf("--plugin-env: %w", err)
 		}
 		envSets = append(envSets, set)
 	}
 	if err := supervisor.ApplyPluginEnv(specs, envSets, os.LookupEnv); err != nil {
-		return cfg, err
+		return nil, err
 	}
 	if err := pluginUsers(specs, c.StringSlice("plugin-user"), os.Geteuid()); err != nil {
-		return cfg, err
+		return nil, err
 	}
-	cfg.Specs = specs
-	if len(cfg.Specs) == 0 {
-		return cfg, errors.New("no hosts to serve: give --plugin /ns=path (or --dev for the built-in examples, or --no-hosts for a pure front door)")
-	}
-	if cfg.Passport, err = passportFrom(c, cfg.Tokens, specs); err != nil {
-		return cfg, err
-	}
-	return cfg, nil
+	return specs, nil
 }
 
 // passportFrom reads the passport (--passport FILE, or PINBOARD_PASSPORT

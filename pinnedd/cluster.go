@@ -19,144 +19,164 @@ import (
 // the agent at --addr.
 func clusterCommands() []*cli.Command {
 	return []*cli.Command{
-		{
-			Name:      "join",
-			Usage:     "tell the local agent to join the cluster through a member",
-			ArgsUsage: "<member url>",
-			Flags:     clientFlags(),
-			Action: func(c *cli.Context) error {
-				if c.NArg() != 1 {
-					return usagef("pinnedd join <member url> [--addr URL] takes one member URL, got %d arguments", c.NArg())
-				}
-				member, err := normalizeAddr("member url", c.Args().First())
-				if err != nil {
-					return err
-				}
-				if err := apiCall(c, http.MethodPost, "/_pinned/join", map[string]string{"url": member}, nil); err != nil {
-					return err
-				}
-				_, err = fmt.Fprintf(c.App.Writer, "joined via %s\n", member)
-				return err
-			},
-		},
+		joinCommand(),
 		leaveCommand(),
-		{
-			Name:      "remove",
-			Usage:     "remove a (dead) member from the Raft cluster",
-			ArgsUsage: "<node id>",
-			Flags:     clientFlags(),
-			Action: func(c *cli.Context) error {
-				if c.NArg() != 1 {
-					return usagef("pinnedd remove <node id> [--addr URL] takes one node id, got %d arguments", c.NArg())
-				}
-				ac, err := newAgentClient(c)
-				if err != nil {
-					return err
-				}
-				id := c.Args().First()
-				err = ac.raft(c.Context, func(ctx context.Context, hc *http.Client, url, token string) error {
-					return raftstore.RemoveVia(ctx, hc, url, token, id)
-				})
-				if err != nil {
-					return err
-				}
-				_, err = fmt.Fprintf(c.App.Writer, "removed %s\n", id)
+		removeCommand(),
+		membersCommand(),
+		workersCommand(),
+	}
+}
+
+// joinCommand is `pinnedd join`.
+func joinCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "join",
+		Usage:     "tell the local agent to join the cluster through a member",
+		ArgsUsage: "<member url>",
+		Flags:     clientFlags(),
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return usagef("pinnedd join <member url> [--addr URL] takes one member URL, got %d arguments", c.NArg())
+			}
+			member, err := normalizeAddr("member url", c.Args().First())
+			if err != nil {
 				return err
-			},
+			}
+			if err := apiCall(c, http.MethodPost, "/_pinned/join", map[string]string{"url": member}, nil); err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(c.App.Writer, "joined via %s\n", member)
+			return err
 		},
-		{
-			Name:  "members",
-			Usage: "list the Raft members: node, raft address, voter or not, leader, last contact",
-			Flags: append(clientFlags(), &cli.BoolFlag{Name: "json", Usage: "print JSON"}),
-			Action: func(c *cli.Context) error {
-				if c.NArg() > 0 {
-					return usagef("pinnedd members takes no arguments, got %q", c.Args().First())
-				}
-				ac, err := newAgentClient(c)
-				if err != nil {
-					return err
-				}
-				var ms []raftstore.Member
-				err = ac.raft(c.Context, func(ctx context.Context, hc *http.Client, url, token string) (err error) {
-					ms, err = raftstore.MembersVia(ctx, hc, url, token)
-					return err
-				})
-				if err != nil {
-					return err
-				}
-				if c.Bool("json") {
-					return json.NewEncoder(c.App.Writer).Encode(ms)
-				}
-				w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(w, "NODE\tRAFT ADDRESS\tAPI\tSUFFRAGE\tLEADER\tLAST CONTACT")
-				for _, m := range ms {
-					suffrage := "nonvoter"
-					if m.Voter {
-						suffrage = "voter"
-					}
-					contact := "-"
-					if !m.LastContact.IsZero() {
-						contact = time.Since(m.LastContact).Round(time.Millisecond).String() + " ago"
-					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%v\t%s\n", m.ID, m.RaftAddr, m.APIAddr, suffrage, m.Leader, contact)
-				}
-				return w.Flush()
-			},
+	}
+}
+
+// removeCommand is `pinnedd remove`.
+func removeCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "remove",
+		Usage:     "remove a (dead) member from the Raft cluster",
+		ArgsUsage: "<node id>",
+		Flags:     clientFlags(),
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return usagef("pinnedd remove <node id> [--addr URL] takes one node id, got %d arguments", c.NArg())
+			}
+			ac, err := newAgentClient(c)
+			if err != nil {
+				return err
+			}
+			id := c.Args().First()
+			err = ac.raft(c.Context, func(ctx context.Context, hc *http.Client, url, token string) error {
+				return raftstore.RemoveVia(ctx, hc, url, token, id)
+			})
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(c.App.Writer, "removed %s\n", id)
+			return err
 		},
-		{
-			Name:  "workers",
-			Usage: "list the live workers (GET /registry/workers); --all adds those whose lease lapsed",
-			Flags: append(clientFlags(),
-				&cli.BoolFlag{Name: "json", Usage: "print JSON"},
-				&cli.BoolFlag{Name: "all", Usage: "also list workers whose lease has lapsed"},
-			),
-			Action: func(c *cli.Context) error {
-				if c.NArg() > 0 {
-					return usagef("pinnedd workers takes no arguments, got %q", c.Args().First())
+	}
+}
+
+// membersCommand is `pinnedd members`.
+func membersCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "members",
+		Usage: "list the Raft members: node, raft address, voter or not, leader, last contact",
+		Flags: append(clientFlags(), &cli.BoolFlag{Name: "json", Usage: "print JSON"}),
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return usagef("pinnedd members takes no arguments, got %q", c.Args().First())
+			}
+			ac, err := newAgentClient(c)
+			if err != nil {
+				return err
+			}
+			var ms []raftstore.Member
+			err = ac.raft(c.Context, func(ctx context.Context, hc *http.Client, url, token string) (err error) {
+				ms, err = raftstore.MembersVia(ctx, hc, url, token)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return json.NewEncoder(c.App.Writer).Encode(ms)
+			}
+			w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "NODE\tRAFT ADDRESS\tAPI\tSUFFRAGE\tLEADER\tLAST CONTACT")
+			for _, m := range ms {
+				suffrage := "nonvoter"
+				if m.Voter {
+					suffrage = "voter"
 				}
-				path := "/registry/workers"
-				if c.Bool("all") {
-					path += "?all=1"
+				contact := "-"
+				if !m.LastContact.IsZero() {
+					contact = time.Since(m.LastContact).Round(time.Millisecond).String() + " ago"
 				}
-				var out struct {
-					Workers []struct {
-						ClientID     string   `json:"clientId"`
-						NodeID       string   `json:"nodeId"`
-						AdvertiseURL string   `json:"advertiseUrl"`
-						Namespaces   []string `json:"namespaces"`
-						Live         bool     `json:"live"`
-						ExpiresInMs  int64    `json:"expiresInMs"`
-						Degraded     bool     `json:"degraded"`
-						Placements   int      `json:"placements"`
-						drainView
-					} `json:"workers"`
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%v\t%s\n", m.ID, m.RaftAddr, m.APIAddr, suffrage, m.Leader, contact)
+			}
+			return w.Flush()
+		},
+	}
+}
+
+// workersCommand is `pinnedd workers`.
+func workersCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "workers",
+		Usage: "list the live workers (GET /registry/workers); --all adds those whose lease lapsed",
+		Flags: append(clientFlags(),
+			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
+			&cli.BoolFlag{Name: "all", Usage: "also list workers whose lease has lapsed"},
+		),
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return usagef("pinnedd workers takes no arguments, got %q", c.Args().First())
+			}
+			path := "/registry/workers"
+			if c.Bool("all") {
+				path += "?all=1"
+			}
+			var out struct {
+				Workers []struct {
+					ClientID     string   `json:"clientId"`
+					NodeID       string   `json:"nodeId"`
+					AdvertiseURL string   `json:"advertiseUrl"`
+					Namespaces   []string `json:"namespaces"`
+					Live         bool     `json:"live"`
+					ExpiresInMs  int64    `json:"expiresInMs"`
+					Degraded     bool     `json:"degraded"`
+					Placements   int      `json:"placements"`
+					drainView
+				} `json:"workers"`
+			}
+			var raw json.RawMessage
+			if err := apiCall(c, http.MethodGet, path, nil, &raw); err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				_, err := fmt.Fprintln(c.App.Writer, string(raw))
+				return err
+			}
+			if err := json.Unmarshal(raw, &out); err != nil {
+				return fmt.Errorf("decode workers: %w", err)
+			}
+			w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "CLIENT ID\tNODE\tADVERTISE URL\tNAMESPACES\tLEASE\tPLACEMENTS")
+			for _, wk := range out.Workers {
+				lease := fmt.Sprintf("%dms", wk.ExpiresInMs)
+				if !wk.Live {
+					lease = "expired"
 				}
-				var raw json.RawMessage
-				if err := apiCall(c, http.MethodGet, path, nil, &raw); err != nil {
-					return err
+				lease += wk.drainView.text(" ", time.Now())
+				if wk.Degraded {
+					lease += " degraded"
 				}
-				if c.Bool("json") {
-					_, err := fmt.Fprintln(c.App.Writer, string(raw))
-					return err
-				}
-				if err := json.Unmarshal(raw, &out); err != nil {
-					return fmt.Errorf("decode workers: %w", err)
-				}
-				w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(w, "CLIENT ID\tNODE\tADVERTISE URL\tNAMESPACES\tLEASE\tPLACEMENTS")
-				for _, wk := range out.Workers {
-					lease := fmt.Sprintf("%dms", wk.ExpiresInMs)
-					if !wk.Live {
-						lease = "expired"
-					}
-					lease += wk.drainView.text(" ", time.Now())
-					if wk.Degraded {
-						lease += " degraded"
-					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\n", wk.ClientID, wk.NodeID, wk.AdvertiseURL, strings.Join(wk.Namespaces, ","), lease, wk.Placements)
-				}
-				return w.Flush()
-			},
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\n", wk.ClientID, wk.NodeID, wk.AdvertiseURL, strings.Join(wk.Namespaces, ","), lease, wk.Placements)
+			}
+			return w.Flush()
 		},
 	}
 }
