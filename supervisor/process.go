@@ -153,49 +153,9 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 	p.state = StateStarting
 	p.mu.Unlock()
 
-	dir := s.socketDir(p)
-	socket := filepath.Join(dir, fmt.Sprintf("%s-%d.sock", p.spec.Name, seq))
 	bin := statBinary(p.spec.Path)
-	cmd := exec.Command(p.spec.Path, p.spec.Args...)
-	env, dropped := pluginEnv(os.Environ(), p.spec.Env, p.pinnedEnv(socket, dir))
-	if len(dropped) > 0 {
-		p.logger.Warn("not passed to the plugin: pinnedd's secrets never reach plugins", "variables", dropped)
-	}
-	cmd.Env = env
-	// The child gets SIGKILL when the thread that forked it dies; the
-	// spawning goroutine is locked to its thread below, and Go never ends
-	// an unlocked thread, so in practice this fires when pinnedd dies.
-	// With a Spec.User, the process gets that user's uid, primary gid and
-	// supplementary groups (the kernel sets the death signal after them).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: p.spec.credential()}
-	var sockets *goplugin.UnixSocketConfig
-	if u := p.spec.User; u != nil {
-		// pinnedd's broker sockets (the Store service the plugin dials)
-		// are made in pinnedd's temporary directory: give them the
-		// plugin's group so its user can connect.
-		sockets = &goplugin.UnixSocketConfig{Group: strconv.FormatUint(uint64(u.GID), 10)}
-	}
-
 	logger := p.logger.With("incarnation", seq)
-	client := goplugin.NewClient(&goplugin.ClientConfig{
-		HandshakeConfig: plugins.Handshake,
-		// A plugin of an older protocol version completes the handshake
-		// and is refused at Dispense, by name (plugins.ErrProtocolVersion).
-		VersionedPlugins: plugins.HostVersions(),
-		Cmd:              cmd,
-		// go-plugin would otherwise add all of os.Environ() to cmd.Env.
-		SkipHostEnv: true,
-		// The control and broker sockets sit in a directory other
-		// processes of pinnedd's user can reach: with mutual TLS (a key
-		// made per process, never in the environment) only pinnedd can
-		// call Describe, Activate or the Store service there.
-		AutoMTLS:         true,
-		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
-		UnixSocketConfig: sockets,
-		StartTimeout:     s.cfg.HandshakeTimeout,
-		Logger:           hclogAdapter(logger),
-		Stderr:           &lineLogger{logger: logger},
-	})
+	client := p.newClient(seq, logger)
 	runtime.LockOSThread()
 	rpc, err := client.Client()
 	runtime.UnlockOSThread()
@@ -246,23 +206,7 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 		socketSecret: socketSecret, callToken: callToken,
 	}
 	s.calls.add(callToken, inc)
-	inc.tr = &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", inc.socket)
-		},
-		MaxIdleConns:        1024,
-		MaxIdleConnsPerHost: 1024,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
-	}
-	inc.fast = &httpx.SyncTransport{
-		Dial: func(ctx context.Context, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", inc.socket)
-		},
-		Fallback: inc.tr,
-	}
+	inc.dialTransports()
 	inc.proxy = s.newProxy(inc)
 
 	ectx, ecancel := context.WithCancel(context.Background())
@@ -301,6 +245,76 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 	s.metrics.pluginUp.WithLabelValues(p.spec.Name).Set(1)
 	logger.Info("plugin started", "pid", inc.pid, "namespaces", len(hosts), "sdk", desc.SdkVersion)
 	return inc, nil
+}
+
+// newClient is go-plugin's client for incarnation seq: the command (its
+// environment without pinnedd's secrets, its user, a death signal) and the
+// handshake's terms.
+func (p *pluginProc) newClient(seq int, logger *slog.Logger) *goplugin.Client {
+	s := p.sup
+	dir := s.socketDir(p)
+	socket := filepath.Join(dir, fmt.Sprintf("%s-%d.sock", p.spec.Name, seq))
+	cmd := exec.Command(p.spec.Path, p.spec.Args...)
+	env, dropped := pluginEnv(os.Environ(), p.spec.Env, p.pinnedEnv(socket, dir))
+	if len(dropped) > 0 {
+		p.logger.Warn("not passed to the plugin: pinnedd's secrets never reach plugins", "variables", dropped)
+	}
+	cmd.Env = env
+	// The child gets SIGKILL when the thread that forked it dies; the
+	// spawning goroutine is locked to its thread while it starts (spawn), and Go never ends
+	// an unlocked thread, so in practice this fires when pinnedd dies.
+	// With a Spec.User, the process gets that user's uid, primary gid and
+	// supplementary groups (the kernel sets the death signal after them).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: p.spec.credential()}
+	var sockets *goplugin.UnixSocketConfig
+	if u := p.spec.User; u != nil {
+		// pinnedd's broker sockets (the Store service the plugin dials)
+		// are made in pinnedd's temporary directory: give them the
+		// plugin's group so its user can connect.
+		sockets = &goplugin.UnixSocketConfig{Group: strconv.FormatUint(uint64(u.GID), 10)}
+	}
+
+	return goplugin.NewClient(&goplugin.ClientConfig{
+		HandshakeConfig: plugins.Handshake,
+		// A plugin of an older protocol version completes the handshake
+		// and is refused at Dispense, by name (plugins.ErrProtocolVersion).
+		VersionedPlugins: plugins.HostVersions(),
+		Cmd:              cmd,
+		// go-plugin would otherwise add all of os.Environ() to cmd.Env.
+		SkipHostEnv: true,
+		// The control and broker sockets sit in a directory other
+		// processes of pinnedd's user can reach: with mutual TLS (a key
+		// made per process, never in the environment) only pinnedd can
+		// call Describe, Activate or the Store service there.
+		AutoMTLS:         true,
+		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		UnixSocketConfig: sockets,
+		StartTimeout:     s.cfg.HandshakeTimeout,
+		Logger:           hclogAdapter(logger),
+		Stderr:           &lineLogger{logger: logger},
+	})
+}
+
+// dialTransports makes the incarnation's transports to its data socket:
+// net/http's, and the synchronous one in front of it.
+func (inc *incarnation) dialTransports() {
+	inc.tr = &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", inc.socket)
+		},
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 1024,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+	inc.fast = &httpx.SyncTransport{
+		Dial: func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", inc.socket)
+		},
+		Fallback: inc.tr,
+	}
 }
 
 // watch consumes the Events stream; its end means the process is going.
