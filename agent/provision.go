@@ -21,7 +21,6 @@ import (
 	"github.com/pinnedd/pinnedd/internal/clustertls"
 	"github.com/pinnedd/pinnedd/internal/datadir"
 	"github.com/pinnedd/pinnedd/internal/procstat"
-	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/pinboard"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/raftstore"
@@ -216,10 +215,10 @@ func (a *Agent) provisionRaft(ctx context.Context) error {
 		return err
 	}
 	tlsCfg := cfg.raftTLS()
-	if tlsCfg != nil && cfg.FastPath {
-		// The kept-alive loop may then take the cluster port's
-		// connections, as the front door's (FrontDoor.PeerHandBacks).
-		tlsCfg.ServerConn = relay.ServerTLS
+	if tlsCfg != nil {
+		// With the fast path, the kept-alive loop may take the cluster
+		// port's connections, as the front door's (FrontDoor.PeerHandBacks).
+		tlsCfg.ServerConn = pinboard.ClusterPortTLS(cfg.FastPath)
 	}
 	store, err := raftstore.Open(ctx, raftstore.Config{
 		NodeID: cfg.NodeID, RaftAddr: cfg.RaftAddr, AdvertiseRaftAddr: cfg.RaftAdvertiseAddr,

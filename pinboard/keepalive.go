@@ -2,6 +2,7 @@ package pinboard
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"log/slog"
@@ -80,6 +81,17 @@ func peerNode(c net.Conn) string {
 		c = w.NetConn()
 	}
 	return ""
+}
+
+// ClusterPortTLS makes the server side of the cluster port's TLS
+// connections (raftstore's TLSConfig.ServerConn): with the fast path, so
+// that the kept-alive loop can adopt them (relay.ServerTLS); without it,
+// nil, crypto/tls's own.
+func ClusterPortTLS(fastPath bool) func(raw net.Conn, cfg *tls.Config) (*tls.Conn, error) {
+	if !fastPath {
+		return nil
+	}
+	return relay.ServerTLS
 }
 
 // peerHandBacks lets the loop take the cluster port's connections (made

@@ -260,9 +260,21 @@ func toPlugin(h *relay.ReqHead, c *supervisor.Call, target string, trusted bool)
 		},
 		Done: func(status int, err error) {
 			relay.ReleaseWire(wire)
-			c.EndRelayed(status, err)
+			endRelayed(c, status, err)
 		},
 	}
+}
+
+// endRelayed ends call c for an exchange the loop carried, with what
+// relay.Forward.Done reports: a refusal means the plugin no longer holds
+// the instance; an exchange that ended for the plugin's sake (the loop
+// answered the client itself) is booked as unanswered, as net/http's path
+// books it.
+func endRelayed(c *supervisor.Call, status int, err error) {
+	if relay.FailedUpstream(err) {
+		c.Unanswered(err)
+	}
+	c.End(status, errors.Is(err, relay.ErrRefused))
 }
 
 // pluginRefused: the plugin does not hold the instance (relay.Forward.Refused).

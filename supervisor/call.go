@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
-	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/plugins"
 )
 
@@ -110,17 +109,11 @@ func (s *Supervisor) ready(k Key, gen uint64, c *Call, abort func()) bool {
 	return true
 }
 
-// EndRelayed is End for an exchange a relay loop carried, with what
-// relay.Forward.Done reports: a refusal means the plugin no longer holds
-// the instance, and an exchange that ended for the plugin's sake (it could
-// not be reached, or did not answer in full; the loop answered the client
-// itself) is booked as net/http's path books it (unanswered).
-func (c *Call) EndRelayed(status int, err error) {
-	if err != nil && !errors.Is(err, relay.ErrRefused) && !errors.Is(err, relay.ErrClientGone) && !errors.Is(err, relay.ErrAborted) {
-		c.s.unanswered(c.rs.in.inc, err)
-	}
-	c.End(status, errors.Is(err, relay.ErrRefused))
-}
+// Unanswered books the request as one its plugin did not answer (it could
+// not be reached, or did not answer in full), for a caller that carried it
+// itself and answered the client (the front door's kept-alive loop), as
+// net/http's path books it: counted by outcome, logged. End still follows.
+func (c *Call) Unanswered(err error) { c.s.unanswered(c.rs.in.inc, err) }
 
 // Socket is the plugin's data socket (a unix socket path) the request
 // goes to.

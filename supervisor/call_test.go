@@ -56,7 +56,12 @@ func (r relayRouter) Route(h *relay.ReqHead) (relay.Forward, bool) {
 				c.Stream()
 			}
 		},
-		Done: c.EndRelayed,
+		Done: func(status int, err error) { // as the front door's loop ends a call
+			if relay.FailedUpstream(err) {
+				c.Unanswered(err)
+			}
+			c.End(status, errors.Is(err, relay.ErrRefused))
+		},
 	}, true
 }
 

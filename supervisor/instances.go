@@ -567,7 +567,7 @@ func (s *Supervisor) newProxy(inc *incarnation) *httputil.ReverseProxy {
 
 // unanswered books a request inc's plugin did not answer, whichever
 // path carried it (net/http's proxy, or the front door's loop, which
-// answered the client itself: Call.EndRelayed): counted by outcome, and
+// answered the client itself: Call.Unanswered): counted by outcome, and
 // logged, one line per plugin and outcome per window with the count held
 // back (a body over the front door's cap is counted, not logged). It
 // returns the answer the client gets.

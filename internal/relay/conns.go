@@ -180,6 +180,15 @@ var (
 	ErrAborted = errors.New("exchange aborted")
 )
 
+// FailedUpstream reports whether err, an exchange's end (Forward.Done),
+// failed for the upstream's sake: it could not be reached, or did not
+// answer in full, and the loop answered the client itself. A refusal, a
+// client gone and an abort are not: the upstream answered, or nobody is
+// left to answer.
+func FailedUpstream(err error) bool {
+	return err != nil && !errors.Is(err, ErrRefused) && !errors.Is(err, ErrClientGone) && !errors.Is(err, ErrAborted)
+}
+
 // headScan is how far the search for a head's end got in bytes that grow
 // read by read: each byte is looked at once however the head trickles in
 // (a search from byte 0 after every read costs work quadratic in a head
