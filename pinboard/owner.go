@@ -50,15 +50,30 @@ func (o *ownerSide) collectors() []prometheus.Collector {
 	return []prometheus.Collector{o.attestFailures}
 }
 
-// servesLive reports whether a worker with lease serves an instance that
-// is live here (an unhealthy lease still does; it only takes no new ones).
-func servesLive(lease LeaseState) bool { return lease == LeaseHealthy || lease == LeaseUnhealthy }
+// leaseAllows is the owner side's one lease rule, for every entry: a
+// healthy lease serves anything; an unhealthy one (renewals failing, the
+// placements still held) serves instances live here, never a new
+// activation; unregistered or expired serves nothing. live: the caller
+// knows key's instance is live here (else the rule looks).
+func (o *ownerSide) leaseAllows(key directory.Key, live bool, now time.Time) (LeaseState, bool) {
+	switch lease := o.worker.Lease(now); lease {
+	case LeaseHealthy:
+		return lease, true
+	case LeaseUnhealthy:
+		if !live {
+			_, live = o.res.liveHere(key)
+		}
+		return lease, live
+	default:
+		return lease, false
+	}
+}
 
 // serveLive serves a client's request for an instance live here, as far
 // as the lease allows, and reports whether it answered (false: the
 // instance stopped meanwhile; the router resolves it afresh).
 func (o *ownerSide) serveLive(w http.ResponseWriter, r *http.Request, rq *instanceRequest) bool {
-	if lease := o.worker.Lease(time.Now()); !servesLive(lease) {
+	if lease, ok := o.leaseAllows(rq.key, true, time.Now()); !ok {
 		refuse(w, lease)
 		return true
 	}
@@ -110,6 +125,14 @@ func (o *ownerSide) owned(w http.ResponseWriter, r *http.Request) {
 		o.serveOwned(w, r, directory.Placement{Key: key, Owner: o.res.selfID(), Generation: gen}, rest)
 		return
 	}
+	if draining, _ := o.local.Draining(); draining {
+		// Nothing activates here any more: waiting for the replica to
+		// show the placement would only hold the forwarder until its
+		// head wait ends in a 504. Refused in-band, it releases the
+		// placement and retries on another worker at once.
+		o.local.WriteOpenError(w, r, ns, supervisor.ErrDraining)
+		return
+	}
 	// Activate only once our own replica shows the placement the
 	// forwarder resolved: it may be ahead of us by a few entries.
 	p, ok := o.awaitPlacement(r.Context(), key, att.Generation)
@@ -144,14 +167,7 @@ func notOwner(w http.ResponseWriter) {
 // serveLocal serves an id placed on this node, activating it if the
 // worker's lease allows.
 func (o *ownerSide) serveLocal(w http.ResponseWriter, r *http.Request, p directory.Placement, rest string) {
-	switch lease := o.worker.Lease(time.Now()); lease {
-	case LeaseHealthy:
-	case LeaseUnhealthy:
-		if _, live := o.res.liveHere(p.Key); !live {
-			refuse(w, lease)
-			return
-		}
-	default:
+	if lease, ok := o.leaseAllows(p.Key, false, time.Now()); !ok {
 		refuse(w, lease)
 		return
 	}
@@ -181,7 +197,7 @@ func refuse(w http.ResponseWriter, lease LeaseState) {
 // routeLocal is routeLoop for an id live on this node under gen: while the
 // lease allows, straight to the plugin.
 func (o *ownerSide) routeLocal(h *relay.ReqHead, key directory.Key, gen uint64, target string, now time.Time) (relay.Forward, bool) {
-	if !servesLive(o.worker.Lease(now)) {
+	if _, ok := o.leaseAllows(key, true, now); !ok {
 		return relay.Forward{}, false // net/http refuses it
 	}
 	c, err := o.local.Open(context.Background(), key.Namespace, key.ID, gen, supervisor.IfReady, h.Ticket.Abort)
@@ -216,9 +232,9 @@ func (o *ownerSide) routeOwned(h *relay.ReqHead, path, query string) (relay.Forw
 		}
 	}
 	now := time.Now()
-	// Only live instances come here, so an unhealthy lease serves too; an
-	// expired one is net/http's to refuse.
-	if !servesLive(o.worker.Lease(now)) {
+	// Only live instances are served here (IfReady below); anything the
+	// lease refuses is net/http's to refuse.
+	if _, ok := o.leaseAllows(directory.Key{Namespace: ns, ID: id}, true, now); !ok {
 		return relay.Forward{}, false
 	}
 	att, err := o.checkOwned(header, h.Method, h.Target, now)
@@ -378,8 +394,11 @@ func (o *ownerSide) wakeOwned(w http.ResponseWriter, r *http.Request) {
 
 // wakeLocal activates p's instance here, if the lease allows a new one.
 func (o *ownerSide) wakeLocal(ctx context.Context, p directory.Placement) error {
-	if o.worker == nil || o.worker.Lease(time.Now()) != LeaseHealthy {
-		return fmt.Errorf("wake %s: this worker's lease is not healthy", p.Key)
+	if o.worker == nil {
+		return fmt.Errorf("wake %s: this node hosts no instances", p.Key)
+	}
+	if lease, ok := o.leaseAllows(p.Key, false, time.Now()); !ok {
+		return fmt.Errorf("wake %s: this worker's lease is %s", p.Key, lease)
 	}
 	if o.local == nil {
 		return fmt.Errorf("wake %s: this node hosts no instances", p.Key)

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -255,4 +256,25 @@ func TestOwnerRouteWaitsForItsOwnSession(t *testing.T) {
 		Namespaces: []string{"/misc"}, Headroom: 10, TTLMs: time.Hour.Milliseconds(), Now: rig.nextClaimT})
 	a := <-done
 	rig.refused(t, "a moved id on a replica catching up with a re-registration", a.code, a.body, "moved")
+}
+
+// A draining node activates nothing: the owner route refuses an id not
+// live here in-band at once (503, draining) instead of waiting for its
+// replica to show the placement, which held the forwarder until its head
+// wait ended in a 504 while the node shut down.
+func TestOwnerRouteRefusesAtOnceWhileDraining(t *testing.T) {
+	rig := newOwnerRouteRig(t)
+	rig.local.SetDrain(supervisor.DrainLocal, time.Now().Add(time.Minute), false)
+	gen := uint64(rig.nextClaimT) * 1000 // a grant the replica has not applied
+	start := time.Now()
+	code, body := rig.call(t, "GET", "/_pinned/i/misc/late/pid", "owner", gen)
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("answered after %s: it waited for the placement", took)
+	}
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "draining") {
+		t.Fatalf("draining owner: %d %s, want 503 draining", code, body)
+	}
+	if g, ok := rig.live("late"); ok {
+		t.Fatalf("activated under %d while draining", g)
+	}
 }
