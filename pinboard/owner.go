@@ -125,7 +125,7 @@ func (o *ownerSide) owned(w http.ResponseWriter, r *http.Request) {
 		o.serveOwned(w, r, directory.Placement{Key: key, Owner: o.res.selfID(), Generation: gen}, rest)
 		return
 	}
-	if draining, _ := o.local.Draining(); draining {
+	if o.draining() {
 		// Nothing activates here any more: waiting for the replica to
 		// show the placement would only hold the forwarder until its
 		// head wait ends in a 504. Refused in-band, it releases the
@@ -153,6 +153,16 @@ func (o *ownerSide) serveOwned(w http.ResponseWriter, r *http.Request, p directo
 		r.Body = body
 	}
 	o.keep.serveAdopting(w, r, func() bool { return body == nil || body.eof }, func(w http.ResponseWriter) { o.serveLocal(w, r, p, rest) })
+}
+
+// draining reports whether this node is draining (or cordoned): it
+// activates nothing new.
+func (o *ownerSide) draining() bool {
+	if o.local == nil {
+		return false
+	}
+	d, _ := o.local.Draining()
+	return d
 }
 
 // degraded reports whether ns is degraded on this node (its plugin
@@ -377,6 +387,10 @@ func (o *ownerSide) wakeOwned(w http.ResponseWriter, r *http.Request) {
 	}
 	att, ok := o.attested(w, r, r.URL.EscapedPath())
 	if !ok {
+		return
+	}
+	if o.draining() {
+		o.local.WriteOpenError(w, r, ns, supervisor.ErrDraining) // nothing wakes here any more
 		return
 	}
 	key := directory.Key{Namespace: ns, ID: id}
