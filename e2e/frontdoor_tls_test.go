@@ -164,3 +164,60 @@ func TestCLIRefusesKeyOverPlainHTTP(t *testing.T) {
 		t.Fatalf("--insecure still refused:\n%s", out)
 	}
 }
+
+// A fleet whose front doors all serve HTTPS: the second node joins through
+// the first's https URL, verified with --http-tls-ca, registers (the
+// registry's probe of its https advertise URL verifies too), and serves
+// an id the first runs, forwarded. Without the CA the join is refused.
+func TestFleetJoinsOverHTTPS(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cli := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command(testutil.Bin(t, "pinnedd"), args...)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("pinnedd %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	cli("tls", "ca", "create")
+	cli("tls", "cert", "create", "--node", "web", "--host", "127.0.0.1")
+	caFile := filepath.Join(dir, "pinnedd-ca.pem")
+	tlsArgs := []string{"--http-tls-cert", filepath.Join(dir, "web.pem"), "--http-tls-key", filepath.Join(dir, "web-key.pem"), "--http-tls-ca", caFile}
+	caPEM, err := os.ReadFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	t.Cleanup(client.CloseIdleConnections)
+
+	n1 := newNode(t, "n1", append([]string{"--bootstrap"}, tlsArgs...)...)
+	n1.a = testutil.LaunchAgentAt(t, n1.wd, fleetEnv, n1.args...)
+	n1.a.Client = client
+	if err := n1.a.WaitReady(30 * time.Second); err != nil {
+		t.Fatalf("n1 not ready: %v", err)
+	}
+	n2 := newNode(t, "n2", append([]string{"--join", n1.a.URL}, tlsArgs...)...)
+	n2.a = testutil.LaunchAgentAt(t, n2.wd, fleetEnv, n2.args...)
+	n2.a.Client = client
+	if err := n2.a.WaitReady(30 * time.Second); err != nil {
+		t.Fatalf("n2 not ready (joined over https, registered): %v\n%s", err, n2.a.Logs())
+	}
+	testutil.WaitFor(t, 20*time.Second, "an id n1 runs served through n2", func() bool {
+		r, err := n1.a.Do("POST", "/counters/tls-fleet/increment", "")
+		if err != nil || r.Code != 200 {
+			return false
+		}
+		r, err = n2.a.Do("GET", "/counters/tls-fleet/value", "")
+		return err == nil && r.Code == 200
+	})
+
+	// A node that does not know the CA cannot join through it.
+	n3 := newNode(t, "n3", "--join", n1.a.URL)
+	n3.a = testutil.LaunchAgentAt(t, n3.wd, fleetEnv, n3.args...)
+	if _, err := n3.a.WaitLog(20*time.Second, "certificate signed by unknown authority"); err != nil {
+		t.Fatalf("a join without the CA: %v\n%s", err, n3.a.Logs())
+	}
+}
