@@ -198,7 +198,15 @@ func (s *Store) transferLeadership(ctx context.Context) error {
 		return ErrLastVoter
 	}
 	s.log.Info("transferring leadership")
-	if err := s.await(ctx, s.raft.LeadershipTransfer()); err != nil {
+	err = s.await(ctx, s.raft.LeadershipTransfer())
+	if err != nil && ctx.Err() == nil {
+		// The first RPC may go out on a pooled connection to a peer that
+		// restarted since (EOF); the transport drops it, and a second
+		// try dials afresh.
+		s.log.Info("leadership transfer failed; trying once more", "err", err)
+		err = s.await(ctx, s.raft.LeadershipTransfer())
+	}
+	if err != nil {
 		return fmt.Errorf("leadership transfer: %w", err)
 	}
 	return nil
