@@ -371,8 +371,11 @@ type statusView struct {
 	AdvertiseURL string `json:"advertiseUrl"`
 	FrontDoor    string `json:"frontDoor"` // http or https
 	CertNotAfter string `json:"frontDoorCertNotAfter"`
-	PID          int    `json:"pid"`
-	Worker       struct {
+	// KeysToSeal: the keys at rest in the log still sealed under a token
+	// being rotated out; nil from a node without a sealer.
+	KeysToSeal *[]string `json:"keysToSeal"`
+	PID        int       `json:"pid"`
+	Worker     struct {
 		ClientID    string `json:"clientId"`
 		Lease       string `json:"lease"`
 		ExpiresInMs int64  `json:"expiresInMs"`
@@ -435,6 +438,13 @@ func printStatus(out io.Writer, st statusView) error {
 		fmt.Fprintf(w, "front door\thttps (certificate valid until %s)\n", st.CertNotAfter)
 	case st.FrontDoor != "":
 		fmt.Fprintf(w, "front door\t%s (keys and bodies travel in clear: see --http-tls-cert)\n", st.FrontDoor)
+	}
+	if st.KeysToSeal != nil {
+		if ks := *st.KeysToSeal; len(ks) > 0 {
+			fmt.Fprintf(w, "keys at rest\t%s still sealed under a previous token (the leader seals them again; keep that token listed until then)\n", strings.Join(ks, ", "))
+		} else {
+			fmt.Fprintf(w, "keys at rest\tsealed under this node's token\n")
+		}
 	}
 	fmt.Fprintf(w, "worker\t%s lease %s (expires in %dms)%s\n", st.Worker.ClientID, st.Worker.Lease, st.Worker.ExpiresInMs, st.Worker.drainView.text(", ", time.Now()))
 	fmt.Fprintln(w, "\nPLUGIN\tSTATE\tPID\tRESTARTS\tNAMESPACES")

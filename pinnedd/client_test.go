@@ -182,3 +182,24 @@ func TestKeyTravelsSafely(t *testing.T) {
 		}
 	}
 }
+
+// status says where the keys at rest stand during a rotation of the node
+// key: all under this node's token, or which are still under the old one.
+func TestStatusShowsKeysToSeal(t *testing.T) {
+	for _, c := range []struct {
+		keys *[]string
+		want string
+	}{
+		{nil, ""},
+		{&[]string{}, "keys at rest  sealed under this node's token"},
+		{&[]string{"cluster CA key", "cluster secret"}, "keys at rest  cluster CA key, cluster secret still sealed under a previous token"},
+	} {
+		var b strings.Builder
+		if err := printStatus(&b, statusView{KeysToSeal: c.keys}); err != nil {
+			t.Fatal(err)
+		}
+		if c.want == "" && strings.Contains(b.String(), "keys at rest") || !strings.Contains(b.String(), c.want) {
+			t.Errorf("keysToSeal %v:\n%s\nwant %q", c.keys, b.String(), c.want)
+		}
+	}
+}
