@@ -225,6 +225,7 @@ func (a *Agent) provisionRaft(ctx context.Context) error {
 		APIAddr: a.advertise, DataDir: a.dataDir, Bootstrap: cfg.Bootstrap, MaxVoters: cfg.MaxVoters,
 		LogStore: cfg.RaftLogStore, TLS: tlsCfg,
 		Logger: a.log, Token: cfg.Tokens[0], JoinTokens: cfg.nodeTokens(), Sealer: a.sealer, Registerer: a.reg,
+		APIRoots:         a.memberRoots,
 		HeartbeatTimeout: cfg.RaftTimeout, ElectionTimeout: cfg.RaftTimeout,
 		LeaderLeaseTimeout: cfg.RaftTimeout / 2,
 	}, a.machine)
@@ -409,7 +410,7 @@ func (a *Agent) frontDoorConfig() pinboard.FrontDoorConfig {
 		MetricsPublic: cfg.MetricsPublic, BodyReadTimeout: cfg.BodyReadTimeout, MaxBodyBytes: cfg.MaxBodyBytes,
 		MaxConnsPerIP: cfg.MaxConnsPerIP, MaxConns: cfg.MaxConns, PeerAddrs: func() []string { return memberAPIAddrs(store) },
 		Policy: pinboard.PlacementPolicy{BalanceFactor: cfg.BalanceFactor}, TrustedProxies: cfg.TrustedProxies,
-		PeerTLS: store.PeerTLS(), PeerAddr: store.PeerAddr,
+		PeerTLS: store.PeerTLS(), PeerAddr: store.PeerAddr, MemberRoots: a.memberRoots,
 		TLS:    a.frontDoorTLS(),
 		Ready:  func() bool { id, _ := store.Leader(); return id != "" && store.Fault() == nil },
 		Health: func() map[string]any { return raftHealth(store) },

@@ -171,6 +171,21 @@ func TestCLIRefusesKeyOverPlainHTTP(t *testing.T) {
 // an id the first runs, forwarded. Without the CA the join is refused.
 func TestFleetJoinsOverHTTPS(t *testing.T) {
 	t.Parallel()
+	fleetOverHTTPS(t)
+}
+
+// With --insecure-cluster the nodes call each other's front doors: over
+// HTTPS here, verified with --http-tls-ca, a forward reaches its owner.
+func TestInsecureClusterForwardsOverHTTPS(t *testing.T) {
+	t.Parallel()
+	fleetOverHTTPS(t, "--insecure-cluster")
+}
+
+// fleetOverHTTPS is a two-node fleet whose front doors serve HTTPS under a
+// private CA (--http-tls-ca), with extra flags on both nodes; it checks the
+// join, the registrations and a forward, then that a node without the CA
+// cannot join.
+func fleetOverHTTPS(t *testing.T, extra ...string) {
 	dir := t.TempDir()
 	cli := func(args ...string) {
 		t.Helper()
@@ -183,7 +198,7 @@ func TestFleetJoinsOverHTTPS(t *testing.T) {
 	cli("tls", "ca", "create")
 	cli("tls", "cert", "create", "--node", "web", "--host", "127.0.0.1")
 	caFile := filepath.Join(dir, "pinnedd-ca.pem")
-	tlsArgs := []string{"--http-tls-cert", filepath.Join(dir, "web.pem"), "--http-tls-key", filepath.Join(dir, "web-key.pem"), "--http-tls-ca", caFile}
+	tlsArgs := append([]string{"--http-tls-cert", filepath.Join(dir, "web.pem"), "--http-tls-key", filepath.Join(dir, "web-key.pem"), "--http-tls-ca", caFile}, extra...)
 	caPEM, err := os.ReadFile(caFile)
 	if err != nil {
 		t.Fatal(err)
@@ -215,7 +230,7 @@ func TestFleetJoinsOverHTTPS(t *testing.T) {
 	})
 
 	// A node that does not know the CA cannot join through it.
-	n3 := newNode(t, "n3", "--join", n1.a.URL)
+	n3 := newNode(t, "n3", append([]string{"--join", n1.a.URL}, extra...)...)
 	n3.a = testutil.LaunchAgentAt(t, n3.wd, fleetEnv, n3.args...)
 	if _, err := n3.a.WaitLog(20*time.Second, "certificate signed by unknown authority"); err != nil {
 		t.Fatalf("a join without the CA: %v\n%s", err, n3.a.Logs())

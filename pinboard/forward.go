@@ -3,6 +3,7 @@ package pinboard
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"log/slog"
@@ -139,13 +140,18 @@ type peerTransport struct {
 }
 
 // newPeerTransport is tr, or (nil) an http.Transport and the SyncTransport
-// over it, over TLS with tlsCfg (nil: plain http).
-func newPeerTransport(tr http.RoundTripper, tlsCfg *tls.Config, addr func(string) (string, bool)) peerTransport {
+// over it, over TLS with tlsCfg (nil: plain http). Without the cluster's
+// TLS, an https advertise URL is verified with roots (nil: the system's).
+func newPeerTransport(tr http.RoundTripper, tlsCfg *tls.Config, roots *x509.CertPool, addr func(string) (string, bool)) peerTransport {
 	if tr != nil {
 		return peerTransport{rt: tr, client: &http.Client{Transport: tr}, addr: addr, tls: tlsCfg}
 	}
+	stdTLS := tlsCfg
+	if stdTLS == nil && roots != nil {
+		stdTLS = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	}
 	std := &http.Transport{
-		Proxy: nil, MaxIdleConns: 1024, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, TLSClientConfig: tlsCfg,
+		Proxy: nil, MaxIdleConns: 1024, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, TLSClientConfig: stdTLS,
 		DialContext: (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		// An owner that accepts the connection but never answers (a
 		// frozen process) must not hold the client forever: after

@@ -3,6 +3,7 @@ package pinboard
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"log/slog"
 	"net"
@@ -117,6 +118,10 @@ type FrontDoorConfig struct {
 	// MaxBodyBytes caps a request body (boundRequest): over it, 413; 0:
 	// no cap.
 	MaxBodyBytes int64
+	// MemberRoots verify an https advertise URL that node-to-node requests
+	// go to without the cluster's TLS (--insecure-cluster): the system
+	// roots and --http-tls-ca; nil: the system roots.
+	MemberRoots *x509.CertPool
 	// TLS, if set, makes Serve serve HTTPS (HTTP/2 and HTTP/1.1, as its
 	// NextProtos offer) on the listeners it is given. TLS clients stay in
 	// net/http: the kept-alive loop takes plain connections only.
@@ -183,7 +188,7 @@ func NewFrontDoor(cfg FrontDoorConfig) *FrontDoor {
 		trustedProxies: cfg.TrustedProxies, affinityKey: cfg.AffinityKey, clusterCalls: cfg.ClusterCalls,
 		bodyReadTimeout: cfg.BodyReadTimeout, maxBody: cfg.MaxBodyBytes, accessLog: cfg.AccessLog, fastPath: cfg.FastPath,
 		peerAddrs: cfg.PeerAddrs, capPerIP: cfg.MaxConnsPerIP > 0, tls: cfg.TLS,
-		transport: newPeerTransport(cfg.Transport, cfg.PeerTLS, cfg.PeerAddr),
+		transport: newPeerTransport(cfg.Transport, cfg.PeerTLS, cfg.MemberRoots, cfg.PeerAddr),
 	}
 	f.res = newResolver(cfg.Dir, cfg.Worker, cfg.Local, cfg.Policy, cfg.Quarantine, cfg.Logger)
 	f.keep = newKeptAlive(loopRouter{f}, cfg.FastPath, cfg.AccessLog, cfg.Logger,

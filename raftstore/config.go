@@ -1,6 +1,7 @@
 package raftstore
 
 import (
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -60,6 +61,9 @@ type Config struct {
 	// HTTPClient is used to forward RPCs to the leader. Default: a private client whose idle
 	// connections are closed by Close.
 	HTTPClient *http.Client
+	// APIRoots verify a member's https APIAddr, where the default HTTPClient forwards without
+	// TLS between nodes (nil: the system roots).
+	APIRoots *x509.CertPool
 	// Token is sent as "Authorization: Bearer <Token>" on forwarded RPCs. Optional. With TLS
 	// and the cluster's own CA it also pins the CA a joining node accepts.
 	Token string

@@ -2,6 +2,7 @@ package raftstore
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/http"
@@ -106,6 +107,9 @@ func (s *Store) openForwardClient(undo *cleanups) {
 		return
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if s.cfg.APIRoots != nil {
+		tr.TLSClientConfig = &tls.Config{RootCAs: s.cfg.APIRoots, MinVersion: tls.VersionTLS12}
+	}
 	// Forwards to the leader run concurrently (group-commit flushers,
 	// registrations); the default 2 idle connections per host would
 	// make every extra one dial and close.
