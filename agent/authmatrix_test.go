@@ -4,8 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"net/url"
 	"os"
 	"slices"
@@ -174,43 +172,38 @@ func TestAuthorizationMatrix(t *testing.T) {
 func pluginAnswer(t *testing.T, base, method, path string) string {
 	t.Helper()
 	q := url.Values{"method": {method}, "target": {path}}
-	r, err := testutil.Do(context.Background(), "GET", base+"/misc/caller/call?"+q.Encode(), "", map[string]string{"Authorization": "Bearer " + testToken})
-	if err != nil {
-		t.Fatalf("cluster call %s %s: %v", method, path, err)
-	}
-	switch r.Code {
-	case 401, 403:
-		return fmt.Sprint(r.Code)
-	}
-	return "ok"
+	return answerClass(t, "GET", base+"/misc/caller/call?"+q.Encode(), "", testToken, "")
 }
 
 // matrixAnswer is "401", "403", or "ok" for any other answer.
 func matrixAnswer(t *testing.T, method, url, payload, token string) string {
 	t.Helper()
-	var body io.Reader
+	var body string
 	if method == "POST" {
-		body = strings.NewReader(cmp.Or(payload, "{}"))
+		body = cmp.Or(payload, "{}")
 	}
-	req, err := http.NewRequest(method, url, body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	return answerClass(t, method, url, body, token, token)
+}
+
+// answerClass sends the request with token as its bearer key ("" for
+// none) and classes the answer: "401", "403", or "ok"; a refusal must not
+// show secret.
+func answerClass(t *testing.T, method, url, body, token, secret string) string {
+	t.Helper()
+	headers := map[string]string{}
 	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+		headers["Authorization"] = "Bearer " + token
 	}
-	resp, err := http.DefaultClient.Do(req)
+	r, err := testutil.Do(context.Background(), method, url, body, headers)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, url, err)
 	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	switch resp.StatusCode {
+	switch r.Code {
 	case 401, 403:
-		if strings.Contains(string(b), token) && token != "" {
-			t.Errorf("%s %s: the refusal shows the token: %s", method, url, b)
+		if secret != "" && strings.Contains(r.Body, secret) {
+			t.Errorf("%s %s: the refusal shows the token: %s", method, url, r.Body)
 		}
-		return fmt.Sprint(resp.StatusCode)
+		return fmt.Sprint(r.Code)
 	}
 	return "ok"
 }
