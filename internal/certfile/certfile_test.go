@@ -34,6 +34,18 @@ func issue(t *testing.T, ca *clustertls.CA, dir, name string) (certPath, keyPath
 	return certPath, keyPath
 }
 
+// newCA is a CA and a pair it issued for "first", in dir.
+func newCA(t *testing.T) (ca *clustertls.CA, dir, certPath, keyPath string) {
+	t.Helper()
+	dir = t.TempDir()
+	ca, err := clustertls.NewCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPath, keyPath = issue(t, ca, dir, "first")
+	return ca, dir, certPath, keyPath
+}
+
 func served(t *testing.T, p *Pair) string {
 	t.Helper()
 	c, err := p.GetCertificate(nil)
@@ -47,12 +59,7 @@ func served(t *testing.T, p *Pair) string {
 // half-written renewal (a new certificate, the old key) keeps the working
 // pair until the key follows.
 func TestReloadsWhenTheFilesChange(t *testing.T) {
-	dir := t.TempDir()
-	ca, err := clustertls.NewCA("test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	certPath, keyPath := issue(t, ca, dir, "first")
+	ca, _, certPath, keyPath := newCA(t)
 	p, err := Load(certPath, keyPath, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -84,12 +91,7 @@ func TestReloadsWhenTheFilesChange(t *testing.T) {
 // Reload reads the files now; a broken pair is refused and the working one
 // kept.
 func TestReload(t *testing.T) {
-	dir := t.TempDir()
-	ca, err := clustertls.NewCA("test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	certPath, keyPath := issue(t, ca, dir, "first")
+	ca, dir, certPath, keyPath := newCA(t)
 	p, err := Load(certPath, keyPath, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -113,12 +115,7 @@ func TestReload(t *testing.T) {
 }
 
 func TestLoadRefuses(t *testing.T) {
-	dir := t.TempDir()
-	ca, err := clustertls.NewCA("test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	certPath, keyPath := issue(t, ca, dir, "first")
+	ca, dir, certPath, keyPath := newCA(t)
 	_, otherKey, _ := ca.Issue("other", nil)
 	mismatched := filepath.Join(dir, "other-key.pem")
 	_ = os.WriteFile(mismatched, otherKey, 0o600)
