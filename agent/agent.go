@@ -60,6 +60,7 @@ type Agent struct {
 	// --http-tls-ca; nil: the system roots): joinClient's calls (joining
 	// through one) and the registry's challenge probes.
 	memberRoots *x509.CertPool
+	memberCA    []byte // --http-tls-ca's certificates, as read at start
 	joinClient  *http.Client
 	states      statestore.Store
 	sup         *supervisor.Supervisor

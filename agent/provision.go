@@ -75,7 +75,7 @@ func (a *Agent) provisionListener(context.Context) error {
 		a.frontCert, scheme = pair, "https"
 	}
 	var err error
-	if a.memberRoots, err = certfile.Roots(a.cfg.HTTPTLSCA); err != nil {
+	if a.memberRoots, a.memberCA, err = certfile.Roots(a.cfg.HTTPTLSCA); err != nil {
 		return fmt.Errorf("--http-tls-ca: %w", err)
 	}
 	a.joinClient = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
@@ -339,14 +339,10 @@ func (a *Agent) keysToSeal() []string {
 // for their cluster calls: --http-tls-ca's certificates (public, like any
 // CA certificate); nil for plain HTTP or the system roots.
 func (a *Agent) pluginFrontDoorCA() []byte {
-	if a.frontCert == nil || a.cfg.HTTPTLSCA == "" {
+	if a.frontCert == nil {
 		return nil
 	}
-	b, err := os.ReadFile(a.cfg.HTTPTLSCA)
-	if err != nil {
-		return nil // read at start already (certfile.Roots): gone since, the system roots it is
-	}
-	return b
+	return a.memberCA
 }
 
 // frontDoorTLS is the front door's HTTPS config, nil for plain HTTP.

@@ -134,7 +134,7 @@ func keyTravelsSafely(base string) error {
 // caConfig is the TLS client config verifying an https --addr: the system
 // roots, and the CA in file if one is given.
 func caConfig(file string) (*tls.Config, error) {
-	roots, err := certfile.Roots(file)
+	roots, _, err := certfile.Roots(file)
 	if err != nil {
 		return nil, usagef("--ca: %v", err)
 	}

@@ -140,24 +140,25 @@ func (p *Pair) stat() (stamp, error) {
 }
 
 // Roots is the pool that verifies a server: the system roots and the CA
-// certificates in file (a private CA, as `pinnedd tls ca create` makes);
-// nil, meaning the system roots alone, if file is "".
-func Roots(file string) (*x509.CertPool, error) {
+// certificates in file (a private CA, as `pinnedd tls ca create` makes),
+// and those certificates as read; nil, nil, meaning the system roots
+// alone, if file is "".
+func Roots(file string) (*x509.CertPool, []byte, error) {
 	if file == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	pool, err := x509.SystemCertPool()
 	if err != nil {
 		pool = x509.NewCertPool()
 	}
 	if !pool.AppendCertsFromPEM(data) {
-		return nil, fmt.Errorf("%s: no PEM certificate in it", file)
+		return nil, nil, fmt.Errorf("%s: no PEM certificate in it", file)
 	}
-	return pool, nil
+	return pool, data, nil
 }
 
 // Verify checks that the certificate served now is valid for host under
