@@ -77,7 +77,9 @@ func envOf(t *testing.T, pid int, key string) string {
 func TestPluginUser(t *testing.T) {
 	t.Parallel()
 	a, b := testUser(t, "pinnedd-test-a"), testUser(t, "pinnedd-test-b")
-	dataDir := t.TempDir()
+	// Under a directory others may enter: only pinnedd's own modes may
+	// keep the plugin accounts out (t.TempDir's parent would, whatever).
+	dataDir := filepath.Join(testutil.SharedDir(t), "data")
 	agent := testutil.StartAgentBin(t, testutil.Bin(t, "pinnedd"), nil,
 		"--dev", "--data-dir", dataDir, "--plugin", "/counters="+testutil.Bin(t, "counter"),
 		"--plugin-user", a.Name, "--plugin-user", "/counters="+b.Name)
@@ -367,7 +369,9 @@ func defaultPluginUser(t *testing.T) *supervisor.User {
 func TestPluginUserDefault(t *testing.T) {
 	t.Parallel()
 	def := defaultPluginUser(t)
-	dataDir := t.TempDir()
+	// Under a directory others may enter: only pinnedd's own modes may
+	// keep the plugin accounts out (t.TempDir's parent would, whatever).
+	dataDir := filepath.Join(testutil.SharedDir(t), "data")
 	agent := testutil.StartAgent(t, nil, "--dev", "--data-dir", dataDir, "--plugin", "/counters="+testutil.Bin(t, "counter"))
 
 	expect(t, agent, "POST", "/counters/alice/increment", 200, `{"value":1}`)
