@@ -75,9 +75,12 @@ func TestRotationUnderLoad(t *testing.T) {
 	var failures []string
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
+	t.Cleanup(func() { stop(); wg.Wait() }) // a failed roll ends the load too
 	for c := range 4 {
 		wg.Go(func() {
-			client := &http.Client{Timeout: 10 * time.Second}
+			tr := &http.Transport{}
+			defer tr.CloseIdleConnections()
+			client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 			for i := 0; ctx.Err() == nil; i++ {
 				if err := balanced(ctx, client, nodes, fmt.Sprintf("/counters/rot-%d-%d/increment", c, i%5), *key.Load()); err != nil {
 					if ctx.Err() != nil {
