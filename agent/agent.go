@@ -233,9 +233,9 @@ type Ending struct {
 	StorageFault bool
 }
 
-// Wait serves SIGHUP (hot-swap every plugin) until there is a reason to
-// stop: ctx ends (SIGTERM, SIGINT), a leave is asked for, the front door
-// fails, or Raft's storage does.
+// Wait serves SIGHUP (reload the front door's certificate, hot-swap every
+// plugin) until there is a reason to stop: ctx ends (SIGTERM, SIGINT), a
+// leave is asked for, the front door fails, or Raft's storage does.
 func (a *Agent) Wait(ctx context.Context) Ending {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

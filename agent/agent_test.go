@@ -315,3 +315,25 @@ func TestSharedAccountPlugins(t *testing.T) {
 		t.Fatalf("plugins run as nobody: %v, want [nobody]", got)
 	}
 }
+
+// The advertise URL's scheme is the front door's: an http URL for a node
+// that serves HTTPS (or the reverse) is refused at start, where other
+// nodes would meet it only as failed probes and joins.
+func TestAdvertiseURLMatchesTheFrontDoor(t *testing.T) {
+	bound := &net.TCPAddr{IP: net.IPv4(10, 0, 0, 6), Port: 8080}
+	for _, c := range []struct {
+		flag, scheme, want string
+		ok                 bool
+	}{
+		{"", "https", "https://10.0.0.6:8080", true},
+		{"", "http", "http://10.0.0.6:8080", true},
+		{"https://n2.example:8443/", "https", "https://n2.example:8443", true},
+		{"http://10.0.0.6:8080", "https", "", false},
+		{"https://10.0.0.6:8080", "http", "", false},
+	} {
+		got, err := advertiseURL(c.flag, c.scheme, bound)
+		if (err == nil) != c.ok || got != c.want {
+			t.Errorf("advertiseURL(%q, %s) = %q, %v", c.flag, c.scheme, got, err)
+		}
+	}
+}

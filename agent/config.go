@@ -36,8 +36,10 @@ type Config struct {
 	// with this pair (reloaded when the files change, and on SIGHUP).
 	HTTPTLSCert string
 	HTTPTLSKey  string
-	// HTTPTLSCA, if set, verifies other members' HTTPS front doors (an
-	// https Join URL), besides the system roots.
+	// HTTPTLSCA, if set, verifies HTTPS front doors besides the system
+	// roots: this node's own certificate at start, other members' (Join,
+	// the registry's probes, calls between nodes without the cluster's
+	// TLS), and the plugins' cluster calls.
 	HTTPTLSCA string
 	// DataDir holds the node's durable state; empty with Dev only.
 	DataDir string

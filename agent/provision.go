@@ -110,6 +110,9 @@ func advertiseURL(flag, scheme string, bound net.Addr) (string, error) {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return "", fmt.Errorf("--advertise-url %q: want http(s)://host:port", flag)
 		}
+		if u.Scheme != scheme {
+			return "", fmt.Errorf("--advertise-url %q: the front door serves %s here (--http-tls-cert), so other nodes must reach it at %s://", flag, scheme, scheme)
+		}
 		return strings.TrimRight(flag, "/"), nil
 	}
 	tcp, ok := bound.(*net.TCPAddr)

@@ -38,7 +38,7 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "advertise-url", Usage: "URL other nodes reach this one at", DefaultText: "http(s)://<http-addr>", EnvVars: envVars("PINNEDD_ADVERTISE_URL")},
 			&cli.StringFlag{Name: "http-tls-cert", Usage: "serve the front door over HTTPS with this certificate (PEM, with --http-tls-key); reloaded when the file changes and on SIGHUP", EnvVars: []string{"PINNEDD_HTTP_TLS_CERT"}},
 			&cli.StringFlag{Name: "http-tls-key", Usage: "the private key (PEM) of --http-tls-cert", EnvVars: []string{"PINNEDD_HTTP_TLS_KEY"}},
-			&cli.StringFlag{Name: "http-tls-ca", Usage: "a CA certificate (PEM) that verifies other members' HTTPS front doors (an https --join URL, `pinnedd join`), besides the system roots", EnvVars: []string{"PINNEDD_HTTP_TLS_CA"}},
+			&cli.StringFlag{Name: "http-tls-ca", Usage: "a CA certificate (PEM) that verifies HTTPS front doors besides the system roots: this node's own --http-tls-cert at start, other members' (--join, `pinnedd join`, the registry's probes, node-to-node calls with --insecure-cluster), and the plugins' cluster calls", EnvVars: []string{"PINNEDD_HTTP_TLS_CA"}},
 			&cli.StringFlag{Name: "data-dir", Usage: "where durable node state lives (Raft log, snapshots); --dev without it uses a temporary one", EnvVars: []string{"PINNEDD_DATA_DIR"}},
 			&cli.StringFlag{Name: "raft-addr", Value: "127.0.0.1:8300", Usage: "Raft transport listen address", DefaultText: "127.0.0.1:8300; with --dev a free loopback port", EnvVars: []string{"PINNEDD_RAFT_ADDR"}},
 			&cli.StringFlag{Name: "raft-advertise-addr", Usage: "Raft address other nodes dial", DefaultText: "the bound --raft-addr", EnvVars: []string{"PINNEDD_RAFT_ADVERTISE_ADDR"}},
