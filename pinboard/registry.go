@@ -115,9 +115,9 @@ func NewRegistry(dir *Directory, ttl time.Duration) *Registry {
 // VerifyWith makes the challenge probes verify an https advertise URL
 // with roots (nil: the system roots).
 func (r *Registry) VerifyWith(roots *x509.CertPool) {
-	r.client = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
-	}}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	r.client = &http.Client{Timeout: 2 * time.Second, Transport: tr}
 }
 
 // TTL is the lease TTL the registry grants.
