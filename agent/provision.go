@@ -262,7 +262,7 @@ func (a *Agent) provisionSealer() error {
 	a.sealer = s
 	a.machine.SetSecretOpener(func(recorded []byte) ([]byte, bool) {
 		if !clustertls.IsSealed(recorded) {
-			return recorded, false // an older version's, in clear
+			return recorded, true // an older version's, in clear: the leader seals it (Reseal)
 		}
 		plain, stale, err := s.OpenStale(clustertls.LabelClusterSecret, recorded)
 		if err != nil {

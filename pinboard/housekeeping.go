@@ -65,7 +65,7 @@ func (h *Housekeeping) resealSecret(ctx context.Context) {
 	switch {
 	case err != nil:
 		if ctx.Err() == nil {
-			h.log.Warn("sealing the cluster secret again under this node's token failed; the next leader tries again", "err", err)
+			h.log.Warn("sealing the cluster secret again under this node's token failed; trying again at the next housekeeping", "err", err)
 		}
 	case res.Code == directory.CodeOK:
 		h.log.Info("sealed the cluster secret again under this node's token (it opened with a token being rotated out)")
@@ -104,6 +104,7 @@ func everyTick(ctx context.Context, every time.Duration, fn func(context.Context
 
 // collect proposes one GC at the current time and logs what it removed.
 func (h *Housekeeping) collect(ctx context.Context) {
+	h.resealSecret(ctx) // a failed reseal is tried again, tick by tick
 	res, err := h.dir.Do(ctx, directory.GC{Now: time.Now().UnixMilli()})
 	if err != nil {
 		if ctx.Err() == nil {
