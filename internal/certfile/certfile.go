@@ -38,7 +38,7 @@ type stamp struct {
 }
 
 // Load reads the pair, or says why it cannot serve (unreadable, not a
-// matching pair, expired).
+// matching pair, expired: what a reload refuses too).
 func Load(certPath, keyPath string, log *slog.Logger) (*Pair, error) {
 	if log == nil {
 		log = slog.Default()
@@ -51,9 +51,6 @@ func Load(certPath, keyPath string, log *slog.Logger) (*Pair, error) {
 	c, err := p.read()
 	if err != nil {
 		return nil, err
-	}
-	if c.Leaf.NotAfter.Before(time.Now()) {
-		return nil, fmt.Errorf("certificate %s expired at %s", certPath, c.Leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
 	p.cur, p.stamp, p.checked = c, st, time.Now()
 	return p, nil
@@ -126,6 +123,9 @@ func (p *Pair) read() (*tls.Certificate, error) {
 		if c.Leaf, err = x509.ParseCertificate(c.Certificate[0]); err != nil {
 			return nil, fmt.Errorf("parse %s: %w", p.certPath, err)
 		}
+	}
+	if c.Leaf.NotAfter.Before(time.Now()) { // at start and on every reload
+		return nil, fmt.Errorf("certificate %s expired at %s", p.certPath, c.Leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
 	return &c, nil
 }

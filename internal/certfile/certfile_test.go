@@ -105,6 +105,20 @@ func TestReload(t *testing.T) {
 	if got := served(t, p); got != "first" {
 		t.Fatalf("after a failed reload serves %q", got)
 	}
+	// An expired pair is refused on reload as at start.
+	oldCert, oldKey := expired(t, t.TempDir())
+	for src, dst := range map[string]string{oldCert: certPath, oldKey: keyPath} {
+		b, _ := os.ReadFile(src)
+		if err := os.WriteFile(dst, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Reload(); err == nil || !strings.Contains(err.Error(), "expired at") {
+		t.Fatalf("reload of an expired pair: %v", err)
+	}
+	if got := served(t, p); got != "first" {
+		t.Fatalf("after an expired reload serves %q", got)
+	}
 	issue(t, ca, dir, "third")
 	if err := p.Reload(); err != nil {
 		t.Fatal(err)
