@@ -16,10 +16,11 @@ type LeaderPreamble func(formerLeader string) []byte
 // preamble holds the state machine owner's LeaderPreamble and which term has committed it.
 type preamble struct {
 	// mu guards fn, term and running, and is held while a command is handed to raft (an
-	// enqueue), so none enters a term's log before that term's preamble. It is never held
-	// while a commit is awaited: a command waiting for its term's preamble waits on running,
-	// within its own context.
-	mu      sync.Mutex
+	// enqueue), so none enters a term's log before that term's preamble: read-locked by
+	// commands (they enqueue side by side), write-locked by the preamble's own. It is never
+	// held while a commit is awaited: a command waiting for its term's preamble waits on
+	// running, within its own context.
+	mu      sync.RWMutex
 	fn      LeaderPreamble
 	term    uint64 // the term whose preamble committed; 0 before any
 	running *preambleRun
@@ -50,17 +51,17 @@ func (s *Store) SetLeaderPreamble(fn LeaderPreamble) {
 // preamble.
 func (s *Store) applyUser(ctx context.Context, cmd []byte) ([]byte, error) {
 	for {
-		s.pre.mu.Lock()
+		s.pre.mu.RLock()
 		if s.pre.fn == nil || s.pre.term == s.raft.CurrentTerm() {
 			f := s.raft.Apply(encodeUser(cmd), timeoutFrom(ctx, s.cfg.ApplyTimeout))
-			s.pre.mu.Unlock()
+			s.pre.mu.RUnlock()
 			if err := s.await(ctx, f); err != nil {
 				return nil, fmt.Errorf("raftstore: apply: %w", err)
 			}
 			res, _ := f.Response().([]byte)
 			return res, nil
 		}
-		s.pre.mu.Unlock()
+		s.pre.mu.RUnlock()
 		if err := s.awaitPreamble(ctx); err != nil {
 			// cmd itself was not started: the caller may try again (with the next leader).
 			return nil, fmt.Errorf("raftstore: apply: %w: the term's preamble did not commit: %w", ErrNotLeader, err)
