@@ -249,10 +249,10 @@ func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request) {
 		return
 	case ok:
 		rq.caller = f.res.selfID()
-	case !f.admitClient(w, r, ns):
-		return
 	default:
-		rq.keyed = f.tokens.Passport().Policy(ns) != passport.Anonymous
+		if rq.keyed, ok = f.admitClient(w, r, ns); !ok {
+			return
+		}
 	}
 	switch {
 	case r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 && r.Header.Get("Transfer-Encoding") == "":
@@ -274,22 +274,22 @@ func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request) {
 // needs a bearer key whose claims admit ns (401 + WWW-Authenticate
 // without a known key, 403 with one that does not), and the key goes no
 // further than here: the host never sees it. It answers w and reports
-// false when r may not go on.
-func (f *FrontDoor) admitClient(w http.ResponseWriter, r *http.Request, ns string) bool {
+// false when r may not go on; keyed: ns needed the key.
+func (f *FrontDoor) admitClient(w http.ResponseWriter, r *http.Request, ns string) (keyed, ok bool) {
 	if f.tokens.Passport().Policy(ns) == passport.Anonymous {
-		return true
+		return false, true
 	}
 	k, err := f.tokens.Key(r)
 	if err != nil {
 		f.tokens.Refuse(w, err)
-		return false
+		return true, false
 	}
 	if !k.Claims.Namespace(ns) {
 		f.tokens.refuseClaims(w, k, fmt.Sprintf("key %q does not admit namespace %s", k.Name, ns))
-		return false
+		return true, false
 	}
 	r.Header.Del("Authorization")
-	return true
+	return true, true
 }
 
 // routeRequest is net/http's way for an instance request (routeLoop is the
