@@ -116,9 +116,10 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		a.log.Warn("DEV MODE: one-node cluster, token dev-token accepted, and calls with no token from this machine; never run this in production")
 	}
 	a.reg = newRegistry()
-	a.tokens = pinboard.NewTokens(cfg.Tokens...)
 	if cfg.Passport != nil {
 		a.tokens = pinboard.NewPassportTokens(cfg.Passport)
+	} else {
+		a.tokens = pinboard.NewTokens(cfg.Tokens...)
 	}
 	if cfg.Dev {
 		// dev-token is public anyway: a token-less call from this machine
