@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"net/http"
 	"net/url"
 	"os"
 	"slices"
@@ -172,7 +173,11 @@ func TestAuthorizationMatrix(t *testing.T) {
 func pluginAnswer(t *testing.T, base, method, path string) string {
 	t.Helper()
 	q := url.Values{"method": {method}, "target": {path}}
-	return answerClass(t, "GET", base+"/misc/caller/call?"+q.Encode(), "", testToken, "")
+	got, code := answerClass(t, "GET", base+"/misc/caller/call?"+q.Encode(), "", testToken, "")
+	if code == http.StatusBadGateway { // testhost's answer when its cluster client got none
+		t.Fatalf("the plugin's call %s %s did not reach the front door", method, path)
+	}
+	return got
 }
 
 // matrixAnswer is "401", "403", or "ok" for any other answer.
@@ -182,13 +187,14 @@ func matrixAnswer(t *testing.T, method, url, payload, token string) string {
 	if method == "POST" {
 		body = cmp.Or(payload, "{}")
 	}
-	return answerClass(t, method, url, body, token, token)
+	got, _ := answerClass(t, method, url, body, token, token)
+	return got
 }
 
 // answerClass sends the request with token as its bearer key ("" for
-// none) and classes the answer: "401", "403", or "ok"; a refusal must not
-// show secret.
-func answerClass(t *testing.T, method, url, body, token, secret string) string {
+// none) and classes the answer: "401", "403", or "ok" (code is the
+// status); a refusal must not show secret.
+func answerClass(t *testing.T, method, url, body, token, secret string) (class string, code int) {
 	t.Helper()
 	headers := map[string]string{}
 	if token != "" {
@@ -203,7 +209,7 @@ func answerClass(t *testing.T, method, url, body, token, secret string) string {
 		if secret != "" && strings.Contains(r.Body, secret) {
 			t.Errorf("%s %s: the refusal shows the token: %s", method, url, r.Body)
 		}
-		return fmt.Sprint(r.Code)
+		return fmt.Sprint(r.Code), r.Code
 	}
-	return "ok"
+	return "ok", r.Code
 }
