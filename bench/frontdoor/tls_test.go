@@ -87,7 +87,7 @@ func BenchmarkFrontDoorTLS(b *testing.B) {
 	if err := https.WaitReady(30 * time.Second); err != nil {
 		b.Fatal(err)
 	}
-	keys1 := testutil.StartAgent(b, passportEnv(1), "--dev")
+	keys3 := testutil.StartAgent(b, passportEnv(3), "--dev")
 	keys1000 := testutil.StartAgent(b, passportEnv(1000), "--dev")
 	rows := []*row{
 		{name: "plain HTTP/1.1, kept-alive loop (default)", agent: plain, client: tr(false, false), proto: "HTTP/1.1"},
@@ -95,7 +95,7 @@ func BenchmarkFrontDoorTLS(b *testing.B) {
 		{name: "HTTPS, HTTP/1.1 (net/http)", agent: https, client: tr(false, true), proto: "HTTP/1.1"},
 		{name: "HTTPS, HTTP/2 (net/http)", agent: https, client: tr(true, true), proto: "HTTP/2.0"},
 		{name: "plain, bearer key, passport of 1,000 keys (net/http)", agent: keys1000, client: tr(false, false), proto: "HTTP/1.1", key: appKey},
-		{name: "plain, bearer key, passport of 3 keys (net/http)", agent: keys1, client: tr(false, false), proto: "HTTP/1.1", key: appKey},
+		{name: "plain, bearer key, passport of 3 keys (net/http)", agent: keys3, client: tr(false, false), proto: "HTTP/1.1", key: appKey},
 	}
 	for _, r := range rows {
 		if r.key == "" {
