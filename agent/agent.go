@@ -28,6 +28,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pinnedd/pinnedd/frontdoor"
 	"github.com/pinnedd/pinnedd/internal/certfile"
 	"github.com/pinnedd/pinnedd/internal/clustertls"
 	"github.com/pinnedd/pinnedd/internal/datadir"
@@ -70,8 +71,9 @@ type Agent struct {
 	dir         *pinboard.Directory
 	registry    *pinboard.Registry
 	worker      *pinboard.Worker
-	fd          *pinboard.FrontDoor
-	serving     atomic.Pointer[pinboard.FrontDoor] // fd, for hooks that may run before it exists
+	fd          *frontdoor.FrontDoor
+	api         *pinboard.API
+	serving     atomic.Pointer[frontdoor.FrontDoor] // fd, for hooks that may run before it exists
 
 	leave    chan time.Duration // POST /_pinned/leave, with its drain deadline
 	serveErr chan error

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/pinnedd/pinnedd/frontdoor"
 	"github.com/pinnedd/pinnedd/internal/certfile"
 	"github.com/pinnedd/pinnedd/internal/clustertls"
 	"github.com/pinnedd/pinnedd/internal/datadir"
@@ -220,7 +221,7 @@ func (a *Agent) provisionRaft(ctx context.Context) error {
 	if tlsCfg != nil {
 		// With the fast path, the kept-alive loop may take the cluster
 		// port's connections, as the front door's (FrontDoor.PeerHandBacks).
-		tlsCfg.ServerConn = pinboard.ClusterPortTLS(cfg.FastPath)
+		tlsCfg.ServerConn = frontdoor.ClusterPortTLS(cfg.FastPath)
 	}
 	store, err := raftstore.Open(ctx, raftstore.Config{
 		NodeID: cfg.NodeID, RaftAddr: cfg.RaftAddr, AdvertiseRaftAddr: cfg.RaftAdvertiseAddr,
@@ -364,11 +365,16 @@ func fleetWorker(tokens *pinboard.Tokens, r *http.Request) bool {
 	return err == nil
 }
 
-// provisionFrontDoor builds the front door over every other part and
-// mounts the cluster's routes on it.
+// provisionFrontDoor builds the front door over every other part, mounts
+// the control plane's API and the cluster's routes on it, and hands the
+// cluster port's HTTP to it.
 func (a *Agent) provisionFrontDoor(context.Context) error {
-	a.fd = pinboard.NewFrontDoor(a.frontDoorConfig())
+	self := pinboard.NewSelf(a.dir, a.worker)
+	gate := pinboard.NewOwnerGate(self, 0)
+	a.fd = frontdoor.New(a.frontDoorConfig(self, gate))
 	a.serving.Store(a.fd)
+	a.api = pinboard.NewAPI(a.apiConfig(self, gate))
+	a.api.Mount(a.fd)
 	tokens, store := a.tokens, a.store
 	insecure := a.cfg.InsecureCluster
 	member := func(r *http.Request) error {
@@ -397,48 +403,53 @@ func (a *Agent) provisionFrontDoor(context.Context) error {
 	return nil
 }
 
-func (a *Agent) frontDoorConfig() pinboard.FrontDoorConfig {
-	cfg, store, sup := a.cfg, a.store, a.sup
-	var quarantine time.Duration
-	if !cfg.Dev {
-		quarantine = cfg.LeaseTTL
+// quarantine is the cold-start quarantine: one lease TTL in a fleet, none
+// on a dev node, where no other worker can still be holding an id.
+func (a *Agent) quarantine() time.Duration {
+	if a.cfg.Dev {
+		return 0
 	}
-	fdc := pinboard.FrontDoorConfig{
-		Dir: a.dir, Tokens: a.tokens, Registry: a.registry,
-		Metrics: promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}), Logger: a.log, Registerer: a.reg,
-		Quarantine: quarantine, AccessLog: cfg.AccessLog, FastPath: cfg.FastPath, IdleTimeout: cfg.IdleTimeout,
-		MetricsPublic: cfg.MetricsPublic, BodyReadTimeout: cfg.BodyReadTimeout, MaxBodyBytes: cfg.MaxBodyBytes,
+	return a.cfg.LeaseTTL
+}
+
+// frontDoorConfig is the data plane's: what it routes by and its limits.
+func (a *Agent) frontDoorConfig(self *pinboard.Self, gate *pinboard.OwnerGate) frontdoor.Config {
+	cfg, store := a.cfg, a.store
+	fdc := frontdoor.Config{
+		Dir: a.dir, Self: self, Tokens: a.tokens, Gate: gate, Logger: a.log, Registerer: a.reg,
+		Quarantine: a.quarantine(), AccessLog: cfg.AccessLog, FastPath: cfg.FastPath, IdleTimeout: cfg.IdleTimeout,
+		BodyReadTimeout: cfg.BodyReadTimeout, MaxBodyBytes: cfg.MaxBodyBytes,
 		MaxConnsPerIP: cfg.MaxConnsPerIP, MaxConns: cfg.MaxConns, PeerAddrs: func() []string { return memberAPIAddrs(store) },
 		Policy: pinboard.PlacementPolicy{BalanceFactor: cfg.BalanceFactor}, TrustedProxies: cfg.TrustedProxies,
 		PeerTLS: store.PeerTLS(), PeerAddr: store.PeerAddr, MemberRoots: a.memberRoots,
-		TLS:    a.frontDoorTLS(),
+		TLS: a.frontDoorTLS(),
+	}
+	if a.sup != nil {
+		fdc.Local, fdc.ClusterCalls = a.sup, a.sup.VerifyClusterCall
+	}
+	return fdc
+}
+
+// apiConfig is the control plane API's: its parts and the hooks into the
+// node's others (Raft's health, the supervisor's drains and reloads).
+func (a *Agent) apiConfig(self *pinboard.Self, gate *pinboard.OwnerGate) pinboard.APIConfig {
+	cfg, store, sup := a.cfg, a.store, a.sup
+	ac := pinboard.APIConfig{
+		Dir: a.dir, Self: self, Registry: a.registry, Tokens: a.tokens, Gate: gate, Peers: a.fd.Peers(),
+		Stopping: a.fd.Stopping, Logger: a.log, Registerer: a.reg, Quarantine: a.quarantine(),
+		Metrics: promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}), MetricsPublic: cfg.MetricsPublic,
+		HTTPS:  a.frontCert != nil,
 		Ready:  func() bool { id, _ := store.Leader(); return id != "" && store.Fault() == nil },
 		Health: func() map[string]any { return raftHealth(store) },
-		Status: func() map[string]any {
-			st := map[string]any{
-				"nodeId": cfg.NodeID, "version": cfg.Version, "dev": cfg.Dev, "advertiseUrl": a.advertise, "pid": os.Getpid(),
-				"raft": raftHealth(store), "clusterTLS": store.ClusterTLS(), "insecureCluster": cfg.InsecureCluster,
-			}
-			if a.frontCert != nil {
-				st["frontDoorCertNotAfter"] = a.frontCert.NotAfter().UTC().Format(time.RFC3339)
-			}
-			if a.sealer != nil {
-				st["keysToSeal"] = a.keysToSeal()
-			}
-			if sup != nil {
-				st["plugins"], st["instances"] = sup.Plugins(), sup.Instances()
-			}
-			return st
-		},
+		Status: a.status,
 	}
 	if sup == nil {
-		return fdc
+		return ac
 	}
 	worker := a.worker
-	fdc.ClusterCalls = sup.VerifyClusterCall
-	fdc.Worker, fdc.Local = worker, sup
-	fdc.Ready = sup.Ready
-	fdc.Drain = func(deadline time.Time, cordon bool) {
+	ac.Local = sup
+	ac.Ready = sup.Ready
+	ac.Drain = func(deadline time.Time, cordon bool) {
 		sup.SetDrain(supervisor.DrainLocal, deadline, cordon)
 		// Tell the directory now, not at the next heartbeat: new
 		// placements must skip this node.
@@ -448,8 +459,8 @@ func (a *Agent) frontDoorConfig() pinboard.FrontDoorConfig {
 			worker.HeartbeatNow(hctx)
 		}()
 	}
-	fdc.WindDown = sup.WindDown
-	fdc.Reload = func(ctx context.Context, ns string) error {
+	ac.WindDown = sup.WindDown
+	ac.Reload = func(ctx context.Context, ns string) error {
 		if err := sup.Reload(ctx, ns); errors.Is(err, supervisor.ErrUnknownNS) {
 			return fmt.Errorf("%w: %s", pinboard.ErrUnknownNamespace, ns)
 		} else if err != nil {
@@ -457,7 +468,7 @@ func (a *Agent) frontDoorConfig() pinboard.FrontDoorConfig {
 		}
 		return nil
 	}
-	fdc.WorkerStats = func(ctx context.Context) map[string]any {
+	ac.WorkerStats = func(ctx context.Context) map[string]any {
 		nss, insts := sup.Stats(ctx)
 		p := procstat.Read()
 		return map[string]any{
@@ -465,5 +476,25 @@ func (a *Agent) frontDoorConfig() pinboard.FrontDoorConfig {
 			"uptimeMs": p.UptimeMs, "rssBytes": p.RSSBytes, "cpuPercent": p.CPUPercent,
 		}
 	}
-	return fdc
+	return ac
+}
+
+// status is what /_pinned/status adds to the worker's: the node, Raft,
+// the keys at rest, plugins and instances.
+func (a *Agent) status() map[string]any {
+	cfg, store, sup := a.cfg, a.store, a.sup
+	st := map[string]any{
+		"nodeId": cfg.NodeID, "version": cfg.Version, "dev": cfg.Dev, "advertiseUrl": a.advertise, "pid": os.Getpid(),
+		"raft": raftHealth(store), "clusterTLS": store.ClusterTLS(), "insecureCluster": cfg.InsecureCluster,
+	}
+	if a.frontCert != nil {
+		st["frontDoorCertNotAfter"] = a.frontCert.NotAfter().UTC().Format(time.RFC3339)
+	}
+	if a.sealer != nil {
+		st["keysToSeal"] = a.keysToSeal()
+	}
+	if sup != nil {
+		st["plugins"], st["instances"] = sup.Plugins(), sup.Instances()
+	}
+	return st
 }

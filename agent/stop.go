@@ -53,7 +53,7 @@ func (a *Agent) stop(e Ending) error {
 		// SIGTERM drains: no new activations, idle instances go at once,
 		// the rest when their work is done or at the deadline.
 		{"refuse new activations", drain, 0, func(context.Context) error {
-			a.fd.Drain(drainBy, false)
+			a.api.Drain(drainBy, false)
 			return nil
 		}},
 		{"drain instances", drain, time.Until(drainBy) + deadlineGrace, func(ctx context.Context) error {

@@ -7,21 +7,25 @@ import (
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/pinboard/directory"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
-// api is the front door's own HTTP API, mounted on the router's mux: the
-// probes (/healthz, /readyz), node status, the registry's routes for
+// API is the control plane's HTTP API, mounted on the front door's mux:
+// the probes (/healthz, /readyz), node status, the registry's routes for
 // workers (register, heartbeat, deregister, release) and the operator's
 // (workers, health, stats, overview, drain, wind-down, plugin reload),
-// and the owner-side operator routes other nodes call attested.
-type api struct {
+// and the owner-side operator routes other nodes call attested (stats,
+// wind-down).
+type API struct {
 	dir        *Directory
+	self       *Self
 	worker     *Worker   // nil on a node without hosts
 	registry   *Registry // nil: this node serves no registrations
 	tokens     *Tokens
-	res        *resolver     // selfID, storeHealth, knownNamespace
-	owner      *ownerSide    // attested (the owner-side operator routes)
-	peer       peerTransport // attested calls to other nodes (stats, wind-down)
+	gate       *OwnerGate // attested (the owner-side operator routes)
+	local      Instances  // nil on a node without hosts
+	peer       Peers      // attested calls to other nodes (stats, wind-down)
 	logger     *slog.Logger
 	quarantine time.Duration
 	stopping   func() bool // the node is shutting down: not ready
@@ -38,8 +42,142 @@ type api struct {
 	https         bool // the front door serves TLS
 }
 
-// mount registers the API's routes on mux.
-func (a *api) mount(mux *routeMux) {
+// Instances is what the API asks of this node's instances (the
+// supervisor's answers).
+type Instances interface {
+	// StoreHealth is the local state store's health (nil: fine).
+	StoreHealth() error
+	// Serves: a plugin of this node serves ns.
+	Serves(ns string) bool
+	// DegradedNamespaces are those whose plugin crash-loops here.
+	DegradedNamespaces() []string
+}
+
+// Peers reaches other nodes' owner-side routes, over the transport the
+// front door's forwarder uses.
+type Peers interface {
+	// Base is the URL (no trailing slash) under which w's node serves
+	// the owner-side routes.
+	Base(w directory.Worker) string
+	// Client carries requests there.
+	Client() *http.Client
+	// Secure: they run over the cluster's mutual TLS.
+	Secure() bool
+}
+
+// APIConfig wires an API: the control plane's parts and the agent's hooks
+// into the node's other parts.
+type APIConfig struct {
+	Dir      *Directory
+	Self     *Self
+	Registry *Registry // serves worker registrations; nil: none
+	Tokens   *Tokens
+	Gate     *OwnerGate
+	// Local is this node's instances; nil on a node without hosts.
+	Local Instances
+	Peers Peers
+	// Stopping reports the node shutting down: /readyz says 503.
+	Stopping func() bool
+	Logger   *slog.Logger
+	// Registerer receives the control plane's node collectors (tokens,
+	// attestation failures, lease and drain gauges); nil: none.
+	Registerer prometheus.Registerer
+	// Quarantine is the cold-start quarantine the registry reports.
+	Quarantine time.Duration
+	// Metrics serves /metrics; MetricsPublic serves it without a token.
+	Metrics       http.Handler
+	MetricsPublic bool
+	// Health adds the consensus view to GET /registry/health.
+	Health func() map[string]any
+	// Ready reports whether local parts (plugins, Raft) are up.
+	Ready func() bool
+	// Status returns extra status for /_pinned/status.
+	Status func() map[string]any
+	// WorkerStats reports this worker's instances and process for
+	// /_pinned/stats (the API adds the lease counters).
+	WorkerStats func(ctx context.Context) map[string]any
+	// Drain drains this node (source local) until a deadline, or cordons
+	// it; zero and false revoke. Nil on a node without hosts.
+	Drain func(deadline time.Time, cordon bool)
+	// WindDown sets (zero: revokes) an operator's eviction deadline for
+	// one live instance, or every one of a namespace (id ""), here.
+	WindDown func(ns, id string, deadline time.Time) int
+	// Reload hot-swaps the plugin serving ns ("" all).
+	Reload func(ctx context.Context, ns string) error
+	// HTTPS: the front door serves TLS (reported by /readyz and status).
+	HTTPS bool
+}
+
+// NewAPI builds the API from cfg and registers its collectors.
+func NewAPI(cfg APIConfig) *API {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Stopping == nil {
+		cfg.Stopping = func() bool { return false }
+	}
+	a := &API{
+		dir: cfg.Dir, self: cfg.Self, worker: cfg.Self.Worker(), registry: cfg.Registry, tokens: cfg.Tokens, gate: cfg.Gate,
+		local: cfg.Local, peer: cfg.Peers, logger: cfg.Logger, quarantine: cfg.Quarantine, stopping: cfg.Stopping,
+		metrics: cfg.Metrics, metricsPublic: cfg.MetricsPublic, health: cfg.Health, ready: cfg.Ready, status: cfg.Status,
+		workerStats: cfg.WorkerStats, drainHook: cfg.Drain, windDown: cfg.WindDown, reload: cfg.Reload, https: cfg.HTTPS,
+	}
+	if a.worker != nil && a.local != nil {
+		a.worker.setUnfit(a.local.StoreHealth)
+	}
+	if a.worker != nil {
+		self, logger := a.worker.ClientID(), a.logger
+		a.dir.Machine().OnTakeover(func(t directory.Takeover) {
+			if t.Owner == self {
+				logger.Info("took over instance", "instance", t.Key.String(), "generation", t.Generation,
+					"previous_owner", t.Previous, "previous_node", t.PreviousNode)
+			}
+		})
+	}
+	if cfg.Registerer != nil {
+		a.register(cfg.Registerer)
+	}
+	return a
+}
+
+// register registers the API's collectors with reg: the tokens', the
+// gate's and the worker's gauges.
+func (a *API) register(reg prometheus.Registerer) {
+	reg.MustRegister(a.tokens.Collector())
+	reg.MustRegister(a.gate.Collectors()...)
+	worker := a.worker
+	if worker == nil {
+		return
+	}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "pinned_lease_healthy", Help: "1 while this worker's lease is healthy.",
+	}, func() float64 {
+		if worker.Lease(time.Now()) == LeaseHealthy {
+			return 1
+		}
+		return 0
+	}))
+	for _, src := range []string{DrainSourceLocal, DrainSourceOperator} {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "pinned_draining", Help: "1 while a drain from source (local: this node's own, operator: POST /registry/drain) is in force here.",
+			ConstLabels: prometheus.Labels{"source": src},
+		}, func() float64 {
+			if worker.DrainingBy(src) {
+				return 1
+			}
+			return 0
+		}))
+	}
+}
+
+// Mux is where the API mounts its routes (the front door's).
+type Mux interface {
+	Handle(pattern string, h http.Handler)
+	HandleFunc(pattern string, h func(http.ResponseWriter, *http.Request))
+}
+
+// Mount registers the API's routes on mux.
+func (a *API) Mount(mux Mux) {
 	// operator routes read or act on the whole fleet; operatorNS ones name
 	// the namespaces they touch and check the key's claims themselves.
 	operator := func(h http.HandlerFunc) http.HandlerFunc { return a.tokens.RequireFleet(h, ScopeOperator) }
@@ -60,12 +198,12 @@ func (a *api) mount(mux *routeMux) {
 	}
 	mux.HandleFunc("GET /registry/health", a.registryHealth)
 	mux.HandleFunc("GET /registry/stats", operator(a.registryStats))
-	mux.HandleFunc("GET "+statsPath, a.ownerStats)
+	mux.HandleFunc("GET "+StatsPath, a.ownerStats)
 	mux.HandleFunc("POST /registry/drain", operatorNS(a.registryDrain))
 	mux.HandleFunc("POST /registry/undrain", operatorNS(a.registryUndrain))
 	mux.HandleFunc("POST /registry/wind_down", operatorNS(a.registryWindDown))
 	mux.HandleFunc("GET /registry/overview", operator(a.registryOverview))
-	mux.HandleFunc("POST "+windDownPath, a.ownerWindDown)
+	mux.HandleFunc("POST "+WindDownPath, a.ownerWindDown)
 	mux.HandleFunc("POST /_pinned/drain", operator(a.localDrain))
 	mux.HandleFunc("POST /_pinned/undrain", operator(a.localUndrain))
 	mux.HandleFunc("POST /_pinned/plugins/reload", operatorNS(a.pluginsReload))
@@ -81,7 +219,7 @@ func (a *api) mount(mux *routeMux) {
 	})
 }
 
-func (a *api) healthz(w http.ResponseWriter, _ *http.Request) {
+func (a *API) healthz(w http.ResponseWriter, _ *http.Request) {
 	httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
@@ -97,7 +235,7 @@ func (a *api) healthz(w http.ResponseWriter, _ *http.Request) {
 //
 // A node without hosts (--no-hosts) has no lease: it is ready when Ready
 // says so (it follows a leader).
-func (a *api) readyz(w http.ResponseWriter, _ *http.Request) {
+func (a *API) readyz(w http.ResponseWriter, _ *http.Request) {
 	body := a.readiness()
 	code := http.StatusOK
 	if body["ready"] != true || a.stopping() {
@@ -108,7 +246,7 @@ func (a *api) readyz(w http.ResponseWriter, _ *http.Request) {
 
 // scheme is how the front door serves clients: "https", or "http" (keys
 // and bodies in clear), for /readyz and status.
-func (a *api) scheme() string {
+func (a *API) scheme() string {
 	if a.https {
 		return "https"
 	}
@@ -119,31 +257,31 @@ func (a *api) scheme() string {
 // reason); "cluster": "insecure" on a node whose node-to-node traffic runs
 // without mutual TLS (--insecure-cluster), and "frontDoor" (http or
 // https), for whoever watches readiness.
-func (a *api) readiness() map[string]any {
+func (a *API) readiness() map[string]any {
 	ready := a.ready == nil || a.ready()
 	body := map[string]any{}
 	if a.worker != nil {
 		lease := a.worker.Lease(time.Now())
 		body["lease"] = lease.String()
 		ready = ready && lease != LeaseUnregistered && lease != LeaseExpired
-		if !a.res.caughtUp() {
+		if !a.self.CaughtUp() {
 			ready = false
 			body["directory"] = "catching up"
 		}
 	}
-	if a.owner != nil && a.owner.local != nil {
+	if a.local != nil {
 		// Still ready: the front door routes every id, and the node
 		// serves its other namespaces; these it gives up to other nodes.
-		if nss := a.owner.local.DegradedNamespaces(); len(nss) > 0 {
+		if nss := a.local.DegradedNamespaces(); len(nss) > 0 {
 			body["degraded"] = nss
 		}
 	}
-	if err := a.res.storeHealth(); err != nil {
+	if err := a.storeHealth(); err != nil {
 		ready = false
 		body["stateStore"] = "unavailable"
 		body["reason"] = err.Error()
 	}
-	if !a.peer.secure() {
+	if !a.peer.Secure() {
 		body["cluster"] = "insecure"
 	}
 	body["frontDoor"] = a.scheme()
@@ -153,7 +291,7 @@ func (a *api) readiness() map[string]any {
 
 // nodeStatus serves GET /_pinned/status: the worker's state and what the
 // Status hook adds (plugins, instances).
-func (a *api) nodeStatus(w http.ResponseWriter, _ *http.Request) {
+func (a *API) nodeStatus(w http.ResponseWriter, _ *http.Request) {
 	body := map[string]any{"frontDoor": a.scheme()}
 	if a.worker != nil {
 		body["worker"] = a.worker.Status()
@@ -164,4 +302,20 @@ func (a *api) nodeStatus(w http.ResponseWriter, _ *http.Request) {
 		}
 	}
 	httpx.WriteJSON(w, http.StatusOK, body)
+}
+
+// storeHealth is the local state store's health (nil: fine, or none).
+func (a *API) storeHealth() error {
+	if a.local == nil {
+		return nil
+	}
+	return a.local.StoreHealth()
+}
+
+// knownNamespace: served here, or by any worker the directory knows.
+func (a *API) knownNamespace(ns string) bool {
+	if a.local != nil && a.local.Serves(ns) {
+		return true
+	}
+	return a.dir.Machine().NamespaceServed(ns)
 }

@@ -281,3 +281,27 @@ func loopbackPeer(remoteAddr string) bool {
 	ip, err := netip.ParseAddr(host)
 	return err == nil && ip.Unmap().IsLoopback()
 }
+
+// AdmitClient applies ns's client policy (passport) to r, a client's
+// request (not a cluster call): an anonymous namespace admits anyone, and
+// its Authorization header is the host's business; an authenticated one
+// needs a bearer key whose claims admit ns (401 + WWW-Authenticate
+// without a known key, 403 with one that does not), and the key goes no
+// further than here: the host never sees it. It answers w and reports
+// false when r may not go on; keyed: ns needed the key.
+func (t *Tokens) AdmitClient(w http.ResponseWriter, r *http.Request, ns string) (keyed, ok bool) {
+	if t.Passport().Policy(ns) == passport.Anonymous {
+		return false, true
+	}
+	k, err := t.Key(r)
+	if err != nil {
+		t.Refuse(w, err)
+		return true, false
+	}
+	if !k.Claims.Namespace(ns) {
+		t.refuseClaims(w, k, fmt.Sprintf("key %q does not admit namespace %s", k.Name, ns))
+		return true, false
+	}
+	r.Header.Del("Authorization")
+	return true, true
+}

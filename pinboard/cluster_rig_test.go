@@ -159,12 +159,3 @@ func benchTLS(b testing.TB, ca *clustertls.CA, id string) *raftstore.TLSConfig {
 	}
 	return cfg
 }
-
-// applyTo applies cmd to m at index as a committed Raft entry would.
-func applyTo(m *directory.Machine, index uint64, cmd directory.Command) directory.Result {
-	r, err := directory.DecodeResult(m.Apply(index, directory.Encode(cmd)))
-	if err != nil {
-		panic(err) // the machine's own encoding
-	}
-	return r
-}

@@ -23,8 +23,8 @@ import (
 // this node; /_pinned/wind_down is the owner side of a wind-down, for
 // attested callers.
 
-// windDownPath is the owner side of a wind-down.
-const windDownPath = "/_pinned/wind_down"
+// WindDownPath is the owner side of a wind-down.
+const WindDownPath = "/_pinned/wind_down"
 
 // optionalSeconds reads a JSON number of seconds or null. present reports
 // whether the field was there at all.
@@ -42,7 +42,7 @@ func optionalSeconds(raw json.RawMessage) (d time.Duration, isNull, present bool
 	return time.Duration(secs * float64(time.Second)), false, true, nil
 }
 
-func (a *api) ttl() time.Duration {
+func (a *API) ttl() time.Duration {
 	if a.registry != nil {
 		return a.registry.TTL()
 	}
@@ -81,7 +81,7 @@ func (t drainTarget) answer() map[string]any {
 // registryDrain serves POST /registry/drain {"nodeId" | "clientId",
 // "deadline"}: deadline in seconds (under one lease TTL becomes one TTL),
 // null cordons.
-func (a *api) registryDrain(w http.ResponseWriter, r *http.Request) {
+func (a *API) registryDrain(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		drainTarget
 		Deadline json.RawMessage `json:"deadline"`
@@ -128,7 +128,7 @@ func (a *api) registryDrain(w http.ResponseWriter, r *http.Request) {
 
 // registryUndrain serves POST /registry/undrain {"nodeId" | "clientId"}.
 // Undraining a node also clears the drains of its workers' client ids.
-func (a *api) registryUndrain(w http.ResponseWriter, r *http.Request) {
+func (a *API) registryUndrain(w http.ResponseWriter, r *http.Request) {
 	var req drainTarget
 	if !decodeBody(w, r, &req) || !req.check(w) {
 		return
@@ -157,7 +157,7 @@ func (a *api) registryUndrain(w http.ResponseWriter, r *http.Request) {
 // every worker of a node id). A key narrowed to some namespaces gets the
 // same 403 for a target the directory does not know: it learns nothing of
 // workers it may not touch.
-func (a *api) admitsDrainTarget(w http.ResponseWriter, r *http.Request, t drainTarget) bool {
+func (a *API) admitsDrainTarget(w http.ResponseWriter, r *http.Request, t drainTarget) bool {
 	k := KeyOf(r)
 	if k == nil || k.Claims.AllNamespaces() {
 		return true
@@ -187,7 +187,7 @@ func (a *api) admitsDrainTarget(w http.ResponseWriter, r *http.Request, t drainT
 // unknownDrainTarget answers a drain or undrain of a node id no known
 // worker has, or of a client id the directory has never registered (or
 // has forgotten). A client id that is in fact a node id says so.
-func (a *api) unknownDrainTarget(w http.ResponseWriter, t drainTarget) {
+func (a *API) unknownDrainTarget(w http.ResponseWriter, t drainTarget) {
 	if t.NodeID != "" {
 		httpx.WriteError(w, http.StatusNotFound, fmt.Sprintf("unknown node id %q: no worker has registered with it (`pinnedd workers --all` lists the nodes)", t.NodeID), 0)
 		return
@@ -215,7 +215,7 @@ type windDownReq struct {
 // registryWindDown serves POST /registry/wind_down: one id, or every id of
 // the namespace when id is omitted; deadline in seconds (0: now), null
 // revokes. Each owner gets an attested request.
-func (a *api) registryWindDown(w http.ResponseWriter, r *http.Request) {
+func (a *API) registryWindDown(w http.ResponseWriter, r *http.Request) {
 	var req windDownReq
 	if !decodeBody(w, r, &req) {
 		return
@@ -257,7 +257,7 @@ func (a *api) registryWindDown(w http.ResponseWriter, r *http.Request) {
 	if !revoke {
 		at = time.Now().Add(d).UnixMilli()
 	}
-	if !a.res.knownNamespace(req.Namespace) {
+	if !a.knownNamespace(req.Namespace) {
 		httpx.WriteError(w, http.StatusNotFound, "unknown namespace "+req.Namespace, 0)
 		return
 	}
@@ -308,18 +308,18 @@ func (a *api) registryWindDown(w http.ResponseWriter, r *http.Request) {
 }
 
 // windDownOn applies a wind-down on one worker: here, or at its owner side.
-func (a *api) windDownOn(ctx context.Context, wk directory.Worker, ns, id string, atMs int64) (int, error) {
-	if wk.ClientID == a.res.selfID() {
+func (a *API) windDownOn(ctx context.Context, wk directory.Worker, ns, id string, atMs int64) (int, error) {
+	if wk.ClientID == a.self.ID() {
 		return a.localWindDown(ns, id, atMs), nil
 	}
 	body, _ := json.Marshal(map[string]any{"namespace": ns, "id": id, "deadlineUnixMs": atMs})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.peer.base(wk)+windDownPath, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.peer.Base(wk)+WindDownPath, bytes.NewReader(body))
 	if err != nil {
 		return 0, err
 	}
 	gen := max(a.dir.Machine().AppliedIndex(), 1)
-	req.Header.Set(AttestationHeader, SignFor(a.dir.Machine().Secret(), wk.SessionID, Attestation{Target: wk.ClientID, Caller: a.res.selfID(), Generation: gen, At: time.Now()}, http.MethodPost, windDownPath))
-	resp, err := a.peer.client.Do(req)
+	req.Header.Set(AttestationHeader, SignFor(a.dir.Machine().Secret(), wk.SessionID, Attestation{Target: wk.ClientID, Caller: a.self.ID(), Generation: gen, At: time.Now()}, http.MethodPost, WindDownPath))
+	resp, err := a.peer.Client().Do(req)
 	if err != nil {
 		return 0, err
 	}
@@ -328,7 +328,7 @@ func (a *api) windDownOn(ctx context.Context, wk directory.Worker, ns, id string
 	return windDownAnswer(resp.StatusCode, b)
 }
 
-func (a *api) localWindDown(ns, id string, atMs int64) int {
+func (a *API) localWindDown(ns, id string, atMs int64) int {
 	if a.windDown == nil {
 		return 0
 	}
@@ -340,8 +340,8 @@ func (a *api) localWindDown(ns, id string, atMs int64) int {
 }
 
 // ownerWindDown serves the attested owner side of a wind-down.
-func (a *api) ownerWindDown(w http.ResponseWriter, r *http.Request) {
-	if _, ok := a.owner.attested(w, r, windDownPath); !ok {
+func (a *API) ownerWindDown(w http.ResponseWriter, r *http.Request) {
+	if _, ok := a.gate.Admit(w, r, WindDownPath); !ok {
 		return
 	}
 	var req struct {
@@ -361,7 +361,7 @@ func (a *api) ownerWindDown(w http.ResponseWriter, r *http.Request) {
 
 // localDrain serves POST /_pinned/drain {"deadline": seconds|null,
 // "cordon": bool} for this node (`pinnedd drain`).
-func (a *api) localDrain(w http.ResponseWriter, r *http.Request) {
+func (a *API) localDrain(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Deadline json.RawMessage `json:"deadline"`
 		Cordon   bool            `json:"cordon"`
@@ -387,7 +387,7 @@ func (a *api) localDrain(w http.ResponseWriter, r *http.Request) {
 	if !cordon {
 		at = time.Now().Add(d)
 	}
-	a.drain(at, cordon)
+	a.Drain(at, cordon)
 	out := map[string]any{"draining": true, "cordon": cordon, "deadline": nil}
 	if !cordon {
 		out["deadline"] = at.UnixMilli()
@@ -395,18 +395,21 @@ func (a *api) localDrain(w http.ResponseWriter, r *http.Request) {
 	httpx.WriteJSON(w, http.StatusOK, out)
 }
 
-func (a *api) localUndrain(w http.ResponseWriter, _ *http.Request) {
+func (a *API) localUndrain(w http.ResponseWriter, _ *http.Request) {
 	if a.drainHook == nil {
 		httpx.WriteError(w, http.StatusConflict, "this node hosts no instances", 0)
 		return
 	}
-	a.drain(time.Time{}, false)
+	a.Drain(time.Time{}, false)
 	httpx.WriteJSON(w, http.StatusOK, map[string]any{"draining": false})
 }
 
-// drain is FrontDoor.Drain: the worker records the local drain, then the
-// node acts on it (the Drain hook).
-func (a *api) drain(deadline time.Time, cordon bool) {
+// Drain drains this node by itself (source local) until deadline, or
+// cordons it; a zero deadline and no cordon revoke. The worker records it
+// (status, the log line, pinned_draining, its next heartbeat) before the
+// node acts on it (APIConfig.Drain). Every local drain comes through
+// here: POST /_pinned/drain and the agent's SIGTERM.
+func (a *API) Drain(deadline time.Time, cordon bool) {
 	if a.worker != nil {
 		a.worker.SetLocalDrain(deadline, cordon)
 	}
@@ -415,11 +418,11 @@ func (a *api) drain(deadline time.Time, cordon bool) {
 	}
 }
 
-// drainSources names the drains in force on wk at now, as the directory
+// DrainSources names the drains in force on wk at now, as the directory
 // knows them: "local" (the worker reported draining by itself) and
 // "operator" (a drain record of its node id or client id). Every listing
 // and refusal reads drains here.
-func drainSources(m *directory.Machine, wk directory.Worker, now int64) (sources []string, d directory.Drain) {
+func DrainSources(m *directory.Machine, wk directory.Worker, now int64) (sources []string, d directory.Drain) {
 	if wk.Draining {
 		sources = append(sources, DrainSourceLocal)
 	}
@@ -429,7 +432,7 @@ func drainSources(m *directory.Machine, wk directory.Worker, now int64) (sources
 	return sources, d
 }
 
-func (a *api) pluginsReload(w http.ResponseWriter, r *http.Request) {
+func (a *API) pluginsReload(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Namespace string `json:"namespace"`
 	}
@@ -472,7 +475,7 @@ func (a *api) pluginsReload(w http.ResponseWriter, r *http.Request) {
 var ErrUnknownNamespace = errors.New("unknown namespace")
 
 // registryOverview summarises the fleet for an operator (and the console).
-func (a *api) registryOverview(w http.ResponseWriter, _ *http.Request) {
+func (a *API) registryOverview(w http.ResponseWriter, _ *http.Request) {
 	m := a.dir.Machine()
 	now := time.Now().UnixMilli()
 	type nsView struct {
@@ -489,7 +492,7 @@ func (a *api) registryOverview(w http.ResponseWriter, _ *http.Request) {
 		if wk.Live(now) {
 			live++
 		}
-		if src, _ := drainSources(m, wk, now); len(src) > 0 {
+		if src, _ := DrainSources(m, wk, now); len(src) > 0 {
 			draining++
 		}
 		if wk.Degraded {

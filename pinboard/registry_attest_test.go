@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pinnedd/pinnedd/internal/testdir"
+	"github.com/pinnedd/pinnedd/internal/testutil"
+
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 )
 
@@ -81,7 +84,7 @@ func challengeServer(t *testing.T, challenge, value string) *httptest.Server {
 // from the cluster secret; a re-registration gets a new session and a new
 // key.
 func TestRegisterAnswerCarriesTheSessionKey(t *testing.T) {
-	rig := newDoorRig(t, func(_ *doorRig, c *FrontDoorConfig) { c.Registry = NewRegistry(c.Dir, time.Minute) })
+	rig := newDoorRig(t, func(_ *doorRig, c *APIConfig) { c.Registry = NewRegistry(c.Dir, time.Minute) })
 	worker := challengeServer(t, "c1", "v1")
 	register := func() RegisterAck {
 		t.Helper()
@@ -109,7 +112,7 @@ func TestRegisterAnswerCarriesTheSessionKey(t *testing.T) {
 	// A '.' would split the attestation's fields: refused, nothing registered.
 	body := `{"clientId":"outside.2","advertiseUrl":"` + worker.URL + `","namespaces":["/jobs"],"headroom":5,"challenge":"c1","challengeValue":"v1"}`
 	code, out, _ := rig.call(t, "POST", "/registry/register", "op-token", body)
-	if code != http.StatusBadRequest || !strings.Contains(errorOf(t, out), "clientId must be") {
+	if code != http.StatusBadRequest || !strings.Contains(testutil.ErrorOf(t, out), "clientId must be") {
 		t.Fatalf("clientId with a dot: %d %s", code, out)
 	}
 	if _, ok := rig.m.Worker("outside.2"); ok {
@@ -121,10 +124,12 @@ func TestRegisterAnswerCarriesTheSessionKey(t *testing.T) {
 // answers 503 + Retry-After: the key could not be made.
 func TestRegisterWithoutSecretIsRefused(t *testing.T) {
 	m := directory.New()
-	dir := NewDirectory(m, &machineApplier{m: m})
+	dir := NewDirectory(m, &testdir.Applier{M: m})
 	t.Cleanup(dir.Close)
-	f := NewFrontDoor(FrontDoorConfig{Dir: dir, Tokens: NewTokens("op-token"), Registry: NewRegistry(dir, time.Minute)})
-	t.Cleanup(func() { _ = f.Close() })
+	self := NewSelf(dir, nil)
+	f := http.NewServeMux()
+	NewAPI(APIConfig{Dir: dir, Self: self, Gate: NewOwnerGate(self, 0), Peers: advertisePeers{},
+		Tokens: NewTokens("op-token"), Registry: NewRegistry(dir, time.Minute)}).Mount(f)
 	worker := challengeServer(t, "c1", "v1")
 	req := httptest.NewRequest("POST", "/registry/register", strings.NewReader(
 		`{"clientId":"outside-1","advertiseUrl":"`+worker.URL+`","namespaces":["/jobs"],"headroom":5,"challenge":"c1","challengeValue":"v1"}`))
@@ -144,7 +149,7 @@ func TestRegisterWithoutSecretIsRefused(t *testing.T) {
 // re-registration, the previous session's key for one attestation window
 // (a front door whose replica lags still signs with it), then no more.
 func TestOwnerChecksItsSessionKeys(t *testing.T) {
-	rig, w := drainRig(t)
+	rig, w := sessionRig(t)
 	secret := rig.m.Secret()
 	self := w.ClientID()
 	path := "/_pinned/i/misc/x/y"
@@ -153,10 +158,10 @@ func TestOwnerChecksItsSessionKeys(t *testing.T) {
 	}
 	first := w.SessionID()
 	now := time.Now()
-	if _, err := rig.f.owner.checkOwned(signed(first, now), "GET", path, now); err != nil {
+	if _, err := rig.gate.Check(signed(first, now), "GET", path, now); err != nil {
 		t.Fatalf("signed with the session's key: %v", err)
 	}
-	if _, err := rig.f.owner.checkOwned(SignFor(secret, first, Attestation{Target: "someone-else", Caller: "peer", Generation: 3, At: now}, "GET", path), "GET", path, now); !errors.Is(err, ErrAttestationForged) {
+	if _, err := rig.gate.Check(SignFor(secret, first, Attestation{Target: "someone-else", Caller: "peer", Generation: 3, At: now}, "GET", path), "GET", path, now); !errors.Is(err, ErrAttestationForged) {
 		t.Fatalf("another worker's attestation: %v", err)
 	}
 	if err := w.register(t.Context()); err != nil {
@@ -168,18 +173,18 @@ func TestOwnerChecksItsSessionKeys(t *testing.T) {
 	}
 	now = time.Now()
 	for _, s := range []string{second, first} {
-		if _, err := rig.f.owner.checkOwned(signed(s, now), "GET", path, now); err != nil {
+		if _, err := rig.gate.Check(signed(s, now), "GET", path, now); err != nil {
 			t.Fatalf("session %s right after the re-registration: %v", s, err)
 		}
 	}
 	later := now.Add(DefaultAttestationWindow + time.Second)
-	if _, err := rig.f.owner.checkOwned(signed(first, later), "GET", path, later); !errors.Is(err, ErrAttestationForged) {
+	if _, err := rig.gate.Check(signed(first, later), "GET", path, later); !errors.Is(err, ErrAttestationForged) {
 		t.Fatalf("the previous session's key a window later: %v", err)
 	}
-	if _, err := rig.f.owner.checkOwned(signed(second, later), "GET", path, later); err != nil {
+	if _, err := rig.gate.Check(signed(second, later), "GET", path, later); err != nil {
 		t.Fatalf("the session's key a window later: %v", err)
 	}
-	if _, err := rig.f.owner.checkOwned("", "GET", path, later); !errors.Is(err, ErrAttestationMissing) {
+	if _, err := rig.gate.Check("", "GET", path, later); !errors.Is(err, ErrAttestationMissing) {
 		t.Fatalf("no header: %v", err)
 	}
 }

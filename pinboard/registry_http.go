@@ -35,7 +35,7 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 // registryError answers a Registry error with its status (REGISTRY.md):
 // 400 bad request, 403 challenge failed, 409 advertise URL in use or
 // register again, 404 unknown client, 503 no secret or no directory.
-func (a *api) registryError(w http.ResponseWriter, r *http.Request, err error) {
+func (a *API) registryError(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, ErrBadRequest):
 		httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
@@ -57,7 +57,7 @@ func (a *api) registryError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 }
 
-func (a *api) registryRegister(w http.ResponseWriter, r *http.Request) {
+func (a *API) registryRegister(w http.ResponseWriter, r *http.Request) {
 	var req RegisterRequest
 	if !decodeBody(w, r, &req) || !a.admitsRegistration(w, r, req) {
 		return
@@ -75,7 +75,7 @@ func (a *api) registryRegister(w http.ResponseWriter, r *http.Request) {
 // namespace of the worker whose session it would replace (the same client
 // id), and the address it advertises (claims allowedBackendHosts: an IP
 // the claims' prefixes hold, unless they hold "*").
-func (a *api) admitsRegistration(w http.ResponseWriter, r *http.Request, req RegisterRequest) bool {
+func (a *API) admitsRegistration(w http.ResponseWriter, r *http.Request, req RegisterRequest) bool {
 	k := KeyOf(r)
 	if k == nil {
 		return true
@@ -107,7 +107,7 @@ func (a *api) admitsRegistration(w http.ResponseWriter, r *http.Request, req Reg
 	return true
 }
 
-func (a *api) registryHeartbeat(w http.ResponseWriter, r *http.Request) {
+func (a *API) registryHeartbeat(w http.ResponseWriter, r *http.Request) {
 	var req HeartbeatRequest
 	if !decodeBody(w, r, &req) {
 		return
@@ -120,7 +120,7 @@ func (a *api) registryHeartbeat(w http.ResponseWriter, r *http.Request) {
 	httpx.WriteJSON(w, http.StatusOK, ack)
 }
 
-func (a *api) registryDeregister(w http.ResponseWriter, r *http.Request) {
+func (a *API) registryDeregister(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		ClientID  string `json:"clientId"`
 		SessionID string `json:"sessionId"`
@@ -154,7 +154,7 @@ type releaseRequest struct {
 // there was none (given back already); 409 with the placement in force
 // when it is not this session's under that generation, 409 reregister for
 // a session the directory replaced, 404 for an unknown client id.
-func (a *api) registryRelease(w http.ResponseWriter, r *http.Request) {
+func (a *API) registryRelease(w http.ResponseWriter, r *http.Request) {
 	var req releaseRequest
 	if !decodeBody(w, r, &req) {
 		return
@@ -232,7 +232,7 @@ type WorkerView struct {
 // lapsed; a lapsed owner drops out of the list), with their lease and
 // drain state; ?all=1 adds the lapsed and deregistered ones the directory
 // still remembers.
-func (a *api) registryWorkers(w http.ResponseWriter, r *http.Request) {
+func (a *API) registryWorkers(w http.ResponseWriter, r *http.Request) {
 	m := a.dir.Machine()
 	now := time.Now().UnixMilli()
 	all := false
@@ -257,7 +257,7 @@ func (a *api) registryWorkers(w http.ResponseWriter, r *http.Request) {
 		}
 		// A local drain's deadline stays on its node (its status); the
 		// directory knows that it drains.
-		if src, d := drainSources(m, wk, now); len(src) > 0 {
+		if src, d := DrainSources(m, wk, now); len(src) > 0 {
 			v.Draining, v.DrainSources, v.Cordoned, v.DrainDeadline = true, src, d.Cordon, d.Deadline
 		}
 		if v.Namespaces == nil {
@@ -274,7 +274,7 @@ func (a *api) registryWorkers(w http.ResponseWriter, r *http.Request) {
 // ready and quarantineMs. With operator scope it adds the counts, the
 // applied index and the consensus view the agent adds (term, leader, its
 // address). A token that is sent but unknown gets 401, as anywhere.
-func (a *api) registryHealth(w http.ResponseWriter, r *http.Request) {
+func (a *API) registryHealth(w http.ResponseWriter, r *http.Request) {
 	m := a.dir.Machine()
 	now := time.Now().UnixMilli()
 	body := map[string]any{

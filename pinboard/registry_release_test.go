@@ -17,7 +17,7 @@ import (
 func (rig *doorRig) release(t *testing.T, body string) (int, map[string]any) {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	rig.f.api.registryRelease(rec, httptest.NewRequest("POST", "/registry/release", strings.NewReader(body)))
+	rig.api.registryRelease(rec, httptest.NewRequest("POST", "/registry/release", strings.NewReader(body)))
 	var out map[string]any
 	if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
 		t.Fatalf("release answered %d %q", rec.Code, rec.Body)
@@ -28,7 +28,7 @@ func (rig *doorRig) release(t *testing.T, body string) (int, map[string]any) {
 // A worker gives back one id: checked against its session and the
 // placement's generation, idempotent, and the id is placed anew after.
 func TestWorkerGivesBackOneID(t *testing.T) {
-	rig := newDoorRig(t, func(_ *doorRig, c *FrontDoorConfig) { c.Registry = NewRegistry(c.Dir, time.Minute) })
+	rig := newDoorRig(t, func(_ *doorRig, c *APIConfig) { c.Registry = NewRegistry(c.Dir, time.Minute) })
 	rig.register(t, "wa", "na", time.Hour, "/jobs")
 	rig.register(t, "wb", "nb", time.Hour, "/jobs")
 	key := directory.Key{Namespace: "/jobs", ID: "j1"}

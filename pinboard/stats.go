@@ -14,17 +14,17 @@ import (
 	"github.com/pinnedd/pinnedd/internal/httpx"
 )
 
-// statsPath is the worker-side stats route; it answers attested callers
+// StatsPath is the worker-side stats route; it answers attested callers
 // (another node's front door) only.
-const statsPath = "/_pinned/stats"
+const StatsPath = "/_pinned/stats"
 
 // ownerStats serves GET /_pinned/stats to an attested caller.
-func (a *api) ownerStats(w http.ResponseWriter, r *http.Request) {
+func (a *API) ownerStats(w http.ResponseWriter, r *http.Request) {
 	if a.worker == nil || a.workerStats == nil {
 		httpx.WriteError(w, http.StatusNotFound, "this node hosts no instances", 0)
 		return
 	}
-	if _, ok := a.owner.attested(w, r, statsPath); !ok {
+	if _, ok := a.gate.Admit(w, r, StatsPath); !ok {
 		return
 	}
 	st := a.workerStats(r.Context())
@@ -41,7 +41,7 @@ func (a *api) ownerStats(w http.ResponseWriter, r *http.Request) {
 // /_pinned/stats, gathered in parallel, so an operator can see which node
 // holds an id and how each is doing. A worker that does not answer is
 // listed with its error.
-func (a *api) registryStats(w http.ResponseWriter, r *http.Request) {
+func (a *API) registryStats(w http.ResponseWriter, r *http.Request) {
 	m := a.dir.Machine()
 	secret := m.Secret()
 	gen := max(m.AppliedIndex(), 1)
@@ -59,7 +59,7 @@ func (a *api) registryStats(w http.ResponseWriter, r *http.Request) {
 		go func() {
 			defer wg.Done()
 			entry := map[string]any{}
-			err := a.fetchStats(ctx, secret, gen, wk.ClientID, wk.SessionID, a.peer.base(wk), &entry)
+			err := a.fetchStats(ctx, secret, gen, wk.ClientID, wk.SessionID, a.peer.Base(wk), &entry)
 			if err != nil {
 				entry = map[string]any{"error": err.Error()}
 			}
@@ -77,16 +77,16 @@ func (a *api) registryStats(w http.ResponseWriter, r *http.Request) {
 	httpx.WriteJSON(w, http.StatusOK, map[string]any{"workers": out})
 }
 
-func (a *api) fetchStats(ctx context.Context, secret []byte, gen uint64, target, session, base string, into *map[string]any) error {
+func (a *API) fetchStats(ctx context.Context, secret []byte, gen uint64, target, session, base string, into *map[string]any) error {
 	if len(secret) == 0 {
 		return fmt.Errorf("no cluster secret yet")
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+statsPath, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+StatsPath, nil)
 	if err != nil {
 		return err
 	}
-	req.Header.Set(AttestationHeader, SignFor(secret, session, Attestation{Target: target, Caller: a.res.selfID(), Generation: gen, At: time.Now()}, http.MethodGet, statsPath))
-	resp, err := a.peer.client.Do(req)
+	req.Header.Set(AttestationHeader, SignFor(secret, session, Attestation{Target: target, Caller: a.self.ID(), Generation: gen, At: time.Now()}, http.MethodGet, StatsPath))
+	resp, err := a.peer.Client().Do(req)
 	if err != nil {
 		return fmt.Errorf("unreachable: %w", err)
 	}

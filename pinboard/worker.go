@@ -305,7 +305,7 @@ func (w *Worker) register(ctx context.Context) error {
 	req := RegisterRequest{
 		ClientID: w.clientID, NodeID: w.cfg.NodeID, AdvertiseURL: w.cfg.AdvertiseURL,
 		Namespaces: w.cfg.Namespaces, Headroom: w.cfg.Headroom(), Challenge: w.newChallenge(),
-		Draining: w.selfDraining(),
+		Draining: w.SelfDraining(),
 	}
 	if w.cfg.LiveIDs != nil {
 		req.LiveIDs = w.cfg.LiveIDs()
@@ -350,7 +350,7 @@ func (w *Worker) heartbeat(ctx context.Context) error {
 	sent := time.Now()
 	ack, err := w.registrar.Heartbeat(ctx, HeartbeatRequest{
 		ClientID: w.clientID, SessionID: w.SessionID(), Headroom: w.cfg.Headroom(), Challenge: w.heartbeatChallenge(),
-		Draining: w.selfDraining(),
+		Draining: w.SelfDraining(),
 	})
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
@@ -409,7 +409,7 @@ func (w *Worker) logDrain(started bool, source string, deadline time.Time, cordo
 	w.cfg.Logger.Info("drain started", args...)
 }
 
-func (w *Worker) selfDraining() bool {
+func (w *Worker) SelfDraining() bool {
 	w.mu.Lock()
 	active := w.local.active
 	w.mu.Unlock()
@@ -421,7 +421,7 @@ func (w *Worker) selfDraining() bool {
 func (w *Worker) DrainingBy(source string) bool {
 	switch source {
 	case DrainSourceLocal:
-		return w.selfDraining()
+		return w.SelfDraining()
 	case DrainSourceOperator:
 		w.mu.Lock()
 		defer w.mu.Unlock()

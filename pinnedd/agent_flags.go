@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pinnedd/pinnedd/frontdoor"
+
 	"github.com/urfave/cli/v2"
 
 	"github.com/pinnedd/pinnedd/agent"
@@ -75,11 +77,11 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "trusted-proxies", Usage: "comma-separated IPs/CIDRs whose X-Forwarded-For/Forwarded name the client", EnvVars: []string{"PINBOARD_TRUSTED_PROXIES"}},
 			&cli.BoolFlag{Name: "access-log", Usage: "log one line per front-door request (method, path, status, bytes, duration, where it was served); turns the fast path off", EnvVars: []string{"PINNEDD_ACCESS_LOG"}},
 			&cli.BoolFlag{Name: "fast-path", Value: true, Usage: "serve a kept-alive connection's plain requests from an event loop instead of net/http (Linux); --fast-path=false keeps every request in net/http: the same answers, more CPU per request", EnvVars: []string{"PINNEDD_FAST_PATH"}},
-			&cli.IntFlag{Name: "max-conns-per-ip", Value: pinboard.DefaultMaxConnsPerIP, Usage: "client connections one IP may hold open on the front door (the TCP peer's; the fleet's nodes and --trusted-proxies are exempt); one more is answered 503 and closed; 0: no cap", EnvVars: []string{"PINNEDD_MAX_CONNS_PER_IP"}},
-			&cli.IntFlag{Name: "max-conns", Value: pinboard.DefaultMaxConns, Usage: "client connections the front door holds open in all; one more is answered 503 and closed; 0: no cap", EnvVars: []string{"PINNEDD_MAX_CONNS"}},
-			&cli.DurationFlag{Name: "http-idle-timeout", Value: pinboard.DefaultIdleTimeout, Usage: "close a kept-alive client connection idle this long between requests", EnvVars: []string{"PINNEDD_HTTP_IDLE_TIMEOUT"}},
-			&cli.DurationFlag{Name: "http-body-timeout", Value: pinboard.DefaultBodyReadTimeout, Usage: "close a client connection whose request body sends nothing for this long (held response streams are not affected)", EnvVars: []string{"PINNEDD_HTTP_BODY_TIMEOUT"}},
-			&cli.StringFlag{Name: "max-body-size", Value: fmt.Sprintf("%dMiB", pinboard.DefaultMaxBodyBytes>>20), Usage: "answer 413 to a request body over this `SIZE` (bytes, or with KiB, MiB, GiB); one without a length is cut there; 0: no cap", EnvVars: []string{"PINNEDD_MAX_BODY_SIZE"}},
+			&cli.IntFlag{Name: "max-conns-per-ip", Value: frontdoor.DefaultMaxConnsPerIP, Usage: "client connections one IP may hold open on the front door (the TCP peer's; the fleet's nodes and --trusted-proxies are exempt); one more is answered 503 and closed; 0: no cap", EnvVars: []string{"PINNEDD_MAX_CONNS_PER_IP"}},
+			&cli.IntFlag{Name: "max-conns", Value: frontdoor.DefaultMaxConns, Usage: "client connections the front door holds open in all; one more is answered 503 and closed; 0: no cap", EnvVars: []string{"PINNEDD_MAX_CONNS"}},
+			&cli.DurationFlag{Name: "http-idle-timeout", Value: frontdoor.DefaultIdleTimeout, Usage: "close a kept-alive client connection idle this long between requests", EnvVars: []string{"PINNEDD_HTTP_IDLE_TIMEOUT"}},
+			&cli.DurationFlag{Name: "http-body-timeout", Value: frontdoor.DefaultBodyReadTimeout, Usage: "close a client connection whose request body sends nothing for this long (held response streams are not affected)", EnvVars: []string{"PINNEDD_HTTP_BODY_TIMEOUT"}},
+			&cli.StringFlag{Name: "max-body-size", Value: fmt.Sprintf("%dMiB", frontdoor.DefaultMaxBodyBytes>>20), Usage: "answer 413 to a request body over this `SIZE` (bytes, or with KiB, MiB, GiB); one without a length is cut there; 0: no cap", EnvVars: []string{"PINNEDD_MAX_BODY_SIZE"}},
 			&cli.BoolFlag{Name: "metrics-public", Usage: "serve GET /metrics without a token, for a scraper on a trusted network (otherwise it needs the operator token); anyone who reaches the port then reads namespaces, load and node state", EnvVars: []string{"PINNEDD_METRICS_PUBLIC"}},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", EnvVars: envVars("PINNEDD_LOG_LEVEL")},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", EnvVars: []string{"PINNEDD_LOG_FORMAT"}},

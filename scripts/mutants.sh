@@ -39,7 +39,7 @@ workers=${MUTANTS_WORKERS:-1}
 report=${MUTANTS_REPORT:-bench/mutants/REPORT.md}
 out=${MUTANTS_OUT:-${TMPDIR:-/tmp}/pinnedd-mutants}
 if [ $# -eq 0 ]; then
-  set -- pinboard/directory supervisor statewire statestore pinboard
+  set -- pinboard/directory supervisor statewire statestore pinboard frontdoor
 fi
 for pkg in "$@"; do
   if [ ! -d "$pkg" ] || ! ls "$pkg"/*.go >/dev/null 2>&1; then

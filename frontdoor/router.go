@@ -1,0 +1,471 @@
+package frontdoor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/internal/relay"
+	"github.com/pinnedd/pinnedd/passport"
+	"github.com/pinnedd/pinnedd/pinboard"
+	"github.com/pinnedd/pinnedd/pinboard/directory"
+	"github.com/pinnedd/pinnedd/plugins"
+	"github.com/pinnedd/pinnedd/supervisor"
+)
+
+// The router's request paths. net/http's: ServeHTTP → serveInstance →
+// routeRequest, which asks the resolver and hands the request to the
+// owner side (live or placed here) or the forwarder (placed elsewhere).
+// The kept-alive loop's: routeLoop, which repeats only the cases already
+// decided (live here, a live owner elsewhere, an attested owner-side
+// request) and gives everything else back to net/http.
+
+// maxRetryBody: a request body up to this size is buffered so the request
+// can be retried once on another worker after an in-band refusal.
+const maxRetryBody = 1 << 20
+
+// ownerRoutePrefix is the owner-side route forwarded requests arrive on.
+const ownerRoutePrefix = "/_pinned/i"
+
+// instanceRequest is one client request for an instance on its way
+// through net/http's path: which instance, the rest of the path, the body
+// kept for a retry, and what the retry must avoid.
+type instanceRequest struct {
+	key       directory.Key
+	rest      string // escaped instance path, e.g. "/increment"
+	body      []byte // buffered body when retryable
+	retryable bool
+	attempt   int
+	exclude   string // a worker that refused in-band
+	// selfDegraded: exclude is this node, whose plugin for the namespace
+	// crash-loops.
+	selfDegraded bool
+	viaLeader    bool   // the replica named a wrong owner: ask the leader
+	caller       string // this node's worker, on a cluster call from one of its instances
+	// keyed: the namespace's policy needed the client's key. Its
+	// connection stays in net/http, which checks the next request's key:
+	// the kept-alive loop would give every such request back.
+	keyed bool
+}
+
+// bodyRead: nothing of the request body is left on the connection (none,
+// or all of it buffered).
+func (rq *instanceRequest) bodyRead() bool { return rq.retryable }
+
+// adoptable: the kept-alive loop may take the connection after this
+// request's response (serveAdopting): its body was read, and the loop can
+// serve the next one like it.
+func (rq *instanceRequest) adoptable() bool { return rq.bodyRead() && !rq.keyed }
+
+// withBody gives r a fresh copy of the buffered body for this attempt.
+func (rq *instanceRequest) withBody(r *http.Request) *http.Request {
+	if !rq.retryable || rq.body == nil {
+		return r
+	}
+	r2 := r.Clone(r.Context())
+	r2.Body = io.NopCloser(bytes.NewReader(rq.body))
+	r2.ContentLength = int64(len(rq.body))
+	return r2
+}
+
+// withQuery is path with query, if there is one.
+func withQuery(path, query string) string {
+	if query == "" {
+		return path
+	}
+	return path + "?" + query
+}
+
+func (f *FrontDoor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.stopping.Load() {
+		// Every answer of a stopping node ends its connection, so none is
+		// left idle for Shutdown to close under a request on its way.
+		w.Header().Set("Connection", "close")
+	}
+	w, done, ok := f.boundRequest(w, r)
+	if !ok {
+		return
+	}
+	defer done()
+	if f.accessLog {
+		f.serveLogged(w, r)
+		return
+	}
+	f.serve(w, r)
+}
+
+func (f *FrontDoor) serve(w http.ResponseWriter, r *http.Request) {
+	defer func() {
+		// A panic in the control plane must not reach the client as a
+		// dropped connection; net/http would only log it.
+		if p := recover(); p != nil {
+			if p == http.ErrAbortHandler {
+				panic(p)
+			}
+			f.logger.Error("front door panicked", "panic", p, "path", r.URL.Path)
+			httpx.WriteError(w, http.StatusInternalServerError, "internal error", 0)
+		}
+	}()
+	if f.transport.Secure() && !fromPeer(r) && isPeerRoute(r.URL.Path) {
+		httpx.WriteError(w, http.StatusForbidden, "a node-to-node route: served only on the cluster port, over mutual TLS", 0)
+		return
+	}
+	if strings.HasPrefix(r.URL.Path, ownerRoutePrefix+"/") {
+		f.owner.owned(w, r)
+		return
+	}
+	if strings.HasPrefix(r.URL.Path, wakePrefix+"/") && r.Method == http.MethodPost {
+		f.owner.wakeOwned(w, r)
+		return
+	}
+	if isInstancePath(r.URL.Path) {
+		// Instance paths bypass the mux: it would clean "/ns//x" or
+		// "/ns/../x" and redirect to a different id; those are bad ids.
+		f.serveInstance(w, r)
+		return
+	}
+	f.mux.ServeHTTP(w, r)
+}
+
+// isPeerRoute: p is one of the routes only other nodes call (the owner
+// side of the hop, wake, stats, wind-down).
+func isPeerRoute(p string) bool {
+	return strings.HasPrefix(p, ownerRoutePrefix+"/") || strings.HasPrefix(p, wakePrefix+"/") ||
+		p == pinboard.StatsPath || p == pinboard.WindDownPath
+}
+
+type peerKey struct{}
+
+// PeerHandler serves the front door to the cluster's other nodes, on the
+// cluster port (raftstore.Store.ServePeers authenticates them): the peer
+// routes, and everything else as the front door does. Its connections stay
+// in net/http.
+func (f *FrontDoor) PeerHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), peerKey{}, true)))
+	})
+}
+
+// PeerHandBacks is the listener of cluster-port connections the kept-alive
+// loop gives back (with FastPath: it adopts those too, when they were made
+// with relay.ServerTLS); serve it with PeerHandler, as the cluster port's
+// own listener.
+func (f *FrontDoor) PeerHandBacks() net.Listener { return f.keep.peerHandBacks() }
+
+// fromPeer: r came through PeerHandler.
+func fromPeer(r *http.Request) bool { return r.Context().Value(peerKey{}) != nil }
+
+// isInstancePath: anything whose first segment is not one of the front
+// door's own (reserved names, or starting with "_").
+func isInstancePath(p string) bool {
+	seg, _, _ := strings.Cut(strings.TrimPrefix(p, "/"), "/")
+	return seg != "" && seg[0] != '_' && !plugins.Reserved[seg]
+}
+
+// splitInstancePath parses /<ns>/<id>[/<rest>] from the escaped path.
+func splitInstancePath(escaped string) (ns, id, rest string, ok bool) {
+	// Slices of escaped, not new strings: this runs for every request.
+	p, ok := strings.CutPrefix(escaped, "/")
+	if !ok {
+		return "", "", "", false
+	}
+	i := strings.IndexByte(p, '/')
+	if i < 0 {
+		return escaped, "", "/", true
+	}
+	ns, after := escaped[:1+i], p[i+1:]
+	if j := strings.IndexByte(after, '/'); j >= 0 {
+		return ns, after[:j], after[j:], true
+	}
+	return ns, after, "/", true
+}
+
+// parseInstancePath is the one rule for the instance an escaped path
+// /<ns>/<id>[/<rest>] names, on every path that parses one (net/http's
+// instance and owner-side routes, the wake route, the kept-alive loop):
+// the id segment is unescaped once and the decoded id validated, so a
+// client's encodeURIComponent("a:b") (a%3Ab) is the id "a:b"; an escaped
+// '/' (%2F) is refused, an id being one path segment. rest stays escaped,
+// as the instance receives it. The error wraps plugins.ErrInvalidNamespace
+// or plugins.ErrInvalidID.
+func parseInstancePath(escaped string) (ns, id, rest string, err error) {
+	ns, id, rest, ok := splitInstancePath(escaped)
+	if !ok {
+		return "", "", "", fmt.Errorf("%w: path must be /<namespace>/<id>/...", plugins.ErrInvalidNamespace)
+	}
+	if err := plugins.ValidateNamespace(ns); err != nil {
+		return "", "", "", err
+	}
+	if strings.IndexByte(id, '%') >= 0 {
+		raw := id
+		if id, err = url.PathUnescape(raw); err != nil {
+			return "", "", "", fmt.Errorf("%w %q: malformed %%-escape", plugins.ErrInvalidID, raw)
+		}
+		if strings.IndexByte(id, '/') >= 0 {
+			return "", "", "", fmt.Errorf("%w %q: an escaped '/' (%%2F) is not allowed, an id is one path segment", plugins.ErrInvalidID, raw)
+		}
+	}
+	if err := plugins.ValidateID(id); err != nil {
+		return "", "", "", err
+	}
+	return ns, id, rest, nil
+}
+
+// serveInstance serves a client's request for /<ns>/<id>/<rest>.
+func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request) {
+	ns, id, rest, err := parseInstancePath(r.URL.EscapedPath())
+	if err == nil && !f.res.knownNamespace(ns) && !f.res.self.CaughtUp() {
+		// A namespace only other nodes serve is unknown to a replica that
+		// has not caught up yet.
+		if !f.res.self.AwaitCaughtUp(r.Context(), startingWait) {
+			f.starting(w, r)
+			return
+		}
+	}
+	if errors.Is(err, plugins.ErrInvalidNamespace) || err == nil && !f.res.knownNamespace(ns) {
+		httpx.WriteError(w, http.StatusNotFound, "unknown namespace", 0)
+		return
+	}
+	if err != nil {
+		httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
+		return
+	}
+	if f.stopping.Load() {
+		httpx.WriteError(w, http.StatusServiceUnavailable, httpx.ShuttingDownMsg, time.Second)
+		return
+	}
+	rq := &instanceRequest{key: directory.Key{Namespace: ns, ID: id}, rest: rest}
+	switch ok, err := f.clusterCall(r); {
+	case err != nil:
+		httpx.WriteError(w, http.StatusForbidden, err.Error(), 0)
+		return
+	case ok:
+		rq.caller = f.res.self.ID()
+	default:
+		if rq.keyed, ok = f.tokens.AdmitClient(w, r, ns); !ok {
+			return
+		}
+	}
+	switch {
+	case r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 && r.Header.Get("Transfer-Encoding") == "":
+		rq.retryable = true
+	case r.ContentLength > 0 && r.ContentLength <= maxRetryBody:
+		body, err := io.ReadAll(io.LimitReader(r.Body, maxRetryBody+1))
+		if err != nil {
+			httpx.WriteError(w, http.StatusBadRequest, "reading request body: "+err.Error(), 0)
+			return
+		}
+		rq.body, rq.retryable = body, true
+	}
+	f.routeRequest(w, r, rq)
+}
+
+// routeRequest is net/http's way for an instance request (routeLoop is the
+// loop's): live here → the owner side; placed on a live worker → dispatch;
+// neither → a claim through the resolver, then dispatch. The forwarder
+// calls it again for its one retry after an in-band refusal.
+func (f *FrontDoor) routeRequest(w http.ResponseWriter, r *http.Request, rq *instanceRequest) {
+	key, now := rq.key, time.Now()
+	// A live local instance is this node's own record of a placement it
+	// was granted; the local replica may not have applied the grant yet
+	// (or ever, if the leader died right after committing it). Serving it
+	// is as safe as the lease allows.
+	if _, live := f.res.liveHere(key); live && f.owner.serveLive(w, r, rq) {
+		return
+	}
+	if f.owner.degraded(key.Namespace) && rq.exclude == "" {
+		// This node serves none of the namespace until its plugin
+		// recovers: a placement here is given up, and the id goes to
+		// another node, as a forwarder does for an owner that refused.
+		self := f.res.self.ID()
+		if p, ok := f.dir.Machine().Placement(key); ok && p.Owner == self {
+			f.res.releaseRefused(r.Context(), p)
+		}
+		rq.exclude, rq.selfDegraded = self, true
+	}
+	if !rq.viaLeader {
+		if p, owner, ok := f.res.placedOn(key, rq.exclude, now); ok {
+			f.dispatch(w, r, rq, p, owner)
+			return
+		}
+	}
+	hints := placementHints{clientIP: pinboard.ClientIP(r.RemoteAddr, r.Header, f.trustedProxies), caller: rq.caller}
+	if f.affinityKey != nil {
+		hints.affinity = f.affinityKey(r)
+	}
+	p, owner, err := f.res.claimFor(r.Context(), rq.key, rq.exclude, hints)
+	if errors.Is(err, errNoBackends) && !f.res.self.CaughtUp() {
+		// Our replica lacks the workers that joined or renewed since the
+		// state on disk: wait for it, then route again.
+		if !f.res.self.AwaitCaughtUp(r.Context(), startingWait) {
+			f.starting(w, r)
+			return
+		}
+		f.routeRequest(w, r, rq)
+		return
+	}
+	if errors.Is(err, errNoBackends) && rq.selfDegraded {
+		// No other node serves it: the truth is this node's degradation.
+		f.owner.local.WriteOpenError(w, r, key.Namespace, supervisor.ErrDegraded)
+		return
+	}
+	if err != nil {
+		f.claimFailed(w, r, rq.key, err)
+		return
+	}
+	f.dispatch(w, r, rq, p, owner)
+}
+
+// starting answers a request this node cannot route until its replica has
+// caught up (errStarting): nothing ran, retry.
+func (f *FrontDoor) starting(w http.ResponseWriter, r *http.Request) {
+	if r.Context().Err() != nil {
+		httpx.Abandon()
+	}
+	f.res.counter(outcomeStarting).Inc()
+	httpx.WriteError(w, http.StatusServiceUnavailable, errStarting.Error(), time.Second)
+}
+
+// dispatch serves on this node or forwards to the owner.
+func (f *FrontDoor) dispatch(w http.ResponseWriter, r *http.Request, rq *instanceRequest, p directory.Placement, owner directory.Worker) {
+	if p.Owner == f.res.self.ID() {
+		f.owner.servePlaced(w, r, rq, p)
+		return
+	}
+	noteServed(r, "forwarded", owner.NodeID)
+	f.fwd.forward(w, r, rq, p, owner)
+}
+
+// claimFailed answers a request whose claim failed.
+func (f *FrontDoor) claimFailed(w http.ResponseWriter, r *http.Request, key directory.Key, err error) {
+	var q quarantineError
+	switch {
+	case errors.As(err, &q):
+		f.res.counter(outcomeQuarantined).Inc()
+		httpx.WriteError(w, http.StatusServiceUnavailable, "cold start quarantine", q.remaining)
+	case errors.Is(err, errNoBackends):
+		f.res.counter(outcomeNoBackends).Inc()
+		msg := f.res.noBackends(key.Namespace, time.Now())
+		if serr := f.res.storeHealth(); serr != nil {
+			// Most likely why: a shared store down takes every worker out.
+			msg = serr.Error() + "; " + msg
+		}
+		httpx.WriteError(w, http.StatusServiceUnavailable, msg, time.Second)
+	case r.Context().Err() != nil:
+		httpx.Abandon()
+	default:
+		f.res.counter(outcomeError).Inc()
+		f.logger.Warn("placement failed", "path", r.URL.Path, "err", err)
+		httpx.WriteError(w, http.StatusServiceUnavailable, "directory unavailable", time.Second)
+	}
+}
+
+// clusterCall reports whether r is a cluster call: a request an instance on
+// this node makes through its own front door (plugins/sdk's
+// Instance.ClusterClient marks it). A new placement then prefers this node's
+// worker, so an instance's calls to its peers stay close to it. The header
+// names the calling namespace and carries its plugin process's credential,
+// good only for that process's namespaces while it lives; it never leaves
+// the front door. A header that does not prove that is refused (err), not
+// ignored.
+func (f *FrontDoor) clusterCall(r *http.Request) (bool, error) {
+	v := r.Header.Get(plugins.HeaderClusterCall)
+	if v == "" {
+		return false, nil
+	}
+	r.Header.Del(plugins.HeaderClusterCall)
+	ns, tok, err := plugins.ParseClusterCall(v)
+	if err != nil {
+		return false, err
+	}
+	if f.clusterCalls == nil || !f.res.self.HostsInstances() {
+		return false, fmt.Errorf("%s: this node runs no plugins", plugins.HeaderClusterCall)
+	}
+	nss, ok := f.clusterCalls(tok)
+	if !ok || !slices.Contains(nss, ns) {
+		return false, fmt.Errorf("%s: the credential is not good for cluster calls from %s on this node", plugins.HeaderClusterCall, ns)
+	}
+	return true, nil
+}
+
+// fastPathChars: the path bytes the loop passes through as they are; a
+// path with anything else (escapes included) goes to net/http, whose
+// escaping rules the forward follows.
+var fastPathChars = func() (t [256]bool) {
+	for _, c := range []byte("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~/:@=+!$&'()*,") {
+		t[c] = true
+	}
+	return t
+}()
+
+// loopRouter is the kept-alive loop's relay.Router: FrontDoor.routeLoop,
+// kept out of the front door's exported API.
+type loopRouter struct{ f *FrontDoor }
+
+func (r loopRouter) Route(h *relay.ReqHead) (relay.Forward, bool) { return r.f.routeLoop(h) }
+
+// routeLoop is the kept-alive loop's router: a plain request
+// (plain path and query, no cluster call) for an instance live here goes
+// to its plugin (the owner side's routeLocal), an attested owner-side
+// request to the owner side's routeOwned, one for an id placed on a live
+// worker of another node to the forwarder's routeForward; anything else
+// goes back to net/http.
+func (f *FrontDoor) routeLoop(h *relay.ReqHead) (relay.Forward, bool) {
+	if f.stopping.Load() {
+		return relay.Forward{}, false
+	}
+	path, query, _ := strings.Cut(h.Target, "?")
+	for i := 0; i < len(path); i++ {
+		if !fastPathChars[path[i]] {
+			return relay.Forward{}, false
+		}
+	}
+	if !cleanQuery(query) {
+		return relay.Forward{}, false
+	}
+	if f.transport.Secure() {
+		// With mutual TLS the peer routes are the cluster port's: from a
+		// client's connection, net/http refuses them; a peer no longer a
+		// member is net/http's to refuse, too.
+		if node := peerNode(h.Conn); node != "" {
+			if _, member := f.transport.addr(node); !member {
+				return relay.Forward{}, false
+			}
+		} else if strings.HasPrefix(path, ownerRoutePrefix) {
+			return relay.Forward{}, false
+		}
+	}
+	if owned, ok := strings.CutPrefix(path, ownerRoutePrefix); ok {
+		return f.owner.routeOwned(h, owned, query)
+	}
+	if !isInstancePath(path) {
+		return relay.Forward{}, false
+	}
+	ns, id, rest, err := parseInstancePath(path)
+	if err != nil || f.tokens.Passport().Policy(ns) != passport.Anonymous {
+		return relay.Forward{}, false // net/http checks the client's key
+	}
+	for _, fl := range h.Fields {
+		if strings.EqualFold(fl.Name, plugins.HeaderClusterCall) {
+			return relay.Forward{}, false // net/http checks and strips it
+		}
+	}
+	key, now := directory.Key{Namespace: ns, ID: id}, time.Now()
+	if gen, live := f.res.liveHere(key); live {
+		return f.owner.routeLocal(h, key, gen, withQuery(rest, query), now)
+	}
+	p, owner, ok := f.res.placedOn(key, "", now)
+	if !ok || p.Owner == f.res.self.ID() {
+		return relay.Forward{}, false
+	}
+	return f.fwd.routeForward(h, p, owner, rest, query, now)
+}
