@@ -43,11 +43,113 @@ func newOwnerSide(dir *pinboard.Directory, self *pinboard.Self, local *superviso
 	}
 }
 
-// leaseAllows is the owner side's one lease rule, for every entry: a
-// healthy lease serves anything; an unhealthy one (renewals failing, the
-// placements still held) serves instances live here, never a new
-// activation; unregistered or expired serves nothing. live: the caller
-// knows key's instance is live here (else the rule looks).
+// ask is what an owner-side entry knows of a request when it asks admit.
+type ask struct {
+	key directory.Key
+	// A peer's request carries an attestation (header) over method and
+	// signedPath; spend spends it at once (net/http's entries: the loop
+	// spends once it opened the instance, so that a request it gives
+	// back keeps its attestation good). attested false: a client's
+	// request of this node.
+	attested                   bool
+	header, method, signedPath string
+	spend                      bool
+	// A client's request names what this node found: live here (under
+	// gen), or the placement its replica shows as ours (placed).
+	live   bool
+	gen    uint64
+	placed directory.Placement
+	// wait: a peer's request for an id not live here waits (briefly) for
+	// this node's replica to show the attested placement (net/http's
+	// entries); without it, only what is live here is admitted (the loop).
+	wait bool
+}
+
+// admitted is what admit let in: the placement to serve key under, and
+// whether its instance is live here under it.
+type admitted struct {
+	p    directory.Placement
+	live bool
+	att  pinboard.Attestation
+}
+
+// The owner side's refusals (answer writes each; the loop gives the
+// request back to net/http instead).
+var (
+	errNoHosts  = errors.New("this node hosts no instances")
+	errNotOwner = errors.New("not the owner of this placement")
+	errNotLive  = errors.New("not live here") // the loop's: net/http decides
+)
+
+// attestError is a peer's attestation the gate refused.
+type attestError struct{ err error }
+
+func (e attestError) Error() string { return "invalid attestation: " + e.err.Error() }
+func (e attestError) Unwrap() error { return e.err }
+
+// leaseError is a request the worker's lease does not allow.
+type leaseError struct{ lease pinboard.LeaseState }
+
+func (e leaseError) Error() string { return "this worker's lease is " + e.lease.String() }
+
+// admit is the owner side's one admission, which every owner entry
+// calls: a peer's attestation (checked by the gate, and spent if a.spend),
+// the placement and generation (live here, or what the replica shows:
+// ours, under exactly the attested generation, once it has applied this
+// worker's session), the drain (nothing new activates on a draining node)
+// and the lease (leaseAllows). Its error is the refusal.
+func (o *ownerSide) admit(ctx context.Context, a ask, now time.Time) (admitted, error) {
+	if o.worker == nil || o.local == nil {
+		return admitted{}, errNoHosts
+	}
+	var in admitted
+	if a.attested {
+		att, err := o.gate.Check(a.header, a.method, a.signedPath, now)
+		if err == nil && a.spend {
+			err = o.gate.Spend(att, now)
+		}
+		if err != nil {
+			return admitted{}, attestError{err}
+		}
+		in.att = att
+		gen, live := o.res.liveHere(a.key)
+		switch {
+		case live && gen > att.Generation:
+			return admitted{}, errNotOwner
+		case live && gen == att.Generation:
+			in.p, in.live = directory.Placement{Key: a.key, Owner: o.self.ID(), Generation: gen}, true
+		case !a.wait:
+			return admitted{}, errNotLive
+		case o.draining():
+			// Waiting for the replica to show the placement would only
+			// hold the forwarder until its head wait ends in a 504.
+			// Refused in-band, it releases the placement and retries on
+			// another worker at once.
+			return admitted{}, supervisor.ErrDraining
+		default:
+			p, ok := o.awaitPlacement(ctx, a.key, att.Generation)
+			if !ok {
+				return admitted{}, errNotOwner
+			}
+			in.p = p
+		}
+	} else {
+		in.p, in.live = a.placed, a.live
+		if a.live {
+			in.p = directory.Placement{Key: a.key, Owner: o.self.ID(), Generation: a.gen}
+		}
+	}
+	if lease, ok := o.leaseAllows(in.p.Key, in.live, now); !ok {
+		return admitted{}, leaseError{lease}
+	}
+	return in, nil
+}
+
+// leaseAllows is the owner side's one lease rule: a healthy lease serves
+// anything; an unhealthy one (renewals failing, the placements still held)
+// serves instances live here, never a new activation; unregistered or
+// expired serves nothing. live: the caller knows key's instance is live
+// here (else the rule looks).
 func (o *ownerSide) leaseAllows(key directory.Key, live bool, now time.Time) (pinboard.LeaseState, bool) {
 	switch lease := o.worker.Lease(now); lease {
 	case pinboard.LeaseHealthy:
@@ -62,12 +164,31 @@ func (o *ownerSide) leaseAllows(key directory.Key, live bool, now time.Time) (pi
 	}
 }
 
+// answer writes admit's refusal err for r.
+func (o *ownerSide) answer(w http.ResponseWriter, r *http.Request, key directory.Key, err error) {
+	var le leaseError
+	var ae attestError
+	switch {
+	case errors.As(err, &le):
+		refuse(w, le.lease)
+	case errors.As(err, &ae):
+		o.gate.Refuse(w, ae.err)
+	case errors.Is(err, errNoHosts):
+		w.Header().Set(RefusalHeader, plugins.RefusalNotOwner)
+		httpx.WriteError(w, http.StatusMisdirectedRequest, errNoHosts.Error(), 0)
+	case errors.Is(err, errNotOwner):
+		notOwner(w)
+	default:
+		o.local.WriteOpenError(w, r, key.Namespace, err)
+	}
+}
+
 // serveLive serves a client's request for an instance live here, as far
 // as the lease allows, and reports whether it answered (false: the
 // instance stopped meanwhile; the router resolves it afresh).
 func (o *ownerSide) serveLive(w http.ResponseWriter, r *http.Request, rq *instanceRequest) bool {
-	if lease, ok := o.leaseAllows(rq.key, true, time.Now()); !ok {
-		refuse(w, lease)
+	if _, err := o.admit(r.Context(), ask{key: rq.key, live: true}, time.Now()); err != nil {
+		o.answer(w, r, rq.key, err)
 		return true
 	}
 	c, err := o.local.Open(r.Context(), rq.key.Namespace, rq.key.ID, 0, supervisor.IfLive, nil)
@@ -85,67 +206,53 @@ func (o *ownerSide) serveLive(w http.ResponseWriter, r *http.Request, rq *instan
 func (o *ownerSide) servePlaced(w http.ResponseWriter, r *http.Request, rq *instanceRequest, p directory.Placement) {
 	o.servedHere.Inc()
 	noteServed(r, "here", "")
-	o.keep.serveAdopting(w, r, rq.adoptable, func(w http.ResponseWriter) { o.serveLocal(w, rq.withBody(r), p, rq.rest) })
+	o.keep.serveAdopting(w, r, rq.adoptable, func(w http.ResponseWriter) {
+		r := rq.withBody(r)
+		in, err := o.admit(r.Context(), ask{key: p.Key, placed: p}, time.Now())
+		if err != nil {
+			o.answer(w, r, p.Key, err)
+			return
+		}
+		o.serveAdmitted(w, r, in, rq.rest)
+	})
 }
 
 // owned serves the owner-side route /_pinned/i/<ns>/<id>/<rest>: only with
 // a valid attestation for this worker, and only for a placement this node
 // really holds under the attested generation. Nothing activates otherwise.
-func (o *ownerSide) owned(w http.ResponseWriter, r *http.Request) {
-	escaped := strings.TrimPrefix(r.URL.EscapedPath(), ownerRoutePrefix)
-	ns, id, rest, err := parseInstancePath(escaped)
+func (o *ownerSide) owned(w http.ResponseWriter, r *http.Request, d decision) {
+	if d.err != nil {
+		httpx.WriteError(w, http.StatusBadRequest, "invalid instance path: "+d.err.Error(), 0)
+		return
+	}
+	key := directory.Key{Namespace: d.ns, ID: d.id}
+	in, err := o.admit(r.Context(), ask{key: key, attested: true, header: r.Header.Get(pinboard.AttestationHeader),
+		method: r.Method, signedPath: withQuery(r.URL.EscapedPath(), r.URL.RawQuery), spend: true, wait: true}, time.Now())
 	if err != nil {
-		httpx.WriteError(w, http.StatusBadRequest, "invalid instance path: "+err.Error(), 0)
-		return
-	}
-	if o.worker == nil {
-		w.Header().Set(RefusalHeader, plugins.RefusalNotOwner)
-		httpx.WriteError(w, http.StatusMisdirectedRequest, "this node hosts no instances", 0)
-		return
-	}
-	att, ok := o.gate.Admit(w, r, withQuery(r.URL.EscapedPath(), r.URL.RawQuery))
-	if !ok {
+		o.answer(w, r, key, err)
 		return
 	}
 	r.Header.Del(pinboard.AttestationHeader)
 	// The peer's X-Forwarded-* describe the client: the instance sees them.
 	r = r.WithContext(httpx.WithTrustedForwarding(r.Context()))
-	key := directory.Key{Namespace: ns, ID: id}
-	if gen, live := o.res.liveHere(key); live && gen > att.Generation {
-		notOwner(w)
-		return
-	} else if live && gen == att.Generation {
-		o.serveOwned(w, r, directory.Placement{Key: key, Owner: o.self.ID(), Generation: gen}, rest)
-		return
-	}
-	if o.draining() {
-		// Nothing activates here any more: waiting for the replica to
-		// show the placement would only hold the forwarder until its
-		// head wait ends in a 504. Refused in-band, it releases the
-		// placement and retries on another worker at once.
-		o.local.WriteOpenError(w, r, ns, supervisor.ErrDraining)
-		return
-	}
-	// Activate only once our own replica shows the placement the
-	// forwarder resolved: it may be ahead of us by a few entries.
-	p, ok := o.awaitPlacement(r.Context(), key, att.Generation)
-	if !ok {
-		notOwner(w)
-		return
-	}
-	o.serveOwned(w, r, p, rest)
-}
-
-// serveOwned serves an attested request; its connection may go to the
-// kept-alive loop after (serveAdopting).
-func (o *ownerSide) serveOwned(w http.ResponseWriter, r *http.Request, p directory.Placement, rest string) {
 	noteServed(r, "here", "")
 	var body *eofBody
 	if r.ContentLength != 0 {
 		body = &eofBody{ReadCloser: r.Body}
 		r.Body = body
 	}
-	o.keep.serveAdopting(w, r, func() bool { return body == nil || body.eof }, func(w http.ResponseWriter) { o.serveLocal(w, r, p, rest) })
+	o.keep.serveAdopting(w, r, func() bool { return body == nil || body.eof }, func(w http.ResponseWriter) { o.serveAdmitted(w, r, in, d.rest) })
+}
+
+// serveAdmitted serves an admitted request: its instance opened (activated
+// if it is not live here) under the admitted generation.
+func (o *ownerSide) serveAdmitted(w http.ResponseWriter, r *http.Request, in admitted, rest string) {
+	c, err := o.local.Open(r.Context(), in.p.Key.Namespace, in.p.Key.ID, in.p.Generation, supervisor.Activate, nil)
+	if err != nil {
+		o.local.WriteOpenError(w, r, in.p.Key.Namespace, err)
+		return
+	}
+	c.ServeHTTP(w, r, rest)
 }
 
 // draining reports whether this node is draining (or cordoned): it
@@ -164,22 +271,7 @@ func (o *ownerSide) degraded(ns string) bool { return o.local != nil && o.local.
 
 func notOwner(w http.ResponseWriter) {
 	w.Header().Set(RefusalHeader, plugins.RefusalNotOwner)
-	httpx.WriteError(w, http.StatusMisdirectedRequest, "not the owner of this placement", 0)
-}
-
-// serveLocal serves an id placed on this node, activating it if the
-// worker's lease allows.
-func (o *ownerSide) serveLocal(w http.ResponseWriter, r *http.Request, p directory.Placement, rest string) {
-	if lease, ok := o.leaseAllows(p.Key, false, time.Now()); !ok {
-		refuse(w, lease)
-		return
-	}
-	c, err := o.local.Open(r.Context(), p.Key.Namespace, p.Key.ID, p.Generation, supervisor.Activate, nil)
-	if err != nil {
-		o.local.WriteOpenError(w, r, p.Key.Namespace, err)
-		return
-	}
-	c.ServeHTTP(w, r, rest)
+	httpx.WriteError(w, http.StatusMisdirectedRequest, errNotOwner.Error(), 0)
 }
 
 // refuse answers for a worker whose lease does not allow the request. An
@@ -200,7 +292,7 @@ func refuse(w http.ResponseWriter, lease pinboard.LeaseState) {
 // routeLocal is routeLoop for an id live on this node under gen: while the
 // lease allows, straight to the plugin.
 func (o *ownerSide) routeLocal(h *relay.ReqHead, key directory.Key, gen uint64, target string, now time.Time) (relay.Forward, bool) {
-	if _, ok := o.leaseAllows(key, true, now); !ok {
+	if _, err := o.admit(context.Background(), ask{key: key, live: true, gen: gen}, now); err != nil {
 		return relay.Forward{}, false // net/http refuses it
 	}
 	c, err := o.local.Open(context.Background(), key.Namespace, key.ID, gen, supervisor.IfReady, h.Ticket.Abort)
@@ -217,14 +309,7 @@ func (o *ownerSide) routeLocal(h *relay.ReqHead, key directory.Key, gen uint64, 
 // to the instance's plugin. Anything else goes back to net/http (owned)
 // with its attestation unspent, so net/http decides it: refuses, waits for
 // the placement, or activates.
-func (o *ownerSide) routeOwned(h *relay.ReqHead, path, query string) (relay.Forward, bool) {
-	if o.worker == nil || o.local == nil {
-		return relay.Forward{}, false
-	}
-	ns, id, rest, err := parseInstancePath(path)
-	if err != nil {
-		return relay.Forward{}, false
-	}
+func (o *ownerSide) routeOwned(h *relay.ReqHead, d decision, query string) (relay.Forward, bool) {
 	header := ""
 	for _, fl := range h.Fields {
 		if strings.EqualFold(fl.Name, pinboard.AttestationHeader) {
@@ -235,24 +320,20 @@ func (o *ownerSide) routeOwned(h *relay.ReqHead, path, query string) (relay.Forw
 		}
 	}
 	now := time.Now()
-	// Only live instances are served here (IfReady below); anything the
-	// lease refuses is net/http's to refuse.
-	if _, ok := o.leaseAllows(directory.Key{Namespace: ns, ID: id}, true, now); !ok {
-		return relay.Forward{}, false
-	}
-	att, err := o.gate.Check(header, h.Method, h.Target, now)
+	in, err := o.admit(context.Background(), ask{key: directory.Key{Namespace: d.ns, ID: d.id}, attested: true,
+		header: header, method: h.Method, signedPath: h.Target}, now)
 	if err != nil {
 		return relay.Forward{}, false // net/http refuses it, and counts why
 	}
-	c, err := o.local.Open(context.Background(), ns, id, att.Generation, supervisor.IfReady, h.Ticket.Abort)
+	c, err := o.local.Open(context.Background(), d.ns, d.id, in.att.Generation, supervisor.IfReady, h.Ticket.Abort)
 	if err != nil {
 		return relay.Forward{}, false
 	}
-	if err := o.gate.Spend(att, now); err != nil {
+	if err := o.gate.Spend(in.att, now); err != nil {
 		c.End(0, false)
 		return relay.Forward{}, false // a replay: net/http refuses it
 	}
-	return toPlugin(h, c, withQuery(rest, query), true), true
+	return toPlugin(h, c, withQuery(d.rest, query), true), true
 }
 
 // toPlugin is the loop's carriage of h to its instance's plugin, for call
@@ -303,47 +384,30 @@ func pluginRefused(status int, marker string) bool {
 
 // wakeOwned serves POST /_pinned/wake/<ns>/<id> to an attested caller, for
 // a placement this node's replica shows under the attested generation.
-func (o *ownerSide) wakeOwned(w http.ResponseWriter, r *http.Request) {
-	ns, id, _, err := parseInstancePath(strings.TrimPrefix(r.URL.EscapedPath(), wakePrefix))
+func (o *ownerSide) wakeOwned(w http.ResponseWriter, r *http.Request, d decision) {
+	if d.err != nil {
+		httpx.WriteError(w, http.StatusBadRequest, "invalid instance path: "+d.err.Error(), 0)
+		return
+	}
+	key := directory.Key{Namespace: d.ns, ID: d.id}
+	in, err := o.admit(r.Context(), ask{key: key, attested: true, header: r.Header.Get(pinboard.AttestationHeader),
+		method: r.Method, signedPath: r.URL.EscapedPath(), spend: true, wait: true}, time.Now())
 	if err != nil {
-		httpx.WriteError(w, http.StatusBadRequest, "invalid instance path: "+err.Error(), 0)
+		o.answer(w, r, key, err)
 		return
 	}
-	if o.worker == nil {
-		notOwner(w)
-		return
-	}
-	att, ok := o.gate.Admit(w, r, r.URL.EscapedPath())
-	if !ok {
-		return
-	}
-	if o.draining() {
-		o.local.WriteOpenError(w, r, ns, supervisor.ErrDraining) // nothing wakes here any more
-		return
-	}
-	key := directory.Key{Namespace: ns, ID: id}
-	p, ok := o.awaitPlacement(r.Context(), key, att.Generation)
-	if !ok {
-		notOwner(w)
-		return
-	}
-	if err := o.wakeLocal(r.Context(), p); err != nil {
+	if err := o.local.Wake(r.Context(), key.Namespace, key.ID, in.p.Generation); err != nil {
 		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error(), time.Second)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// wakeLocal activates p's instance here, if the lease allows a new one.
+// wakeLocal activates p's instance here (FrontDoor.Wake, for an id placed
+// on this node's worker), as far as admit allows.
 func (o *ownerSide) wakeLocal(ctx context.Context, p directory.Placement) error {
-	if o.worker == nil {
-		return fmt.Errorf("wake %s: this node hosts no instances", p.Key)
-	}
-	if lease, ok := o.leaseAllows(p.Key, false, time.Now()); !ok {
-		return fmt.Errorf("wake %s: this worker's lease is %s", p.Key, lease)
-	}
-	if o.local == nil {
-		return fmt.Errorf("wake %s: this node hosts no instances", p.Key)
+	if _, err := o.admit(ctx, ask{key: p.Key, placed: p}, time.Now()); err != nil {
+		return fmt.Errorf("wake %s: %w", p.Key, err)
 	}
 	return o.local.Wake(ctx, p.Key.Namespace, p.Key.ID, p.Generation)
 }

@@ -15,19 +15,20 @@ import (
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/internal/relay"
-	"github.com/pinnedd/pinnedd/passport"
 	"github.com/pinnedd/pinnedd/pinboard"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/supervisor"
 )
 
-// The router's request paths. net/http's: ServeHTTP → serveInstance →
-// routeRequest, which asks the resolver and hands the request to the
-// owner side (live or placed here) or the forwarder (placed elsewhere).
-// The kept-alive loop's: routeLoop, which repeats only the cases already
-// decided (live here, a live owner elsewhere, an attested owner-side
-// request) and gives everything else back to net/http.
+// The router's request paths. Both start from one decision (decide: what
+// the request is, and whether the loop may carry it). net/http's:
+// ServeHTTP → serve → serveInstance → routeRequest, which asks the
+// resolver and hands the request to the owner side (live or placed here)
+// or the forwarder (placed elsewhere). The kept-alive loop's: routeLoop,
+// which takes only what the decision marks as the loop's and, of that,
+// only the cases already decided (live here, a live owner elsewhere, an
+// attested owner-side request); everything else goes back to net/http.
 
 // maxRetryBody: a request body up to this size is buffered so the request
 // can be retried once on another worker after an in-band refusal.
@@ -115,22 +116,25 @@ func (f *FrontDoor) serve(w http.ResponseWriter, r *http.Request) {
 			httpx.WriteError(w, http.StatusInternalServerError, "internal error", 0)
 		}
 	}()
-	if f.transport.Secure() && !fromPeer(r) && isPeerRoute(r.URL.Path) {
+	from := fromClient
+	if fromPeer(r) {
+		from = fromMember // raftstore.Store.ServePeers authenticated it
+	}
+	d := f.decide(r.Method, r.URL.Path, r.URL.EscapedPath(), r.URL.RawQuery, stdFields(r.Header), from)
+	switch d.kind {
+	case toPeerOnly:
 		httpx.WriteError(w, http.StatusForbidden, "a node-to-node route: served only on the cluster port, over mutual TLS", 0)
 		return
-	}
-	if strings.HasPrefix(r.URL.Path, ownerRoutePrefix+"/") {
-		f.owner.owned(w, r)
+	case toOwner:
+		f.owner.owned(w, r, d)
 		return
-	}
-	if strings.HasPrefix(r.URL.Path, wakePrefix+"/") && r.Method == http.MethodPost {
-		f.owner.wakeOwned(w, r)
+	case toWake:
+		f.owner.wakeOwned(w, r, d)
 		return
-	}
-	if isInstancePath(r.URL.Path) {
+	case toInstance:
 		// Instance paths bypass the mux: it would clean "/ns//x" or
 		// "/ns/../x" and redirect to a different id; those are bad ids.
-		f.serveInstance(w, r)
+		f.serveInstance(w, r, d)
 		return
 	}
 	f.mux.ServeHTTP(w, r)
@@ -221,8 +225,8 @@ func parseInstancePath(escaped string) (ns, id, rest string, err error) {
 }
 
 // serveInstance serves a client's request for /<ns>/<id>/<rest>.
-func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request) {
-	ns, id, rest, err := parseInstancePath(r.URL.EscapedPath())
+func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request, d decision) {
+	ns, id, rest, err := d.ns, d.id, d.rest, d.err
 	if err == nil && !f.res.knownNamespace(ns) && !f.res.self.CaughtUp() {
 		// A namespace only other nodes serve is unknown to a replica that
 		// has not caught up yet.
@@ -397,75 +401,52 @@ func (f *FrontDoor) clusterCall(r *http.Request) (bool, error) {
 	return true, nil
 }
 
-// fastPathChars: the path bytes the loop passes through as they are; a
-// path with anything else (escapes included) goes to net/http, whose
-// escaping rules the forward follows.
-var fastPathChars = func() (t [256]bool) {
-	for _, c := range []byte("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~/:@=+!$&'()*,") {
-		t[c] = true
-	}
-	return t
-}()
-
 // loopRouter is the kept-alive loop's relay.Router: FrontDoor.routeLoop,
 // kept out of the front door's exported API.
 type loopRouter struct{ f *FrontDoor }
 
 func (r loopRouter) Route(h *relay.ReqHead) (relay.Forward, bool) { return r.f.routeLoop(h) }
 
-// routeLoop is the kept-alive loop's router: a plain request
-// (plain path and query, no cluster call) for an instance live here goes
-// to its plugin (the owner side's routeLocal), an attested owner-side
-// request to the owner side's routeOwned, one for an id placed on a live
-// worker of another node to the forwarder's routeForward; anything else
-// goes back to net/http.
+// routeLoop is the kept-alive loop's router: of what decide marks as the
+// loop's, a request for an instance live here goes to its plugin (the
+// owner side's routeLocal), an attested owner-side request to the owner
+// side's routeOwned, one for an id placed on a live worker of another
+// node to the forwarder's routeForward; anything else goes back to
+// net/http.
 func (f *FrontDoor) routeLoop(h *relay.ReqHead) (relay.Forward, bool) {
 	if f.stopping.Load() {
 		return relay.Forward{}, false
 	}
 	path, query, _ := strings.Cut(h.Target, "?")
-	for i := 0; i < len(path); i++ {
-		if !fastPathChars[path[i]] {
-			return relay.Forward{}, false
-		}
-	}
-	if !cleanQuery(query) {
-		return relay.Forward{}, false
-	}
-	if f.transport.Secure() {
-		// With mutual TLS the peer routes are the cluster port's: from a
-		// client's connection, net/http refuses them; a peer no longer a
-		// member is net/http's to refuse, too.
-		if node := peerNode(h.Conn); node != "" {
+	from := fromClient
+	if node := peerNode(h.Conn); node != "" {
+		// A cluster-port connection the loop adopted: a peer that is no
+		// member any more is net/http's to refuse.
+		from = fromMember
+		if f.transport.Secure() {
 			if _, member := f.transport.addr(node); !member {
-				return relay.Forward{}, false
+				from = fromStranger
 			}
-		} else if strings.HasPrefix(path, ownerRoutePrefix) {
-			return relay.Forward{}, false
 		}
 	}
-	if owned, ok := strings.CutPrefix(path, ownerRoutePrefix); ok {
-		return f.owner.routeOwned(h, owned, query)
-	}
-	if !isInstancePath(path) {
+	d := f.decide(h.Method, path, path, query, loopFields(h.Fields), from)
+	if !d.loop {
 		return relay.Forward{}, false
 	}
-	ns, id, rest, err := parseInstancePath(path)
-	if err != nil || f.tokens.Passport().Policy(ns) != passport.Anonymous {
-		return relay.Forward{}, false // net/http checks the client's key
+	switch d.kind {
+	case toOwner:
+		return f.owner.routeOwned(h, d, query)
+	case toInstance:
+	default:
+		return relay.Forward{}, false
 	}
-	for _, fl := range h.Fields {
-		if strings.EqualFold(fl.Name, plugins.HeaderClusterCall) {
-			return relay.Forward{}, false // net/http checks and strips it
-		}
-	}
-	key, now := directory.Key{Namespace: ns, ID: id}, time.Now()
+	key, now := directory.Key{Namespace: d.ns, ID: d.id}, time.Now()
 	if gen, live := f.res.liveHere(key); live {
-		return f.owner.routeLocal(h, key, gen, withQuery(rest, query), now)
+		return f.owner.routeLocal(h, key, gen, withQuery(d.rest, query), now)
 	}
 	p, owner, ok := f.res.placedOn(key, "", now)
 	if !ok || p.Owner == f.res.self.ID() {
 		return relay.Forward{}, false
 	}
-	return f.fwd.routeForward(h, p, owner, rest, query, now)
+	return f.fwd.routeForward(h, p, owner, d.rest, query, now)
 }

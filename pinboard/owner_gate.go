@@ -61,11 +61,17 @@ func (g *OwnerGate) Admit(w http.ResponseWriter, r *http.Request, signedPath str
 		err = g.Spend(att, now)
 	}
 	if err != nil {
-		g.failures.WithLabelValues(attestOutcome(err)).Inc()
-		httpx.WriteError(w, http.StatusForbidden, "invalid attestation", 0)
+		g.Refuse(w, err)
 		return Attestation{}, false
 	}
 	return att, true
+}
+
+// Refuse answers 403 for an attestation Check or Spend refused with err,
+// and counts why.
+func (g *OwnerGate) Refuse(w http.ResponseWriter, err error) {
+	g.failures.WithLabelValues(attestOutcome(err)).Inc()
+	httpx.WriteError(w, http.StatusForbidden, "invalid attestation", 0)
 }
 
 // Spend spends a checked attestation's nonce: an error if it was spent.

@@ -1,0 +1,116 @@
+package frontdoor
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/pinnedd/pinnedd/internal/relay"
+	"github.com/pinnedd/pinnedd/passport"
+	"github.com/pinnedd/pinnedd/plugins"
+)
+
+// routeKind is what a request is to the front door.
+type routeKind uint8
+
+const (
+	toMux      routeKind = iota // the API's routes and Handle's
+	toPeerOnly                  // a node-to-node route asked for off the cluster port: 403
+	toOwner                     // /_pinned/i/<ns>/<id>/<rest>: a peer's attested request
+	toWake                      // POST /_pinned/wake/<ns>/<id>: a peer's attested wake
+	toInstance                  // /<ns>/<id>/<rest>: a client's request for an instance
+)
+
+// origin is where a request came from, as far as routing cares.
+type origin uint8
+
+const (
+	fromClient   origin = iota // the front door's own port
+	fromMember                 // the cluster port, a member node
+	fromStranger               // the cluster port, a node that is no member any more
+)
+
+// decision is the one routing decision for a request, made by decide for
+// net/http's entry (serve) and the kept-alive loop's (routeLoop) alike.
+type decision struct {
+	kind routeKind
+	// ns, id and rest name the instance (toOwner, toWake, toInstance),
+	// unless err says why the path names none.
+	ns, id, rest string
+	err          error
+	// loop: the kept-alive loop may carry the request. Only a plain path
+	// and query (passed through as they are), from a client or a member;
+	// for an instance, of a namespace that admits anyone and with no
+	// cluster call (net/http checks keys and credentials). Everything else
+	// is net/http's; the loop gives it back unread.
+	loop bool
+}
+
+// fields is a request's header fields, as either entry holds them.
+type fields interface{ has(name string) bool }
+
+// stdFields are net/http's.
+type stdFields http.Header
+
+func (h stdFields) has(name string) bool { return http.Header(h).Get(name) != "" }
+
+// loopFields are the kept-alive loop's.
+type loopFields []relay.Field
+
+func (fs loopFields) has(name string) bool {
+	for _, f := range fs {
+		if strings.EqualFold(f.Name, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// decide is the router's one decision for a request: what it is (its
+// method, its path, decoded for the kind and escaped for the instance it
+// names, and where it came from) and whether the kept-alive loop may carry
+// it (also its query and header fields).
+func (f *FrontDoor) decide(method, path, escaped, query string, hdr fields, from origin) decision {
+	var d decision
+	switch {
+	case f.transport.Secure() && from == fromClient && isPeerRoute(path):
+		// With mutual TLS the peer routes are the cluster port's.
+		return decision{kind: toPeerOnly}
+	case strings.HasPrefix(path, ownerRoutePrefix+"/"):
+		d.kind = toOwner
+		d.ns, d.id, d.rest, d.err = parseInstancePath(strings.TrimPrefix(escaped, ownerRoutePrefix))
+	case strings.HasPrefix(path, wakePrefix+"/") && method == http.MethodPost:
+		d.kind = toWake
+		d.ns, d.id, _, d.err = parseInstancePath(strings.TrimPrefix(escaped, wakePrefix))
+		return d // net/http's: it activates
+	case isInstancePath(path):
+		d.kind = toInstance
+		d.ns, d.id, d.rest, d.err = parseInstancePath(escaped)
+	default:
+		return d
+	}
+	d.loop = d.err == nil && from != fromStranger && escaped == path && plainTarget(path, query)
+	if d.loop && d.kind == toInstance {
+		d.loop = f.tokens.Passport().Policy(d.ns) == passport.Anonymous && !hdr.has(plugins.HeaderClusterCall)
+	}
+	return d
+}
+
+// plainTarget: path and query pass through the loop as they are (no
+// escapes in the path, a clean query); anything else goes to net/http,
+// whose escaping rules the forward follows.
+func plainTarget(path, query string) bool {
+	for i := 0; i < len(path); i++ {
+		if !fastPathChars[path[i]] {
+			return false
+		}
+	}
+	return cleanQuery(query)
+}
+
+// fastPathChars: the path bytes the loop passes through as they are.
+var fastPathChars = func() (t [256]bool) {
+	for _, c := range []byte("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~/:@=+!$&'()*,") {
+		t[c] = true
+	}
+	return t
+}()
