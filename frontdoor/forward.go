@@ -5,12 +5,9 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"io"
 	"log/slog"
-	"mime"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync"
@@ -56,11 +53,12 @@ const (
 const RefusalHeader = plugins.HeaderRefusal
 
 // forwarder carries a request for an id placed on another node's worker
-// to that node's owner-side route, attested. Whatever carries it — net/http
-// writing the head itself (forwardWire, the common case), ReverseProxy (an
-// Upgrade, a streamed or large upload, a custom Transport) or the kept-alive
-// loop (routeForward, a connection's next requests) — the same three rules
-// apply:
+// to that node's owner-side route, attested. In net/http a carrier sends
+// it (the wire carrier writing the head itself, the common case, or
+// net/http's Transport: an Upgrade, a streamed or large upload, a custom
+// Transport) and writeAnswer writes the owner's answer back; the
+// kept-alive loop carries a connection's next requests (routeForward).
+// Whatever carries it, the same rules apply:
 //
 //   - peerHop says what is sent (httpx.Hop: fields, X-Forwarded-*, the
 //     attestation);
@@ -81,8 +79,9 @@ type forwarder struct {
 	reroute func(http.ResponseWriter, *http.Request, *instanceRequest)
 
 	peer  peerTransport // where an owner's node takes the hop (base)
-	proxy *httputil.ReverseProxy
-	sync  *httpx.SyncTransport // nil with a supplied Transport: every forward takes the proxy
+	wire  wireCarrier   // the common case; its sync is nil with a supplied Transport
+	std   stdCarrier    // everything else
+	sync  *httpx.SyncTransport
 	bufs  httpx.BufferPool
 	held  *relay.Loop // held streams, out of net/http
 	bases sync.Map    // advertise URL -> loopBase (ownerBase)
@@ -111,7 +110,7 @@ func newForwarder(dir *pinboard.Directory, res *resolver, keep *keptAlive, peer 
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10, 60},
 		}),
 	}
-	fw.proxy = fw.newProxy(peer.rt)
+	fw.wire, fw.std = wireCarrier{sync: peer.sync}, stdCarrier{rt: peer.rt}
 	return fw
 }
 
@@ -219,7 +218,7 @@ func (fw *forwarder) endForward(start time.Time, failure string) {
 }
 
 // refusedError is an owner's in-band refusal (AnswerRefused,
-// AnswerMisdirected), seen by the proxy's error handler.
+// AnswerMisdirected), for forwardError.
 type refusedError struct {
 	answer plugins.Answer
 	marker string
@@ -227,8 +226,6 @@ type refusedError struct {
 }
 
 func (e *refusedError) Error() string { return "owner refused: " + e.marker }
-
-type fwdCtxKey struct{}
 
 // fwdInfo is one forward under way in net/http.
 type fwdInfo struct {
@@ -238,10 +235,13 @@ type fwdInfo struct {
 	p       directory.Placement
 	owner   directory.Worker
 	hop     httpx.Hop
+	wire    bool   // the wire carrier took it
 	failure string // how it failed, for endForward
 }
 
-// forward carries r to the owner's attested owner-side route.
+// forward carries r to the owner's attested owner-side route, by the
+// carrier that can take it, and writes the owner's answer back
+// (writeAnswer) or its failure (forwardError).
 func (fw *forwarder) forward(w http.ResponseWriter, r *http.Request, rq *instanceRequest, p directory.Placement, owner directory.Worker) {
 	info := &fwdInfo{rq: rq, w: w, orig: r, p: p, owner: owner}
 	defer func(start time.Time) { fw.endForward(start, info.failure) }(time.Now())
@@ -255,23 +255,30 @@ func (fw *forwarder) forward(w http.ResponseWriter, r *http.Request, rq *instanc
 		httpx.WriteError(w, http.StatusBadGateway, "owner has an invalid advertise URL", 0)
 		return
 	}
-	path, signed, att := fw.attestFor(secret, p, owner, r.Method, rq.rest, r.URL.RawQuery, time.Now())
+	path, _, att := fw.attestFor(secret, p, owner, r.Method, rq.rest, r.URL.RawQuery, time.Now())
 	info.hop = peerHop(r.RemoteAddr, r.Host, r.TLS != nil, att)
-	basePath := strings.TrimSuffix(base.Path, "/")
-	// Whichever transport carries it, the head's wait ends with the
-	// owner's lease (headWait).
-	r = r.WithContext(httpx.WithHeadTimeout(r.Context(), headWait(owner, time.Now())))
-	if fw.fastForwardable(r, rq, base.Scheme) && fw.forwardWire(w, r, info, base.Host, basePath+signed) {
-		return
+	out := outbound{r: r, body: rq.body, hop: info.hop, scheme: base.Scheme, addr: base.Host,
+		path: strings.TrimSuffix(base.Path, "/") + path, got1xx: got1xx(w)}
+	// Whichever carrier takes it, the head's wait ends with the owner's
+	// lease (headWait).
+	out.r = r.WithContext(httpx.WithHeadTimeout(r.Context(), headWait(owner, time.Now())))
+	if !rq.retryable {
+		out.body = nil
 	}
-	ctx := context.WithValue(r.Context(), fwdCtxKey{}, info)
-	out := rq.withBody(r).Clone(ctx)
-	out.URL = &url.URL{Scheme: base.Scheme, Host: base.Host, Path: basePath + path, RawQuery: r.URL.RawQuery}
-	if unescaped, err := url.PathUnescape(out.URL.Path); err == nil && unescaped != out.URL.Path {
-		out.URL.RawPath = out.URL.Path
-		out.URL.Path = unescaped
+	var resp *http.Response
+	if fw.fastForwardable(r, rq, base.Scheme) {
+		resp, err = fw.wire.roundTrip(out)
+		info.wire = !errors.Is(err, errNotWire)
 	}
-	fw.proxy.ServeHTTP(w, out)
+	if !info.wire {
+		resp, err = fw.std.roundTrip(out)
+	}
+	if err == nil {
+		err = fw.writeAnswer(w, r, info, resp)
+	}
+	if err != nil {
+		fw.forwardError(w, info, err)
+	}
 }
 
 // attestFor is the owner-side route of p's instance path rest (escaped), the
@@ -281,34 +288,6 @@ func (fw *forwarder) attestFor(secret []byte, p directory.Placement, owner direc
 	path = ownerRoutePrefix + p.Key.Namespace + "/" + p.Key.ID + rest
 	signed = withQuery(path, query)
 	return path, signed, pinboard.SignFor(secret, owner.SessionID, pinboard.Attestation{Target: owner.ClientID, Caller: fw.res.self.ID(), Generation: p.Generation, At: now}, method, signed)
-}
-
-// newProxy builds the node-to-node proxy: streams flush through, Upgrade
-// requests pass as raw connections, a client going away cancels upstream.
-// Held streams leave it for the relay loop (holdStream).
-func (fw *forwarder) newProxy(tr http.RoundTripper) *httputil.ReverseProxy {
-	return &httputil.ReverseProxy{
-		Transport:  tr,
-		BufferPool: &fw.bufs,
-		ErrorLog:   slog.NewLogLogger(fw.logger.Handler(), slog.LevelDebug),
-		// FlushInterval 0: ReverseProxy flushes streamed responses (SSE,
-		// unknown length) on every write by itself, and leaves
-		// fixed-length ones whole, one write to the client.
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.Host = pr.In.Host
-			if info, _ := pr.In.Context().Value(fwdCtxKey{}).(*fwdInfo); info != nil {
-				info.hop.Rewrite(pr.Out.Header, pr.In.Header)
-				return
-			}
-			hop := httpx.Hop{RemoteAddr: pr.In.RemoteAddr, Host: pr.In.Host, TLS: pr.In.TLS != nil}
-			hop.Rewrite(pr.Out.Header, pr.In.Header)
-		},
-		ModifyResponse: func(resp *http.Response) error {
-			info, _ := resp.Request.Context().Value(fwdCtxKey{}).(*fwdInfo)
-			return fw.checkResponse(info, resp)
-		},
-		ErrorHandler: fw.forwardFailed,
-	}
 }
 
 // checkResponse sees the owner's response head first: an in-band refusal
@@ -327,7 +306,7 @@ func (fw *forwarder) checkResponse(info *fwdInfo, resp *http.Response) error {
 }
 
 // errHeld: the response went to the relay loop as a held stream; the
-// proxy is done.
+// forward is done.
 var errHeld = errors.New("held stream went to the relay loop")
 
 // isHeldStream reports whether resp, answering in, may stay open for as long
@@ -343,10 +322,10 @@ func isHeldStream(in *http.Request, resp *http.Response) bool {
 
 // holdStream takes a held stream out of net/http and gives it to the
 // relay loop, and reports whether it did (the client connection is then
-// gone from net/http, and the proxy must not touch w). The loop keeps two
+// gone from net/http, and the forward must not touch w). The loop keeps two
 // descriptors and a small record per stream where net/http would keep two
 // goroutines. A chunked body that already ended in
-// the bytes read with its head is no held stream: the proxy copies it and
+// the bytes read with its head is no held stream: writeAnswer copies it and
 // both connections stay alive.
 func (fw *forwarder) holdStream(info *fwdInfo, resp *http.Response) bool {
 	if !fw.keep.holds || !isHeldStream(info.orig, resp) || fw.peer.overTLS(info.owner) {
@@ -396,19 +375,13 @@ func (fw *forwarder) relayEnded(r relay.Reason) {
 	fw.relayEnds.WithLabelValues(r.String()).Inc()
 }
 
-// forwardFailed handles an owner that could not be reached, refused or did
-// not answer: an in-band refusal releases the placement and retries once
-// elsewhere; a misdirected request (our replica named the wrong owner)
-// retries once through the leader; an owner that could not be reached is a
-// 503 + Retry-After until its lease lapses and the id can move; a request
-// sent and then left without an answer is a 504 (it may have run), never
-// sent again (classifyUnanswered).
-func (fw *forwarder) forwardFailed(w http.ResponseWriter, r *http.Request, err error) {
-	info, _ := r.Context().Value(fwdCtxKey{}).(*fwdInfo)
-	fw.forwardError(w, info, err)
-}
-
-// forwardError is forwardFailed for the request info describes.
+// forwardError handles an owner that could not be reached, refused or
+// did not answer, whichever carrier tried: an in-band refusal releases the
+// placement and retries once elsewhere; a misdirected request (our replica
+// named the wrong owner) retries once through the leader; an owner that
+// could not be reached is a 503 + Retry-After until its lease lapses and
+// the id can move; a request sent and then left without an answer is a
+// 504 (it may have run), never sent again (classifyUnanswered).
 func (fw *forwarder) forwardError(w http.ResponseWriter, info *fwdInfo, err error) {
 	if errors.Is(err, errHeld) {
 		return
@@ -474,21 +447,19 @@ func classifyUnanswered(err error) httpx.Unanswered {
 	return httpx.ClassifyUnanswered(err, ownerUnreachableMsg)
 }
 
-var wireBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2<<10); return &b }}
-
-// fastForwardable reports whether forwardWire can carry r to an owner
-// reached with scheme: no body or a buffered one, no Upgrade, plain http,
-// the front door's own transport.
+// fastForwardable reports whether the wire carrier can take r to an
+// owner reached with scheme: no body or a buffered one, no Upgrade, the
+// front door's own transport.
 func (fw *forwarder) fastForwardable(r *http.Request, rq *instanceRequest, scheme string) bool {
 	return fw.sync != nil && scheme == fw.sync.Scheme() && rq.retryable && len(rq.body) <= httpx.SyncBodyLimit &&
 		r.Header["Upgrade"] == nil &&
-		// ReverseProxy re-encodes a query holding ';' or a bad escape;
-		// leave those to it.
+		// A query holding ';' or a bad escape is re-encoded (the
+		// std carrier).
 		cleanQuery(r.URL.RawQuery)
 }
 
-// cleanQuery reports whether ReverseProxy would pass q unchanged: no ';'
-// and every '%' starting a valid escape.
+// cleanQuery reports whether q passes a hop unchanged: no ';' and every
+// '%' starting a valid escape.
 func cleanQuery(q string) bool {
 	for i := 0; i < len(q); i++ {
 		switch q[i] {
@@ -506,150 +477,6 @@ func cleanQuery(q string) bool {
 
 func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
-}
-
-// stripHopByHop drops the response's hop-by-hop fields, as ReverseProxy
-// does.
-func stripHopByHop(h http.Header) {
-	for _, v := range h["Connection"] {
-		for t := range strings.SplitSeq(v, ",") {
-			if t = strings.TrimSpace(t); t != "" {
-				h.Del(t)
-			}
-		}
-	}
-	for k := range httpx.HopByHop {
-		delete(h, k)
-	}
-}
-
-// forwardWire carries r to the owner at addr (host:port) on target (the
-// escaped request target) and answers w, as the proxy would, without
-// httputil.ReverseProxy: the request head written straight from the
-// inbound request (no Request or Header clones), the response head read
-// on this goroutine (httpx.SyncTransport.RoundTripHead). It reports false,
-// having sent nothing, if a field cannot be written safely (ReverseProxy
-// then refuses or cleans it).
-func (fw *forwarder) forwardWire(w http.ResponseWriter, r *http.Request, info *fwdInfo, addr, target string) bool {
-	hop := info.hop
-	if hop.Host == "" {
-		hop.Host = addr // as http.Request.Write does
-	}
-	bp := wireBufs.Get().(*[]byte)
-	wire, ok := hop.AppendHeader((*bp)[:0], r.Method, target, r.Header, info.rq.body)
-	if !ok {
-		*bp = wire[:0]
-		wireBufs.Put(bp)
-		return false
-	}
-	got1xx := func(code int, h http.Header) {
-		dst := w.Header()
-		for k, vs := range h {
-			dst[k] = append(dst[k], vs...)
-		}
-		w.WriteHeader(code)
-		clear(dst)
-	}
-	resp, err := fw.sync.RoundTripHead(addr, r, wire, len(info.rq.body) == 0, got1xx)
-	if cap(wire) <= 64<<10 {
-		*bp = wire[:0]
-		wireBufs.Put(bp)
-	}
-	if err != nil {
-		fw.forwardError(w, info, err)
-		return true
-	}
-	if resp.StatusCode == http.StatusSwitchingProtocols {
-		// Nothing asked to switch.
-		_ = resp.Body.Close()
-		fw.forwardError(w, info, errors.New("owner switched protocols unasked"))
-		return true
-	}
-	stripHopByHop(resp.Header)
-	if err := fw.checkResponse(info, resp); err != nil {
-		_ = resp.Body.Close()
-		fw.forwardError(w, info, err)
-		return true
-	}
-	dst := w.Header()
-	for k, vs := range resp.Header {
-		dst[k] = append(dst[k], vs...)
-	}
-	announced := len(resp.Trailer)
-	if announced > 0 {
-		keys := make([]string, 0, announced)
-		for k := range resp.Trailer {
-			keys = append(keys, k)
-		}
-		dst.Add("Trailer", strings.Join(keys, ", "))
-	}
-	w.WriteHeader(resp.StatusCode)
-	if err := fw.copyBody(w, resp); err != nil {
-		_ = resp.Body.Close()
-		// What ReverseProxy does: the response is cut short, so the
-		// client's connection must end too.
-		panic(http.ErrAbortHandler)
-	}
-	_ = resp.Body.Close() // now, to read the trailers
-	// An owner the loop cannot reach (advertised by name: the loop does not
-	// resolve names) stays with net/http: the loop would give every request
-	// back.
-	if resp.ContentLength >= 0 && announced == 0 && len(resp.Trailer) == 0 && !info.rq.keyed && fw.ownerBase(info.owner).host != "" && fw.keep.adopt(w, r) {
-		return true // the connection's next requests go to the kept-alive loop
-	}
-	if len(resp.Trailer) > 0 {
-		// Chunked, so net/http does not compute a length for a short body.
-		_ = http.NewResponseController(w).Flush()
-	}
-	if len(resp.Trailer) == announced {
-		for k, vs := range resp.Trailer {
-			dst[k] = append(dst[k], vs...)
-		}
-		return true
-	}
-	for k, vs := range resp.Trailer {
-		for _, v := range vs {
-			dst.Add(http.TrailerPrefix+k, v)
-		}
-	}
-	return true
-}
-
-// copyBody copies the response body to w: a stream (unknown length, or
-// server-sent events) flushed per write, the rest left to net/http's
-// buffering, as ReverseProxy's FlushInterval 0 does.
-func (fw *forwarder) copyBody(w http.ResponseWriter, resp *http.Response) error {
-	stream := resp.ContentLength == -1
-	if !stream {
-		const sse = "text/event-stream"
-		if ct := strings.TrimLeft(resp.Header.Get("Content-Type"), " \t"); len(ct) >= len(sse) && strings.EqualFold(ct[:len(sse)], sse) {
-			base, _, _ := mime.ParseMediaType(ct)
-			stream = base == "text/event-stream"
-		}
-	}
-	rc := http.NewResponseController(w)
-	if stream {
-		_ = rc.Flush()
-	}
-	buf := fw.bufs.Get()
-	defer fw.bufs.Put(buf)
-	for {
-		n, rerr := resp.Body.Read(buf)
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return werr
-			}
-			if stream {
-				_ = rc.Flush()
-			}
-		}
-		if rerr == io.EOF {
-			return nil
-		}
-		if rerr != nil {
-			return rerr
-		}
-	}
 }
 
 // routeForward is routeLoop for an id placed on p's owner, a live worker of

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
@@ -50,10 +51,16 @@ func newRelayRigWith(t *testing.T, owner http.Handler, fastPath bool) *relayRig 
 		FastPath:   fastPath,
 	})}
 	rig.front = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx := context.WithValue(r.Context(), fwdCtxKey{}, &fwdInfo{rq: &instanceRequest{}, w: w, orig: r})
-		out := r.Clone(ctx)
-		out.URL = &url.URL{Scheme: "http", Host: base.Host, Path: r.URL.Path}
-		rig.f.fwd.proxy.ServeHTTP(w, out)
+		info := &fwdInfo{rq: &instanceRequest{}, w: w, orig: r}
+		out := outbound{r: r, hop: httpx.Hop{RemoteAddr: r.RemoteAddr, Host: r.Host}, scheme: "http", addr: base.Host,
+			path: r.URL.EscapedPath(), got1xx: got1xx(w)}
+		resp, err := rig.f.fwd.std.roundTrip(out)
+		if err == nil {
+			err = rig.f.fwd.writeAnswer(w, r, info, resp)
+		}
+		if err != nil {
+			rig.f.fwd.forwardError(w, info, err)
+		}
 	}))
 	rig.front.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		switch s {

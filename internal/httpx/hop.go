@@ -204,32 +204,83 @@ func (h *Hop) AppendHeader(dst []byte, method, target string, header http.Header
 	return w.end(method, body)
 }
 
-// Rewrite applies the hop's rule to httputil.ReverseProxy's outbound
-// header out (a copy of in, the sender's, that the proxy already stripped
-// of hop-by-hop and forwarding fields; it keeps Te and an Upgrade's
-// Connection and Upgrade).
-func (h *Hop) Rewrite(out, in http.Header) {
-	for k := range out {
-		if !Passes(k) && !HopByHop[k] {
-			delete(out, k)
+// Header is the hop's rule for an outbound http.Request's header (net/http
+// writes the request line, Host, the framing and the body): the sender's
+// fields that pass, Te: trailers, an Upgrade's Connection and Upgrade,
+// the forwarding fields and Set.
+func (h *Hop) Header(in http.Header) http.Header {
+	out := make(http.Header, len(in)+3+len(h.Set))
+	conn := in["Connection"]
+	var xff []string
+	var xfh, xfp string
+	trailers := false
+	for k, vs := range in {
+		switch kindOf(k) {
+		case kindPass:
+			if len(conn) == 0 || !listed(conn, k) {
+				out[k] = append([]string(nil), vs...)
+			}
+		case kindXFF:
+			xff = append(xff, vs...)
+		case kindXFH:
+			xfh = first(vs)
+		case kindXFP:
+			xfp = first(vs)
+		case kindTe:
+			for _, v := range vs {
+				trailers = trailers || TokenListHas(v, "trailers")
+			}
 		}
 	}
-	var chain []string
-	if h.Trusted {
-		chain = append(chain, in["X-Forwarded-For"]...)
+	if trailers {
+		out["Te"] = []string{"trailers"}
+	}
+	if up := UpgradeType(in); up != "" {
+		out["Connection"], out["Upgrade"] = []string{"Upgrade"}, []string{up}
+	}
+	if !h.Trusted {
+		xff = nil
 	}
 	if ip, _, err := net.SplitHostPort(h.RemoteAddr); err == nil {
-		chain = append(chain, ip)
+		xff = append(xff, ip)
 	}
-	if len(chain) > 0 {
-		out.Set("X-Forwarded-For", strings.Join(chain, ", "))
+	if len(xff) > 0 {
+		out.Set("X-Forwarded-For", strings.Join(xff, ", "))
 	}
-	host, proto := h.hostProto(in.Get("X-Forwarded-Host"), in.Get("X-Forwarded-Proto"))
+	host, proto := h.hostProto(xfh, xfp)
 	out.Set("X-Forwarded-Host", host)
 	out.Set("X-Forwarded-Proto", proto)
 	for _, f := range h.Set {
 		out.Set(f.Name, f.Value)
 	}
+	return out
+}
+
+// Rewrite applies the hop's rule to httputil.ReverseProxy's outbound
+// header out, from in, the sender's (Header).
+func (h *Hop) Rewrite(out, in http.Header) {
+	clear(out)
+	for k, vs := range h.Header(in) {
+		out[k] = vs
+	}
+}
+
+// UpgradeType is the protocol a request asks to switch to ("" for none):
+// its Upgrade field, if its Connection field names Upgrade.
+func UpgradeType(h http.Header) string {
+	for _, v := range h["Connection"] {
+		if TokenListHas(v, "Upgrade") {
+			return h.Get("Upgrade")
+		}
+	}
+	return ""
+}
+
+func first(vs []string) string {
+	if len(vs) == 0 {
+		return ""
+	}
+	return vs[0]
 }
 
 // listed reports whether the Connection field values name name.
