@@ -1,8 +1,9 @@
 // Package raftstore runs this node's member of the pinnedd Raft group.
 //
 // It owns everything between a deterministic [StateMachine] and hashicorp/raft: the on-disk log
-// and stable store (raft-wal, or raft-boltdb for data dirs created with it), snapshots, the transport (mutual TLS under the cluster CA, plain
-// TCP, or a supplied [raft.StreamLayer]) with the cluster CA and certificates it needs, membership (bootstrap, join, leave,
+// and stable store (raft-wal, or raft-boltdb for data dirs created with it), snapshots, the transport (the cluster port of package clusterport under
+// the cluster CA, plain TCP, or a supplied [raft.StreamLayer]) with the cluster CA and certificates
+// it needs, membership (bootstrap, join, leave,
 // remove, voters and nonvoters), forwarding of writes and membership changes from followers to
 // the leader over HTTP (a forwarded write goes to the state machine owner's [ForwardedFunc], and
 // never further), and the leader loop that runs leader-only work.

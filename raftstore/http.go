@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pinnedd/pinnedd/clusterport"
 	"github.com/pinnedd/pinnedd/internal/clustertls"
 	"github.com/pinnedd/pinnedd/internal/httpx"
 )
@@ -438,7 +439,7 @@ func (s *Store) handleCertificate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("%w: certificate needs id and csr (a PEM CERTIFICATE REQUEST)", ErrBadRequest))
 		return
 	}
-	peer, _ := r.Context().Value(peerNodeKey{}).(string)
+	peer := clusterport.NodeFrom(r.Context())
 	// A member passing on another's request is not asking for itself.
 	renewal := peer != "" && peer == req.ID && !forwarded(r)
 	var ans certAnswer

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 
+	"github.com/pinnedd/pinnedd/clusterport"
 	"github.com/pinnedd/pinnedd/internal/hclogslog"
 	"github.com/pinnedd/pinnedd/internal/httpx"
 )
@@ -216,7 +217,7 @@ func (s *Store) openClusterPort(undo *cleanups) error {
 	if err := s.setupTLS(); err != nil {
 		return err
 	}
-	s.peerTLS = s.ident.ClientConfig(alpnHTTP)
+	s.peerTLS = s.ident.ClientConfig(clusterport.ALPNHTTP)
 	tr := &http.Transport{TLSClientConfig: s.peerTLS, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}
 	// A connection beyond the idle pool is closed after its request, and a new one costs
 	// a handshake: keep as many as forwards run at once.
@@ -237,10 +238,9 @@ func (s *Store) openClusterPort(undo *cleanups) error {
 		_ = ln.Close()
 		return fmt.Errorf("%w: RaftAddr %s binds every interface: set AdvertiseRaftAddr", ErrInvalidConfig, cfg.RaftAddr)
 	}
-	s.stream = newTLSStream(ln, adv, s.ident, s.allowPeer, s.memberHost, s.log.With("component", "raft-tls"))
-	if cfg.TLS.ServerConn != nil {
-		s.stream.server = cfg.TLS.ServerConn
-	}
+	s.stream = clusterport.New(ln, adv, s.ident, clusterport.Options{
+		Admit: s.allowPeer, MemberHost: s.memberHost, ServerConn: cfg.TLS.ServerConn, Logger: s.log.With("component", "raft-tls"),
+	})
 	return nil
 }
 

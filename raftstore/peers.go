@@ -3,9 +3,7 @@ package raftstore
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"net"
 	"net/http"
@@ -15,16 +13,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-)
-
-// The Raft port carries two protocols under the cluster's mutual TLS, told apart by the
-// application protocol the client asked for in its handshake (ALPN): Raft's own RPCs, and
-// HTTP between nodes (ServePeers). A client that asks for none (a node of an earlier version
-// dialing Raft, or a proxy that cannot set ALPN) is told apart by its first byte: Raft's RPCs
-// start with a small type number, HTTP with a method's capital letter.
-const (
-	alpnRaft = "pinnedd-raft"
-	alpnHTTP = "pinnedd-http"
+	"github.com/pinnedd/pinnedd/clusterport"
 )
 
 // PeerTLS is the client side of node-to-node HTTP: this node's certificate, the cluster CA,
@@ -73,7 +62,7 @@ type memberCache struct {
 	mu     sync.Mutex
 	readAt time.Time
 	// hosts are the members' addresses' IPs, for the cluster port's admission (handshakeSlots).
-	hosts memberHosts
+	hosts clusterport.MemberHosts
 
 	leftMu sync.Mutex
 	left   map[string]time.Time // nodes a configuration dropped, and when (for departedGrace)
@@ -124,7 +113,7 @@ func (c *memberCache) set(cfg raft.Configuration) {
 	if prev := c.cur.Load(); prev != nil && maps.Equal(*prev, m) {
 		return // the same members (a refused peer's check re-reads them): nothing left, nothing to resolve
 	}
-	c.hosts.set(addrs)
+	c.hosts.Set(addrs)
 	c.leftMu.Lock()
 	defer c.leftMu.Unlock()
 	now := time.Now()
@@ -159,7 +148,7 @@ func (s *Store) memberHost(ip string) bool {
 	if s.members.cur.Load() == nil {
 		s.members.reread(s)
 	}
-	return s.members.hosts.has(ip)
+	return s.members.hosts.Has(ip)
 }
 
 // isMember: node may call this node's cluster port. As for Raft (allowPeer), a node with no
@@ -169,94 +158,39 @@ func (s *Store) isMember(node string) bool {
 	return ok || none
 }
 
-type peerNodeKey struct{}
-
 // ServePeers serves HTTP between nodes on the cluster port, until Close: raftstore's own
 // node-to-node RPCs under HandlerPrefix, and everything else with h. Only a member of the
 // cluster reaches either: its certificate was checked in the handshake, and its membership is
 // checked again on every request (a removed node's request is answered 403 and its connection
 // closed). It does nothing on a cluster without mutual TLS.
 //
-// handBacks are more listeners of connections the cluster port accepted (a kept-alive loop
-// that served some of their requests itself gives them back there); a connection from them is
-// known by unwrapping NetConn() to the accepted one.
+// handBacks are more listeners of connections the cluster port accepted (clusterport.Port.Serve).
 func (s *Store) ServePeers(h http.Handler, handBacks ...net.Listener) {
 	if s.stream == nil {
 		return
 	}
 	rpc := s.routes(true)
-	srv := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			node, _ := r.Context().Value(peerNodeKey{}).(string)
-			if !s.isMember(node) {
-				w.Header().Set("Connection", "close")
-				writeError(w, fmt.Errorf("%w: node %q is not a member of the cluster", ErrForbidden, node))
-				return
-			}
-			if strings.HasPrefix(r.URL.Path, HandlerPrefix) {
-				rpc.ServeHTTP(w, r)
-				return
-			}
-			h.ServeHTTP(w, r)
-		}),
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			for c != nil {
-				if pc, ok := c.(*peerConn); ok {
-					return context.WithValue(ctx, peerNodeKey{}, pc.node)
-				}
-				w, ok := c.(interface{ NetConn() net.Conn })
-				if !ok {
-					break
-				}
-				c = w.NetConn()
-			}
-			return ctx
-		},
-		ConnState:         s.peerConns.Track,
-		ReadHeaderTimeout: handshakeTimeout,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    1 << 20,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
-	}
-	s.peerSrv.Store(srv)
-	for _, ln := range append([]net.Listener{s.stream.httpListener()}, handBacks...) {
-		if ln == nil {
-			continue
+	s.stream.Serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		node := clusterport.NodeFrom(r.Context())
+		if !s.isMember(node) {
+			w.Header().Set("Connection", "close")
+			writeError(w, fmt.Errorf("%w: node %q is not a member of the cluster", ErrForbidden, node))
+			return
 		}
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
-				s.log.Error("serving the cluster port's HTTP failed", "err", err)
-			}
-		}()
-	}
+		if strings.HasPrefix(r.URL.Path, HandlerPrefix) {
+			rpc.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}), handBacks...)
 }
 
-// stopPeers stops the cluster port's HTTP: no new connection (the port closes those at once),
-// idle ones closed, and those with a request under way closed once it is answered, until ctx
-// ends (then they are cut). A request cut mid-way would leave its sender unsure whether it ran.
-// Not graceful (a storage fault): everything is cut at once.
+// stopPeers stops the cluster port's HTTP (clusterport.Port.StopHTTP).
 func (s *Store) stopPeers(ctx context.Context, graceful bool) {
 	if s.stream != nil {
-		s.stream.stopHTTP()
-	}
-	srv := s.peerSrv.Load()
-	if srv != nil && !graceful {
-		_ = srv.Close()
-	} else if srv != nil {
-		ctx, cancel := context.WithTimeout(ctx, peerShutdownBound)
-		defer cancel()
-		// A request on a connection accepted just before would reach net/http
-		// after its Shutdown began, which drops it unanswered.
-		s.peerConns.AwaitFirstRequests(ctx)
-		if err := srv.Shutdown(ctx); err != nil {
-			s.log.Warn("requests on the cluster port still under way at the shutdown deadline; cut them off", "err", err)
-			_ = srv.Close()
-		}
+		s.stream.StopHTTP(ctx, graceful)
 	}
 }
 
 // peerIdlePerHost bounds the idle connections kept to each peer's cluster port.
 const peerIdlePerHost = 512
-
-// peerShutdownBound bounds the wait for the cluster port's requests under way at shutdown.
-const peerShutdownBound = 5 * time.Second

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/pinnedd/pinnedd/clusterport"
 	"github.com/pinnedd/pinnedd/internal/clustertls"
 )
 
@@ -207,7 +208,7 @@ func (s *Store) refreshIdentity() error {
 		s.log.Info("renewed this node's cluster certificate", "ca", Fingerprint(issuer.Cert), "expires", nl.NotAfter)
 	}
 	if s.stream != nil {
-		s.stream.sweepUntrusted(s.ident.Trusts)
+		s.stream.SweepUntrusted(s.ident.Trusts)
 	}
 	return nil
 }
@@ -269,7 +270,7 @@ func (s *Store) retireIfRenewed(ctx context.Context) error {
 // peerCertificate is the certificate the member at addr presents on a fresh handshake (no
 // resumed session: that would show the certificate of the session's first handshake).
 func (s *Store) peerCertificate(ctx context.Context, addr string) (*x509.Certificate, error) {
-	cfg := s.ident.ClientConfig(alpnHTTP)
+	cfg := s.ident.ClientConfig(clusterport.ALPNHTTP)
 	cfg.ClientSessionCache = nil
 	ctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer cancel()

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pinnedd/pinnedd/clusterport"
+
 	"github.com/pinnedd/pinnedd/internal/clustertls"
 	"github.com/pinnedd/pinnedd/internal/testutil"
 )
@@ -25,7 +27,7 @@ func minted(t *testing.T, ca *clustertls.CA, node string) *http.Client {
 		t.Fatal(err)
 	}
 	cfg := &tls.Config{
-		MinVersion: tls.VersionTLS13, NextProtos: []string{alpnHTTP}, InsecureSkipVerify: true,
+		MinVersion: tls.VersionTLS13, NextProtos: []string{clusterport.ALPNHTTP}, InsecureSkipVerify: true,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &pair, nil },
 	}
 	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg, DisableKeepAlives: true}}

@@ -14,8 +14,8 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/pinnedd/pinnedd/clusterport"
 	"github.com/pinnedd/pinnedd/internal/clustertls"
-	"github.com/pinnedd/pinnedd/internal/httpx"
 )
 
 // Member is one server of the Raft configuration as this node sees it.
@@ -44,7 +44,7 @@ type Store struct {
 	logDir    string // where the log lives, for the storage fault's message
 	lock      *os.File
 	trans     *raft.NetworkTransport
-	stream    *tlsStream           // the mutual TLS stream layer, when Config.TLS is set
+	stream    *clusterport.Port    // the cluster port (Raft and node-to-node HTTP), when Config.TLS is set
 	ident     *clustertls.Identity // this node's TLS identity, when Config.TLS is set
 	tlsDir    string               // <DataDir>/tls with the cluster's own CA
 	localCA   *clustertls.CA       // the CA this node created (bootstrap), to record in the log
@@ -58,8 +58,6 @@ type Store struct {
 	peerTLS    *tls.Config
 	peerClient *http.Client
 	members    memberCache
-	peerSrv    atomic.Pointer[http.Server] // ServePeers'
-	peerConns  httpx.ConnStates            // peerSrv's connections
 
 	notifyCh chan bool
 	obsCh    chan raft.Observation

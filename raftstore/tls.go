@@ -3,23 +3,18 @@ package raftstore
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/hashicorp/raft"
 
+	"github.com/pinnedd/pinnedd/clusterport"
 	"github.com/pinnedd/pinnedd/internal/clustertls"
-	"github.com/pinnedd/pinnedd/internal/logrepeat"
 )
 
 // TLSConfig turns on mutual TLS for the Raft transport (see "Mutual TLS" in DESIGN.md).
@@ -40,312 +35,11 @@ func (c *TLSConfig) own() bool {
 	return c != nil && (c.CAFile != "" || c.CertFile != "" || c.KeyFile != "")
 }
 
-// handshakeTimeout bounds an inbound TLS handshake (and its membership check), so a peer that
-// connects and sends nothing holds a goroutine this long at most.
-const handshakeTimeout = 5 * time.Second
-
-// tlsStream is a raft.StreamLayer over mutual TLS. Accept hands raft only connections whose
-// handshake succeeded with a certificate from the cluster CA and whose node passed allow; the
-// rest are closed before raft reads a byte.
-type tlsStream struct {
-	ln        net.Listener
-	advertise net.Addr
-	id        *clustertls.Identity
-	server    func(net.Conn, *tls.Config) (*tls.Conn, error)
-	allow     func(nodeID string) error
-	log       *slog.Logger
-
-	conns    chan net.Conn // Raft's
-	http     chan net.Conn // the cluster port's HTTP (ServePeers)
-	httpDone chan struct{} // closed when HTTP is no longer served (stopHTTP)
-	httpOnce sync.Once
-	dialCfg  *tls.Config
-	slots    *handshakeSlots    // admission to a handshake, by source (handshakes.go)
-	refused  *logrepeat.Repeats // refusals, summarised by source
-	done     chan struct{}
-	once     sync.Once
-
-	mu       sync.Mutex
-	accepted map[*peerConn]string // live inbound connections by peer node id
-}
-
-// allow's refusals of a cluster certificate whose node is not a member: errLeft when the node
-// left the configuration less than departedGrace ago (a leaving node dials until its process
-// stops, and a removed node that has not heard of its removal asks for votes), which is
-// routine; otherwise errNotMember.
-var (
-	errNotMember = errors.New("not a member of the Raft configuration (removed, or never joined)")
-	errLeft      = fmt.Errorf("%w; it left moments ago", errNotMember)
-)
-
 // departedGrace is how long a node that left the configuration is known as having just left.
 const departedGrace = 30 * time.Second
 
-var _ raft.StreamLayer = (*tlsStream)(nil)
-
-// newTLSStream serves ln; memberHost says whether a source IP is a current member's (its
-// handshakes are admitted from the members' pool).
-func newTLSStream(ln net.Listener, advertise net.Addr, id *clustertls.Identity, allow func(string) error, memberHost func(ip string) bool, log *slog.Logger) *tlsStream {
-	s := &tlsStream{
-		ln: ln, advertise: advertise, id: id, allow: allow, log: log,
-		server:   func(raw net.Conn, cfg *tls.Config) (*tls.Conn, error) { return tls.Server(raw, cfg), nil },
-		conns:    make(chan net.Conn),
-		http:     make(chan net.Conn),
-		httpDone: make(chan struct{}),
-		dialCfg:  id.ClientConfig(alpnRaft),
-		slots:    newHandshakeSlots(memberHost),
-		refused:  logrepeat.New(logrepeat.Window),
-		done:     make(chan struct{}),
-		accepted: map[*peerConn]string{},
-	}
-	go s.acceptLoop()
-	return s
-}
-
-func (s *tlsStream) acceptLoop() {
-	cfg := s.id.ServerConfig(alpnRaft, alpnHTTP)
-	for {
-		raw, err := s.ln.Accept()
-		if err != nil {
-			select {
-			case <-s.done:
-				return
-			default:
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			s.log.Error("raft listener failed", "err", err)
-			s.Close()
-			return
-		}
-		ip := sourceIP(raw.RemoteAddr())
-		release, member, ok := s.slots.take(ip)
-		if !ok {
-			s.refuse(ip, "", "refused a cluster connection: too many handshakes under way from its address", "remote", raw.RemoteAddr().String(), "member_address", member)
-			_ = raw.Close()
-			continue
-		}
-		timeout := strangerHandshakeTimeout
-		if member {
-			timeout = handshakeTimeout
-		}
-		go s.handshake(raw, cfg, ip, release, timeout)
-	}
-}
-
-// refuse logs a refused connection from ip (and node, once its certificate named one): one
-// line per source and reason per window, with the count held back (a flood of refusals must not fill the disk the node needs).
-func (s *tlsStream) refuse(ip, node, msg string, args ...any) {
-	s.refused.Log(context.Background(), s.log, slog.LevelWarn, ip+"\x00"+node+"\x00"+msg, msg, args...)
-}
-
-// handshake authenticates raw (from ip) within timeout and hands it to Raft or HTTP; release
-// gives its admission slot back.
-func (s *tlsStream) handshake(raw net.Conn, cfg *tls.Config, ip string, release func(), timeout time.Duration) {
-	defer release()
-	conn, err := s.server(raw, cfg)
-	if err != nil {
-		s.refuse(ip, "", "refused a cluster connection", "remote", raw.RemoteAddr().String(), "err", err)
-		_ = raw.Close()
-		return
-	}
-	_ = conn.SetDeadline(time.Now().Add(timeout))
-	err = conn.Handshake()
-	var node string
-	if err == nil {
-		node = clustertls.PeerNodeID(conn.ConnectionState())
-		err = s.allow(node)
-	}
-	var pre []byte
-	proto := conn.ConnectionState().NegotiatedProtocol
-	if err == nil && proto == "" {
-		// No ALPN: the first byte tells (see alpnRaft).
-		var b [1]byte
-		if _, err = io.ReadFull(conn, b[:]); err == nil {
-			pre = b[:]
-			if 'A' <= b[0] && b[0] <= 'Z' {
-				proto = alpnHTTP
-			}
-		}
-	}
-	switch {
-	case err != nil && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)):
-		// The dialer hung up before the handshake ended (a peer shutting down, a dial
-		// it gave up on): nothing was refused.
-		s.log.Debug("a cluster connection closed during its handshake", "remote", raw.RemoteAddr().String(), "err", err)
-		_ = conn.Close()
-		return
-	case errors.Is(err, errLeft): // its last attempts after a leave or removal
-		s.log.Info("refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
-		_ = conn.Close()
-		return
-	case err != nil:
-		s.refuse(ip, node, "refused a cluster connection", "remote", raw.RemoteAddr().String(), "node", node, "err", err)
-		_ = conn.Close()
-		return
-	}
-	_ = conn.SetDeadline(time.Time{})
-	pc := &peerConn{Conn: conn, stream: s, node: node, pre: pre}
-	to := s.http
-	if proto != alpnHTTP {
-		// Raft's connections are swept when their node is removed; HTTP's
-		// check membership per request instead (ServePeers), so a removal
-		// does not cut the answer to the request that made it.
-		to = s.conns
-		s.mu.Lock()
-		s.accepted[pc] = node
-		s.mu.Unlock()
-	}
-	t := time.NewTimer(handshakeTimeout) // nobody serving HTTP (ServePeers never called)
-	defer t.Stop()
-	var stopped chan struct{} // nil, never ready, for Raft's connections
-	if proto == alpnHTTP {
-		stopped = s.httpDone
-	}
-	select {
-	case to <- pc:
-	case <-s.done:
-		_ = pc.Close()
-	case <-stopped:
-		_ = pc.Close()
-	case <-t.C:
-		_ = pc.Close()
-	}
-}
-
-// stopHTTP makes the port close HTTP connections at once: nobody serves them any more.
-func (s *tlsStream) stopHTTP() { s.httpOnce.Do(func() { close(s.httpDone) }) }
-
-// Accept returns the next authenticated inbound connection.
-func (s *tlsStream) Accept() (net.Conn, error) {
-	select {
-	case c := <-s.conns:
-		return c, nil
-	case <-s.done:
-		return nil, net.ErrClosed
-	}
-}
-
-// Close stops accepting and closes the listener; connections already handed out are raft's.
-func (s *tlsStream) Close() error {
-	var err error
-	s.once.Do(func() {
-		close(s.done)
-		err = s.ln.Close()
-	})
-	return err
-}
-
-// Addr is the advertised address.
-func (s *tlsStream) Addr() net.Addr { return s.advertise }
-
-// Dial connects to a member, presenting this node's certificate and accepting only a server
-// certificate from the cluster CA.
-func (s *tlsStream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: timeout}, Config: s.dialCfg}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	return d.DialContext(ctx, "tcp", string(address))
-}
-
-// sweep closes inbound connections from nodes that keep is false for: a node removed from the
-// configuration loses the connections it opened before, not only new ones.
-func (s *tlsStream) sweep(keep func(nodeID string) bool) {
-	s.mu.Lock()
-	var drop []*peerConn
-	for c, node := range s.accepted {
-		if !keep(node) {
-			drop = append(drop, c)
-		}
-	}
-	s.mu.Unlock()
-	for _, c := range drop {
-		s.log.Info("closing a raft connection from a node no longer a member", "node", s.nodeOf(c))
-		_ = c.Close()
-	}
-}
-
-// sweepUntrusted closes inbound connections whose peer's certificate trusts no longer
-// accepts (its CA was retired): they were authenticated under a trust that has ended.
-func (s *tlsStream) sweepUntrusted(trusts func(*x509.Certificate) bool) {
-	s.mu.Lock()
-	var drop []*peerConn
-	for c := range s.accepted {
-		cs, ok := c.Conn.(interface{ ConnectionState() tls.ConnectionState })
-		if !ok {
-			continue
-		}
-		if certs := cs.ConnectionState().PeerCertificates; len(certs) > 0 && !trusts(certs[0]) {
-			drop = append(drop, c)
-		}
-	}
-	s.mu.Unlock()
-	for _, c := range drop {
-		s.log.Info("closing a connection whose certificate's CA was retired", "node", s.nodeOf(c))
-		_ = c.Close()
-	}
-}
-
-func (s *tlsStream) nodeOf(c *peerConn) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.accepted[c]
-}
-
-// httpListener hands out the authenticated connections that asked for HTTP.
-func (s *tlsStream) httpListener() net.Listener { return httpListener{s} }
-
-type httpListener struct{ s *tlsStream }
-
-func (l httpListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.s.http:
-		return c, nil
-	case <-l.s.done:
-		return nil, net.ErrClosed
-	case <-l.s.httpDone:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l httpListener) Close() error   { return nil } // the stream's Close closes the port
-func (l httpListener) Addr() net.Addr { return l.s.advertise }
-
-// peerConn is an inbound connection from the member node, with the byte read to tell its
-// protocol, if one was.
-type peerConn struct {
-	net.Conn
-	stream *tlsStream
-	node   string
-	pre    []byte
-	once   sync.Once
-}
-
-// NetConn is the connection this one wraps (the TLS connection), as tls.Conn's NetConn.
-func (c *peerConn) NetConn() net.Conn { return c.Conn }
-
-// PeerNode is the member node at the other end.
-func (c *peerConn) PeerNode() string { return c.node }
-
-func (c *peerConn) Read(p []byte) (int, error) {
-	if len(c.pre) > 0 && len(p) > 0 {
-		n := copy(p, c.pre)
-		c.pre = c.pre[n:]
-		return n, nil
-	}
-	return c.Conn.Read(p)
-}
-
-func (c *peerConn) Close() error {
-	c.once.Do(func() {
-		c.stream.mu.Lock()
-		delete(c.stream.accepted, c)
-		c.stream.mu.Unlock()
-	})
-	return c.Conn.Close()
-}
+// handshakeTimeout bounds a TLS handshake this node makes to a peer's cluster port.
+const handshakeTimeout = 5 * time.Second
 
 // setupTLS prepares this node's identity before the transport starts: the operator's files, or
 // the cluster's own CA in <DataDir>/tls (created here when this node bootstraps a new cluster;
@@ -532,9 +226,9 @@ func (s *Store) allowPeer(nodeID string) error {
 	// the commit: the refused node is then known to have just left.
 	s.members.set(cfg)
 	if s.members.leftWithin(nodeID, departedGrace) {
-		return fmt.Errorf("node %q is %w", nodeID, errLeft)
+		return fmt.Errorf("node %q is %w", nodeID, clusterport.ErrLeft)
 	}
-	return fmt.Errorf("node %q is %w", nodeID, errNotMember)
+	return fmt.Errorf("node %q is %w", nodeID, clusterport.ErrNotMember)
 }
 
 // configurationCommitted records the members, and sweeps connections from nodes the
@@ -556,7 +250,7 @@ func (s *Store) configurationCommitted(c raft.Configuration) {
 	for _, srv := range c.Servers {
 		ids[string(srv.ID)] = true
 	}
-	s.stream.sweep(func(id string) bool { return ids[id] })
+	s.stream.Sweep(func(id string) bool { return ids[id] })
 }
 
 // proposeCA is leader work on the node that created the cluster CA: it records the CA in the

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -19,165 +18,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pinnedd/pinnedd/clusterport"
+
 	"github.com/hashicorp/raft"
 
 	"github.com/pinnedd/pinnedd/internal/clustertls"
 
 	"github.com/pinnedd/pinnedd/internal/testutil"
 )
-
-func newTestCA(t testing.TB, name string) *clustertls.CA {
-	t.Helper()
-	ca, err := clustertls.NewCA(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ca
-}
-
-func identityFrom(t testing.TB, ca *clustertls.CA, node string) *clustertls.Identity {
-	t.Helper()
-	cert, key, err := ca.Issue(node, []string{"127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := &clustertls.Identity{}
-	if err := id.Set(ca.CertPEM(), cert, key); err != nil {
-		t.Fatal(err)
-	}
-	return id
-}
-
-// refused dials addr with cfg (nil: plain TCP), writes, and expects the server to close the
-// connection without answering: the handshake fails, or the first read does.
-func refused(t *testing.T, addr string, cfg *tls.Config) error {
-	t.Helper()
-	raw, err := net.DialTimeout("tcp", addr, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
-	_ = raw.SetDeadline(time.Now().Add(5 * time.Second))
-	var c net.Conn = raw
-	if cfg != nil {
-		tc := tls.Client(raw, cfg)
-		if err := tc.Handshake(); err != nil {
-			return err
-		}
-		c = tc
-	}
-	if _, err := c.Write([]byte("\x00forged append entries")); err != nil {
-		return err
-	}
-	_, err = c.Read(make([]byte, 1))
-	if err == nil {
-		t.Fatalf("%s answered a peer it should have refused", addr)
-	}
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		t.Fatalf("%s kept the connection open: %v", addr, err)
-	}
-	return err
-}
-
-// The stream layer hands raft only connections with a certificate from the cluster CA whose
-// node passes the membership check: a peer without TLS, without a client certificate, with a
-// certificate from another CA or of a non-member is closed before raft reads a byte.
-func TestTLSStreamAcceptsOnlyClusterMembers(t *testing.T) {
-	ca := newTestCA(t, "cluster")
-	server := identityFrom(t, ca, "server")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	member := func(id string) error {
-		if id == "member" {
-			return nil
-		}
-		return fmt.Errorf("node %q is not a member", id)
-	}
-	st := newTLSStream(ln, ln.Addr(), server, member, func(string) bool { return true }, testLogger())
-	defer st.Close()
-	addr := ln.Addr().String()
-
-	accepted := make(chan net.Conn, 8)
-	go func() {
-		for {
-			c, err := st.Accept()
-			if err != nil {
-				return
-			}
-			accepted <- c
-		}
-	}()
-
-	noCert := &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true}
-	// A member's name from another CA; it trusts any server, so only the server can refuse.
-	evilCert, evilKey, err := newTestCA(t, "evil").Issue("member", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	evilPair, err := tls.X509KeyPair(evilCert, evilKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	otherCA := &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true,
-		// Sent whatever CAs the server asks for (Go's client would otherwise send none).
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &evilPair, nil }}
-	removed := identityFrom(t, ca, "removed").ClientConfig(alpnRaft)
-	for name, cfg := range map[string]*tls.Config{"plain tcp": nil, "no certificate": noCert, "another CA": otherCA, "a non-member": removed} {
-		err := refused(t, addr, cfg)
-		t.Logf("%s: refused: %v", name, err)
-	}
-	select {
-	case c := <-accepted:
-		t.Fatalf("raft was handed a refused connection from %s", c.RemoteAddr())
-	default:
-	}
-
-	// A member's certificate gets through, both ways verified (Dial checks the server's).
-	memberID := identityFrom(t, ca, "member")
-	good := &tlsStream{id: memberID, dialCfg: memberID.ClientConfig(alpnRaft)}
-	c, err := good.Dial(raft.ServerAddress(addr), 2*time.Second)
-	if err != nil {
-		t.Fatalf("member dial: %v", err)
-	}
-	defer c.Close()
-	if _, err := c.Write([]byte("hello")); err != nil {
-		t.Fatal(err)
-	}
-	var in net.Conn
-	select {
-	case in = <-accepted:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the member's connection was not accepted")
-	}
-	buf := make([]byte, 5)
-	if _, err := io.ReadFull(in, buf); err != nil || string(buf) != "hello" {
-		t.Fatalf("read %q, %v", buf, err)
-	}
-
-	// The server's side too: a dialer refuses a server whose certificate is from another CA.
-	evilLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	evil := newTLSStream(evilLn, evilLn.Addr(), identityFrom(t, newTestCA(t, "evil"), "evil"), func(string) error { return nil }, func(string) bool { return true }, testLogger())
-	defer evil.Close()
-	if c, err := good.Dial(raft.ServerAddress(evilLn.Addr().String()), 2*time.Second); err == nil {
-		c.Close()
-		t.Fatal("dialed a server with a certificate from another CA")
-	}
-
-	// A membership change closes what a removed node opened before.
-	st.sweep(func(id string) bool { return id != "member" })
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	_, err = c.Read(make([]byte, 1))
-	var ne net.Error
-	if err == nil || (errors.As(err, &ne) && ne.Timeout()) {
-		t.Fatalf("the swept connection is still open: %v", err)
-	}
-}
 
 func tlsOn(c *Config) { c.TLS = &TLSConfig{} }
 
@@ -273,12 +121,12 @@ func TestTLSClusterBootstrapJoinRefuse(t *testing.T) {
 	if gone == leader {
 		gone = nodes[1]
 	}
-	goneCfg := gone.s.ident.ClientConfig(alpnRaft)
+	goneCfg := gone.s.ident.ClientConfig(clusterport.ALPNRaft)
 	if err := leader.s.Remove(ctxTimeout(t, 10*time.Second), gone.id); err != nil {
 		t.Fatal(err)
 	}
 	gone.close()
-	if err := refused(t, leader.s.RaftAddr(), goneCfg); err == nil {
+	if err := testutil.Refused(t, leader.s.RaftAddr(), goneCfg); err == nil {
 		t.Fatal("no error")
 	}
 
@@ -346,7 +194,7 @@ func TestTLSJoinWithARotatedToken(t *testing.T) {
 // TLS without the cluster's own CA (none is recorded, none issued); a certificate that names
 // another node is refused at Open.
 func TestTLSOwnPKI(t *testing.T) {
-	ca := newTestCA(t, "own")
+	ca := testutil.NewCA(t, "own")
 	files := t.TempDir()
 	write := func(name string, data []byte) string {
 		p := filepath.Join(files, name)

@@ -1,10 +1,12 @@
-package raftstore
+package clusterport
 
 import (
 	"crypto/tls"
 	"net"
 	"testing"
 	"time"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
 // A stranger that holds connections open to the cluster port, sending nothing, can take only
@@ -12,14 +14,14 @@ import (
 // connection (from a member's address) and another address's are handshaken at once all the
 // while.
 func TestStrangersCannotStarveMembersHandshakes(t *testing.T) {
-	ca := newTestCA(t, "cluster")
+	ca := testutil.NewCA(t, "cluster")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	const memberIP, attackerIP, otherIP = "127.0.0.2", "127.0.0.3", "127.0.0.4"
-	st := newTLSStream(ln, ln.Addr(), identityFrom(t, ca, "server"), func(string) error { return nil },
-		func(ip string) bool { return ip == memberIP }, testLogger())
+	st := New(ln, ln.Addr(), testutil.Identity(t, ca, "server"), Options{Admit: func(string) error { return nil },
+		MemberHost: func(ip string) bool { return ip == memberIP }, Logger: testLogger()})
 	defer st.Close()
 	go func() {
 		for {
@@ -50,8 +52,8 @@ func TestStrangersCannotStarveMembersHandshakes(t *testing.T) {
 	}()
 	// While it holds them, a member and another address are handshaken at once.
 	for _, ip := range []string{memberIP, otherIP} {
-		id := identityFrom(t, ca, "n-"+ip)
-		d := &tls.Dialer{NetDialer: from(ip), Config: id.ClientConfig(alpnRaft)}
+		id := testutil.Identity(t, ca, "n-"+ip)
+		d := &tls.Dialer{NetDialer: from(ip), Config: id.ClientConfig(ALPNRaft)}
 		c, err := d.Dial("tcp", ln.Addr().String())
 		if err != nil {
 			t.Fatalf("a handshake from %s while a stranger holds 200 idle connections: %v", ip, err)

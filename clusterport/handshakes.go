@@ -1,4 +1,4 @@
-package raftstore
+package clusterport
 
 import (
 	"context"
@@ -69,15 +69,15 @@ func (h *handshakeSlots) take(ip string) (release func(), member, ok bool) {
 	}, false, true
 }
 
-// memberHosts is the set of IP addresses current members' Raft addresses name (a name is
+// MemberHosts is the set of IP addresses current members' Raft addresses name (a name is
 // resolved, off the caller's path): what handshakeSlots counts as a member's source.
-type memberHosts struct {
+type MemberHosts struct {
 	ips atomic.Pointer[map[string]bool]
 	gen atomic.Uint64 // the latest set's; an older resolution does not overwrite a newer one
 }
 
 // set takes the members' Raft addresses: IP literals at once, names once resolved.
-func (m *memberHosts) set(addrs []string) {
+func (m *MemberHosts) Set(addrs []string) {
 	gen := m.gen.Add(1)
 	ips := map[string]bool{}
 	var names []string
@@ -131,7 +131,7 @@ func (m *memberHosts) set(addrs []string) {
 }
 
 // has reports whether ip is a member's address.
-func (m *memberHosts) has(ip string) bool {
+func (m *MemberHosts) Has(ip string) bool {
 	p := m.ips.Load()
 	return p != nil && (*p)[ip]
 }

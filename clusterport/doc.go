@@ -1,0 +1,14 @@
+// Package clusterport owns the cluster port: one TCP listener under the
+// cluster's mutual TLS that carries both Raft's RPCs and node-to-node HTTP,
+// told apart by ALPN (or, from a peer that sets none, by the first byte).
+// It admits handshakes by source address (members' addresses get a pool
+// of their own, strangers a small shared one), checks every peer's
+// certificate and membership before a byte reaches Raft, hands Raft its
+// connections (Port is a raft.StreamLayer) and serves the HTTP ones
+// (Serve), and closes what a removed node or a retired CA left open
+// (Sweep, SweepUntrusted).
+//
+// What a node is and whom the cluster trusts are not decided here: the
+// identity comes from package raftstore, which runs the cluster's CA in
+// the Raft log, and membership from its Raft configuration (Options).
+package clusterport
