@@ -2,7 +2,7 @@
 // served from event loops (epoll, Linux only; Supported says whether this
 // platform has them) instead of net/http's two goroutines per connection.
 // It has two loops, both behind narrow types its one caller (package
-// pinboard's forwarder) drives:
+// the front door's forwarder) drives:
 //
 //   - Loop carries held response streams (server-sent events, long polls)
 //     that a proxy took out of net/http: it copies each stream's body from
