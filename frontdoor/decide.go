@@ -45,19 +45,25 @@ type decision struct {
 	loop bool
 }
 
-// fields is a request's header fields, as either entry holds them.
-type fields interface{ has(name string) bool }
+// fields is a request's header fields, as either entry holds them:
+// net/http's header, or the kept-alive loop's fields. A struct, not an
+// interface, so the loop's decision allocates nothing.
+type fields struct {
+	std  http.Header
+	loop []relay.Field
+}
 
 // stdFields are net/http's.
-type stdFields http.Header
-
-func (h stdFields) has(name string) bool { return http.Header(h).Get(name) != "" }
+func stdFields(h http.Header) fields { return fields{std: h} }
 
 // loopFields are the kept-alive loop's.
-type loopFields []relay.Field
+func loopFields(fs []relay.Field) fields { return fields{loop: fs} }
 
-func (fs loopFields) has(name string) bool {
-	for _, f := range fs {
+func (fs fields) has(name string) bool {
+	if fs.std != nil {
+		return fs.std.Get(name) != ""
+	}
+	for _, f := range fs.loop {
 		if strings.EqualFold(f.Name, name) {
 			return true
 		}
