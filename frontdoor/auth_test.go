@@ -212,3 +212,33 @@ func TestRefusalSeriesStartAtZero(t *testing.T) {
 		t.Fatalf("series %s, want %s", got, want)
 	}
 }
+
+// Under a passport whose default policy needs a key, a client without one
+// learns nothing of which namespaces or ids exist: an unknown namespace and
+// a bad id of a known one are both 401, as a good request is; with the key,
+// the 404 and the 400.
+func TestNoKeyLearnsNothingOfNamespaces(t *testing.T) {
+	const key = "client-key-0123456789abcdef0123456789"
+	p, err := passport.Parse([]byte(`{"providers":[{"type":"staticToken","id":"pinboard","keys":[
+	 {"name":"client","token":{"env":"K"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"]}}}]}],
+	 "namespaces":{"*":{"allow":"authenticated"}}}`), func(string) (string, bool) { return key, true }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rig := newDoorRig(t, func(_ *doorRig, c *nodeConfig) { c.Tokens = pinboard.NewPassportTokens(p) })
+	rig.register(t, "w1", "n1", time.Hour, "/known")
+	for _, c := range []struct {
+		path, token string
+		code        int
+	}{
+		{"/nosuch/x", "", http.StatusUnauthorized},
+		{"/known/a%2Fb", "", http.StatusUnauthorized},
+		{"/nosuch/x", key, http.StatusNotFound},
+		{"/known/a%2Fb", key, http.StatusBadRequest},
+		{"/Bad/x", "", http.StatusNotFound}, // no namespace at all: nothing to protect
+	} {
+		if code, body, _ := rig.call(t, "GET", c.path, c.token, ""); code != c.code {
+			t.Errorf("GET %s (key %v): %d %s, want %d", c.path, c.token != "", code, body, c.code)
+		}
+	}
+}

@@ -212,14 +212,14 @@ func parseInstancePath(escaped string) (ns, id, rest string, err error) {
 	if strings.IndexByte(id, '%') >= 0 {
 		raw := id
 		if id, err = url.PathUnescape(raw); err != nil {
-			return "", "", "", fmt.Errorf("%w %q: malformed %%-escape", plugins.ErrInvalidID, raw)
+			return ns, "", "", fmt.Errorf("%w %q: malformed %%-escape", plugins.ErrInvalidID, raw)
 		}
 		if strings.IndexByte(id, '/') >= 0 {
-			return "", "", "", fmt.Errorf("%w %q: an escaped '/' (%%2F) is not allowed, an id is one path segment", plugins.ErrInvalidID, raw)
+			return ns, "", "", fmt.Errorf("%w %q: an escaped '/' (%%2F) is not allowed, an id is one path segment", plugins.ErrInvalidID, raw)
 		}
 	}
 	if err := plugins.ValidateID(id); err != nil {
-		return "", "", "", err
+		return ns, "", "", err
 	}
 	return ns, id, rest, nil
 }
@@ -227,6 +227,10 @@ func parseInstancePath(escaped string) (ns, id, rest string, err error) {
 // serveInstance serves a client's request for /<ns>/<id>/<rest>.
 func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request, d decision) {
 	ns, id, rest, err := d.ns, d.id, d.rest, d.err
+	if errors.Is(err, plugins.ErrInvalidNamespace) {
+		httpx.WriteError(w, http.StatusNotFound, "unknown namespace", 0)
+		return
+	}
 	if err == nil && !f.res.knownNamespace(ns) && !f.res.self.CaughtUp() {
 		// A namespace only other nodes serve is unknown to a replica that
 		// has not caught up yet.
@@ -235,18 +239,10 @@ func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request, d deci
 			return
 		}
 	}
-	if errors.Is(err, plugins.ErrInvalidNamespace) || err == nil && !f.res.knownNamespace(ns) {
-		httpx.WriteError(w, http.StatusNotFound, "unknown namespace", 0)
-		return
-	}
-	if err != nil {
-		httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
-		return
-	}
-	if f.stopping.Load() {
-		httpx.WriteError(w, http.StatusServiceUnavailable, httpx.ShuttingDownMsg, time.Second)
-		return
-	}
+	// Who may ask comes before what there is: a client without the key
+	// the namespace's policy (or the passport's default, for a namespace
+	// nobody serves) asks for learns nothing of which namespaces or ids
+	// exist.
 	rq := &instanceRequest{key: directory.Key{Namespace: ns, ID: id}, rest: rest}
 	switch ok, err := f.clusterCall(r); {
 	case err != nil:
@@ -258,6 +254,18 @@ func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request, d deci
 		if rq.keyed, ok = f.tokens.AdmitClient(w, r, ns); !ok {
 			return
 		}
+	}
+	if !f.res.knownNamespace(ns) {
+		httpx.WriteError(w, http.StatusNotFound, "unknown namespace", 0)
+		return
+	}
+	if err != nil {
+		httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
+		return
+	}
+	if f.stopping.Load() {
+		httpx.WriteError(w, http.StatusServiceUnavailable, httpx.ShuttingDownMsg, time.Second)
+		return
 	}
 	switch {
 	case r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 && r.Header.Get("Transfer-Encoding") == "":
