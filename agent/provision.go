@@ -386,7 +386,9 @@ func (a *Agent) provisionFrontDoor(context.Context) error {
 			// Without mutual TLS the members' own calls come here too,
 			// with their worker keys.
 			return nil
-		case errors.Is(err, pinboard.ErrMissingScope):
+		}
+		tokens.Count(err) // raftstore answers it; the refusal counts as any other
+		if errors.Is(err, pinboard.ErrMissingScope) {
 			return fmt.Errorf("%w: %w", raftstore.ErrForbidden, err)
 		}
 		return err

@@ -78,6 +78,14 @@ func (e keyError) Unwrap() error { return e.error }
 
 // Refuse answers a failed Check (WriteAuthError) and counts it.
 func (t *Tokens) Refuse(w http.ResponseWriter, err error) {
+	t.Count(err)
+	WriteAuthError(w, err)
+}
+
+// Count counts a refusal err (from Key, Authorize or AuthorizeFleet) in
+// pinboard_auth_refused_total, for a route that answers it itself (Raft's
+// RPCs).
+func (t *Tokens) Count(err error) {
 	key, reason := "none", "unknown"
 	var ke keyError
 	if errors.As(err, &ke) {
@@ -90,7 +98,6 @@ func (t *Tokens) Refuse(w http.ResponseWriter, err error) {
 		reason = "missing"
 	}
 	t.refused.WithLabelValues(key, reason).Inc()
-	WriteAuthError(w, err)
 }
 
 // refuseClaims answers 403 for a request whose key's claims do not admit
