@@ -6,9 +6,11 @@
 // certificate and membership before a byte reaches Raft, hands Raft its
 // connections (Port is a raft.StreamLayer) and serves the HTTP ones
 // (Serve), and closes what a removed node or a retired CA left open
-// (Sweep, SweepUntrusted).
+// (Sweep, SweepUntrusted). It also keeps this node's identity on disk
+// (Keys, LoadIdentity): the trusted bundle, the node's certificate and its
+// key sealed at rest, and the CA a bootstrap node creates.
 //
-// What a node is and whom the cluster trusts are not decided here: the
-// identity comes from package raftstore, which runs the cluster's CA in
-// the Raft log, and membership from its Raft configuration (Options).
+// Whom the cluster trusts is not decided here: package raftstore runs the
+// cluster's CA in the Raft log (issuing, rotation, retirement), and
+// membership comes from its Raft configuration (Options).
 package clusterport

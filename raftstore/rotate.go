@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/pinnedd/pinnedd/clusterport"
@@ -175,7 +174,7 @@ func (s *Store) refreshIdentity() error {
 		// Its CA was retired before it renewed (it could not open the new CA's key).
 		return fmt.Errorf("this node's certificate chains to no CA the cluster trusts: %w", err)
 	}
-	if err := clustertls.WriteFile(filepath.Join(s.tlsDir, clustertls.CAFile), bundle, 0o600); err != nil {
+	if err := s.keys.WriteFile(clustertls.CAFile, bundle); err != nil {
 		return err
 	}
 	// A certificate a new CA replaces is kept (before the new one is written, so a crash
@@ -183,12 +182,12 @@ func (s *Store) refreshIdentity() error {
 	var replaced []byte
 	if newCA {
 		_, replaced, _ = s.ident.Leaf()
-		if err := clustertls.WriteFile(filepath.Join(s.tlsDir, clustertls.PrevCertFile), replaced, 0o600); err != nil {
+		if err := s.keys.WriteFile(clustertls.PrevCertFile, replaced); err != nil {
 			return err
 		}
 	}
 	if renew {
-		if err := clustertls.WriteFile(filepath.Join(s.tlsDir, clustertls.CertFile), certPEM, 0o600); err != nil {
+		if err := s.keys.WriteFile(clustertls.CertFile, certPEM); err != nil {
 			return err
 		}
 	}
@@ -199,7 +198,7 @@ func (s *Store) refreshIdentity() error {
 		_ = s.ident.SetPrevious(replaced)
 	}
 	if s.ident.Previous() == nil {
-		if err := os.Remove(filepath.Join(s.tlsDir, clustertls.PrevCertFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := os.Remove(s.keys.Path(clustertls.PrevCertFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 	}

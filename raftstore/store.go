@@ -46,7 +46,7 @@ type Store struct {
 	trans     *raft.NetworkTransport
 	stream    *clusterport.Port    // the cluster port (Raft and node-to-node HTTP), when Config.TLS is set
 	ident     *clustertls.Identity // this node's TLS identity, when Config.TLS is set
-	tlsDir    string               // <DataDir>/tls with the cluster's own CA
+	keys      clusterport.Keys     // <DataDir>/tls with the cluster's own CA
 	localCA   *clustertls.CA       // the CA this node created (bootstrap), to record in the log
 	raftUp    chan struct{}        // closed once s.raft is set
 	advertise string

@@ -41,168 +41,29 @@ const departedGrace = 30 * time.Second
 // handshakeTimeout bounds a TLS handshake this node makes to a peer's cluster port.
 const handshakeTimeout = 5 * time.Second
 
-// setupTLS prepares this node's identity before the transport starts: the operator's files, or
-// the cluster's own CA in <DataDir>/tls (created here when this node bootstraps a new cluster;
+// setupTLS prepares this node's identity before the transport starts
+// (clusterport.LoadIdentity): the operator's files, or the cluster's own CA
+// in <DataDir>/tls (created here when this node bootstraps a new cluster;
 // otherwise the certificate a join stored, or none yet).
 func (s *Store) setupTLS() error {
 	c := s.cfg.TLS
-	s.ident = &clustertls.Identity{}
-	if c.own() {
-		if c.CAFile == "" || c.CertFile == "" || c.KeyFile == "" {
-			return fmt.Errorf("%w: TLS needs the CA, certificate and key files together (got ca %q, cert %q, key %q)", ErrInvalidConfig, c.CAFile, c.CertFile, c.KeyFile)
-		}
-		ca, cert, key, err := readAll(c.CAFile, c.CertFile, c.KeyFile)
-		if err != nil {
-			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-		}
-		if err := s.ident.Set(ca, cert, key); err != nil {
-			return fmt.Errorf("%w: %s, %s: %w", ErrInvalidConfig, c.CertFile, c.CAFile, err)
-		}
-		if got := s.ident.NodeID(); got != s.cfg.NodeID {
-			return fmt.Errorf("%w: %s is for node %q, this node is %q", ErrInvalidConfig, c.CertFile, got, s.cfg.NodeID)
-		}
-		return nil
-	}
-	s.tlsDir = filepath.Join(s.cfg.DataDir, "tls")
-	caPEM, certPEM, _, err := readAll(
-		filepath.Join(s.tlsDir, clustertls.CAFile), filepath.Join(s.tlsDir, clustertls.CertFile), filepath.Join(s.tlsDir, clustertls.KeyFile))
-	var keyPEM []byte
-	if err == nil {
-		keyPEM, err = s.readKey(clustertls.KeyFile, clustertls.LabelNodeKey)
-	}
+	s.keys = clusterport.Keys{Dir: filepath.Join(s.cfg.DataDir, "tls"), Sealer: s.cfg.Sealer, Logger: s.log}
+	ident, localCA, err := clusterport.LoadIdentity(s.keys, clusterport.Setup{
+		NodeID: s.cfg.NodeID, CAFile: c.CAFile, CertFile: c.CertFile, KeyFile: c.KeyFile,
+		Create: s.cfg.Bootstrap, Existing: s.existing, Hosts: s.hosts(), Validity: s.cfg.CertValidity,
+	})
 	switch {
-	case err == nil:
-		if err := s.ident.Set(caPEM, certPEM, keyPEM); err != nil {
-			return fmt.Errorf("raftstore: the certificate in %s: %w", s.tlsDir, err)
-		}
-		if got := s.ident.NodeID(); got != s.cfg.NodeID {
-			return fmt.Errorf("%w: %s holds the certificate of node %q, this node is %q (a data dir of another node?)", ErrInvalidConfig, s.tlsDir, got, s.cfg.NodeID)
-		}
-		s.log.Info("cluster certificate loaded", "dir", s.tlsDir)
-		if prev, err := os.ReadFile(filepath.Join(s.tlsDir, clustertls.PrevCertFile)); err == nil {
-			_ = s.ident.SetPrevious(prev) // kept through a rotation under way; refreshIdentity drops it after
-		}
-	case !errors.Is(err, os.ErrNotExist):
+	case errors.Is(err, clusterport.ErrConfig):
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	case err != nil:
 		return fmt.Errorf("raftstore: %w", err)
-	case s.cfg.Bootstrap && !s.existing:
-		ca, err := clustertls.NewCA("pinnedd cluster CA " + s.cfg.NodeID)
-		if err != nil {
-			return err
-		}
-		ca.NodeValidity = s.cfg.CertValidity
-		cert, key, err := ca.Issue(s.cfg.NodeID, s.hosts())
-		if err != nil {
-			return err
-		}
-		// The CA key first: a crash between the two leaves a CA to issue from again.
-		if err := s.writeKey(clustertls.CAKeyFile, clustertls.LabelCAKey, ca.KeyPEM()); err != nil {
-			return err
-		}
-		if err := s.writeKey(clustertls.KeyFile, clustertls.LabelNodeKey, key); err != nil {
-			return err
-		}
-		for name, data := range map[string][]byte{clustertls.CAFile: ca.CertPEM(), clustertls.CertFile: cert} {
-			if err := clustertls.WriteFile(filepath.Join(s.tlsDir, name), data, 0o600); err != nil {
-				return err
-			}
-		}
-		if err := s.ident.Set(ca.CertPEM(), cert, key); err != nil {
-			return err
-		}
-		s.log.Info("created the cluster CA and this node's certificate", "dir", s.tlsDir)
-	case s.existing:
-		// Its id is (or was) a member's, and a member's id gets a certificate only over its own.
-		return fmt.Errorf("%w: this data dir holds Raft state but %s holds no cluster certificate, and no member issues one for a member's id: remove this node (`pinnedd remove %s` on a member), move this data dir away and start it again with --join <member url> (or run the whole cluster with --insecure-cluster)", ErrInvalidConfig, s.tlsDir, s.cfg.NodeID)
-	default:
-		s.log.Info("no cluster certificate yet: a join gets one", "dir", s.tlsDir)
 	}
-	// The bootstrap node keeps the CA key; it proposes the CA into the log once it leads.
-	switch keyPEM, err := s.readKey(clustertls.CAKeyFile, clustertls.LabelCAKey); {
-	case err == nil:
-		// After a rotation the trust bundle leads with the new CA, and once
-		// the old one is retired it is not in it at all: the key file then
-		// serves nothing (the log holds every CA's key).
-		if s.localCA, err = clustertls.CAFromBundle(s.ident.CAPEM(), keyPEM); errors.Is(err, clustertls.ErrUntrusted) {
-			s.log.Info("the CA key file is of a CA no longer trusted: ignored", "file", filepath.Join(s.tlsDir, clustertls.CAKeyFile))
-		} else if err != nil {
-			return fmt.Errorf("raftstore: the CA in %s: %w", s.tlsDir, err)
-		}
-	case !errors.Is(err, os.ErrNotExist):
-		return err
-	}
+	s.ident, s.localCA = ident, localCA
 	return nil
 }
 
-// readKey reads the key file name in the TLS directory: sealed (Config.Sealer opens it), or
-// in clear, as an older version or a node without a sealer wrote it; a key found in clear,
-// or sealed under a token being rotated out, is sealed in place under this node's token.
-func (s *Store) readKey(name, label string) ([]byte, error) {
-	path := filepath.Join(s.tlsDir, name)
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	if clustertls.IsSealed(b) {
-		if s.cfg.Sealer == nil {
-			return nil, fmt.Errorf("%w: %s is sealed with the deployment token, and this node has none", ErrInvalidConfig, path)
-		}
-		plain, stale, err := s.cfg.Sealer.OpenStale(label, b)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %s: %w (was this data dir made with another PINBOARD_TOKEN?)", ErrInvalidConfig, path, err)
-		}
-		if stale {
-			if err := s.writeKey(name, label, plain); err != nil {
-				return nil, fmt.Errorf("raftstore: sealing %s again: %w", path, err)
-			}
-			s.log.Info("sealed a key again under this node's token (it opened with a token being rotated out)", "file", path)
-		}
-		return plain, nil
-	}
-	if s.cfg.Sealer != nil {
-		if err := s.writeKey(name, label, b); err != nil {
-			return nil, fmt.Errorf("raftstore: sealing %s: %w", path, err)
-		}
-		s.log.Info("sealed a key kept in clear", "file", path)
-	}
-	return b, nil
-}
-
-// writeKey writes the key file name in the TLS directory, sealed when this node has a sealer.
-func (s *Store) writeKey(name, label string, plain []byte) error {
-	if s.cfg.Sealer != nil {
-		plain = s.cfg.Sealer.Seal(label, plain)
-	}
-	return clustertls.WriteFile(filepath.Join(s.tlsDir, name), plain, 0o600)
-}
-
-func (s *Store) hosts() []string {
-	var hs []string
-	for _, a := range []string{s.cfg.AdvertiseRaftAddr, s.cfg.RaftAddr} {
-		if h, _, err := net.SplitHostPort(a); err == nil && h != "" && !slicesContains(hs, h) {
-			hs = append(hs, h)
-		}
-	}
-	return hs
-}
-
-func slicesContains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
-}
-
-func readAll(paths ...string) (caPEM, certPEM, keyPEM []byte, err error) {
-	out := make([][]byte, len(paths))
-	for i, p := range paths {
-		if out[i], err = os.ReadFile(p); err != nil {
-			return nil, nil, nil, err
-		}
-	}
-	return out[0], out[1], out[2], nil
-}
+// hosts are what this node's certificate names.
+func (s *Store) hosts() []string { return clusterport.Hosts(s.cfg.AdvertiseRaftAddr, s.cfg.RaftAddr) }
 
 // allowPeer is the membership check on an authenticated inbound connection: the peer's node
 // id must be in this node's latest Raft configuration. A node with no configuration yet (new,
@@ -370,10 +231,10 @@ func (s *Store) fetchCertificate(ctx context.Context, client *http.Client, membe
 	if err := checkPins(s.cfg.Token, ca); err != nil {
 		return fmt.Errorf("%w: the CA from %s is not vouched for by this node's PINBOARD_TOKEN (another cluster, another token, or someone in between): %w", ErrUntrustedCA, memberURL, err)
 	}
-	key, err := s.readKey(clustertls.KeyFile, clustertls.LabelNodeKey)
+	key, err := s.keys.ReadKey(clustertls.KeyFile, clustertls.LabelNodeKey)
 	if errors.Is(err, os.ErrNotExist) {
 		if key, err = clustertls.NewKey(); err == nil {
-			err = s.writeKey(clustertls.KeyFile, clustertls.LabelNodeKey, key)
+			err = s.keys.WriteKey(clustertls.KeyFile, clustertls.LabelNodeKey, key)
 		}
 	}
 	if err != nil {
@@ -400,15 +261,15 @@ func (s *Store) fetchCertificate(ctx context.Context, client *http.Client, membe
 	if probe.NodeID() != s.cfg.NodeID {
 		return fmt.Errorf("%w: %s issued a certificate for %q", ErrUntrustedCA, memberURL, probe.NodeID())
 	}
-	if err := clustertls.WriteFile(filepath.Join(s.tlsDir, clustertls.CAFile), []byte(ca.CA), 0o600); err != nil {
+	if err := s.keys.WriteFile(clustertls.CAFile, []byte(ca.CA)); err != nil {
 		return err
 	}
-	if err := clustertls.WriteFile(filepath.Join(s.tlsDir, clustertls.CertFile), []byte(ans.Cert), 0o600); err != nil {
+	if err := s.keys.WriteFile(clustertls.CertFile, []byte(ans.Cert)); err != nil {
 		return err
 	}
 	if err := s.ident.Set([]byte(ca.CA), []byte(ans.Cert), key); err != nil {
 		return err
 	}
-	s.log.Info("got this node's cluster certificate", "via", memberURL, "dir", s.tlsDir)
+	s.log.Info("got this node's cluster certificate", "via", memberURL, "dir", s.keys.Dir)
 	return nil
 }
