@@ -144,7 +144,7 @@ func TestClaimsNarrowTheScopes(t *testing.T) {
 	}{
 		{"POST", "/registry/drain", `{"clientId":"wa","deadline":30}`, "ops-a", 200, "wa"},
 		{"POST", "/registry/drain", `{"clientId":"wb","deadline":30}`, "ops-a", 403, "forbidden"},
-		{"POST", "/registry/register", `{"clientId":"wb","advertiseUrl":"http://10.1.2.3:80","namespaces":["/a"]}`, "worker-a", 403, "does not admit namespace /b"},
+		{"POST", "/registry/register", `{"clientId":"wb","advertiseUrl":"http://10.1.2.3:80","namespaces":["/a"]}`, "worker-a", 403, `may not replace the registration of client id \"wb\"`},
 		{"POST", "/registry/register", `{"clientId":"c","advertiseUrl":"http://10.1.2.3:80","namespaces":["/a"],"liveIds":[{"namespace":"/b","id":"x"}]}`, "worker-a", 403, "does not admit namespace /b"},
 		{"GET", "/registry/health", "", "ops-a", 200, `"ok":true`},
 		{"GET", "/_pinned/status", "", "ops-a", 403, `key \"k\" is narrowed to some`},
@@ -168,6 +168,9 @@ func TestClaimsNarrowTheScopes(t *testing.T) {
 		resp.Body.Close()
 		if c.path == "/registry/health" && strings.Contains(string(buf), "placements") {
 			t.Errorf("health gave a narrowed key the fleet's figures: %s", buf)
+		}
+		if strings.Contains(c.body, `"clientId":"wb"`) && strings.Contains(string(buf), "/b") {
+			t.Errorf("a narrowed key learned the namespaces of another client id: %s", buf)
 		}
 		if resp.StatusCode != c.code || !strings.Contains(string(buf), c.say) || strings.Contains(string(buf), c.token) {
 			t.Errorf("%s %s %s with %s: %d %s, want %d saying %q", c.method, c.path, c.body, c.token, resp.StatusCode, buf, c.code, c.say)

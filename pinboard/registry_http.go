@@ -84,13 +84,16 @@ func (a *API) admitsRegistration(w http.ResponseWriter, r *http.Request, req Reg
 	for _, id := range req.LiveIDs {
 		namespaces = append(namespaces, id.Namespace)
 	}
-	if wk, ok := a.dir.Machine().Worker(req.ClientID); ok {
-		namespaces = append(namespaces, wk.Namespaces...)
-	}
 	for _, ns := range namespaces {
 		if !admitsNamespace(w, r, ns) {
 			return false
 		}
+	}
+	// The answer names none of the namespaces of the worker it would
+	// replace: a narrowed key learns nothing of another client id's.
+	if wk, ok := a.dir.Machine().Worker(req.ClientID); ok && slices.ContainsFunc(wk.Namespaces, func(ns string) bool { return !k.Claims.Namespace(ns) }) {
+		refuseClaims(w, r, fmt.Sprintf("key %q may not replace the registration of client id %q", k.Name, req.ClientID))
+		return false
 	}
 	if k.Claims.AnyBackendHost() {
 		return true
