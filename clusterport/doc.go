@@ -7,8 +7,9 @@
 // connections (Port is a raft.StreamLayer) and serves the HTTP ones
 // (Serve), and closes what a removed node or a retired CA left open
 // (Sweep, SweepUntrusted). It also keeps this node's identity on disk
-// (Keys, LoadIdentity): the trusted bundle, the node's certificate and its
-// key sealed at rest, and the CA a bootstrap node creates.
+// (Keys, LoadIdentity: the trusted bundle, the node's certificate and its
+// key sealed at rest, and the CA a bootstrap node creates), and gets a
+// joining node its certificate from a member (FetchIdentity).
 //
 // Whom the cluster trusts is not decided here: package raftstore runs the
 // cluster's CA in the Raft log (issuing, rotation, retirement), and

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pinnedd/pinnedd/clusterport"
+
 	"github.com/pinnedd/pinnedd/internal/clustertls"
 )
 
@@ -59,7 +61,7 @@ func withLog(b *logBuffer) func(*Config) {
 
 // postCert sends a certificate request for id (a CSR for a new key) to baseURL with client,
 // authorized by set, and returns the status and the certificate answered.
-func postCert(t *testing.T, client *http.Client, baseURL, id string, set func(*http.Request, []byte)) (int, certAnswer) {
+func postCert(t *testing.T, client *http.Client, baseURL, id string, set func(*http.Request, []byte)) (int, clusterport.CertAnswer) {
 	t.Helper()
 	key, err := clustertls.NewKey()
 	if err != nil {
@@ -69,7 +71,7 @@ func postCert(t *testing.T, client *http.Client, baseURL, id string, set func(*h
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := json.Marshal(certRequest{ID: id, CSR: string(csr)})
+	body, _ := json.Marshal(clusterport.CertRequest{ID: id, CSR: string(csr)})
 	req, _ := http.NewRequest(http.MethodPost, baseURL+HandlerPrefix+"certificate", bytes.NewReader(body))
 	if set != nil {
 		set(req, body)
@@ -79,7 +81,7 @@ func postCert(t *testing.T, client *http.Client, baseURL, id string, set func(*h
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var ans certAnswer
+	var ans clusterport.CertAnswer
 	data, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode == http.StatusOK {
 		if err := json.Unmarshal(data, &ans); err != nil {

@@ -3,6 +3,8 @@ package raftstore
 import (
 	"errors"
 	"fmt"
+
+	"github.com/pinnedd/pinnedd/clusterport"
 )
 
 // Sentinel errors. Returned errors wrap them (and often the underlying raft or context error)
@@ -48,7 +50,7 @@ var (
 	ErrUnknownMember = errors.New("raftstore: unknown member")
 	// ErrUntrustedCA means a joining node refused the CA or certificate a member sent: it is not
 	// the CA the deployment token pins, or the certificate does not chain to it.
-	ErrUntrustedCA = errors.New("raftstore: untrusted cluster CA")
+	ErrUntrustedCA = clusterport.ErrUntrustedCA
 	// ErrNoClusterCA means this member cannot issue a certificate: the cluster runs without
 	// TLS, uses the operator's own PKI, or has not recorded its CA yet.
 	ErrNoClusterCA = errors.New("raftstore: no cluster CA to issue from")

@@ -36,27 +36,6 @@ type joinRequest struct {
 	Fence uint64 `json:"fence,omitempty"`
 }
 
-// certRequest asks a member to sign a joining node's certificate request.
-type certRequest struct {
-	ID  string `json:"id"`
-	CSR string `json:"csr"`
-}
-
-// certAnswer is the signed certificate and the CA it chains to, PEM.
-type certAnswer struct {
-	Cert string `json:"cert"`
-	CA   string `json:"ca"`
-}
-
-// caAnswer is the cluster CA certificate and its pin under the deployment token; Pins, its
-// pins under each of the member's join tokens (a node key being rotated: the joining node
-// may hold the new value or the old).
-type caAnswer struct {
-	CA   string   `json:"ca"`
-	Pin  string   `json:"pin"`
-	Pins []string `json:"pins,omitempty"`
-}
-
 type removeRequest struct {
 	ID string `json:"id"`
 }
@@ -410,7 +389,7 @@ func (s *Store) handleCA(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	ans := caAnswer{CA: string(ca.CertPEM())}
+	ans := clusterport.CAAnswer{CA: string(ca.CertPEM())}
 	for _, token := range s.joinTokens() {
 		pin, err := clustertls.Pin(token, ca.CertPEM())
 		if err != nil {
@@ -431,7 +410,7 @@ func (s *Store) handleCA(w http.ResponseWriter, r *http.Request) {
 // An issue or a refusal (403) is logged at WARN with who asked; a request a member passed on, at
 // INFO.
 func (s *Store) handleCertificate(w http.ResponseWriter, r *http.Request) {
-	var req certRequest
+	var req clusterport.CertRequest
 	if !readJSON(w, r, &req) {
 		return
 	}
@@ -442,7 +421,7 @@ func (s *Store) handleCertificate(w http.ResponseWriter, r *http.Request) {
 	peer := clusterport.NodeFrom(r.Context())
 	// A member passing on another's request is not asking for itself.
 	renewal := peer != "" && peer == req.ID && !forwarded(r)
-	var ans certAnswer
+	var ans clusterport.CertAnswer
 	issue := func(ctx context.Context) (err error) {
 		ans, err = s.issueLocal(ctx, req)
 		return err
@@ -494,30 +473,30 @@ func certAuth(r *http.Request, peer string) string {
 }
 
 // issueLocal signs req on the leader if req.ID is not a member of the latest configuration.
-func (s *Store) issueLocal(ctx context.Context, req certRequest) (certAnswer, error) {
+func (s *Store) issueLocal(ctx context.Context, req clusterport.CertRequest) (clusterport.CertAnswer, error) {
 	servers, err := s.configuration(ctx)
 	if err != nil {
-		return certAnswer{}, err
+		return clusterport.CertAnswer{}, err
 	}
 	for _, srv := range servers {
 		if string(srv.ID) == req.ID {
-			return certAnswer{}, fmt.Errorf("%w: %q is a current member: a member's certificate is issued only to that member, over its own certificate (a renewal). A node rebuilt without its data dir must first be removed: `pinnedd remove %s`", ErrForbidden, req.ID, req.ID)
+			return clusterport.CertAnswer{}, fmt.Errorf("%w: %q is a current member: a member's certificate is issued only to that member, over its own certificate (a renewal). A node rebuilt without its data dir must first be removed: `pinnedd remove %s`", ErrForbidden, req.ID, req.ID)
 		}
 	}
 	return s.sign(ctx, req)
 }
 
 // sign signs req's certificate request with the cluster CA.
-func (s *Store) sign(ctx context.Context, req certRequest) (certAnswer, error) {
+func (s *Store) sign(ctx context.Context, req clusterport.CertRequest) (clusterport.CertAnswer, error) {
 	ca, err := s.issuerWait(ctx)
 	if err != nil {
-		return certAnswer{}, err
+		return clusterport.CertAnswer{}, err
 	}
 	cert, err := ca.SignCSR([]byte(req.CSR), req.ID)
 	if err != nil {
-		return certAnswer{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
+		return clusterport.CertAnswer{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
-	return certAnswer{Cert: string(cert), CA: string(ca.CertPEM())}, nil
+	return clusterport.CertAnswer{Cert: string(cert), CA: string(ca.CertPEM())}, nil
 }
 
 func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {

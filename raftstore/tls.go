@@ -207,69 +207,37 @@ func (s *Store) JoinCluster(ctx context.Context, client *http.Client, memberURL 
 	return nil
 }
 
-// checkPins: the CA is pinned under token, by its main pin or one of the others (a member
-// whose node key is being rotated pins it under each value).
-func checkPins(token string, ca caAnswer) error {
-	err := clustertls.CheckPin(token, []byte(ca.CA), ca.Pin)
-	for _, pin := range ca.Pins {
-		if err == nil {
-			break
-		}
-		err = clustertls.CheckPin(token, []byte(ca.CA), pin)
-	}
-	return err
-}
-
+// fetchCertificate gets this node's certificate from the member at memberURL
+// (clusterport.FetchIdentity), over raftstore's RPCs.
 func (s *Store) fetchCertificate(ctx context.Context, client *http.Client, memberURL string) error {
 	if s.cfg.Token == "" {
 		return fmt.Errorf("%w: joining with the cluster's own CA needs the deployment token (it pins the CA)", ErrInvalidConfig)
 	}
-	var ca caAnswer
-	if err := callJSON(ctx, client, memberURL, rpcAuth{}, "ca", nil, &ca, false); err != nil {
-		return fmt.Errorf("raftstore: fetching the cluster CA: %w", err)
+	m := joinMember{client: client, url: memberURL, token: s.cfg.Token}
+	if err := clusterport.FetchIdentity(ctx, s.keys, s.ident, s.cfg.NodeID, s.hosts(), s.cfg.Token, m); err != nil {
+		return fmt.Errorf("raftstore: %w", err)
 	}
-	if err := checkPins(s.cfg.Token, ca); err != nil {
-		return fmt.Errorf("%w: the CA from %s is not vouched for by this node's PINBOARD_TOKEN (another cluster, another token, or someone in between): %w", ErrUntrustedCA, memberURL, err)
-	}
-	key, err := s.keys.ReadKey(clustertls.KeyFile, clustertls.LabelNodeKey)
-	if errors.Is(err, os.ErrNotExist) {
-		if key, err = clustertls.NewKey(); err == nil {
-			err = s.keys.WriteKey(clustertls.KeyFile, clustertls.LabelNodeKey, key)
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("raftstore: node key: %w", err)
-	}
-	csr, err := clustertls.NewCSR(key, s.cfg.NodeID, s.hosts())
-	if err != nil {
-		return err
-	}
-	var ans certAnswer
-	// The token proves itself without leaving this node (JoinProof): this request and the join
-	// go to the member's public port, maybe in clear.
-	if err := callJSON(ctx, client, memberURL, rpcAuth{token: s.cfg.Token, prove: true}, "certificate", certRequest{ID: s.cfg.NodeID, CSR: string(csr)}, &ans, false); err != nil {
-		return fmt.Errorf("raftstore: getting this node's certificate: %w", err)
-	}
-	if ans.CA != ca.CA {
-		return fmt.Errorf("%w: %s answered the certificate request with another CA than the pinned one", ErrUntrustedCA, memberURL)
-	}
-	// Set checks that the certificate chains to the pinned CA and fits this node's key.
-	probe := &clustertls.Identity{}
-	if err := probe.Set([]byte(ca.CA), []byte(ans.Cert), key); err != nil {
-		return fmt.Errorf("%w: the certificate from %s: %w", ErrUntrustedCA, memberURL, err)
-	}
-	if probe.NodeID() != s.cfg.NodeID {
-		return fmt.Errorf("%w: %s issued a certificate for %q", ErrUntrustedCA, memberURL, probe.NodeID())
-	}
-	if err := s.keys.WriteFile(clustertls.CAFile, []byte(ca.CA)); err != nil {
-		return err
-	}
-	if err := s.keys.WriteFile(clustertls.CertFile, []byte(ans.Cert)); err != nil {
-		return err
-	}
-	if err := s.ident.Set([]byte(ca.CA), []byte(ans.Cert), key); err != nil {
-		return err
-	}
-	s.log.Info("got this node's cluster certificate", "via", memberURL, "dir", s.keys.Dir)
 	return nil
 }
+
+// joinMember is a member's side of the certificate exchange, over its
+// public port: the token proves itself without leaving this node
+// (JoinProof), as this request and the join may go in clear.
+type joinMember struct {
+	client     *http.Client
+	url, token string
+}
+
+func (m joinMember) CA(ctx context.Context) (clusterport.CAAnswer, error) {
+	var ca clusterport.CAAnswer
+	err := callJSON(ctx, m.client, m.url, rpcAuth{}, "ca", nil, &ca, false)
+	return ca, err
+}
+
+func (m joinMember) Certificate(ctx context.Context, req clusterport.CertRequest) (clusterport.CertAnswer, error) {
+	var ans clusterport.CertAnswer
+	err := callJSON(ctx, m.client, m.url, rpcAuth{token: m.token, prove: true}, "certificate", req, &ans, false)
+	return ans, err
+}
+
+func (m joinMember) String() string { return m.url }
