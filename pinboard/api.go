@@ -18,29 +18,11 @@ import (
 // and the owner-side operator routes other nodes call attested (stats,
 // wind-down).
 type API struct {
-	dir        *Directory
-	self       *Self
-	worker     *Worker   // nil on a node without hosts
-	registry   *Registry // nil: this node serves no registrations
-	tokens     *Tokens
-	gate       *OwnerGate // attested (the owner-side operator routes)
-	local      Instances  // nil on a node without hosts
-	peer       Peers      // attested calls to other nodes (stats, wind-down)
-	logger     *slog.Logger
-	quarantine time.Duration
-	stopping   func() bool // the node is shutting down: not ready
-
-	metrics       http.Handler
-	metricsPublic bool
-	health        func() map[string]any
-	ready         func() bool
-	status        func() map[string]any
-	workerStats   func(ctx context.Context) map[string]any
-	drainHook     func(deadline time.Time, cordon bool)
-	windDown      func(ns, id string, deadline time.Time) int
-	reload        func(ctx context.Context, ns string) error
-	https         bool // the front door serves TLS
+	cfg APIConfig // with a Logger and a Stopping (NewAPI's defaults)
 }
+
+// worker is this node's worker, nil on a node without hosts.
+func (a *API) worker() *Worker { return a.cfg.Self.Worker() }
 
 // Instances is what the API asks of this node's instances (the
 // supervisor's answers).
@@ -116,18 +98,13 @@ func NewAPI(cfg APIConfig) *API {
 	if cfg.Stopping == nil {
 		cfg.Stopping = func() bool { return false }
 	}
-	a := &API{
-		dir: cfg.Dir, self: cfg.Self, worker: cfg.Self.Worker(), registry: cfg.Registry, tokens: cfg.Tokens, gate: cfg.Gate,
-		local: cfg.Local, peer: cfg.Peers, logger: cfg.Logger, quarantine: cfg.Quarantine, stopping: cfg.Stopping,
-		metrics: cfg.Metrics, metricsPublic: cfg.MetricsPublic, health: cfg.Health, ready: cfg.Ready, status: cfg.Status,
-		workerStats: cfg.WorkerStats, drainHook: cfg.Drain, windDown: cfg.WindDown, reload: cfg.Reload, https: cfg.HTTPS,
+	a := &API{cfg: cfg}
+	if a.worker() != nil && a.cfg.Local != nil {
+		a.worker().setUnfit(a.cfg.Local.StoreHealth)
 	}
-	if a.worker != nil && a.local != nil {
-		a.worker.setUnfit(a.local.StoreHealth)
-	}
-	if a.worker != nil {
-		self, logger := a.worker.ClientID(), a.logger
-		a.dir.Machine().OnTakeover(func(t directory.Takeover) {
+	if a.worker() != nil {
+		self, logger := a.worker().ClientID(), a.cfg.Logger
+		a.cfg.Dir.Machine().OnTakeover(func(t directory.Takeover) {
 			if t.Owner == self {
 				logger.Info("took over instance", "instance", t.Key.String(), "generation", t.Generation,
 					"previous_owner", t.Previous, "previous_node", t.PreviousNode)
@@ -143,9 +120,9 @@ func NewAPI(cfg APIConfig) *API {
 // register registers the API's collectors with reg: the tokens', the
 // gate's and the worker's gauges.
 func (a *API) register(reg prometheus.Registerer) {
-	reg.MustRegister(a.tokens.Collector())
-	reg.MustRegister(a.gate.Collectors()...)
-	worker := a.worker
+	reg.MustRegister(a.cfg.Tokens.Collector())
+	reg.MustRegister(a.cfg.Gate.Collectors()...)
+	worker := a.worker()
 	if worker == nil {
 		return
 	}
@@ -180,21 +157,21 @@ type Mux interface {
 func (a *API) Mount(mux Mux) {
 	// operator routes read or act on the whole fleet; operatorNS ones name
 	// the namespaces they touch and check the key's claims themselves.
-	operator := func(h http.HandlerFunc) http.HandlerFunc { return a.tokens.RequireFleet(h, ScopeOperator) }
-	operatorNS := func(h http.HandlerFunc) http.HandlerFunc { return a.tokens.Require(h, ScopeOperator) }
-	worker := func(h http.HandlerFunc) http.HandlerFunc { return a.tokens.Require(h, ScopeWorker) }
+	operator := func(h http.HandlerFunc) http.HandlerFunc { return a.cfg.Tokens.RequireFleet(h, ScopeOperator) }
+	operatorNS := func(h http.HandlerFunc) http.HandlerFunc { return a.cfg.Tokens.Require(h, ScopeOperator) }
+	worker := func(h http.HandlerFunc) http.HandlerFunc { return a.cfg.Tokens.Require(h, ScopeWorker) }
 	mux.HandleFunc("GET /healthz", a.healthz)
 	mux.HandleFunc("GET /readyz", a.readyz)
-	if a.metrics != nil && a.metricsPublic {
-		mux.Handle("GET /metrics", a.metrics)
-	} else if a.metrics != nil {
+	if a.cfg.Metrics != nil && a.cfg.MetricsPublic {
+		mux.Handle("GET /metrics", a.cfg.Metrics)
+	} else if a.cfg.Metrics != nil {
 		// Metrics name namespaces, nodes and load, an operator's business
 		// (--metrics-public opts out).
-		mux.HandleFunc("GET /metrics", operator(a.metrics.ServeHTTP))
+		mux.HandleFunc("GET /metrics", operator(a.cfg.Metrics.ServeHTTP))
 	}
 	mux.HandleFunc("GET /_pinned/status", operator(a.nodeStatus))
-	if a.worker != nil {
-		mux.HandleFunc("GET /_pinned/challenge", a.worker.ServeChallenge)
+	if a.worker() != nil {
+		mux.HandleFunc("GET /_pinned/challenge", a.worker().ServeChallenge)
 	}
 	mux.HandleFunc("GET /registry/health", a.registryHealth)
 	mux.HandleFunc("GET /registry/stats", operator(a.registryStats))
@@ -208,7 +185,7 @@ func (a *API) Mount(mux Mux) {
 	mux.HandleFunc("POST /_pinned/undrain", operator(a.localUndrain))
 	mux.HandleFunc("POST /_pinned/plugins/reload", operatorNS(a.pluginsReload))
 	mux.HandleFunc("GET /registry/workers", operator(a.registryWorkers))
-	if a.registry != nil {
+	if a.cfg.Registry != nil {
 		mux.HandleFunc("POST /registry/register", worker(a.registryRegister))
 		mux.HandleFunc("POST /registry/heartbeat", worker(a.registryHeartbeat))
 		mux.HandleFunc("POST /registry/deregister", worker(a.registryDeregister))
@@ -238,7 +215,7 @@ func (a *API) healthz(w http.ResponseWriter, _ *http.Request) {
 func (a *API) readyz(w http.ResponseWriter, _ *http.Request) {
 	body := a.readiness()
 	code := http.StatusOK
-	if body["ready"] != true || a.stopping() {
+	if body["ready"] != true || a.cfg.Stopping() {
 		code = http.StatusServiceUnavailable
 	}
 	httpx.WriteJSON(w, code, body)
@@ -247,7 +224,7 @@ func (a *API) readyz(w http.ResponseWriter, _ *http.Request) {
 // scheme is how the front door serves clients: "https", or "http" (keys
 // and bodies in clear), for /readyz and status.
 func (a *API) scheme() string {
-	if a.https {
+	if a.cfg.HTTPS {
 		return "https"
 	}
 	return "http"
@@ -258,21 +235,21 @@ func (a *API) scheme() string {
 // without mutual TLS (--insecure-cluster), and "frontDoor" (http or
 // https), for whoever watches readiness.
 func (a *API) readiness() map[string]any {
-	ready := a.ready == nil || a.ready()
+	ready := a.cfg.Ready == nil || a.cfg.Ready()
 	body := map[string]any{}
-	if a.worker != nil {
-		lease := a.worker.Lease(time.Now())
+	if a.worker() != nil {
+		lease := a.worker().Lease(time.Now())
 		body["lease"] = lease.String()
 		ready = ready && lease != LeaseUnregistered && lease != LeaseExpired
-		if !a.self.CaughtUp() {
+		if !a.cfg.Self.CaughtUp() {
 			ready = false
 			body["directory"] = "catching up"
 		}
 	}
-	if a.local != nil {
+	if a.cfg.Local != nil {
 		// Still ready: the front door routes every id, and the node
 		// serves its other namespaces; these it gives up to other nodes.
-		if nss := a.local.DegradedNamespaces(); len(nss) > 0 {
+		if nss := a.cfg.Local.DegradedNamespaces(); len(nss) > 0 {
 			body["degraded"] = nss
 		}
 	}
@@ -281,7 +258,7 @@ func (a *API) readiness() map[string]any {
 		body["stateStore"] = "unavailable"
 		body["reason"] = err.Error()
 	}
-	if !a.peer.Secure() {
+	if !a.cfg.Peers.Secure() {
 		body["cluster"] = "insecure"
 	}
 	body["frontDoor"] = a.scheme()
@@ -293,11 +270,11 @@ func (a *API) readiness() map[string]any {
 // Status hook adds (plugins, instances).
 func (a *API) nodeStatus(w http.ResponseWriter, _ *http.Request) {
 	body := map[string]any{"frontDoor": a.scheme()}
-	if a.worker != nil {
-		body["worker"] = a.worker.Status()
+	if a.worker() != nil {
+		body["worker"] = a.worker().Status()
 	}
-	if a.status != nil {
-		for k, v := range a.status() {
+	if a.cfg.Status != nil {
+		for k, v := range a.cfg.Status() {
 			body[k] = v
 		}
 	}
@@ -306,16 +283,16 @@ func (a *API) nodeStatus(w http.ResponseWriter, _ *http.Request) {
 
 // storeHealth is the local state store's health (nil: fine, or none).
 func (a *API) storeHealth() error {
-	if a.local == nil {
+	if a.cfg.Local == nil {
 		return nil
 	}
-	return a.local.StoreHealth()
+	return a.cfg.Local.StoreHealth()
 }
 
 // knownNamespace: served here, or by any worker the directory knows.
 func (a *API) knownNamespace(ns string) bool {
-	if a.local != nil && a.local.Serves(ns) {
+	if a.cfg.Local != nil && a.cfg.Local.Serves(ns) {
 		return true
 	}
-	return a.dir.Machine().NamespaceServed(ns)
+	return a.cfg.Dir.Machine().NamespaceServed(ns)
 }

@@ -43,8 +43,8 @@ func optionalSeconds(raw json.RawMessage) (d time.Duration, isNull, present bool
 }
 
 func (a *API) ttl() time.Duration {
-	if a.registry != nil {
-		return a.registry.TTL()
+	if a.cfg.Registry != nil {
+		return a.cfg.Registry.TTL()
 	}
 	return DefaultLeaseTTL
 }
@@ -109,7 +109,7 @@ func (a *API) registryDrain(w http.ResponseWriter, r *http.Request) {
 	if req.NodeID != "" {
 		cmd = directory.DrainNode{NodeID: req.NodeID, Deadline: deadline, Cordon: cordon, Now: now.UnixMilli()}
 	}
-	res, err := a.dir.Do(r.Context(), cmd)
+	res, err := a.cfg.Dir.Do(r.Context(), cmd)
 	if err != nil {
 		a.registryError(w, r, err)
 		return
@@ -140,7 +140,7 @@ func (a *API) registryUndrain(w http.ResponseWriter, r *http.Request) {
 	if req.NodeID != "" {
 		cmd = directory.UndrainNode{NodeID: req.NodeID}
 	}
-	res, err := a.dir.Do(r.Context(), cmd)
+	res, err := a.cfg.Dir.Do(r.Context(), cmd)
 	if err != nil {
 		a.registryError(w, r, err)
 		return
@@ -163,7 +163,7 @@ func (a *API) admitsDrainTarget(w http.ResponseWriter, r *http.Request, t drainT
 		return true
 	}
 	found := false
-	for _, wk := range a.dir.Machine().Workers() {
+	for _, wk := range a.cfg.Dir.Machine().Workers() {
 		if wk.ClientID != t.ClientID && (t.NodeID == "" || wk.NodeID != t.NodeID) {
 			continue
 		}
@@ -193,7 +193,7 @@ func (a *API) unknownDrainTarget(w http.ResponseWriter, t drainTarget) {
 		return
 	}
 	msg := fmt.Sprintf("unknown client id %q: `pinnedd workers --all` lists the registered workers", t.ClientID)
-	for _, wk := range a.dir.Machine().Workers() {
+	for _, wk := range a.cfg.Dir.Machine().Workers() {
 		if wk.NodeID == t.ClientID {
 			msg = fmt.Sprintf("unknown client id %q: that is a node id; drain the node with `pinnedd drain %s`", t.ClientID, t.ClientID)
 			break
@@ -262,7 +262,7 @@ func (a *API) registryWindDown(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Who to tell: the owner of the id, or every live worker serving ns.
-	m := a.dir.Machine()
+	m := a.cfg.Dir.Machine()
 	now := time.Now().UnixMilli()
 	var targets []directory.Worker
 	if id != "" {
@@ -309,17 +309,17 @@ func (a *API) registryWindDown(w http.ResponseWriter, r *http.Request) {
 
 // windDownOn applies a wind-down on one worker: here, or at its owner side.
 func (a *API) windDownOn(ctx context.Context, wk directory.Worker, ns, id string, atMs int64) (int, error) {
-	if wk.ClientID == a.self.ID() {
+	if wk.ClientID == a.cfg.Self.ID() {
 		return a.localWindDown(ns, id, atMs), nil
 	}
 	body, _ := json.Marshal(map[string]any{"namespace": ns, "id": id, "deadlineUnixMs": atMs})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.peer.Base(wk)+WindDownPath, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.cfg.Peers.Base(wk)+WindDownPath, bytes.NewReader(body))
 	if err != nil {
 		return 0, err
 	}
-	gen := max(a.dir.Machine().AppliedIndex(), 1)
-	req.Header.Set(AttestationHeader, SignFor(a.dir.Machine().Secret(), wk.SessionID, Attestation{Target: wk.ClientID, Caller: a.self.ID(), Generation: gen, At: time.Now()}, http.MethodPost, WindDownPath))
-	resp, err := a.peer.Client().Do(req)
+	gen := max(a.cfg.Dir.Machine().AppliedIndex(), 1)
+	req.Header.Set(AttestationHeader, SignFor(a.cfg.Dir.Machine().Secret(), wk.SessionID, Attestation{Target: wk.ClientID, Caller: a.cfg.Self.ID(), Generation: gen, At: time.Now()}, http.MethodPost, WindDownPath))
+	resp, err := a.cfg.Peers.Client().Do(req)
 	if err != nil {
 		return 0, err
 	}
@@ -329,19 +329,19 @@ func (a *API) windDownOn(ctx context.Context, wk directory.Worker, ns, id string
 }
 
 func (a *API) localWindDown(ns, id string, atMs int64) int {
-	if a.windDown == nil {
+	if a.cfg.WindDown == nil {
 		return 0
 	}
 	var at time.Time
 	if atMs != 0 {
 		at = time.UnixMilli(atMs)
 	}
-	return a.windDown(ns, id, at)
+	return a.cfg.WindDown(ns, id, at)
 }
 
 // ownerWindDown serves the attested owner side of a wind-down.
 func (a *API) ownerWindDown(w http.ResponseWriter, r *http.Request) {
-	if _, ok := a.gate.Admit(w, r, WindDownPath); !ok {
+	if _, ok := a.cfg.Gate.Admit(w, r, WindDownPath); !ok {
 		return
 	}
 	var req struct {
@@ -379,7 +379,7 @@ func (a *API) localDrain(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, http.StatusBadRequest, `give "deadline" in seconds, or "cordon": true`, 0)
 		return
 	}
-	if a.drainHook == nil {
+	if a.cfg.Drain == nil {
 		httpx.WriteError(w, http.StatusConflict, "this node hosts no instances", 0)
 		return
 	}
@@ -396,7 +396,7 @@ func (a *API) localDrain(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) localUndrain(w http.ResponseWriter, _ *http.Request) {
-	if a.drainHook == nil {
+	if a.cfg.Drain == nil {
 		httpx.WriteError(w, http.StatusConflict, "this node hosts no instances", 0)
 		return
 	}
@@ -410,11 +410,11 @@ func (a *API) localUndrain(w http.ResponseWriter, _ *http.Request) {
 // node acts on it (APIConfig.Drain). Every local drain comes through
 // here: POST /_pinned/drain and the agent's SIGTERM.
 func (a *API) Drain(deadline time.Time, cordon bool) {
-	if a.worker != nil {
-		a.worker.SetLocalDrain(deadline, cordon)
+	if a.worker() != nil {
+		a.worker().SetLocalDrain(deadline, cordon)
 	}
-	if a.drainHook != nil {
-		a.drainHook(deadline, cordon)
+	if a.cfg.Drain != nil {
+		a.cfg.Drain(deadline, cordon)
 	}
 }
 
@@ -453,13 +453,13 @@ func (a *API) pluginsReload(w http.ResponseWriter, r *http.Request) {
 	if req.Namespace != "" && !admitsNamespace(w, r, req.Namespace) {
 		return
 	}
-	if a.reload == nil {
+	if a.cfg.Reload == nil {
 		httpx.WriteError(w, http.StatusConflict, "this node hosts no instances", 0)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
 	defer cancel()
-	if err := a.reload(ctx, req.Namespace); err != nil {
+	if err := a.cfg.Reload(ctx, req.Namespace); err != nil {
 		code := http.StatusInternalServerError
 		if errors.Is(err, ErrUnknownNamespace) {
 			code = http.StatusNotFound
@@ -476,7 +476,7 @@ var ErrUnknownNamespace = errors.New("unknown namespace")
 
 // registryOverview summarises the fleet for an operator (and the console).
 func (a *API) registryOverview(w http.ResponseWriter, _ *http.Request) {
-	m := a.dir.Machine()
+	m := a.cfg.Dir.Machine()
 	now := time.Now().UnixMilli()
 	type nsView struct {
 		Workers    int `json:"workers"`
@@ -517,10 +517,10 @@ func (a *API) registryOverview(w http.ResponseWriter, _ *http.Request) {
 		"workers":      map[string]int{"registered": total, "live": live, "draining": draining, "degraded": degraded},
 		"placements":   placements,
 		"namespaces":   nss,
-		"quarantineMs": m.QuarantineMs(now, a.quarantine.Milliseconds()),
+		"quarantineMs": m.QuarantineMs(now, a.cfg.Quarantine.Milliseconds()),
 	}
-	if a.health != nil {
-		body["raft"] = a.health()
+	if a.cfg.Health != nil {
+		body["raft"] = a.cfg.Health()
 	}
 	httpx.WriteJSON(w, http.StatusOK, body)
 }

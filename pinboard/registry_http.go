@@ -52,7 +52,7 @@ func (a *API) registryError(w http.ResponseWriter, r *http.Request, err error) {
 	case r.Context().Err() != nil:
 		httpx.Abandon()
 	default:
-		a.logger.Warn("registry request failed", "path", r.URL.Path, "err", err)
+		a.cfg.Logger.Warn("registry request failed", "path", r.URL.Path, "err", err)
 		httpx.WriteError(w, http.StatusServiceUnavailable, "directory unavailable", time.Second)
 	}
 }
@@ -62,7 +62,7 @@ func (a *API) registryRegister(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &req) || !a.admitsRegistration(w, r, req) {
 		return
 	}
-	ack, err := a.registry.Register(r.Context(), req)
+	ack, err := a.cfg.Registry.Register(r.Context(), req)
 	if err != nil {
 		a.registryError(w, r, err)
 		return
@@ -91,7 +91,7 @@ func (a *API) admitsRegistration(w http.ResponseWriter, r *http.Request, req Reg
 	}
 	// The answer names none of the namespaces of the worker it would
 	// replace: a narrowed key learns nothing of another client id's.
-	if wk, ok := a.dir.Machine().Worker(req.ClientID); ok && slices.ContainsFunc(wk.Namespaces, func(ns string) bool { return !k.Claims.Namespace(ns) }) {
+	if wk, ok := a.cfg.Dir.Machine().Worker(req.ClientID); ok && slices.ContainsFunc(wk.Namespaces, func(ns string) bool { return !k.Claims.Namespace(ns) }) {
 		refuseClaims(w, r, fmt.Sprintf("key %q may not replace the registration of client id %q", k.Name, req.ClientID))
 		return false
 	}
@@ -115,7 +115,7 @@ func (a *API) registryHeartbeat(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &req) {
 		return
 	}
-	ack, err := a.registry.Heartbeat(r.Context(), req)
+	ack, err := a.cfg.Registry.Heartbeat(r.Context(), req)
 	if err != nil {
 		a.registryError(w, r, err)
 		return
@@ -135,7 +135,7 @@ func (a *API) registryDeregister(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, http.StatusBadRequest, "clientId and sessionId are required", 0)
 		return
 	}
-	if err := a.registry.Deregister(r.Context(), req.ClientID, req.SessionID); err != nil {
+	if err := a.cfg.Registry.Deregister(r.Context(), req.ClientID, req.SessionID); err != nil {
 		a.registryError(w, r, err)
 		return
 	}
@@ -166,7 +166,7 @@ func (a *API) registryRelease(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteError(w, http.StatusBadRequest, "env requires hostname-aware mode", 0)
 		return
 	}
-	res, err := a.registry.GiveBack(r.Context(), GiveBack{
+	res, err := a.cfg.Registry.GiveBack(r.Context(), GiveBack{
 		ClientID: req.ClientID, SessionID: req.SessionID, Generation: req.Generation,
 		Key: InstanceKey{Namespace: req.Namespace, ID: req.ID},
 	})
@@ -236,7 +236,7 @@ type WorkerView struct {
 // drain state; ?all=1 adds the lapsed and deregistered ones the directory
 // still remembers.
 func (a *API) registryWorkers(w http.ResponseWriter, r *http.Request) {
-	m := a.dir.Machine()
+	m := a.cfg.Dir.Machine()
 	now := time.Now().UnixMilli()
 	all := false
 	switch v := r.URL.Query().Get("all"); v {
@@ -278,20 +278,20 @@ func (a *API) registryWorkers(w http.ResponseWriter, r *http.Request) {
 // applied index and the consensus view the agent adds (term, leader, its
 // address). A token that is sent but unknown gets 401, as anywhere.
 func (a *API) registryHealth(w http.ResponseWriter, r *http.Request) {
-	m := a.dir.Machine()
+	m := a.cfg.Dir.Machine()
 	now := time.Now().UnixMilli()
 	body := map[string]any{
 		"ok":           true,
-		"quarantineMs": m.QuarantineMs(now, a.quarantine.Milliseconds()),
+		"quarantineMs": m.QuarantineMs(now, a.cfg.Quarantine.Milliseconds()),
 		"ready":        a.readiness()["ready"],
 	}
-	_, err := a.tokens.AuthorizeFleet(r, ScopeOperator)
+	_, err := a.cfg.Tokens.AuthorizeFleet(r, ScopeOperator)
 	switch {
 	case errors.Is(err, ErrMissingScope), errors.Is(err, ErrMissingToken) && r.Header.Get("Authorization") == "":
 		httpx.WriteJSON(w, http.StatusOK, body)
 		return
 	case err != nil:
-		a.tokens.Refuse(w, err)
+		a.cfg.Tokens.Refuse(w, err)
 		return
 	}
 	workers, placements := m.Len()
@@ -303,8 +303,8 @@ func (a *API) registryHealth(w http.ResponseWriter, r *http.Request) {
 	}
 	body["workers"], body["liveWorkers"], body["placements"] = workers, live, placements
 	body["appliedIndex"] = m.AppliedIndex()
-	if a.health != nil {
-		for k, v := range a.health() {
+	if a.cfg.Health != nil {
+		for k, v := range a.cfg.Health() {
 			body[k] = v
 		}
 	}

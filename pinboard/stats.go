@@ -20,15 +20,15 @@ const StatsPath = "/_pinned/stats"
 
 // ownerStats serves GET /_pinned/stats to an attested caller.
 func (a *API) ownerStats(w http.ResponseWriter, r *http.Request) {
-	if a.worker == nil || a.workerStats == nil {
+	if a.worker() == nil || a.cfg.WorkerStats == nil {
 		httpx.WriteError(w, http.StatusNotFound, "this node hosts no instances", 0)
 		return
 	}
-	if _, ok := a.gate.Admit(w, r, StatsPath); !ok {
+	if _, ok := a.cfg.Gate.Admit(w, r, StatsPath); !ok {
 		return
 	}
-	st := a.workerStats(r.Context())
-	ws := a.worker.Status()
+	st := a.cfg.WorkerStats(r.Context())
+	ws := a.worker().Status()
 	st["clientId"] = ws.ClientID
 	st["draining"] = ws.Draining
 	st["leaseFlaps"] = ws.LeaseFlaps
@@ -42,7 +42,7 @@ func (a *API) ownerStats(w http.ResponseWriter, r *http.Request) {
 // holds an id and how each is doing. A worker that does not answer is
 // listed with its error.
 func (a *API) registryStats(w http.ResponseWriter, r *http.Request) {
-	m := a.dir.Machine()
+	m := a.cfg.Dir.Machine()
 	secret := m.Secret()
 	gen := max(m.AppliedIndex(), 1)
 	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
@@ -59,7 +59,7 @@ func (a *API) registryStats(w http.ResponseWriter, r *http.Request) {
 		go func() {
 			defer wg.Done()
 			entry := map[string]any{}
-			err := a.fetchStats(ctx, secret, gen, wk.ClientID, wk.SessionID, a.peer.Base(wk), &entry)
+			err := a.fetchStats(ctx, secret, gen, wk.ClientID, wk.SessionID, a.cfg.Peers.Base(wk), &entry)
 			if err != nil {
 				entry = map[string]any{"error": err.Error()}
 			}
@@ -85,8 +85,8 @@ func (a *API) fetchStats(ctx context.Context, secret []byte, gen uint64, target,
 	if err != nil {
 		return err
 	}
-	req.Header.Set(AttestationHeader, SignFor(secret, session, Attestation{Target: target, Caller: a.self.ID(), Generation: gen, At: time.Now()}, http.MethodGet, StatsPath))
-	resp, err := a.peer.Client().Do(req)
+	req.Header.Set(AttestationHeader, SignFor(secret, session, Attestation{Target: target, Caller: a.cfg.Self.ID(), Generation: gen, At: time.Now()}, http.MethodGet, StatsPath))
+	resp, err := a.cfg.Peers.Client().Do(req)
 	if err != nil {
 		return fmt.Errorf("unreachable: %w", err)
 	}
