@@ -94,7 +94,9 @@ func (c stdCarrier) roundTrip(out outbound) (*http.Response, error) {
 			return nil
 		}})
 	}
-	req := r.Clone(ctx)
+	// A shallow copy: every field of r it changes is replaced, not written
+	// through, so r is left as it was (its header is read, never cloned).
+	req := r.WithContext(ctx)
 	req.RequestURI, req.Close = "", false
 	req.Host = r.Host
 	req.Header = out.hop.Header(r.Header)

@@ -97,7 +97,7 @@ func newForwarder(dir *pinboard.Directory, res *resolver, keep *keptAlive, peer 
 	reroute func(http.ResponseWriter, *http.Request, *instanceRequest)) *forwarder {
 	fw := &forwarder{
 		dir: dir, res: res, keep: keep, logger: logger, reroute: reroute,
-		peer: peer, sync: peer.sync, held: relay.New(logger), warnings: logrepeat.New(logrepeat.Window),
+		peer: peer, held: relay.New(logger), warnings: logrepeat.New(logrepeat.Window),
 		forwarded: res.counter(outcomeForwarded),
 		failures: newCounterVec("pinboard_forward_failures_total",
 			"Requests this front door could not complete at the owner, by outcome.", "outcome", forwardOutcomes),
@@ -451,7 +451,7 @@ func classifyUnanswered(err error) httpx.Unanswered {
 // owner reached with scheme: no body or a buffered one, no Upgrade, the
 // front door's own transport.
 func (fw *forwarder) fastForwardable(r *http.Request, rq *instanceRequest, scheme string) bool {
-	return fw.sync != nil && scheme == fw.sync.Scheme() && rq.retryable && len(rq.body) <= httpx.SyncBodyLimit &&
+	return fw.peer.sync != nil && scheme == fw.peer.sync.Scheme() && rq.retryable && len(rq.body) <= httpx.SyncBodyLimit &&
 		r.Header["Upgrade"] == nil &&
 		// A query holding ';' or a bad escape is re-encoded (the
 		// std carrier).
@@ -486,7 +486,7 @@ func isHex(c byte) bool {
 // it (a supplied Transport, an owner advertised by name, no cluster secret
 // yet).
 func (fw *forwarder) routeForward(h *relay.ReqHead, p directory.Placement, owner directory.Worker, rest, query string, now time.Time) (relay.Forward, bool) {
-	if fw.sync == nil {
+	if fw.peer.sync == nil {
 		return relay.Forward{}, false // forwards go through the Transport the front door was given
 	}
 	secret := fw.dir.Machine().Secret()
