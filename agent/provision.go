@@ -331,7 +331,7 @@ func (a *Agent) provisionWorker(context.Context) error {
 // under its own; the old token may go once every node lists none.
 func (a *Agent) keysToSeal() []string {
 	out := []string{}
-	if a.store.CAKeyToSeal() {
+	if a.store.CA().KeyToSeal() {
 		out = append(out, clustertls.LabelCAKey)
 	}
 	if a.machine.SecretStale() {
@@ -487,7 +487,7 @@ func (a *Agent) status() map[string]any {
 	cfg, store, sup := a.cfg, a.store, a.sup
 	st := map[string]any{
 		"nodeId": cfg.NodeID, "version": cfg.Version, "dev": cfg.Dev, "advertiseUrl": a.advertise, "pid": os.Getpid(),
-		"raft": raftHealth(store), "clusterTLS": store.ClusterTLS(), "insecureCluster": cfg.InsecureCluster,
+		"raft": raftHealth(store), "clusterTLS": store.CA().Mode(), "insecureCluster": cfg.InsecureCluster,
 	}
 	if a.frontCert != nil {
 		st["frontDoorCertNotAfter"] = a.frontCert.NotAfter().UTC().Format(time.RFC3339)

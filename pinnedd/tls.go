@@ -11,6 +11,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/pinnedd/pinnedd/clusterport"
 	"github.com/pinnedd/pinnedd/internal/clustertls"
 	"github.com/pinnedd/pinnedd/raftstore"
 )
@@ -107,7 +108,7 @@ func tlsRotate(c *cli.Context) error {
 	}
 	deadline := time.Now().Add(c.Duration("wait"))
 	for {
-		var st raftstore.TLSState
+		var st clusterport.TLSState
 		err := ac.raft(c.Context, func(ctx context.Context, hc *http.Client, url, token string) (err error) {
 			st, err = raftstore.TLSVia(ctx, hc, url, token)
 			return err

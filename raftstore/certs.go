@@ -8,16 +8,15 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
-	"time"
 
 	"github.com/pinnedd/pinnedd/clusterport"
-	"github.com/pinnedd/pinnedd/internal/clustertls"
 )
 
-// The member's side of the cluster's own CA: the RPCs that rotate it, report it, hand a
-// joining node the CA and sign its certificate request (with the join proof checked), and the
-// issuing CA the leader signs with.
+// The RPCs of the cluster's own CA (clusterport.Authority does the work): rotate it, report
+// it, hand a joining node the CA and sign its certificate request (with the join proof
+// checked); and the joining node's side.
 
 func (s *Store) handleRotate(w http.ResponseWriter, r *http.Request) {
 	var req struct{}
@@ -29,7 +28,7 @@ func (s *Store) handleRotate(w http.ResponseWriter, r *http.Request) {
 	if forwarded(r) {
 		err = s.localOnly(func() error {
 			var lerr error
-			fp, lerr = s.RotateCA(r.Context())
+			fp, lerr = s.ca.Rotate(r.Context())
 			return lerr
 		})
 	} else {
@@ -39,20 +38,51 @@ func (s *Store) handleRotate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]string{"ca": fp})
+	writeJSON(w, map[string]string{"ca": fp})
 }
 
-func (s *Store) handleTLS(w http.ResponseWriter, _ *http.Request) {
+// RotateCA makes a new cluster CA and records it, on the leader (a follower forwards): it
+// issues from then on, and the CAs before it are retired once every member holds a
+// certificate from it. It answers the new CA's fingerprint.
+func (s *Store) RotateCA(ctx context.Context) (string, error) {
+	var fp string
+	err := s.onLeader(ctx, "tls/rotate",
+		func(ctx context.Context) (err error) {
+			fp, err = s.ca.Rotate(ctx)
+			return err
+		},
+		func(ctx context.Context, api string) error {
+			var ans struct {
+				CA string `json:"ca"`
+			}
+			err := s.callJSON(ctx, api, "tls/rotate", struct{}{}, &ans, true)
+			fp = ans.CA
+			return err
+		})
+	return fp, err
+}
+
+func (s *Store) handleTLS(w http.ResponseWriter, _ *http.Request) { writeJSON(w, s.ca.State()) }
+
+func (s *Store) handleCA(w http.ResponseWriter, r *http.Request) {
+	ans, err := s.ca.CA(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, ans)
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(s.TLS())
+	_ = json.NewEncoder(w).Encode(v)
 }
 
 // joinTokens are the tokens a join proof may be made with and the CA is pinned for: Token
 // first, then the other JoinTokens.
-func (s *Store) joinTokens() []string {
-	out := []string{s.cfg.Token}
-	for _, t := range s.cfg.JoinTokens {
+func joinTokens(cfg Config) []string {
+	out := []string{cfg.Token}
+	for _, t := range cfg.JoinTokens {
 		if t != "" && !slices.Contains(out, t) {
 			out = append(out, t)
 		}
@@ -67,85 +97,15 @@ func (s *Store) checkJoinProof(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodPost || (r.URL.Path != HandlerPrefix+"join" && r.URL.Path != HandlerPrefix+"certificate") {
 		return fmt.Errorf("%w: a join proof admits only a join or certificate request", ErrUnauthorized)
 	}
-	if s.cfg.Token == "" {
-		return fmt.Errorf("%w: this node has no token to check a join proof with", ErrUnauthorized)
-	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
 	if err != nil {
 		return fmt.Errorf("%w: reading the request: %w", ErrBadRequest, err)
 	}
-	proof, now := r.Header.Get(joinProofHeader), time.Now()
-	for _, token := range s.joinTokens() {
-		if err = clustertls.CheckJoinProof(token, proof, r.Method, r.URL.Path, body, now); err == nil {
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			return nil
-		}
+	if err := s.ca.CheckJoinProof(r.Header.Get(joinProofHeader), r.Method, r.URL.Path, body); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnauthorized, err)
 	}
-	return fmt.Errorf("%w: %w", ErrUnauthorized, err)
-}
-
-// issuer is the CA this node issues from: the one recorded in the log, else the one it created
-// (a bootstrap node before its CA entry commits).
-func (s *Store) issuer() (*clustertls.CA, error) {
-	switch {
-	case s.ident == nil:
-		return nil, fmt.Errorf("%w: this cluster runs Raft without TLS (--insecure-cluster); start the joining node with --insecure-cluster too", ErrNoClusterCA)
-	case s.cfg.TLS.own():
-		return nil, fmt.Errorf("%w: this cluster uses its own PKI; give the joining node --tls-ca, --tls-cert and --tls-key", ErrNoClusterCA)
-	}
-	if ca := s.fsm.clusterCA(); ca != nil {
-		return ca, nil
-	}
-	// The CA this node created, before the log recorded any: never one the
-	// log superseded (a restart replays the log before it knows).
-	if _, n := s.fsm.trusted(); s.localCA != nil && n == 0 && !s.existing {
-		return s.localCA, nil
-	}
-	return nil, fmt.Errorf("%w: %w", ErrNoClusterCA, errNoCAYet)
-}
-
-// issuerWait is issuer, waiting (up to ctx, at most caWait) for a member that has not yet
-// replicated the cluster CA, as a join through a member that is itself still joining waits for
-// its leader.
-func (s *Store) issuerWait(ctx context.Context) (*clustertls.CA, error) {
-	ctx, cancel := context.WithTimeout(ctx, caWait)
-	defer cancel()
-	for {
-		changed := s.changes()
-		ca, err := s.issuer()
-		if err == nil || !errors.Is(err, errNoCAYet) {
-			return ca, err
-		}
-		t := time.NewTimer(100 * time.Millisecond)
-		select {
-		case <-changed:
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return nil, err
-		}
-		t.Stop()
-	}
-}
-
-func (s *Store) handleCA(w http.ResponseWriter, r *http.Request) {
-	ca, err := s.issuerWait(r.Context())
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	ans := clusterport.CAAnswer{CA: string(ca.CertPEM())}
-	for _, token := range s.joinTokens() {
-		pin, err := clustertls.Pin(token, ca.CertPEM())
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		ans.Pins = append(ans.Pins, pin)
-	}
-	ans.Pin = ans.Pins[0]
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(ans)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return nil
 }
 
 // handleCertificate signs a certificate request. Only for an id that is not a current member
@@ -159,28 +119,24 @@ func (s *Store) handleCertificate(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
-	if req.ID == "" || req.CSR == "" {
-		writeError(w, fmt.Errorf("%w: certificate needs id and csr (a PEM CERTIFICATE REQUEST)", ErrBadRequest))
-		return
-	}
 	peer := clusterport.NodeFrom(r.Context())
 	// A member passing on another's request is not asking for itself.
 	renewal := peer != "" && peer == req.ID && !forwarded(r)
 	var ans clusterport.CertAnswer
 	issue := func(ctx context.Context) (err error) {
-		ans, err = s.issueLocal(ctx, req)
+		ans, err = s.ca.Issue(ctx, req)
 		return err
 	}
 	var err error
 	switch {
 	case renewal:
 		// The cluster port checked the certificate and the membership.
-		ans, err = s.sign(r.Context(), req)
+		ans, err = s.ca.Sign(r.Context(), req)
 	case forwarded(r):
 		// A member passed it on to the leader (and logs who asked).
 		err = s.localOnly(func() error { return issue(r.Context()) })
 	default:
-		if _, err = s.issuer(); err == nil || errors.Is(err, errNoCAYet) {
+		if _, err = s.ca.Issuer(); err == nil || errors.Is(err, clusterport.ErrNoCAYet) {
 			err = s.onLeader(r.Context(), "certificate", issue,
 				func(ctx context.Context, api string) error {
 					return s.callJSON(ctx, api, "certificate", req, &ans, true)
@@ -193,15 +149,14 @@ func (s *Store) handleCertificate(w http.ResponseWriter, r *http.Request) {
 		log.Info("answered a certificate request a member forwarded", "err", err)
 	case err == nil:
 		log.Warn("issued a cluster certificate", "renewal", renewal)
-	case errors.Is(err, ErrForbidden):
+	case errors.Is(err, ErrForbidden), errors.Is(err, clusterport.ErrRefused):
 		log.Warn("refused a cluster certificate", "err", err)
 	}
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(ans)
+	writeJSON(w, ans)
 }
 
 // certAuth says how a certificate request was admitted, for the log.
@@ -217,29 +172,73 @@ func certAuth(r *http.Request, peer string) string {
 	return "none"
 }
 
-// issueLocal signs req on the leader if req.ID is not a member of the latest configuration.
-func (s *Store) issueLocal(ctx context.Context, req clusterport.CertRequest) (clusterport.CertAnswer, error) {
-	servers, err := s.configuration(ctx)
-	if err != nil {
-		return clusterport.CertAnswer{}, err
-	}
-	for _, srv := range servers {
-		if string(srv.ID) == req.ID {
-			return clusterport.CertAnswer{}, fmt.Errorf("%w: %q is a current member: a member's certificate is issued only to that member, over its own certificate (a renewal). A node rebuilt without its data dir must first be removed: `pinnedd remove %s`", ErrForbidden, req.ID, req.ID)
+// JoinCluster asks the member at memberURL (any member) to add this node, as JoinVia does, and
+// first, when the transport runs the cluster's own CA and this node has no certificate yet,
+// gets one (clusterport.FetchIdentity): it fetches the CA, checks its pin against Config.Token
+// (so a CA substituted by someone in between is refused before the token is sent), sends a
+// certificate request for a key it made, checks the certificate it gets, and stores all of it
+// in <DataDir>/tls.
+func (s *Store) JoinCluster(ctx context.Context, client *http.Client, memberURL string) error {
+	if s.ca.NeedsCertificate() {
+		if s.cfg.Token == "" {
+			return fmt.Errorf("%w: joining with the cluster's own CA needs the deployment token (it pins the CA)", ErrInvalidConfig)
+		}
+		m := joinMember{client: client, url: memberURL, token: s.cfg.Token}
+		if err := s.ca.FetchCertificate(ctx, m); err != nil {
+			return fmt.Errorf("raftstore: %w", err)
 		}
 	}
-	return s.sign(ctx, req)
+	if err := JoinVia(ctx, client, memberURL, s.cfg.Token, s.cfg.NodeID, s.advertise, s.cfg.APIAddr); err != nil {
+		return err
+	}
+	// A member again: a leave recorded before no longer holds.
+	if err := os.Remove(s.leftPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.log.Warn("could not clear the record of an earlier leave", "err", err)
+	}
+	return nil
 }
 
-// sign signs req's certificate request with the cluster CA.
-func (s *Store) sign(ctx context.Context, req clusterport.CertRequest) (clusterport.CertAnswer, error) {
-	ca, err := s.issuerWait(ctx)
-	if err != nil {
-		return clusterport.CertAnswer{}, err
-	}
-	cert, err := ca.SignCSR([]byte(req.CSR), req.ID)
-	if err != nil {
-		return clusterport.CertAnswer{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
-	}
-	return clusterport.CertAnswer{Cert: string(cert), CA: string(ca.CertPEM())}, nil
+// joinMember is a member's side of the certificate exchange, over its
+// public port: the token proves itself without leaving this node
+// (JoinProof), as this request and the join may go in clear.
+type joinMember struct {
+	client     *http.Client
+	url, token string
 }
+
+func (m joinMember) CA(ctx context.Context) (clusterport.CAAnswer, error) {
+	var ca clusterport.CAAnswer
+	err := callJSON(ctx, m.client, m.url, rpcAuth{}, "ca", nil, &ca, false)
+	return ca, err
+}
+
+func (m joinMember) Certificate(ctx context.Context, req clusterport.CertRequest) (clusterport.CertAnswer, error) {
+	var ans clusterport.CertAnswer
+	err := callJSON(ctx, m.client, m.url, rpcAuth{token: m.token, prove: true}, "certificate", req, &ans, false)
+	return ans, err
+}
+
+func (m joinMember) String() string { return m.url }
+
+// caLog is the log as the cluster CA records itself in it.
+type caLog struct{ s *Store }
+
+func (l caLog) Record(ctx context.Context, op clusterport.CAOp, certPEM, keyPEM string) error {
+	_, err := l.s.applyLocal(ctx, encodeMeta(metaCommand{Op: string(op), CACert: certPEM, CAKey: keyPEM}))
+	return err
+}
+
+func (l caLog) Servers(ctx context.Context) ([]clusterport.Server, error) {
+	servers, err := l.s.configuration(ctx)
+	out := make([]clusterport.Server, len(servers))
+	for i, srv := range servers {
+		out[i] = clusterport.Server{ID: string(srv.ID), Addr: string(srv.Address)}
+	}
+	return out, err
+}
+
+func (l caLog) Changes() <-chan struct{} { return l.s.changes() }
+
+// CA is this node's part in the cluster's own CA: how the cluster port is secured, the CAs
+// recorded, whether a key awaits sealing.
+func (s *Store) CA() *clusterport.Authority { return s.ca }

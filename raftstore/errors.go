@@ -53,7 +53,7 @@ var (
 	ErrUntrustedCA = clusterport.ErrUntrustedCA
 	// ErrNoClusterCA means this member cannot issue a certificate: the cluster runs without
 	// TLS, uses the operator's own PKI, or has not recorded its CA yet.
-	ErrNoClusterCA = errors.New("raftstore: no cluster CA to issue from")
+	ErrNoClusterCA = clusterport.ErrNoClusterCA
 	// ErrStaleJoin means a join named a membership fence older than the latest removal's: it
 	// was made before that removal (a captured join sent again, or a join that raced the
 	// removal). Nothing changed. JoinVia and Store.Join make the join again with the fence the

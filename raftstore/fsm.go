@@ -8,13 +8,13 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pinnedd/pinnedd/clusterport"
 	"github.com/pinnedd/pinnedd/internal/clustertls"
 )
 
@@ -48,7 +48,7 @@ const (
 
 // metaCommand is the raftstore-internal command that maintains member metadata.
 type metaCommand struct {
-	Op      string `json:"op"` // "set", "delete", "ca", "ca-rotate", "ca-retire" or "fence"
+	Op      string `json:"op"` // "set", "delete", "fence", or a clusterport.CAOp
 	ID      string `json:"id,omitempty"`
 	APIAddr string `json:"api_addr,omitempty"`
 	// A cluster CA, PEM (ops "ca", "ca-rotate"; "ca-retire" names it by CACert alone).
@@ -59,11 +59,6 @@ type metaCommand struct {
 const (
 	metaSet    = "set"
 	metaDelete = "delete"
-	metaCA     = "ca"
-	// metaCARotate records a new CA that issues from then on; the ones before stay trusted
-	// until metaCARetire retires them (never the one that issues).
-	metaCARotate = "ca-rotate"
-	metaCARetire = "ca-retire"
 	// metaFence raises the membership fence to the entry's own index, before a member (ID) is
 	// removed: a join must name a fence at least as high (see Store.joinLocal).
 	metaFence = "fence"
@@ -94,15 +89,9 @@ type fsm struct {
 	onConfiguration func(raft.Configuration)
 	mu              sync.RWMutex
 	members         map[string]string
-	// The cluster CAs recorded, oldest first, as the log recorded them (keys sealed, or in
-	// clear by an older node or one without a token); the last one not retired issues
-	// (ca, when this node can open its key), every one not retired is trusted.
-	cas          []caRecord
-	ca           *clustertls.CA // the issuing CA opened, once caOpened (clusterCA)
-	caOpened     bool
-	sealer       *clustertls.Sealer
-	nodeValidity time.Duration // of the certificates ca issues
-	fence        uint64        // index of the latest metaFence entry
+	// cas are the cluster CAs the log records (the cluster port's ledger; its own lock).
+	cas   *clusterport.Ledger
+	fence uint64 // index of the latest metaFence entry
 }
 
 var (
@@ -124,7 +113,7 @@ const (
 )
 
 func newFSM(sm StateMachine, onMeta func(), log *slog.Logger, reg prometheus.Registerer, sealer *clustertls.Sealer, nodeValidity time.Duration) *fsm {
-	f := &fsm{sm: sm, onMeta: onMeta, log: log, members: map[string]string{}, sealer: sealer, nodeValidity: nodeValidity}
+	f := &fsm{sm: sm, onMeta: onMeta, log: log, members: map[string]string{}}
 	f.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pinned_raft_entries_skipped_total",
 		Help: "Committed Raft entries this node could not decode and skipped (the same on every node of its version).",
@@ -135,6 +124,7 @@ func newFSM(sm StateMachine, onMeta func(), log *slog.Logger, reg prometheus.Reg
 	if reg != nil {
 		reg.MustRegister(f.skipped)
 	}
+	f.cas = clusterport.NewLedger(sealer, nodeValidity, log, f.skipped.WithLabelValues(skipUndecodable).Inc)
 	return f
 }
 
@@ -174,8 +164,11 @@ func (f *fsm) Apply(l *raft.Log) any {
 }
 
 func (f *fsm) applyMeta(index uint64, c metaCommand) {
-	if c.Op == metaCA || c.Op == metaCARotate || c.Op == metaCARetire {
-		f.applyCA(c)
+	if op := clusterport.CAOp(c.Op); op == clusterport.OpCA || op == clusterport.OpCARotate || op == clusterport.OpCARetire {
+		// A change wakes a certificate request waiting for the CA, and renews this node's own.
+		if f.cas.Apply(op, c.CACert, c.CAKey) && f.onMeta != nil {
+			f.onMeta()
+		}
 		return
 	}
 	f.mu.Lock()
@@ -191,155 +184,6 @@ func (f *fsm) applyMeta(index uint64, c metaCommand) {
 	if f.onMeta != nil {
 		f.onMeta()
 	}
-}
-
-// caRecord is one cluster CA as the log recorded it.
-type caRecord struct {
-	Cert    string `json:"cert"`
-	Key     string `json:"key"`
-	Retired bool   `json:"retired,omitempty"`
-}
-
-// applyCA applies the CA ops. "ca" records the cluster CA if none is recorded: the first one
-// stays, so a second bootstrap's CA (a mistake) cannot replace the one every certificate
-// chains to; a CA recorded again with its key sealed replaces what was recorded (in clear, or
-// sealed under a token being rotated out: sealCA).
-// "ca-rotate" adds a CA not recorded yet, which issues from then on; "ca-retire" retires a
-// CA that does not issue. What was recorded stays, for snapshots, even where this node cannot
-// open or use it: that is logged, and this node issues no certificate.
-func (f *fsm) applyCA(c metaCommand) {
-	f.mu.Lock()
-	at := slices.IndexFunc(f.cas, func(r caRecord) bool { return r.Cert == c.CACert })
-	changed := true
-	switch {
-	case c.Op == metaCA && len(f.cas) == 0, c.Op == metaCARotate && at < 0 && len(f.cas) > 0:
-		f.cas = append(f.cas, caRecord{Cert: c.CACert, Key: c.CAKey})
-	case c.Op != metaCARetire && at >= 0 && !f.cas[at].Retired && clustertls.IsSealed([]byte(c.CAKey)) && c.CAKey != f.cas[at].Key:
-		f.cas[at].Key = c.CAKey // sealed (again, under the leader's current token)
-	case c.Op == metaCARetire && at >= 0 && at != f.issuerLocked() && !f.cas[at].Retired:
-		// Its key goes with it: nothing signs with a retired CA, and the
-		// snapshots after this no longer hold it for anyone to open.
-		f.cas[at].Retired, f.cas[at].Key = true, ""
-	default:
-		changed = false
-	}
-	if changed {
-		f.ca, f.caOpened = nil, false
-	}
-	f.mu.Unlock()
-	if changed && f.onMeta != nil {
-		f.onMeta() // wakes a certificate request waiting for the CA, renews this node's own
-	}
-}
-
-// issuerLocked is the index of the CA that issues (the last one not retired), or -1.
-func (f *fsm) issuerLocked() int {
-	for i := len(f.cas) - 1; i >= 0; i-- {
-		if !f.cas[i].Retired {
-			return i
-		}
-	}
-	return -1
-}
-
-// openCALocked is the issuing CA with its key opened, or nil (logged) if this node cannot.
-func (f *fsm) openCALocked() *clustertls.CA {
-	i := f.issuerLocked()
-	if i < 0 {
-		return nil
-	}
-	rec := f.cas[i]
-	key := []byte(rec.Key)
-	if clustertls.IsSealed(key) {
-		if f.sealer == nil {
-			f.log.Error("the cluster CA's key is sealed with the deployment token, and this node has none: it issues no certificates")
-			return nil
-		}
-		var err error
-		if key, err = f.sealer.Open(clustertls.LabelCAKey, key); err != nil {
-			f.skipped.WithLabelValues(skipUndecodable).Inc()
-			f.log.Error("the cluster CA's key does not open with this node's deployment token: it issues no certificates", "err", err)
-			return nil
-		}
-	}
-	ca, err := clustertls.ParseCA([]byte(rec.Cert), key)
-	if err != nil {
-		f.skipped.WithLabelValues(skipUndecodable).Inc()
-		f.log.Error("the cluster CA recorded in the log is unusable here", "err", err)
-		return nil
-	}
-	ca.NodeValidity = f.nodeValidity
-	return ca
-}
-
-// caKeyToSeal is a CA whose key this node would seal (again): recorded in
-// clear, or sealed under a token of its being rotated out (not its first);
-// nil if there is none, or this node has no sealer.
-func (f *fsm) caKeyToSeal() *caRecord {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	if f.sealer == nil {
-		return nil
-	}
-	for _, r := range f.cas {
-		if r.Retired {
-			continue // its key is gone
-		}
-		if !clustertls.IsSealed([]byte(r.Key)) {
-			return &r
-		}
-		if _, stale, err := f.sealer.OpenStale(clustertls.LabelCAKey, []byte(r.Key)); err == nil && stale {
-			return &r
-		}
-	}
-	return nil
-}
-
-// retirable are the certificates (as recorded) of the CAs trusted that do not issue.
-func (f *fsm) retirable() []string {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	var out []string
-	for i, r := range f.cas {
-		if !r.Retired && i != f.issuerLocked() {
-			out = append(out, r.Cert)
-		}
-	}
-	return out
-}
-
-// trusted is the bundle of the CAs trusted, the issuer first (nil before any is recorded),
-// and how many there are.
-func (f *fsm) trusted() ([]byte, int) {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	var b []byte
-	n := 0
-	for i := len(f.cas) - 1; i >= 0; i-- {
-		if !f.cas[i].Retired {
-			b = append(b, f.cas[i].Cert...)
-			n++
-		}
-	}
-	return b, n
-}
-
-// clusterCA is the recorded cluster CA, or nil. It is opened when first asked for after a
-// change, not as each change applies: a log replayed from before a token rotation holds
-// records this node no longer opens, replaced by entries further on.
-func (f *fsm) clusterCA() *clustertls.CA {
-	f.mu.RLock()
-	ca, opened := f.ca, f.caOpened
-	f.mu.RUnlock()
-	if opened {
-		return ca
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if !f.caOpened {
-		f.ca, f.caOpened = f.openCALocked(), true
-	}
-	return f.ca
 }
 
 // membershipFence is the index of the latest removal's fence entry (0: none yet).
@@ -372,19 +216,20 @@ type snapshotMeta struct {
 	Members map[string]string `json:"members"`
 	// CACert and CAKey are the issuing CA, for a node of a version before rotation; CAs all
 	// of them.
-	CACert string     `json:"ca_cert,omitempty"`
-	CAKey  string     `json:"ca_key,omitempty"`
-	CAs    []caRecord `json:"cas,omitempty"`
-	Fence  uint64     `json:"fence,omitempty"`
+	CACert string                 `json:"ca_cert,omitempty"`
+	CAKey  string                 `json:"ca_key,omitempty"`
+	CAs    []clusterport.CARecord `json:"cas,omitempty"`
+	Fence  uint64                 `json:"fence,omitempty"`
 }
 
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
-	sm := snapshotMeta{Members: maps.Clone(f.members), Fence: f.fence, CAs: slices.Clone(f.cas)}
-	if i := f.issuerLocked(); i >= 0 {
-		sm.CACert, sm.CAKey = f.cas[i].Cert, f.cas[i].Key
-	}
+	sm := snapshotMeta{Members: maps.Clone(f.members), Fence: f.fence}
 	f.mu.RUnlock()
+	var issuer int
+	if sm.CAs, issuer = f.cas.Records(); issuer >= 0 {
+		sm.CACert, sm.CAKey = sm.CAs[issuer].Cert, sm.CAs[issuer].Key
+	}
 	meta, err := json.Marshal(sm)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: snapshot meta: %w", err)
@@ -426,13 +271,12 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	f.members = meta.Members
-	f.cas = meta.CAs
-	if len(f.cas) == 0 && meta.CACert != "" {
-		f.cas = []caRecord{{Cert: meta.CACert, Key: meta.CAKey}} // an older version's
-	}
-	f.ca, f.caOpened = nil, false // opened when asked for (clusterCA)
 	f.fence = meta.Fence
 	f.mu.Unlock()
+	if len(meta.CAs) == 0 && meta.CACert != "" {
+		meta.CAs = []clusterport.CARecord{{Cert: meta.CACert, Key: meta.CAKey}} // an older version's
+	}
+	f.cas.Restore(meta.CAs)
 	if f.onMeta != nil {
 		f.onMeta()
 	}

@@ -6,7 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"time"
+
+	"github.com/pinnedd/pinnedd/clusterport"
 )
 
 // HandlerPrefix is the path prefix Handler serves; mount it as mux.Handle(HandlerPrefix, h).
@@ -243,12 +244,6 @@ func (s *Store) handleMembers(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(ms)
 }
 
-// errNoCAYet: this member has not received the cluster CA (it is joining itself).
-var errNoCAYet = errors.New("this member has not received the cluster CA yet (is it a member? see `pinnedd members`); retry")
-
-// caWait bounds how long a CA or certificate request waits for this member to receive the CA.
-const caWait = 10 * time.Second
-
 func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxJSONBody))
 	dec.DisallowUnknownFields()
@@ -278,11 +273,11 @@ func writeError(w http.ResponseWriter, err error) {
 		status, code = http.StatusServiceUnavailable, codeNotLeader
 	case errors.Is(err, ErrNoLeader):
 		status, code = http.StatusServiceUnavailable, codeNoLeader
-	case errors.Is(err, ErrBadRequest):
+	case errors.Is(err, ErrBadRequest), errors.Is(err, clusterport.ErrInvalid):
 		status, code = http.StatusBadRequest, codeBadRequest
 	case errors.Is(err, ErrUnauthorized):
 		status, code = http.StatusUnauthorized, codeUnauthorized
-	case errors.Is(err, ErrForbidden):
+	case errors.Is(err, ErrForbidden), errors.Is(err, clusterport.ErrRefused):
 		status, code = http.StatusForbidden, codeForbidden
 	case errors.Is(err, ErrLastVoter):
 		status, code = http.StatusConflict, codeLastVoter

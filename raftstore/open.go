@@ -39,7 +39,6 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		notifyCh: make(chan bool, 16),
 		obsCh:    make(chan raft.Observation, 64),
 		regCh:    make(chan struct{}, 1),
-		certCh:   make(chan struct{}, 1),
 		changed:  make(chan struct{}),
 		raftDone: make(chan struct{}),
 		fatalCh:  make(chan error, 1),
@@ -63,12 +62,15 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	if err != nil {
 		return nil, err
 	}
+	s.fsm = newFSM(sm, s.metaChanged, s.log, cfg.Registerer, cfg.Sealer, cfg.CertValidity)
+	s.fsm.onConfiguration = s.configurationCommitted
 	if err := s.openTransport(hlog, &undo); err != nil {
 		return nil, err
 	}
+	if s.ca == nil {
+		s.ca = s.newAuthority(clusterport.Keys{}, nil)
+	}
 	rc := raftConfig(cfg, hlog, s.notifyCh)
-	s.fsm = newFSM(sm, s.metaChanged, s.log, cfg.Registerer, cfg.Sealer, cfg.CertValidity)
-	s.fsm.onConfiguration = s.configurationCommitted
 	s.raft, err = raft.NewRaft(rc, s.fsm, st.logs, st.stable, st.snaps, s.trans)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: starting raft: %w", err)
@@ -214,7 +216,8 @@ func (s *Store) openTransport(hlog hclog.Logger, undo *cleanups) error {
 // over it, and the cluster port's listener (s.stream), Raft and HTTP split by ALPN.
 func (s *Store) openClusterPort(undo *cleanups) error {
 	cfg := s.cfg
-	if err := s.setupTLS(); err != nil {
+	keys, localCA, err := s.setupTLS()
+	if err != nil {
 		return err
 	}
 	s.peerTLS = s.ident.ClientConfig(clusterport.ALPNHTTP)
@@ -241,6 +244,7 @@ func (s *Store) openClusterPort(undo *cleanups) error {
 	s.stream = clusterport.New(ln, adv, s.ident, clusterport.Options{
 		Admit: s.allowPeer, MemberHost: s.memberHost, ServerConn: cfg.TLS.ServerConn, Logger: s.log.With("component", "raft-tls"),
 	})
+	s.ca = s.newAuthority(keys, localCA)
 	return nil
 }
 
@@ -264,17 +268,10 @@ func raftConfig(cfg Config, hlog hclog.Logger, notify chan bool) *raft.Config {
 	return rc
 }
 
-// addLeaderWork adds the cluster CA's leader work: recording the CA this node created,
-// sealing CA keys, retiring rotated-out CAs.
+// addLeaderWork adds the cluster CA's leader work (clusterport.Authority.LeaderWork).
 func (s *Store) addLeaderWork() {
-	if s.localCA != nil {
-		s.leaderFns = append(s.leaderFns, leaderFn{name: "cluster-ca", fn: s.proposeCA})
-	}
-	if s.cfg.Sealer != nil && s.ident != nil {
-		s.leaderFns = append(s.leaderFns, leaderFn{name: "seal-cluster-ca", fn: s.sealCA})
-	}
-	if s.ident != nil && !s.cfg.TLS.own() {
-		s.leaderFns = append(s.leaderFns, leaderFn{name: "retire-cluster-cas", fn: s.retireCAs})
+	for name, fn := range s.ca.LeaderWork() {
+		s.leaderFns = append(s.leaderFns, leaderFn{name: name, fn: fn})
 	}
 }
 
@@ -312,9 +309,10 @@ func (s *Store) startLoops() {
 	go s.leaderLoop()
 	go s.observeLoop()
 	go s.registerLoop()
-	if s.ident != nil && !s.cfg.TLS.own() {
-		s.wg.Add(1)
-		go s.renewLoop()
-	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.ca.Renew(s.baseCtx)
+	}()
 	s.nudgeRegistrar()
 }

@@ -43,7 +43,7 @@ func TestTLSRotateCA(t *testing.T) {
 	n1 := nodes[0]
 	mustApply(t, n1, "a")
 	converged(t, nodes, []string{"a"})
-	old := n1.s.fsm.clusterCA()
+	old := n1.s.fsm.cas.Issuer()
 	if old == nil {
 		t.Fatal("no cluster CA recorded")
 	}
@@ -62,7 +62,7 @@ func TestTLSRotateCA(t *testing.T) {
 	}
 	testutil.WaitForErr(t, 20*time.Second, "every member on the new CA alone", func() error {
 		for _, n := range nodes {
-			st := n.s.TLS()
+			st := n.s.ca.State()
 			if st.Issuer != fp || !slices.Equal(st.Trusted, []string{fp}) || st.NodeIssuer != fp {
 				return fmt.Errorf("%s: %+v", n.id, st)
 			}
@@ -76,13 +76,12 @@ func TestTLSRotateCA(t *testing.T) {
 	}
 	// The retired CA's key is gone from the state, and so from the snapshots.
 	for _, n := range nodes {
-		n.s.fsm.mu.RLock()
-		for _, r := range n.s.fsm.cas {
+		recs, _ := n.s.fsm.cas.Records()
+		for _, r := range recs {
 			if r.Retired && r.Key != "" {
 				t.Errorf("%s keeps the retired CA's key", n.id)
 			}
 		}
-		n.s.fsm.mu.RUnlock()
 	}
 
 	// A member restarted comes back with its renewed certificate and the new trust; so does
@@ -133,13 +132,13 @@ func TestTLSRotateCAWithAMemberDown(t *testing.T) {
 	}
 	testutil.WaitForErr(t, 10*time.Second, "the members up renewed", func() error {
 		for _, n := range nodes[:2] {
-			if st := n.s.TLS(); st.NodeIssuer != fp {
+			if st := n.s.ca.State(); st.NodeIssuer != fp {
 				return fmt.Errorf("%s: %+v", n.id, st)
 			}
 		}
 		return nil
 	})
-	if st := n1.s.TLS(); len(st.Trusted) != 2 {
+	if st := n1.s.ca.State(); len(st.Trusted) != 2 {
 		t.Fatalf("the old CA was retired with a member still on it: %+v", st)
 	}
 	mustApply(t, leaderOf(t, nodes[:2]), "b")
@@ -148,7 +147,7 @@ func TestTLSRotateCAWithAMemberDown(t *testing.T) {
 	converged(t, nodes, []string{"a", "b"})
 	testutil.WaitForErr(t, 20*time.Second, "every member on the new CA alone", func() error {
 		for _, n := range nodes {
-			st := n.s.TLS()
+			st := n.s.ca.State()
 			if !slices.Equal(st.Trusted, []string{fp}) || st.NodeIssuer != fp {
 				return fmt.Errorf("%s: %+v", n.id, st)
 			}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pinnedd/pinnedd/clusterport"
 	"github.com/pinnedd/pinnedd/internal/clustertls"
 	"github.com/pinnedd/pinnedd/internal/httpx"
 )
@@ -30,8 +31,8 @@ func RotateCAVia(ctx context.Context, client *http.Client, memberURL, token stri
 }
 
 // TLSVia is the cluster CAs and the certificate of the node at nodeURL (GET /_raft/tls).
-func TLSVia(ctx context.Context, client *http.Client, nodeURL, token string) (TLSState, error) {
-	var st TLSState
+func TLSVia(ctx context.Context, client *http.Client, nodeURL, token string) (clusterport.TLSState, error) {
+	var st clusterport.TLSState
 	err := callJSON(ctx, client, nodeURL, bearer(token), "tls", nil, &st, false)
 	return st, err
 }

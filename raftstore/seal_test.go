@@ -69,7 +69,7 @@ func TestTLSKeysAtRestAreSealed(t *testing.T) {
 	n1, n2 := nodes[0], nodes[1]
 	mustApply(t, n1, "a")
 	converged(t, nodes, []string{"a"})
-	testutil.WaitFor(t, 5*time.Second, "n2 holds the cluster CA", func() bool { return n2.s.fsm.clusterCA() != nil })
+	testutil.WaitFor(t, 5*time.Second, "n2 holds the cluster CA", func() bool { return n2.s.fsm.cas.Issuer() != nil })
 	snapshotAll(t, nodes)
 	a1, a2 := n1.s.RaftAddr(), n2.s.RaftAddr()
 	for _, n := range nodes {
@@ -88,7 +88,7 @@ func TestTLSKeysAtRestAreSealed(t *testing.T) {
 	mustApply(t, leaderOf(t, nodes), "b")
 	converged(t, nodes, []string{"a", "b"})
 	for _, n := range nodes {
-		if n.s.fsm.clusterCA() == nil {
+		if n.s.fsm.cas.Issuer() == nil {
 			t.Fatalf("%s: the recorded CA does not open", n.id)
 		}
 	}
@@ -115,7 +115,7 @@ func TestTLSKeysInClearAreSealedOnUpgrade(t *testing.T) {
 	n1, n2 := older[0], older[1]
 	mustApply(t, n1, "a")
 	converged(t, []*testNode{n1, n2}, []string{"a"})
-	testutil.WaitFor(t, 5*time.Second, "n2 holds the cluster CA", func() bool { return n2.s.fsm.clusterCA() != nil })
+	testutil.WaitFor(t, 5*time.Second, "n2 holds the cluster CA", func() bool { return n2.s.fsm.cas.Issuer() != nil })
 	a1, a2 := n1.s.RaftAddr(), n2.s.RaftAddr()
 	n1.close()
 	n2.close()
@@ -130,7 +130,7 @@ func TestTLSKeysInClearAreSealedOnUpgrade(t *testing.T) {
 	}
 	waitLeader(t, nodes[0])
 	testutil.WaitFor(t, 10*time.Second, "the CA recorded again with its key sealed", func() bool {
-		return nodes[0].s.fsm.caKeyToSeal() == nil && nodes[1].s.fsm.caKeyToSeal() == nil
+		return nodes[0].s.fsm.cas.KeyToSeal() == nil && nodes[1].s.fsm.cas.KeyToSeal() == nil
 	})
 	if found := clearKeys(t, filepath.Join(n1.dir, "tls"), filepath.Join(n2.dir, "tls")); len(found) > 0 {
 		t.Fatalf("key files still in clear: %v", found)
@@ -152,7 +152,7 @@ func TestTLSKeysSealedAgainWhenTheTokenRotates(t *testing.T) {
 	n1, n2 := nodes[0], nodes[1]
 	mustApply(t, n1, "a")
 	converged(t, nodes, []string{"a"})
-	testutil.WaitFor(t, 5*time.Second, "n2 holds the cluster CA", func() bool { return n2.s.fsm.clusterCA() != nil })
+	testutil.WaitFor(t, 5*time.Second, "n2 holds the cluster CA", func() bool { return n2.s.fsm.cas.Issuer() != nil })
 	a1, a2 := n1.s.RaftAddr(), n2.s.RaftAddr()
 	n1.close()
 	n2.close()
@@ -161,7 +161,7 @@ func TestTLSKeysSealedAgainWhenTheTokenRotates(t *testing.T) {
 	nodes = []*testNode{startNode(t, "n1", n1.dir, a1, false, rolling), startNode(t, "n2", n2.dir, a2, false, rolling)}
 	waitLeader(t, nodes[0])
 	testutil.WaitFor(t, 10*time.Second, "the CA's key sealed again under the new token", func() bool {
-		return nodes[0].s.fsm.caKeyToSeal() == nil && nodes[1].s.fsm.caKeyToSeal() == nil
+		return nodes[0].s.fsm.cas.KeyToSeal() == nil && nodes[1].s.fsm.cas.KeyToSeal() == nil
 	})
 	mustApply(t, leaderOf(t, nodes), "b")
 	converged(t, nodes, []string{"a", "b"})
@@ -175,7 +175,7 @@ func TestTLSKeysSealedAgainWhenTheTokenRotates(t *testing.T) {
 	mustApply(t, leaderOf(t, nodes), "c")
 	converged(t, nodes, []string{"a", "b", "c"})
 	for _, n := range nodes {
-		if n.s.fsm.clusterCA() == nil {
+		if n.s.fsm.cas.Issuer() == nil {
 			t.Fatalf("%s: the CA does not open with the new token alone", n.id)
 		}
 	}

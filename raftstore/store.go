@@ -44,11 +44,10 @@ type Store struct {
 	logDir    string // where the log lives, for the storage fault's message
 	lock      *os.File
 	trans     *raft.NetworkTransport
-	stream    *clusterport.Port    // the cluster port (Raft and node-to-node HTTP), when Config.TLS is set
-	ident     *clustertls.Identity // this node's TLS identity, when Config.TLS is set
-	keys      clusterport.Keys     // <DataDir>/tls with the cluster's own CA
-	localCA   *clustertls.CA       // the CA this node created (bootstrap), to record in the log
-	raftUp    chan struct{}        // closed once s.raft is set
+	stream    *clusterport.Port      // the cluster port (Raft and node-to-node HTTP), when Config.TLS is set
+	ident     *clustertls.Identity   // this node's TLS identity, when Config.TLS is set
+	ca        *clusterport.Authority // this node's part in the cluster's own CA (with or without TLS)
+	raftUp    chan struct{}          // closed once s.raft is set
 	advertise string
 	existing  bool
 	client    *http.Client
@@ -63,7 +62,6 @@ type Store struct {
 	obsCh    chan raft.Observation
 	observer *raft.Observer
 	regCh    chan struct{}
-	certCh   chan struct{} // the recorded CAs changed: renewLoop looks again
 
 	baseCtx    context.Context // cancelled when Close starts
 	baseCancel context.CancelFunc
@@ -476,10 +474,7 @@ func (s *Store) notifyChange() {
 func (s *Store) metaChanged() {
 	s.notifyChange()
 	s.nudgeRegistrar()
-	select {
-	case s.certCh <- struct{}{}:
-	default:
-	}
+	s.ca.Changed()
 }
 
 func (s *Store) nudgeRegistrar() {

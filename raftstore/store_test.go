@@ -864,6 +864,12 @@ func TestRemovedAfterLeaveUntilJoined(t *testing.T) {
 	if removed, _, err := n3.s.Removed(ctxTimeout(t, 5*time.Second)); err != nil || removed {
 		t.Fatalf("a member reports removed=%v (%v)", removed, err)
 	}
+	// The leave records the members as n3 knows them: once it applied their addresses (a
+	// node that leaves while still catching up records the ones it has).
+	testutil.WaitFor(t, 10*time.Second, "n3 knows every member's address", func() bool {
+		ms := membersByID(t, n3)
+		return ms["n1"].APIAddr != "" && ms["n2"].APIAddr != ""
+	})
 	if err := n3.s.Leave(ctxTimeout(t, 10*time.Second)); err != nil {
 		t.Fatalf("leave: %v", err)
 	}

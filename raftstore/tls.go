@@ -1,13 +1,10 @@
 package raftstore
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -45,21 +42,30 @@ const handshakeTimeout = 5 * time.Second
 // (clusterport.LoadIdentity): the operator's files, or the cluster's own CA
 // in <DataDir>/tls (created here when this node bootstraps a new cluster;
 // otherwise the certificate a join stored, or none yet).
-func (s *Store) setupTLS() error {
+func (s *Store) setupTLS() (clusterport.Keys, *clustertls.CA, error) {
 	c := s.cfg.TLS
-	s.keys = clusterport.Keys{Dir: filepath.Join(s.cfg.DataDir, "tls"), Sealer: s.cfg.Sealer, Logger: s.log}
-	ident, localCA, err := clusterport.LoadIdentity(s.keys, clusterport.Setup{
+	keys := clusterport.Keys{Dir: filepath.Join(s.cfg.DataDir, "tls"), Sealer: s.cfg.Sealer, Logger: s.log}
+	ident, localCA, err := clusterport.LoadIdentity(keys, clusterport.Setup{
 		NodeID: s.cfg.NodeID, CAFile: c.CAFile, CertFile: c.CertFile, KeyFile: c.KeyFile,
 		Create: s.cfg.Bootstrap, Existing: s.existing, Hosts: s.hosts(), Validity: s.cfg.CertValidity,
 	})
 	switch {
 	case errors.Is(err, clusterport.ErrConfig):
-		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return keys, nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	case err != nil:
-		return fmt.Errorf("raftstore: %w", err)
+		return keys, nil, fmt.Errorf("raftstore: %w", err)
 	}
-	s.ident, s.localCA = ident, localCA
-	return nil
+	s.ident = ident
+	return keys, localCA, nil
+}
+
+// newAuthority is this node's part in the cluster CA (ident nil: none, the cluster runs
+// without TLS).
+func (s *Store) newAuthority(keys clusterport.Keys, localCA *clustertls.CA) *clusterport.Authority {
+	return clusterport.NewAuthority(clusterport.AuthorityConfig{
+		NodeID: s.cfg.NodeID, Tokens: joinTokens(s.cfg), Sealer: s.cfg.Sealer, Validity: s.cfg.CertValidity,
+		Own: s.cfg.TLS.own(), Existing: s.existing, Hosts: s.hosts(), Logger: s.log,
+	}, s.fsm.cas, caLog{s}, keys, s.ident, localCA, s.stream)
 }
 
 // hosts are what this node's certificate names.
@@ -113,131 +119,3 @@ func (s *Store) configurationCommitted(c raft.Configuration) {
 	}
 	s.stream.Sweep(func(id string) bool { return ids[id] })
 }
-
-// proposeCA is leader work on the node that created the cluster CA: it records the CA in the
-// log (once; the first recorded CA stays) so that any later leader can issue certificates.
-func (s *Store) proposeCA(ctx context.Context) {
-	if s.localCA == nil || s.fsm.clusterCA() != nil {
-		return
-	}
-	s.recordCA(ctx, metaCA, s.localCA.CertPEM(), s.localCA.KeyPEM(), func() bool { return s.fsm.clusterCA() != nil },
-		"recorded the cluster CA in the log: any leader can issue certificates to joining nodes")
-}
-
-// CAKeyToSeal reports whether a cluster CA's key in the log is in clear or sealed under a
-// token this node is rotating out: the leader records it again (sealCA); until then the old
-// token must stay listed.
-func (s *Store) CAKeyToSeal() bool { return s.fsm.caKeyToSeal() != nil }
-
-// sealCA is leader work: a CA recorded with its key in clear (by an older node), or sealed
-// under a token this leader is rotating out, is recorded again with the key sealed under
-// this leader's token. The entries before stay until a snapshot compacts them away.
-func (s *Store) sealCA(ctx context.Context) {
-	for ctx.Err() == nil {
-		rec := s.fsm.caKeyToSeal()
-		if rec == nil {
-			return
-		}
-		key := []byte(rec.Key)
-		if clustertls.IsSealed(key) {
-			plain, err := s.cfg.Sealer.Open(clustertls.LabelCAKey, key)
-			if err != nil {
-				return // caKeyToSeal opened it a moment ago: a newer record replaced it
-			}
-			key = plain
-		}
-		s.recordCA(ctx, metaCA, []byte(rec.Cert), key, func() bool {
-			r := s.fsm.caKeyToSeal()
-			return r == nil || r.Cert != rec.Cert
-		}, "recorded a cluster CA's key sealed under this node's token: the log's next snapshot holds it in clear, or under a previous token, no more")
-	}
-}
-
-// recordCA proposes op for the CA certPEM/keyPEM (the key sealed when this node has a sealer)
-// until done holds.
-func (s *Store) recordCA(ctx context.Context, op string, certPEM, keyPEM []byte, done func() bool, msg string) {
-	if s.cfg.Sealer != nil && !clustertls.IsSealed(keyPEM) {
-		keyPEM = s.cfg.Sealer.Seal(clustertls.LabelCAKey, keyPEM)
-	}
-	cmd := metaCommand{Op: op, CACert: string(certPEM), CAKey: string(keyPEM)}
-	for delay := 50 * time.Millisecond; ctx.Err() == nil && !done(); delay = min(2*delay, 2*time.Second) {
-		if _, err := s.applyLocal(ctx, encodeMeta(cmd)); err == nil {
-			s.log.Info(msg)
-			return
-		} else if ctx.Err() == nil {
-			s.log.Warn("recording the cluster CA failed; retrying", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(delay):
-		}
-	}
-}
-
-// ClusterTLS reports how this node's Raft transport is secured: "mutual-tls" with the
-// cluster's own CA, "mutual-tls (own PKI)", or "insecure".
-func (s *Store) ClusterTLS() string {
-	switch {
-	case s.ident == nil:
-		return "insecure"
-	case s.cfg.TLS.own():
-		return "mutual-tls (own PKI)"
-	}
-	return "mutual-tls"
-}
-
-// JoinCluster asks the member at memberURL (any member) to add this node, as JoinVia does, and
-// first, when the transport runs the cluster's own CA and this node has no certificate yet,
-// gets one: it fetches the CA, checks its pin against Config.Token (so a CA substituted by
-// someone in between is refused before the token is sent), sends a certificate request for a
-// key it made, checks the certificate it gets, and stores all of it in <DataDir>/tls.
-func (s *Store) JoinCluster(ctx context.Context, client *http.Client, memberURL string) error {
-	if s.ident != nil && !s.ident.Ready() {
-		if err := s.fetchCertificate(ctx, client, memberURL); err != nil {
-			return err
-		}
-	}
-	if err := JoinVia(ctx, client, memberURL, s.cfg.Token, s.cfg.NodeID, s.advertise, s.cfg.APIAddr); err != nil {
-		return err
-	}
-	// A member again: a leave recorded before no longer holds.
-	if err := os.Remove(s.leftPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
-		s.log.Warn("could not clear the record of an earlier leave", "err", err)
-	}
-	return nil
-}
-
-// fetchCertificate gets this node's certificate from the member at memberURL
-// (clusterport.FetchIdentity), over raftstore's RPCs.
-func (s *Store) fetchCertificate(ctx context.Context, client *http.Client, memberURL string) error {
-	if s.cfg.Token == "" {
-		return fmt.Errorf("%w: joining with the cluster's own CA needs the deployment token (it pins the CA)", ErrInvalidConfig)
-	}
-	m := joinMember{client: client, url: memberURL, token: s.cfg.Token}
-	if err := clusterport.FetchIdentity(ctx, s.keys, s.ident, s.cfg.NodeID, s.hosts(), s.cfg.Token, m); err != nil {
-		return fmt.Errorf("raftstore: %w", err)
-	}
-	return nil
-}
-
-// joinMember is a member's side of the certificate exchange, over its
-// public port: the token proves itself without leaving this node
-// (JoinProof), as this request and the join may go in clear.
-type joinMember struct {
-	client     *http.Client
-	url, token string
-}
-
-func (m joinMember) CA(ctx context.Context) (clusterport.CAAnswer, error) {
-	var ca clusterport.CAAnswer
-	err := callJSON(ctx, m.client, m.url, rpcAuth{}, "ca", nil, &ca, false)
-	return ca, err
-}
-
-func (m joinMember) Certificate(ctx context.Context, req clusterport.CertRequest) (clusterport.CertAnswer, error) {
-	var ans clusterport.CertAnswer
-	err := callJSON(ctx, m.client, m.url, rpcAuth{token: m.token, prove: true}, "certificate", req, &ans, false)
-	return ans, err
-}
-
-func (m joinMember) String() string { return m.url }

@@ -72,7 +72,7 @@ func TestTLSClusterBootstrapJoinRefuse(t *testing.T) {
 	n1 := nodes[0]
 	for _, n := range nodes {
 		waitLeader(t, n)
-		if got := n.s.ClusterTLS(); got != "mutual-tls" {
+		if got := n.s.ca.Mode(); got != "mutual-tls" {
 			t.Fatalf("%s: ClusterTLS %q", n.id, got)
 		}
 	}
@@ -80,7 +80,7 @@ func TestTLSClusterBootstrapJoinRefuse(t *testing.T) {
 	converged(t, nodes, []string{"a"})
 	for _, n := range nodes {
 		testutil.WaitForErr(t, 5*time.Second, n.id+" holds the cluster CA", func() error {
-			if ca := n.s.fsm.clusterCA(); ca == nil || !bytes.Equal(ca.CertPEM(), n1.s.ident.CAPEM()) {
+			if ca := n.s.fsm.cas.Issuer(); ca == nil || !bytes.Equal(ca.CertPEM(), n1.s.ident.CAPEM()) {
 				return errors.New("not recorded")
 			}
 			return nil
@@ -218,8 +218,8 @@ func TestTLSOwnPKI(t *testing.T) {
 	joinTLS(t, n1.srv.URL, n2)
 	mustApply(t, n1, "a")
 	converged(t, []*testNode{n1, n2}, []string{"a"})
-	if n1.s.fsm.clusterCA() != nil || n1.s.ClusterTLS() != "mutual-tls (own PKI)" {
-		t.Fatalf("own PKI recorded a CA (%v) or reports %q", n1.s.fsm.clusterCA() != nil, n1.s.ClusterTLS())
+	if n1.s.fsm.cas.Issuer() != nil || n1.s.ca.Mode() != "mutual-tls (own PKI)" {
+		t.Fatalf("own PKI recorded a CA (%v) or reports %q", n1.s.fsm.cas.Issuer() != nil, n1.s.ca.Mode())
 	}
 	if _, err := os.Stat(filepath.Join(n1.dir, "tls")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("own PKI made %s/tls: %v", n1.dir, err)
