@@ -28,6 +28,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pinnedd/pinnedd/clusterport"
 	"github.com/pinnedd/pinnedd/frontdoor"
 	"github.com/pinnedd/pinnedd/internal/certfile"
 	"github.com/pinnedd/pinnedd/internal/clustertls"
@@ -65,8 +66,9 @@ type Agent struct {
 	joinClient  *http.Client
 	states      statestore.Store
 	sup         *supervisor.Supervisor
-	machine     *directory.Machine // Raft's replica of the directory
-	sealer      *clustertls.Sealer // the keys at rest's (provisionSealer); nil without a token
+	machine     *directory.Machine   // Raft's replica of the directory
+	sealer      *clustertls.Sealer   // the keys at rest's (provisionSealer); nil without a token
+	cluster     *clusterport.Cluster // the cluster port; nil with --insecure-cluster
 	store       *raftstore.Store
 	dir         *pinboard.Directory
 	registry    *pinboard.Registry

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/pinnedd/pinnedd/passport"
-	"github.com/pinnedd/pinnedd/raftstore"
 	"github.com/pinnedd/pinnedd/supervisor"
 )
 
@@ -101,15 +100,6 @@ type Config struct {
 	MaxBodyBytes    int64 // 0: no cap
 	TrustedProxies  []netip.Prefix
 	BalanceFactor   float64
-}
-
-// raftTLS is the Raft transport's TLS for raftstore: nil with
-// InsecureCluster.
-func (c Config) raftTLS() *raftstore.TLSConfig {
-	if c.InsecureCluster {
-		return nil
-	}
-	return &raftstore.TLSConfig{CAFile: c.TLSCA, CertFile: c.TLSCert, KeyFile: c.TLSKey}
 }
 
 // nodeTokens are the values of this node's own key: the token it sends

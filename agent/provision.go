@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/pinnedd/pinnedd/clusterport"
 	"github.com/pinnedd/pinnedd/frontdoor"
 	"github.com/pinnedd/pinnedd/internal/certfile"
 	"github.com/pinnedd/pinnedd/internal/clustertls"
@@ -217,17 +218,12 @@ func (a *Agent) provisionRaft(ctx context.Context) error {
 	if err := a.provisionSealer(); err != nil {
 		return err
 	}
-	tlsCfg := cfg.raftTLS()
-	if tlsCfg != nil {
-		// With the fast path, the kept-alive loop may take the cluster
-		// port's connections, as the front door's (FrontDoor.PeerHandBacks).
-		tlsCfg.ServerConn = frontdoor.ClusterPortTLS(cfg.FastPath)
-	}
+	a.cluster = a.clusterPort()
 	store, err := raftstore.Open(ctx, raftstore.Config{
 		NodeID: cfg.NodeID, RaftAddr: cfg.RaftAddr, AdvertiseRaftAddr: cfg.RaftAdvertiseAddr,
 		APIAddr: a.advertise, DataDir: a.dataDir, Bootstrap: cfg.Bootstrap, MaxVoters: cfg.MaxVoters,
-		LogStore: cfg.RaftLogStore, TLS: tlsCfg,
-		Logger: a.log, Token: cfg.Tokens[0], JoinTokens: cfg.nodeTokens(), Sealer: a.sealer, Registerer: a.reg,
+		LogStore: cfg.RaftLogStore, Cluster: a.cluster,
+		Logger: a.log, Token: cfg.Tokens[0], JoinTokens: cfg.nodeTokens(), Registerer: a.reg,
 		APIRoots:         a.memberRoots,
 		HeartbeatTimeout: cfg.RaftTimeout, ElectionTimeout: cfg.RaftTimeout,
 		LeaderLeaseTimeout: cfg.RaftTimeout / 2,
@@ -240,6 +236,24 @@ func (a *Agent) provisionRaft(ctx context.Context) error {
 	store.SetLeaderPreamble(pinboard.LeasePreamble(cfg.LeaseTTL))
 	a.store = store
 	return nil
+}
+
+// clusterPort is the port Raft and the nodes' HTTP run on, under mutual
+// TLS with the cluster's own CA or the operator's PKI; nil with
+// --insecure-cluster (plain TCP).
+func (a *Agent) clusterPort() *clusterport.Cluster {
+	cfg := a.cfg
+	if cfg.InsecureCluster {
+		return nil
+	}
+	return clusterport.NewCluster(clusterport.Config{
+		NodeID: cfg.NodeID, DataDir: a.dataDir, Addr: cfg.RaftAddr, Advertise: cfg.RaftAdvertiseAddr,
+		CAFile: cfg.TLSCA, CertFile: cfg.TLSCert, KeyFile: cfg.TLSKey, Bootstrap: cfg.Bootstrap,
+		Tokens: cfg.nodeTokens(), Sealer: a.sealer, Logger: a.log,
+		// With the fast path, the kept-alive loop may take the cluster
+		// port's connections, as the front door's (FrontDoor.PeerHandBacks).
+		ServerConn: frontdoor.ClusterPortTLS(cfg.FastPath),
+	})
 }
 
 // provisionSealer makes the sealer of the cluster's keys at rest (the CA
@@ -401,7 +415,16 @@ func (a *Agent) provisionFrontDoor(context.Context) error {
 	a.fd.Handle("/_pinned/debug/pprof/", a.fd.RequireScope(pinboard.ScopeOperator, servePprof))
 	// The cluster port's HTTP (with mutual TLS): the other nodes' calls,
 	// raftstore's and the front door's peer routes.
-	store.ServePeers(a.fd.PeerHandler(), a.fd.PeerHandBacks())
+	if a.cluster != nil {
+		rpc, peer := store.PeerHandler(), a.fd.PeerHandler()
+		a.cluster.Serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasPrefix(r.URL.Path, raftstore.HandlerPrefix) {
+				rpc.ServeHTTP(w, r)
+				return
+			}
+			peer.ServeHTTP(w, r)
+		}), a.fd.PeerHandBacks())
+	}
 	return nil
 }
 
@@ -423,8 +446,11 @@ func (a *Agent) frontDoorConfig(self *pinboard.Self, gate *pinboard.OwnerGate) f
 		BodyReadTimeout: cfg.BodyReadTimeout, MaxBodyBytes: cfg.MaxBodyBytes,
 		MaxConnsPerIP: cfg.MaxConnsPerIP, MaxConns: cfg.MaxConns, PeerAddrs: func() []string { return memberAPIAddrs(store) },
 		Policy: pinboard.PlacementPolicy{BalanceFactor: cfg.BalanceFactor}, TrustedProxies: cfg.TrustedProxies,
-		PeerTLS: store.PeerTLS(), PeerAddr: store.PeerAddr, MemberRoots: a.memberRoots,
-		TLS: a.frontDoorTLS(),
+		MemberRoots: a.memberRoots,
+		TLS:         a.frontDoorTLS(),
+	}
+	if a.cluster != nil {
+		fdc.PeerTLS, fdc.PeerAddr = a.cluster.PeerTLS(), a.cluster.PeerAddr
 	}
 	if a.sup != nil {
 		fdc.Local, fdc.ClusterCalls = a.sup, a.sup.VerifyClusterCall

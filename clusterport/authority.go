@@ -42,6 +42,9 @@ type Log interface {
 	Servers(ctx context.Context) ([]Server, error)
 	// Changes is closed at the next change of what the log records about its members or CAs.
 	Changes() <-chan struct{}
+	// Configuration is the latest configuration this node knows (appended, if not yet
+	// committed), without waiting.
+	Configuration() ([]Server, error)
 }
 
 // Server is one member of the log's configuration.

@@ -57,6 +57,10 @@ func NewLedger(sealer *clustertls.Sealer, validity time.Duration, log *slog.Logg
 	return &Ledger{sealer: sealer, validity: validity, log: log, unusable: unusable}
 }
 
+// CountUnusable has fn count each time a recorded CA does not open or parse here. Set it
+// before the log applies anything.
+func (l *Ledger) CountUnusable(fn func()) { l.unusable = fn }
+
 // Apply applies one committed CA entry and reports whether it changed what is recorded. "ca"
 // records the cluster CA only if none is: a second bootstrap's CA (a mistake) cannot replace
 // the one every certificate chains to. Any op but a retirement that carries a recorded CA with

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pinnedd/pinnedd/clusterport"
 	"github.com/pinnedd/pinnedd/internal/clustertls"
 	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/pinboard/directory"
@@ -65,11 +66,12 @@ func startBenchClusterTLS(b testing.TB, n int, withTLS bool) []*benchNode {
 		b.Cleanup(srv.Close)
 		m := directory.New()
 		id := fmt.Sprintf("n%d", i)
+		cluster := benchTLS(b, ca, id, quiet)
 		store, err := raftstore.Open(ctx, raftstore.Config{
 			NodeID: id, RaftAddr: "127.0.0.1:0", APIAddr: srv.URL, DataDir: b.TempDir(),
 			// Raft's default (LAN) timeouts: with three nodes sharing two
 			// saturated cores, shorter ones cost elections mid-run.
-			Bootstrap: i == 0, Logger: quiet, Token: "t", TLS: benchTLS(b, ca, id),
+			Bootstrap: i == 0, Logger: quiet, Token: "t", Cluster: cluster,
 		}, m)
 		if err != nil {
 			b.Fatal(err)
@@ -98,7 +100,9 @@ func startBenchClusterTLS(b testing.TB, n int, withTLS bool) []*benchNode {
 		h.Store(&handler)
 		// With TLS, followers forward to the leader's cluster port (the
 		// silent switch above is for the plain rig).
-		store.ServePeers(http.NotFoundHandler())
+		if cluster != nil {
+			cluster.Serve(store.PeerHandler())
+		}
 		b.Cleanup(func() {
 			nodes[i].dir.Close()
 			_ = store.Close(context.Background())
@@ -131,9 +135,9 @@ func startBenchClusterTLS(b testing.TB, n int, withTLS bool) []*benchNode {
 }
 
 // benchTLS writes a key and a certificate for node id from ca into a
-// temporary directory and returns the TLS config naming them (nil: no
+// temporary directory and returns the cluster port naming them (nil: no
 // ca, an insecure cluster).
-func benchTLS(b testing.TB, ca *clustertls.CA, id string) *raftstore.TLSConfig {
+func benchTLS(b testing.TB, ca *clustertls.CA, id string, log *slog.Logger) *clusterport.Cluster {
 	if ca == nil {
 		return nil
 	}
@@ -150,12 +154,13 @@ func benchTLS(b testing.TB, ca *clustertls.CA, id string) *raftstore.TLSConfig {
 		b.Fatal(err)
 	}
 	dir := b.TempDir()
-	cfg := &raftstore.TLSConfig{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "cert.pem"), KeyFile: filepath.Join(dir, "key.pem"),
+	cfg := clusterport.Config{NodeID: id, DataDir: b.TempDir(), Addr: "127.0.0.1:0", Tokens: []string{"t"}, Logger: log,
+		CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "cert.pem"), KeyFile: filepath.Join(dir, "key.pem"),
 		ServerConn: relay.ServerTLS} // as the agent with its fast path
 	for path, data := range map[string][]byte{cfg.CAFile: ca.CertPEM(), cfg.CertFile: cert, cfg.KeyFile: key} {
 		if err := clustertls.WriteFile(path, data, 0o600); err != nil {
 			b.Fatal(err)
 		}
 	}
-	return cfg
+	return clusterport.NewCluster(cfg)
 }

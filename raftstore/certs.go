@@ -220,25 +220,6 @@ func (m joinMember) Certificate(ctx context.Context, req clusterport.CertRequest
 
 func (m joinMember) String() string { return m.url }
 
-// caLog is the log as the cluster CA records itself in it.
-type caLog struct{ s *Store }
-
-func (l caLog) Record(ctx context.Context, op clusterport.CAOp, certPEM, keyPEM string) error {
-	_, err := l.s.applyLocal(ctx, encodeMeta(metaCommand{Op: string(op), CACert: certPEM, CAKey: keyPEM}))
-	return err
-}
-
-func (l caLog) Servers(ctx context.Context) ([]clusterport.Server, error) {
-	servers, err := l.s.configuration(ctx)
-	out := make([]clusterport.Server, len(servers))
-	for i, srv := range servers {
-		out[i] = clusterport.Server{ID: string(srv.ID), Addr: string(srv.Address)}
-	}
-	return out, err
-}
-
-func (l caLog) Changes() <-chan struct{} { return l.s.changes() }
-
 // CA is this node's part in the cluster's own CA: how the cluster port is secured, the CAs
 // recorded, whether a key awaits sealing.
 func (s *Store) CA() *clusterport.Authority { return s.ca }

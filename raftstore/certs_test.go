@@ -146,14 +146,14 @@ func TestTLSCertificateOnlyForNewNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, ans := postCert(t, n2.s.peerClient, "https://"+n1.s.RaftAddr(), "n2", nil)
+	code, ans := postCert(t, n2.cfg.Cluster.PeerClient(), "https://"+n1.s.RaftAddr(), "n2", nil)
 	if code != http.StatusOK || ans.Cert == string(before) {
 		t.Fatalf("a renewal over the member's own certificate: %d", code)
 	}
 	if got := logs1.lines(`"level":"WARN"`, `"msg":"issued a cluster certificate"`, `"member":"n2"`, `"renewal":true`, `"auth":"cluster certificate of n2"`); len(got) != 1 {
 		t.Fatalf("the renewal is not logged at WARN: %q", got)
 	}
-	if code, _ := postCert(t, n2.s.peerClient, "https://"+n1.s.RaftAddr(), "n1", nil); code != http.StatusForbidden {
+	if code, _ := postCert(t, n2.cfg.Cluster.PeerClient(), "https://"+n1.s.RaftAddr(), "n1", nil); code != http.StatusForbidden {
 		t.Fatalf("a member asking for another member's certificate over its own: %d, want 403", code)
 	}
 }
@@ -237,7 +237,7 @@ func TestTLSMemberWithoutItsCertificateSaysWhatToDo(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(n2.dir, "tls")); err != nil {
 		t.Fatal(err)
 	}
-	s, err := Open(context.Background(), n2.cfg, &listSM{})
+	s, err := Open(context.Background(), reopen(n2.cfg), &listSM{})
 	if err == nil {
 		_ = s.Close(context.Background())
 		t.Fatal("a member without its certificate started")

@@ -8,9 +8,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/pinnedd/pinnedd/clusterport"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/pinnedd/pinnedd/internal/clustertls"
 )
 
 // Config configures one node of the group. Zero values take the defaults documented per field
@@ -19,11 +18,11 @@ type Config struct {
 	// NodeID is this node's stable Raft server id. Required; it must not change across
 	// restarts of the same data directory.
 	NodeID string
-	// RaftAddr is the bind address of the Raft TCP transport ("127.0.0.1:0" picks a free
-	// port). Required unless StreamLayer is set.
+	// RaftAddr is the bind address of the plain Raft TCP transport ("127.0.0.1:0" picks a free
+	// port). Required unless Cluster or StreamLayer is set.
 	RaftAddr string
 	// AdvertiseRaftAddr is the address other nodes dial; default the bound address. Required
-	// when RaftAddr binds a wildcard address such as ":8300". Ignored with a StreamLayer (its
+	// when RaftAddr binds a wildcard address such as ":8300". Ignored with a Cluster or StreamLayer (its
 	// Addr is advertised).
 	AdvertiseRaftAddr string
 	// APIAddr is this node's HTTP base URL (e.g. "http://10.0.0.5:8080"). It is replicated as
@@ -51,12 +50,14 @@ type Config struct {
 	// Registerer receives raftstore's metrics (pinned_raft_entries_skipped_total, and the
 	// gauges of raftCollector: pinned_raft_leader, _term, _commit_index, ...). Optional.
 	Registerer prometheus.Registerer
-	// TLS runs the transport over mutual TLS under the cluster CA (see "Mutual TLS" in
-	// DESIGN.md): listening on RaftAddr, a peer is accepted only with a certificate from the
-	// CA whose node id is a member. nil: plain TCP, which anyone who reaches RaftAddr can
-	// drive.
-	TLS *TLSConfig
-	// StreamLayer replaces the plain TCP transport with another one. Optional; excludes TLS.
+	// Cluster is the cluster port Raft runs on, over mutual TLS (see "Mutual TLS" in DESIGN.md):
+	// Open opens it as its stream layer once it knows whether DataDir holds Raft state, applies
+	// the CA entries of the log to its ledger and attaches the log to it, and forwards to the
+	// leader over it. nil: plain TCP on RaftAddr (anyone who reaches it can drive Raft), or
+	// StreamLayer.
+	Cluster *clusterport.Cluster
+	// StreamLayer replaces the plain TCP transport with another one. Optional; excludes
+	// Cluster.
 	StreamLayer raft.StreamLayer
 	// HTTPClient is used to forward RPCs to the leader. Default: a private client whose idle
 	// connections are closed by Close.
@@ -67,17 +68,10 @@ type Config struct {
 	// Token is sent as "Authorization: Bearer <Token>" on forwarded RPCs. Optional. With TLS
 	// and the cluster's own CA it also pins the CA a joining node accepts.
 	Token string
-	// JoinTokens are the tokens a join proof to this node may be made with, and the CA is
-	// pinned for, Token among them (the first if Token is not): the values of a node key
-	// being rotated. Empty: Token alone.
+	// JoinTokens are the tokens a join proof to this node may be made with, Token among them
+	// (the first if Token is not): the values of a node key being rotated. Empty: Token
+	// alone. With a Cluster, its Config.Tokens decide, and pin its CA.
 	JoinTokens []string
-	// Sealer keeps the cluster's keys at rest sealed (clustertls.Sealer): the CA key in the log,
-	// in snapshots and in <DataDir>/tls, and this node's key. Nil: they are kept in clear.
-	Sealer *clustertls.Sealer
-	// CertValidity is how long the node certificates the cluster's own CA issues hold
-	// (clustertls.DefaultNodeValidity if 0). A node renews its own once a third of it is left,
-	// and at once when a rotation brings a new CA.
-	CertValidity time.Duration
 
 	// Raft timing. Defaults are hashicorp/raft's (1s, 1s, 500ms, 50ms), sized for a LAN.
 	// Tests use a few hundred milliseconds.
@@ -166,8 +160,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: DataDir is required", ErrInvalidConfig)
 	case c.APIAddr == "":
 		return fmt.Errorf("%w: APIAddr is required", ErrInvalidConfig)
-	case c.RaftAddr == "" && c.StreamLayer == nil:
-		return fmt.Errorf("%w: RaftAddr is required without a StreamLayer", ErrInvalidConfig)
+	case c.RaftAddr == "" && c.StreamLayer == nil && c.Cluster == nil:
+		return fmt.Errorf("%w: RaftAddr is required without a Cluster or StreamLayer", ErrInvalidConfig)
 	case c.MaxAppendEntries > 1024:
 		return fmt.Errorf("%w: MaxAppendEntries %d exceeds raft's limit of 1024", ErrInvalidConfig, c.MaxAppendEntries)
 	}

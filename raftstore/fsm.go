@@ -9,13 +9,11 @@ import (
 	"log/slog"
 	"maps"
 	"sync"
-	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pinnedd/pinnedd/clusterport"
-	"github.com/pinnedd/pinnedd/internal/clustertls"
 )
 
 // StateMachine is the deterministic state the log drives. Implementations must be pure:
@@ -112,8 +110,8 @@ const (
 	skipUnknownKind = "unknown-kind"
 )
 
-func newFSM(sm StateMachine, onMeta func(), log *slog.Logger, reg prometheus.Registerer, sealer *clustertls.Sealer, nodeValidity time.Duration) *fsm {
-	f := &fsm{sm: sm, onMeta: onMeta, log: log, members: map[string]string{}}
+func newFSM(sm StateMachine, onMeta func(), log *slog.Logger, reg prometheus.Registerer, cas *clusterport.Ledger) *fsm {
+	f := &fsm{sm: sm, onMeta: onMeta, log: log, members: map[string]string{}, cas: cas}
 	f.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pinned_raft_entries_skipped_total",
 		Help: "Committed Raft entries this node could not decode and skipped (the same on every node of its version).",
@@ -124,7 +122,7 @@ func newFSM(sm StateMachine, onMeta func(), log *slog.Logger, reg prometheus.Reg
 	if reg != nil {
 		reg.MustRegister(f.skipped)
 	}
-	f.cas = clusterport.NewLedger(sealer, nodeValidity, log, f.skipped.WithLabelValues(skipUndecodable).Inc)
+	cas.CountUnusable(f.skipped.WithLabelValues(skipUndecodable).Inc)
 	return f
 }
 

@@ -13,6 +13,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -155,6 +156,7 @@ func startNodeSM(t testing.TB, id, dir, raftAddr string, bootstrap bool, mod fun
 	if mod != nil {
 		mod(&n.cfg)
 	}
+	withCluster(&n.cfg)
 	s, err := Open(context.Background(), n.cfg, n.sm)
 	if err != nil {
 		n.srv.Close()
@@ -162,9 +164,16 @@ func startNodeSM(t testing.TB, id, dir, raftAddr string, bootstrap bool, mod fun
 	}
 	n.s = s
 	// As the agent does: the cluster port's HTTP, for forwards to the leader over TLS.
-	s.ServePeers(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.WriteString(w, "peer "+r.URL.Path)
-	}))
+	if c := n.cfg.Cluster; c != nil {
+		rpc := s.PeerHandler()
+		c.Serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasPrefix(r.URL.Path, HandlerPrefix) {
+				rpc.ServeHTTP(w, r)
+				return
+			}
+			_, _ = io.WriteString(w, "peer "+r.URL.Path)
+		}))
+	}
 	h := s.Handler(func(r *http.Request) error {
 		if r.Header.Get("Authorization") != "Bearer secret" {
 			return errors.New("missing or wrong bearer token")

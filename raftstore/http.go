@@ -83,10 +83,10 @@ const (
 // suits tests and closed networks.
 //
 // With mutual TLS, node-to-node calls (apply, meta, and whatever a follower forwards) travel
-// only over the cluster port (ServePeers): Handler, for the public port, refuses them whatever
+// only over the cluster port (PeerHandler): Handler, for the public port, refuses them whatever
 // token they carry, and keeps what an operator or a joining node asks.
 func (s *Store) Handler(authorize func(*http.Request) error) http.Handler {
-	mux := s.routes(s.stream == nil)
+	mux := s.routes(s.cfg.Cluster == nil)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The CA certificate is public and its pin reveals nothing of the token: a joining
 		// node reads both before it sends the token anywhere.
@@ -108,7 +108,7 @@ func (s *Store) Handler(authorize func(*http.Request) error) http.Handler {
 				return
 			}
 		}
-		if s.stream != nil && forwarded(r) {
+		if s.cfg.Cluster != nil && forwarded(r) {
 			writeError(w, errPeerOnly(r))
 			return
 		}

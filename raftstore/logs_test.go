@@ -80,7 +80,7 @@ func TestRestartReplayKeepsCurrentMembers(t *testing.T) {
 	converged(t, []*testNode{leader, back}, []string{"a", "b"})
 
 	for _, n := range nodes {
-		if _, ok := back.s.PeerAddr(n.id); !ok || !back.s.isMember(n.id) {
+		if _, ok := back.cfg.Cluster.PeerAddr(n.id); !ok || !back.cfg.Cluster.IsMember(n.id) {
 			t.Errorf("after the replay, %s is not a member on %s", n.id, back.id)
 		}
 	}
@@ -190,30 +190,5 @@ func TestRaftLevels(t *testing.T) {
 		if got := raftLevels.Relevel(c.level, c.msg, c.args); got != c.want {
 			t.Errorf("%s %q %v: logged at %s, want %s", c.level, c.msg, c.args, got, c.want)
 		}
-	}
-}
-
-// A node the configuration just dropped is known as having left (its refused connections are
-// routine) for departedGrace; a node that was never a member is not.
-func TestMemberCacheKnowsWhoLeft(t *testing.T) {
-	cfg := func(ids ...string) raft.Configuration {
-		var c raft.Configuration
-		for _, id := range ids {
-			c.Servers = append(c.Servers, raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(id + ":8300")})
-		}
-		return c
-	}
-	var c memberCache
-	c.set(cfg("n1", "n2", "n3"))
-	c.set(cfg("n1", "n2"))
-	if !c.leftWithin("n3", departedGrace) {
-		t.Fatal("n3, just removed, has not left")
-	}
-	if c.leftWithin("n3", 0) || c.leftWithin("stranger", departedGrace) || c.leftWithin("n1", departedGrace) {
-		t.Fatal("left: past its grace, a stranger, or a member")
-	}
-	c.set(raft.Configuration{}) // a node not yet joined reads no configuration: nobody left
-	if c.leftWithin("n1", departedGrace) {
-		t.Fatal("an empty configuration made n1 leave")
 	}
 }

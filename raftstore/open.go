@@ -62,13 +62,19 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	if err != nil {
 		return nil, err
 	}
-	s.fsm = newFSM(sm, s.metaChanged, s.log, cfg.Registerer, cfg.Sealer, cfg.CertValidity)
+	ledger := clusterport.NewLedger(nil, 0, s.log, nil)
+	if cfg.Cluster != nil {
+		ledger = cfg.Cluster.Ledger()
+	}
+	s.fsm = newFSM(sm, s.metaChanged, s.log, cfg.Registerer, ledger)
 	s.fsm.onConfiguration = s.configurationCommitted
 	if err := s.openTransport(hlog, &undo); err != nil {
 		return nil, err
 	}
 	if s.ca == nil {
-		s.ca = s.newAuthority(clusterport.Keys{}, nil)
+		// No cluster port: the CA answers that there is none, and checks join proofs.
+		s.ca = clusterport.NewAuthority(clusterport.AuthorityConfig{NodeID: cfg.NodeID, Tokens: joinTokens(cfg), Logger: s.log},
+			ledger, clusterLog{s}, clusterport.Keys{}, nil, nil, nil)
 	}
 	rc := raftConfig(cfg, hlog, s.notifyCh)
 	s.raft, err = raft.NewRaft(rc, s.fsm, st.logs, st.stable, st.snaps, s.trans)
@@ -76,6 +82,9 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		return nil, fmt.Errorf("raftstore: starting raft: %w", err)
 	}
 	close(s.raftUp)
+	if cfg.Cluster != nil {
+		cfg.Cluster.Attach(clusterLog{s})
+	}
 	s.addLeaderWork()
 	undo.add(func() { _ = s.raft.Shutdown().Error() })
 	if cfg.Registerer != nil {
@@ -175,26 +184,26 @@ func (s *Store) openStorage(hlog hclog.Logger, undo *cleanups) (storage, error) 
 	return st, nil
 }
 
-// openTransport makes Raft's transport: the cluster port over mutual TLS, the config's
-// StreamLayer, or plain TCP.
+// openTransport makes Raft's transport: the cluster port, the config's StreamLayer, or plain
+// TCP.
 func (s *Store) openTransport(hlog hclog.Logger, undo *cleanups) error {
 	cfg := s.cfg
+	stream := cfg.StreamLayer
 	switch {
-	case cfg.TLS != nil:
-		if cfg.StreamLayer != nil {
-			return fmt.Errorf("%w: TLS and StreamLayer exclude each other", ErrInvalidConfig)
-		}
-		if err := s.openClusterPort(undo); err != nil {
+	case cfg.Cluster != nil && stream != nil:
+		return fmt.Errorf("%w: Cluster and StreamLayer exclude each other", ErrInvalidConfig)
+	case cfg.Cluster != nil:
+		var err error
+		if stream, err = s.openCluster(); err != nil {
 			return err
 		}
+		undo.add(s.cfg.Cluster.CloseClients)
+	}
+	if stream != nil {
 		s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-			Stream: s.stream, MaxPool: 3, Timeout: cfg.TransportTimeout, Logger: hlog.Named("transport"),
+			Stream: stream, MaxPool: 3, Timeout: cfg.TransportTimeout, Logger: hlog.Named("transport"),
 		})
-	case cfg.StreamLayer != nil:
-		s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-			Stream: cfg.StreamLayer, MaxPool: 3, Timeout: cfg.TransportTimeout, Logger: hlog.Named("transport"),
-		})
-	default:
+	} else {
 		var adv net.Addr
 		var err error
 		if cfg.AdvertiseRaftAddr != "" {
@@ -209,42 +218,6 @@ func (s *Store) openTransport(hlog hclog.Logger, undo *cleanups) error {
 	}
 	undo.add(func() { _ = s.trans.Close() })
 	s.advertise = string(s.trans.LocalAddr())
-	return nil
-}
-
-// openClusterPort sets up the cluster's TLS (setupTLS), the client of node-to-node calls
-// over it, and the cluster port's listener (s.stream), Raft and HTTP split by ALPN.
-func (s *Store) openClusterPort(undo *cleanups) error {
-	cfg := s.cfg
-	keys, localCA, err := s.setupTLS()
-	if err != nil {
-		return err
-	}
-	s.peerTLS = s.ident.ClientConfig(clusterport.ALPNHTTP)
-	tr := &http.Transport{TLSClientConfig: s.peerTLS, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}
-	// A connection beyond the idle pool is closed after its request, and a new one costs
-	// a handshake: keep as many as forwards run at once.
-	sync := &httpx.SyncTransport{TLS: s.peerTLS, Fallback: tr, MaxIdlePerHost: peerIdlePerHost, DialTimeout: 5 * time.Second}
-	s.peerClient = &http.Client{Transport: sync}
-	undo.add(func() { sync.Close(); tr.CloseIdleConnections() })
-	ln, err := net.Listen("tcp", cfg.RaftAddr)
-	if err != nil {
-		return fmt.Errorf("raftstore: raft transport on %s: %w", cfg.RaftAddr, err)
-	}
-	adv := ln.Addr()
-	if cfg.AdvertiseRaftAddr != "" {
-		if adv, err = net.ResolveTCPAddr("tcp", cfg.AdvertiseRaftAddr); err != nil {
-			_ = ln.Close()
-			return fmt.Errorf("%w: AdvertiseRaftAddr %q: %w", ErrInvalidConfig, cfg.AdvertiseRaftAddr, err)
-		}
-	} else if tcp, ok := adv.(*net.TCPAddr); ok && tcp.IP.IsUnspecified() {
-		_ = ln.Close()
-		return fmt.Errorf("%w: RaftAddr %s binds every interface: set AdvertiseRaftAddr", ErrInvalidConfig, cfg.RaftAddr)
-	}
-	s.stream = clusterport.New(ln, adv, s.ident, clusterport.Options{
-		Admit: s.allowPeer, MemberHost: s.memberHost, ServerConn: cfg.TLS.ServerConn, Logger: s.log.With("component", "raft-tls"),
-	})
-	s.ca = s.newAuthority(keys, localCA)
 	return nil
 }
 

@@ -101,13 +101,13 @@ func TestTLSRotateCA(t *testing.T) {
 func TestTLSCertificateRenewsBeforeItExpires(t *testing.T) {
 	short := func(c *Config) {
 		sealedTLS("secret")(c)
-		c.CertValidity = 3 * time.Second
+		tlsOpts(c).Validity = 3 * time.Second
 	}
 	n1 := startNode(t, "n1", t.TempDir(), "", true, short)
 	waitLeader(t, n1)
-	first, _, _ := n1.s.ident.Leaf()
+	first, _, _ := n1.s.ca.Identity().Leaf()
 	testutil.WaitFor(t, 10*time.Second, "a renewed certificate", func() bool {
-		now, _, _ := n1.s.ident.Leaf()
+		now, _, _ := n1.s.ca.Identity().Leaf()
 		return now.NotAfter.After(first.NotAfter)
 	})
 	mustApply(t, n1, "a")

@@ -16,12 +16,11 @@ import (
 
 func sealedTLS(tokens ...string) func(*Config) {
 	return func(c *Config) {
-		tlsOn(c)
 		s, err := clustertls.NewSealer(tokens...)
 		if err != nil {
 			panic(err)
 		}
-		c.Sealer = s
+		tlsOpts(c).Sealer = s
 	}
 }
 
@@ -100,7 +99,9 @@ func TestTLSSealedKeyRefusesAnotherToken(t *testing.T) {
 	waitLeader(t, n1)
 	n1.close()
 	cfg := n1.cfg
+	cfg.Cluster = nil // a cluster port opens once
 	sealedTLS("another")(&cfg)
+	withCluster(&cfg)
 	_, err := Open(t.Context(), cfg, &listSM{})
 	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "PINBOARD_TOKEN") {
 		t.Fatalf("open with another token: %v", err)

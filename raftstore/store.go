@@ -2,7 +2,6 @@ package raftstore
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,7 +14,6 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/pinnedd/pinnedd/clusterport"
-	"github.com/pinnedd/pinnedd/internal/clustertls"
 )
 
 // Member is one server of the Raft configuration as this node sees it.
@@ -45,7 +43,6 @@ type Store struct {
 	lock      *os.File
 	trans     *raft.NetworkTransport
 	stream    *clusterport.Port      // the cluster port (Raft and node-to-node HTTP), when Config.TLS is set
-	ident     *clustertls.Identity   // this node's TLS identity, when Config.TLS is set
 	ca        *clusterport.Authority // this node's part in the cluster's own CA (with or without TLS)
 	raftUp    chan struct{}          // closed once s.raft is set
 	advertise string
@@ -53,10 +50,8 @@ type Store struct {
 	client    *http.Client
 	// closeClient closes the connections of a client Open made itself.
 	closeClient func()
-	// peerTLS and peerClient call other nodes' cluster ports, with mutual TLS (nil without).
-	peerTLS    *tls.Config
+	// peerClient calls other nodes' cluster ports, with mutual TLS (nil without).
 	peerClient *http.Client
-	members    memberCache
 
 	notifyCh chan bool
 	obsCh    chan raft.Observation
@@ -363,8 +358,8 @@ func (s *Store) shutdown(ctx context.Context, graceful bool) error {
 		if s.closeClient != nil {
 			s.closeClient()
 		}
-		if s.peerClient != nil {
-			s.peerClient.CloseIdleConnections()
+		if s.cfg.Cluster != nil {
+			s.cfg.Cluster.CloseClients()
 		}
 		if err != nil {
 			s.closeErr = fmt.Errorf("raftstore: shutdown: %w", err)

@@ -27,7 +27,44 @@ import (
 	"github.com/pinnedd/pinnedd/internal/testutil"
 )
 
-func tlsOn(c *Config) { c.TLS = &TLSConfig{} }
+// clusterOpts are the cluster port settings a test node's mods asked for (tlsOn, sealedTLS,
+// ...), by the Config they modify: startNodeSM builds the node's Cluster from them and the
+// final Config (withCluster), as the agent does from its flags.
+var clusterOpts sync.Map // *Config -> *clusterport.Config
+
+// tlsOn runs the node on a cluster port with the cluster's own CA.
+func tlsOn(c *Config) { tlsOpts(c) }
+
+// tlsOpts are c's cluster port settings, turning the cluster port on.
+func tlsOpts(c *Config) *clusterport.Config {
+	v, _ := clusterOpts.LoadOrStore(c, &clusterport.Config{})
+	return v.(*clusterport.Config)
+}
+
+// withCluster gives c the Cluster its mods asked for, if any.
+func withCluster(c *Config) {
+	v, ok := clusterOpts.LoadAndDelete(c)
+	if !ok {
+		return
+	}
+	cc := *v.(*clusterport.Config)
+	cc.NodeID, cc.DataDir, cc.Addr, cc.Bootstrap = c.NodeID, c.DataDir, c.RaftAddr, c.Bootstrap
+	cc.Tokens, cc.Logger = joinTokens(*c), c.Logger
+	c.Cluster = clusterport.NewCluster(cc)
+	builtFrom.Store(c.Cluster, cc)
+}
+
+// builtFrom is each test Cluster's settings, for reopen.
+var builtFrom sync.Map // *clusterport.Cluster -> clusterport.Config
+
+// reopen is c for another Open of its node: a cluster port opens once, so a new one with the
+// same settings.
+func reopen(c Config) Config {
+	if v, ok := builtFrom.Load(c.Cluster); ok {
+		c.Cluster = clusterport.NewCluster(v.(clusterport.Config))
+	}
+	return c
+}
 
 // joinTLS joins n through the member at url as the agent does: with the cluster's own CA, the
 // node first gets its certificate (pinned by the token).
@@ -80,7 +117,7 @@ func TestTLSClusterBootstrapJoinRefuse(t *testing.T) {
 	converged(t, nodes, []string{"a"})
 	for _, n := range nodes {
 		testutil.WaitForErr(t, 5*time.Second, n.id+" holds the cluster CA", func() error {
-			if ca := n.s.fsm.cas.Issuer(); ca == nil || !bytes.Equal(ca.CertPEM(), n1.s.ident.CAPEM()) {
+			if ca := n.s.fsm.cas.Issuer(); ca == nil || !bytes.Equal(ca.CertPEM(), n1.s.ca.Identity().CAPEM()) {
 				return errors.New("not recorded")
 			}
 			return nil
@@ -121,7 +158,7 @@ func TestTLSClusterBootstrapJoinRefuse(t *testing.T) {
 	if gone == leader {
 		gone = nodes[1]
 	}
-	goneCfg := gone.s.ident.ClientConfig(clusterport.ALPNRaft)
+	goneCfg := gone.s.ca.Identity().ClientConfig(clusterport.ALPNRaft)
 	if err := leader.s.Remove(ctxTimeout(t, 10*time.Second), gone.id); err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +199,7 @@ func TestTLSJoinRefusesACAOfAnotherToken(t *testing.T) {
 	if !errors.Is(err, ErrUntrustedCA) {
 		t.Fatalf("join with another token: %v, want ErrUntrustedCA", err)
 	}
-	if n2.s.ident.Ready() {
+	if n2.s.ca.Identity().Ready() {
 		t.Fatal("n2 installed a certificate")
 	}
 	if ms := membersByID(t, n1); len(ms) != 1 {
@@ -210,7 +247,10 @@ func TestTLSOwnPKI(t *testing.T) {
 			t.Fatal(err)
 		}
 		c, k := write(node+".pem", cert), write(node+"-key.pem", key)
-		return func(cfg *Config) { cfg.TLS = &TLSConfig{CAFile: caFile, CertFile: c, KeyFile: k} }
+		return func(cfg *Config) {
+			o := tlsOpts(cfg)
+			o.CAFile, o.CertFile, o.KeyFile = caFile, c, k
+		}
 	}
 	n1 := startNode(t, "n1", t.TempDir(), "", true, own("n1"))
 	waitLeader(t, n1)
@@ -227,6 +267,7 @@ func TestTLSOwnPKI(t *testing.T) {
 	wrong := own("n9")
 	cfg := fastConfig(Config{NodeID: "n3", RaftAddr: "127.0.0.1:0", APIAddr: "http://127.0.0.1:1", DataDir: t.TempDir()})
 	wrong(&cfg)
+	withCluster(&cfg)
 	if s, err := Open(t.Context(), cfg, &listSM{}); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), `"n9"`) {
 		if s != nil {
 			_ = s.Close(t.Context())
@@ -276,7 +317,7 @@ func TestTLSClusterPortHTTP(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b), nil
 	}
-	withALPN := follower.s.PeerTLS()
+	withALPN := follower.cfg.Cluster.PeerTLS()
 	noALPN := withALPN.Clone()
 	noALPN.NextProtos = nil
 	for name, cfg := range map[string]*tls.Config{"alpn": withALPN, "no alpn": noALPN} {
@@ -289,10 +330,10 @@ func TestTLSClusterPortHTTP(t *testing.T) {
 			t.Fatalf("%s: members: %d %q %v", name, code, body, err)
 		}
 	}
-	if addr, ok := follower.s.PeerAddr(leader.id); !ok || addr != leader.s.RaftAddr() {
+	if addr, ok := follower.cfg.Cluster.PeerAddr(leader.id); !ok || addr != leader.s.RaftAddr() {
 		t.Fatalf("PeerAddr(%s) = %q %v, want %s", leader.id, addr, ok, leader.s.RaftAddr())
 	}
-	if _, ok := follower.s.PeerAddr("nobody"); ok {
+	if _, ok := follower.cfg.Cluster.PeerAddr("nobody"); ok {
 		t.Fatal("PeerAddr of a non-member")
 	}
 
@@ -314,7 +355,7 @@ func TestTLSClusterPortHTTP(t *testing.T) {
 	if gone == leader {
 		gone = nodes[1]
 	}
-	goneCfg := gone.s.PeerTLS()
+	goneCfg := gone.cfg.Cluster.PeerTLS()
 	tr := &http.Transport{TLSClientConfig: goneCfg}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr, Timeout: 5 * time.Second}
