@@ -50,7 +50,7 @@ type Port struct {
 	log       *slog.Logger
 
 	conns    chan net.Conn // Raft's
-	http     chan net.Conn // the cluster port's HTTP (ServePeers)
+	http     chan net.Conn // the cluster port's HTTP (Serve)
 	httpDone chan struct{} // closed when HTTP is no longer served (stopHTTP)
 	httpOnce sync.Once
 	dialCfg  *tls.Config

@@ -84,7 +84,7 @@ func peerNode(c net.Conn) string {
 }
 
 // ClusterPortTLS makes the server side of the cluster port's TLS
-// connections (raftstore's TLSConfig.ServerConn): with the fast path, so
+// connections (clusterport's Config.ServerConn): with the fast path, so
 // that the kept-alive loop can adopt them (relay.ServerTLS); without it,
 // nil, crypto/tls's own.
 func ClusterPortTLS(fastPath bool) func(raw net.Conn, cfg *tls.Config) (*tls.Conn, error) {

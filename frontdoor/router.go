@@ -118,7 +118,7 @@ func (f *FrontDoor) serve(w http.ResponseWriter, r *http.Request) {
 	}()
 	from := fromClient
 	if fromPeer(r) {
-		from = fromMember // raftstore.Store.ServePeers authenticated it
+		from = fromMember // clusterport.Cluster.Serve authenticated it
 	}
 	d := f.decide(r.Method, r.URL.Path, r.URL.EscapedPath(), r.URL.RawQuery, stdFields(r.Header), from)
 	switch d.kind {
@@ -150,7 +150,7 @@ func isPeerRoute(p string) bool {
 type peerKey struct{}
 
 // PeerHandler serves the front door to the cluster's other nodes, on the
-// cluster port (raftstore.Store.ServePeers authenticates them): the peer
+// cluster port (clusterport.Cluster.Serve authenticates them): the peer
 // routes, and everything else as the front door does. Its connections stay
 // in net/http.
 func (f *FrontDoor) PeerHandler() http.Handler {

@@ -1,14 +1,19 @@
 // Package raftstore runs this node's member of the pinnedd Raft group.
 //
 // It owns everything between a deterministic [StateMachine] and hashicorp/raft: the on-disk log
-// and stable store (raft-wal, or raft-boltdb for data dirs created with it), snapshots, the transport (the cluster port of package clusterport under
-// the cluster CA, plain TCP, or a supplied [raft.StreamLayer]) with the cluster CA and certificates
-// it needs, membership (bootstrap, join, leave,
-// remove, voters and nonvoters), forwarding of writes and membership changes from followers to
-// the leader over HTTP (a forwarded write goes to the state machine owner's [ForwardedFunc], and
-// never further), and the leader loop that runs leader-only work.
+// and stable store (raft-wal, or raft-boltdb for data dirs created with it), snapshots, the
+// FSM adapter, membership (bootstrap, join, leave, remove, voters and nonvoters), the RPCs
+// between nodes and forwarding of writes and membership changes from followers to the leader
+// over HTTP (a forwarded write goes to the state machine owner's [ForwardedFunc], and never
+// further), and the leader loop that runs leader-only work.
 //
-// Two rules keep the deployment token from undoing membership (see "Mutual TLS" in DESIGN.md):
+// Raft runs over the stream layer it is given: the cluster port (Config.Cluster, package
+// clusterport, which also owns this node's identity and the cluster's own CA; raftstore applies
+// the CA's log entries to its ledger, attaches the log to it and serves its RPCs), plain TCP, or a
+// supplied [raft.StreamLayer].
+//
+// Two rules keep the deployment token from undoing membership (see "Mutual TLS" in
+// clusterport/DESIGN.md):
 //
 //   - A certificate is signed only for an id that is not a member of the leader's latest
 //     configuration, or for a member asking for itself over its own certificate on the cluster
