@@ -27,18 +27,24 @@ const renewCheck = time.Minute
 // retireCheck is how often a leader with CAs left to retire probes the members' certificates.
 const retireCheck = 2 * time.Second
 
-// LeaderWork is the CA's work while this node leads, by name: recording the CA this node
-// created, sealing CA keys, retiring rotated-out CAs.
-func (a *Authority) LeaderWork() map[string]func(ctx context.Context) {
-	work := map[string]func(ctx context.Context){}
+// Work is one piece of the CA's work while this node leads: run until ctx ends.
+type Work struct {
+	Name string
+	Run  func(ctx context.Context)
+}
+
+// LeaderWork is the CA's work while this node leads: recording the CA this node created,
+// sealing CA keys, retiring rotated-out CAs.
+func (a *Authority) LeaderWork() []Work {
+	var work []Work
 	if a.localCA != nil {
-		work["cluster-ca"] = a.propose
+		work = append(work, Work{"cluster-ca", a.propose})
 	}
 	if a.cfg.Sealer != nil && a.ident != nil {
-		work["seal-cluster-ca"] = a.seal
+		work = append(work, Work{"seal-cluster-ca", a.seal})
 	}
 	if a.runsCA() {
-		work["retire-cluster-cas"] = a.retire
+		work = append(work, Work{"retire-cluster-cas", a.retire})
 	}
 	return work
 }

@@ -18,7 +18,7 @@ import (
 // it, hand a joining node the CA and sign its certificate request (with the join proof
 // checked); and the joining node's side.
 
-func (s *Store) handleRotate(w http.ResponseWriter, r *http.Request) {
+func (rs *rpcServer) handleRotate(w http.ResponseWriter, r *http.Request) {
 	var req struct{}
 	if !readJSON(w, r, &req) {
 		return
@@ -26,13 +26,13 @@ func (s *Store) handleRotate(w http.ResponseWriter, r *http.Request) {
 	var fp string
 	var err error
 	if forwarded(r) {
-		err = s.localOnly(func() error {
+		err = rs.localOnly(func() error {
 			var lerr error
-			fp, lerr = s.ca.Rotate(r.Context())
+			fp, lerr = rs.s.ca.Rotate(r.Context())
 			return lerr
 		})
 	} else {
-		fp, err = s.RotateCA(r.Context())
+		fp, err = rs.s.RotateCA(r.Context())
 	}
 	if err != nil {
 		writeError(w, err)
@@ -46,7 +46,7 @@ func (s *Store) handleRotate(w http.ResponseWriter, r *http.Request) {
 // certificate from it. It answers the new CA's fingerprint.
 func (s *Store) RotateCA(ctx context.Context) (string, error) {
 	var fp string
-	err := s.onLeader(ctx, "tls/rotate",
+	err := s.fwd.onLeader(ctx, "tls/rotate",
 		func(ctx context.Context) (err error) {
 			fp, err = s.ca.Rotate(ctx)
 			return err
@@ -55,17 +55,17 @@ func (s *Store) RotateCA(ctx context.Context) (string, error) {
 			var ans struct {
 				CA string `json:"ca"`
 			}
-			err := s.callJSON(ctx, api, "tls/rotate", struct{}{}, &ans, true)
+			err := s.fwd.callJSON(ctx, api, "tls/rotate", struct{}{}, &ans, true)
 			fp = ans.CA
 			return err
 		})
 	return fp, err
 }
 
-func (s *Store) handleTLS(w http.ResponseWriter, _ *http.Request) { writeJSON(w, s.ca.State()) }
+func (rs *rpcServer) handleTLS(w http.ResponseWriter, _ *http.Request) { writeJSON(w, rs.s.ca.State()) }
 
-func (s *Store) handleCA(w http.ResponseWriter, r *http.Request) {
-	ans, err := s.ca.CA(r.Context())
+func (rs *rpcServer) handleCA(w http.ResponseWriter, r *http.Request) {
+	ans, err := rs.s.ca.CA(r.Context())
 	if err != nil {
 		writeError(w, err)
 		return
@@ -93,7 +93,7 @@ func joinTokens(cfg Config) []string {
 // checkJoinProof admits a join or certificate request by its join proof, made with one of
 // this node's join tokens over the request's method, path and body (read here, and put back
 // for the handler).
-func (s *Store) checkJoinProof(w http.ResponseWriter, r *http.Request) error {
+func (rs *rpcServer) checkJoinProof(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodPost || (r.URL.Path != HandlerPrefix+"join" && r.URL.Path != HandlerPrefix+"certificate") {
 		return fmt.Errorf("%w: a join proof admits only a join or certificate request", ErrUnauthorized)
 	}
@@ -101,7 +101,7 @@ func (s *Store) checkJoinProof(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return fmt.Errorf("%w: reading the request: %w", ErrBadRequest, err)
 	}
-	if err := s.ca.CheckJoinProof(r.Header.Get(joinProofHeader), r.Method, r.URL.Path, body); err != nil {
+	if err := rs.s.ca.CheckJoinProof(r.Header.Get(joinProofHeader), r.Method, r.URL.Path, body); err != nil {
 		return fmt.Errorf("%w: %w", ErrUnauthorized, err)
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
@@ -114,7 +114,7 @@ func (s *Store) checkJoinProof(w http.ResponseWriter, r *http.Request) error {
 // certificate in a live member's name, which the cluster port would then take for that member.
 // An issue or a refusal (403) is logged at WARN with who asked; a request a member passed on, at
 // INFO.
-func (s *Store) handleCertificate(w http.ResponseWriter, r *http.Request) {
+func (rs *rpcServer) handleCertificate(w http.ResponseWriter, r *http.Request) {
 	var req clusterport.CertRequest
 	if !readJSON(w, r, &req) {
 		return
@@ -124,26 +124,26 @@ func (s *Store) handleCertificate(w http.ResponseWriter, r *http.Request) {
 	renewal := peer != "" && peer == req.ID && !forwarded(r)
 	var ans clusterport.CertAnswer
 	issue := func(ctx context.Context) (err error) {
-		ans, err = s.ca.Issue(ctx, req)
+		ans, err = rs.s.ca.Issue(ctx, req)
 		return err
 	}
 	var err error
 	switch {
 	case renewal:
 		// The cluster port checked the certificate and the membership.
-		ans, err = s.ca.Sign(r.Context(), req)
+		ans, err = rs.s.ca.Sign(r.Context(), req)
 	case forwarded(r):
 		// A member passed it on to the leader (and logs who asked).
-		err = s.localOnly(func() error { return issue(r.Context()) })
+		err = rs.localOnly(func() error { return issue(r.Context()) })
 	default:
-		if _, err = s.ca.Issuer(); err == nil || errors.Is(err, clusterport.ErrNoCAYet) {
-			err = s.onLeader(r.Context(), "certificate", issue,
+		if _, err = rs.s.ca.Issuer(); err == nil || errors.Is(err, clusterport.ErrNoCAYet) {
+			err = rs.s.fwd.onLeader(r.Context(), "certificate", issue,
 				func(ctx context.Context, api string) error {
-					return s.callJSON(ctx, api, "certificate", req, &ans, true)
+					return rs.s.fwd.callJSON(ctx, api, "certificate", req, &ans, true)
 				})
 		}
 	}
-	log := s.log.With("member", req.ID, "remote", r.RemoteAddr, "auth", certAuth(r, peer))
+	log := rs.s.log.With("member", req.ID, "remote", r.RemoteAddr, "auth", certAuth(r, peer))
 	switch {
 	case forwarded(r) && !renewal:
 		log.Info("answered a certificate request a member forwarded", "err", err)
@@ -192,7 +192,7 @@ func (s *Store) JoinCluster(ctx context.Context, client *http.Client, memberURL 
 		return err
 	}
 	// A member again: a leave recorded before no longer holds.
-	if err := os.Remove(s.leftPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := os.Remove(s.members.leftPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
 		s.log.Warn("could not clear the record of an earlier leave", "err", err)
 	}
 	return nil

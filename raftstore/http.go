@@ -86,14 +86,14 @@ const (
 // only over the cluster port (PeerHandler): Handler, for the public port, refuses them whatever
 // token they carry, and keeps what an operator or a joining node asks.
 func (s *Store) Handler(authorize func(*http.Request) error) http.Handler {
-	mux := s.routes(s.cfg.Cluster == nil)
+	mux := s.rpc.routes(s.cfg.Cluster == nil)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The CA certificate is public and its pin reveals nothing of the token: a joining
 		// node reads both before it sends the token anywhere.
 		open := r.Method == http.MethodGet && r.URL.Path == HandlerPrefix+"ca"
 		if r.Header.Get(joinProofHeader) != "" {
 			// A joining node's request, proved with the token instead of carrying it.
-			if err := s.checkJoinProof(w, r); err != nil {
+			if err := s.rpc.checkJoinProof(w, r); err != nil {
 				writeError(w, err)
 				return
 			}
@@ -116,8 +116,12 @@ func (s *Store) Handler(authorize func(*http.Request) error) http.Handler {
 	})
 }
 
+// rpcServer serves the store's RPCs (Handler, PeerHandler), as a Consul endpoint serves its
+// server's: on the store's public operations and the leader-side steps they forward to.
+type rpcServer struct{ s *Store }
+
 // routes are the RPCs; peer says whether node-to-node ones (apply, meta) are served.
-func (s *Store) routes(peer bool) *http.ServeMux {
+func (rs *rpcServer) routes(peer bool) *http.ServeMux {
 	mux := http.NewServeMux()
 	nodeToNode := func(h http.HandlerFunc) http.HandlerFunc {
 		if peer {
@@ -125,15 +129,15 @@ func (s *Store) routes(peer bool) *http.ServeMux {
 		}
 		return func(w http.ResponseWriter, r *http.Request) { writeError(w, errPeerOnly(r)) }
 	}
-	mux.HandleFunc("POST "+HandlerPrefix+"apply", nodeToNode(s.handleApply))
-	mux.HandleFunc("POST "+HandlerPrefix+"meta", nodeToNode(s.handleMeta))
-	mux.HandleFunc("POST "+HandlerPrefix+"join", s.handleJoin)
-	mux.HandleFunc("POST "+HandlerPrefix+"remove", s.handleRemove)
-	mux.HandleFunc("GET "+HandlerPrefix+"members", s.handleMembers)
-	mux.HandleFunc("POST "+HandlerPrefix+"certificate", s.handleCertificate)
-	mux.HandleFunc("GET "+HandlerPrefix+"ca", s.handleCA)
-	mux.HandleFunc("POST "+HandlerPrefix+"tls/rotate", s.handleRotate)
-	mux.HandleFunc("GET "+HandlerPrefix+"tls", s.handleTLS)
+	mux.HandleFunc("POST "+HandlerPrefix+"apply", nodeToNode(rs.handleApply))
+	mux.HandleFunc("POST "+HandlerPrefix+"meta", nodeToNode(rs.handleMeta))
+	mux.HandleFunc("POST "+HandlerPrefix+"join", rs.handleJoin)
+	mux.HandleFunc("POST "+HandlerPrefix+"remove", rs.handleRemove)
+	mux.HandleFunc("GET "+HandlerPrefix+"members", rs.handleMembers)
+	mux.HandleFunc("POST "+HandlerPrefix+"certificate", rs.handleCertificate)
+	mux.HandleFunc("GET "+HandlerPrefix+"ca", rs.handleCA)
+	mux.HandleFunc("POST "+HandlerPrefix+"tls/rotate", rs.handleRotate)
+	mux.HandleFunc("GET "+HandlerPrefix+"tls", rs.handleTLS)
 	return mux
 }
 
@@ -144,8 +148,8 @@ func errPeerOnly(r *http.Request) error {
 func forwarded(r *http.Request) bool { return r.Header.Get(forwardedHeader) != "" }
 
 // localOnly runs fn if this node is the leader, for requests that were already forwarded.
-func (s *Store) localOnly(fn func() error) error {
-	if err := s.leads(); err != nil {
+func (rs *rpcServer) localOnly(fn func() error) error {
+	if err := rs.s.leads(); err != nil {
 		return err
 	}
 	return fn()
@@ -164,13 +168,13 @@ func (s *Store) leads() error {
 
 // handleApply takes a command a follower's Apply forwarded: only followers send it, so it is
 // handled on this node only, whether or not it is marked.
-func (s *Store) handleApply(w http.ResponseWriter, r *http.Request) {
-	cmd, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxCommandBytes))
+func (rs *rpcServer) handleApply(w http.ResponseWriter, r *http.Request) {
+	cmd, err := io.ReadAll(http.MaxBytesReader(w, r.Body, rs.s.cfg.MaxCommandBytes))
 	if err != nil {
 		writeError(w, fmt.Errorf("%w: reading command: %w", ErrBadRequest, err))
 		return
 	}
-	res, err := s.applyForwarded(r.Context(), cmd)
+	res, err := rs.applyForwarded(r.Context(), cmd)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -180,7 +184,7 @@ func (s *Store) handleApply(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(res)
 }
 
-func (s *Store) handleJoin(w http.ResponseWriter, r *http.Request) {
+func (rs *rpcServer) handleJoin(w http.ResponseWriter, r *http.Request) {
 	var req joinRequest
 	if !readJSON(w, r, &req) {
 		return
@@ -191,14 +195,14 @@ func (s *Store) handleJoin(w http.ResponseWriter, r *http.Request) {
 	}
 	var err error
 	if forwarded(r) {
-		err = s.localOnly(func() error { return s.joinLocal(r.Context(), req) })
+		err = rs.localOnly(func() error { return rs.s.members.joinLocal(r.Context(), req) })
 	} else {
-		err = s.join(r.Context(), req)
+		err = rs.s.members.join(r.Context(), req)
 	}
 	writeResult(w, err)
 }
 
-func (s *Store) handleRemove(w http.ResponseWriter, r *http.Request) {
+func (rs *rpcServer) handleRemove(w http.ResponseWriter, r *http.Request) {
 	var req removeRequest
 	if !readJSON(w, r, &req) {
 		return
@@ -209,14 +213,14 @@ func (s *Store) handleRemove(w http.ResponseWriter, r *http.Request) {
 	}
 	var err error
 	if forwarded(r) {
-		err = s.localOnly(func() error { return s.removeLocal(r.Context(), req.ID) })
+		err = rs.localOnly(func() error { return rs.s.members.removeLocal(r.Context(), req.ID) })
 	} else {
-		err = s.Remove(r.Context(), req.ID)
+		err = rs.s.Remove(r.Context(), req.ID)
 	}
 	writeResult(w, err)
 }
 
-func (s *Store) handleMeta(w http.ResponseWriter, r *http.Request) {
+func (rs *rpcServer) handleMeta(w http.ResponseWriter, r *http.Request) {
 	var req metaRequest
 	if !readJSON(w, r, &req) {
 		return
@@ -227,15 +231,15 @@ func (s *Store) handleMeta(w http.ResponseWriter, r *http.Request) {
 	}
 	var err error
 	if forwarded(r) {
-		err = s.localOnly(func() error { return s.setMetaLocal(r.Context(), req.ID, req.APIAddr) })
+		err = rs.localOnly(func() error { return rs.s.members.setMetaLocal(r.Context(), req.ID, req.APIAddr) })
 	} else {
-		err = s.setMeta(r.Context(), req.ID, req.APIAddr)
+		err = rs.s.members.setMeta(r.Context(), req.ID, req.APIAddr)
 	}
 	writeResult(w, err)
 }
 
-func (s *Store) handleMembers(w http.ResponseWriter, r *http.Request) {
-	ms, err := s.Members(r.Context())
+func (rs *rpcServer) handleMembers(w http.ResponseWriter, r *http.Request) {
+	ms, err := rs.s.Members(r.Context())
 	if err != nil {
 		writeError(w, err)
 		return
@@ -300,3 +304,7 @@ func writeError(w http.ResponseWriter, err error) {
 
 // joinProofHeader carries a join proof (certificate and join requests of a joining node).
 const joinProofHeader = "X-Pinnedd-Join-Proof"
+
+// PeerHandler serves raftstore's RPCs on the cluster port (clusterport.Cluster.Serve, which
+// checks the caller's membership), node-to-node ones included, under HandlerPrefix.
+func (s *Store) PeerHandler() http.Handler { return s.rpc.routes(true) }

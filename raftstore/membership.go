@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -25,20 +26,33 @@ const leftMarker = "left.json"
 // a voter slot is free). A different member that holds the same id or the same Raft address is
 // stale (the node was rebuilt or re-addressed) and is removed first, as Consul and rqlite do.
 // apiAddr, if given, is recorded as the member's metadata.
+// membership changes the group's members on the leader (joins, removals, leadership handed
+// over before a leave), keeps the record of a leave beside the log, and records each member's
+// API address (registerLoop).
+type membership struct {
+	s *Store
+	// memberMu makes the leader's membership changes one at a time, so a join's fence check and
+	// its add never interleave with a removal's fence and its remove.
+	memberMu sync.Mutex
+	regCh    chan struct{} // nudges registerLoop
+}
+
 func (s *Store) Join(ctx context.Context, nodeID, raftAddr, apiAddr string) error {
 	if nodeID == "" || raftAddr == "" {
 		return fmt.Errorf("%w: join needs a node id and a raft address", ErrBadRequest)
 	}
 	return joinFenced(s.fsm.membershipFence(), func(fence uint64) error {
-		return s.join(ctx, joinRequest{ID: nodeID, RaftAddr: raftAddr, APIAddr: apiAddr, Fence: fence})
+		return s.members.join(ctx, joinRequest{ID: nodeID, RaftAddr: raftAddr, APIAddr: apiAddr, Fence: fence})
 	})
 }
 
 // join runs req on the leader as it is, fence included.
-func (s *Store) join(ctx context.Context, req joinRequest) error {
-	return s.onLeader(ctx, "join",
-		func(ctx context.Context) error { return s.joinLocal(ctx, req) },
-		func(ctx context.Context, api string) error { return s.callJSON(ctx, api, "join", req, nil, true) })
+func (mb *membership) join(ctx context.Context, req joinRequest) error {
+	return mb.s.fwd.onLeader(ctx, "join",
+		func(ctx context.Context) error { return mb.joinLocal(ctx, req) },
+		func(ctx context.Context, api string) error {
+			return mb.s.fwd.callJSON(ctx, api, "join", req, nil, true)
+		})
 }
 
 // joinFenced runs join with fence, and again with the cluster's fence while the leader refuses
@@ -65,14 +79,16 @@ func (s *Store) Remove(ctx context.Context, nodeID string) error {
 	if nodeID == s.cfg.NodeID {
 		return s.Leave(ctx)
 	}
-	return s.remove(ctx, nodeID)
+	return s.members.remove(ctx, nodeID)
 }
 
-func (s *Store) remove(ctx context.Context, nodeID string) error {
+func (mb *membership) remove(ctx context.Context, nodeID string) error {
 	req := removeRequest{ID: nodeID}
-	return s.onLeader(ctx, "remove",
-		func(ctx context.Context) error { return s.removeLocal(ctx, req.ID) },
-		func(ctx context.Context, api string) error { return s.callJSON(ctx, api, "remove", req, nil, true) })
+	return mb.s.fwd.onLeader(ctx, "remove",
+		func(ctx context.Context) error { return mb.removeLocal(ctx, req.ID) },
+		func(ctx context.Context, api string) error {
+			return mb.s.fwd.callJSON(ctx, api, "remove", req, nil, true)
+		})
 }
 
 // Leave removes this node from the group: if it is the leader it first transfers leadership,
@@ -84,10 +100,10 @@ func (s *Store) Leave(ctx context.Context) error {
 	if err := s.Fault(); err != nil {
 		return fmt.Errorf("raftstore: leave: %w", err)
 	}
-	ctx, cancel := s.withDefaultTimeout(ctx)
+	ctx, cancel := withDefault(ctx, s.cfg.ApplyTimeout)
 	defer cancel()
 	if s.IsLeader() {
-		if err := s.transferLeadership(ctx); err != nil {
+		if err := s.members.transferLeadership(ctx); err != nil {
 			return fmt.Errorf("raftstore: leave: %w", err)
 		}
 	}
@@ -95,12 +111,12 @@ func (s *Store) Leave(ctx context.Context) error {
 	// not replayed the entries that carry them.
 	members, _ := s.Members(ctx)
 	// Already gone (a retried leave) is what leave asked for.
-	if err := s.remove(ctx, s.cfg.NodeID); err != nil && !errors.Is(err, ErrUnknownMember) {
+	if err := s.members.remove(ctx, s.cfg.NodeID); err != nil && !errors.Is(err, ErrUnknownMember) {
 		return fmt.Errorf("raftstore: leave: %w", err)
 	}
 	// The configuration without this node may never reach its own log (the leader stops
 	// replicating to it), so the leave is recorded beside the log for a restart to find.
-	if err := s.writeLeftMarker(members); err != nil {
+	if err := s.members.writeLeftMarker(members); err != nil {
 		s.log.Warn("could not record the leave in the data dir; a restart will not know it left", "err", err)
 	}
 	s.log.Info("left the cluster")
@@ -112,12 +128,12 @@ type leftRecord struct {
 	Members []Member  `json:"members"` // the others, as they were
 }
 
-func (s *Store) leftPath() string { return filepath.Join(s.cfg.DataDir, "raft", leftMarker) }
+func (mb *membership) leftPath() string { return filepath.Join(mb.s.cfg.DataDir, "raft", leftMarker) }
 
-func (s *Store) writeLeftMarker(members []Member) error {
+func (mb *membership) writeLeftMarker(members []Member) error {
 	rec := leftRecord{At: time.Now().UTC()}
 	for _, m := range members {
-		if m.ID != s.cfg.NodeID {
+		if m.ID != mb.s.cfg.NodeID {
 			rec.Members = append(rec.Members, Member{ID: m.ID, RaftAddr: m.RaftAddr, APIAddr: m.APIAddr, Voter: m.Voter})
 		}
 	}
@@ -125,7 +141,7 @@ func (s *Store) writeLeftMarker(members []Member) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(s.leftPath(), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	f, err := os.OpenFile(mb.leftPath(), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
 	}
@@ -140,8 +156,8 @@ func (s *Store) writeLeftMarker(members []Member) error {
 }
 
 // readLeftMarker returns the record of an earlier leave, if this data dir holds one.
-func (s *Store) readLeftMarker() (leftRecord, bool) {
-	b, err := os.ReadFile(s.leftPath())
+func (mb *membership) readLeftMarker() (leftRecord, bool) {
+	b, err := os.ReadFile(mb.leftPath())
 	if err != nil {
 		return leftRecord{}, false
 	}
@@ -159,7 +175,7 @@ func (s *Store) Removed(ctx context.Context) (removed bool, others []Member, err
 	if err != nil {
 		return false, nil, err
 	}
-	rec, left := s.readLeftMarker()
+	rec, left := s.members.readLeftMarker()
 	listed := false
 	for _, m := range ms {
 		if m.ID == s.cfg.NodeID {
@@ -183,28 +199,28 @@ func (s *Store) Removed(ctx context.Context) (removed bool, others []Member, err
 
 // transferLeadership hands leadership to another voter. It fails with ErrLastVoter if there is
 // none.
-func (s *Store) transferLeadership(ctx context.Context) error {
-	servers, err := s.configuration(ctx)
+func (mb *membership) transferLeadership(ctx context.Context) error {
+	servers, err := mb.configuration(ctx)
 	if err != nil {
 		return err
 	}
 	others := 0
 	for _, srv := range servers {
-		if srv.Suffrage == raft.Voter && string(srv.ID) != s.cfg.NodeID {
+		if srv.Suffrage == raft.Voter && string(srv.ID) != mb.s.cfg.NodeID {
 			others++
 		}
 	}
 	if others == 0 {
 		return ErrLastVoter
 	}
-	s.log.Info("transferring leadership")
-	err = s.await(ctx, s.raft.LeadershipTransfer())
+	mb.s.log.Info("transferring leadership")
+	err = mb.s.await(ctx, mb.s.raft.LeadershipTransfer())
 	if err != nil && ctx.Err() == nil {
 		// The first RPC may go out on a pooled connection to a peer that
 		// restarted since (EOF); the transport drops it, and a second
 		// try dials afresh.
-		s.log.Info("leadership transfer failed; trying once more", "err", err)
-		err = s.await(ctx, s.raft.LeadershipTransfer())
+		mb.s.log.Info("leadership transfer failed; trying once more", "err", err)
+		err = mb.s.await(ctx, mb.s.raft.LeadershipTransfer())
 	}
 	if err != nil {
 		return fmt.Errorf("leadership transfer: %w", err)
@@ -214,7 +230,7 @@ func (s *Store) transferLeadership(ctx context.Context) error {
 
 // Members lists the Raft configuration as this node sees it, with member metadata.
 func (s *Store) Members(ctx context.Context) ([]Member, error) {
-	servers, err := s.configuration(ctx)
+	servers, err := s.members.configuration(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -222,12 +238,12 @@ func (s *Store) Members(ctx context.Context) ([]Member, error) {
 	_, leaderID := s.raft.LeaderWithID()
 	leading := s.IsLeader()
 	now := time.Now()
-	s.mu.Lock()
-	failing := make(map[raft.ServerID]time.Time, len(s.failing))
-	for k, v := range s.failing {
+	s.lead.mu.Lock()
+	failing := make(map[raft.ServerID]time.Time, len(s.lead.failing))
+	for k, v := range s.lead.failing {
 		failing[k] = v
 	}
-	s.mu.Unlock()
+	s.lead.mu.Unlock()
 	out := make([]Member, 0, len(servers))
 	for _, srv := range servers {
 		m := Member{
@@ -254,9 +270,9 @@ func (s *Store) Members(ctx context.Context) ([]Member, error) {
 	return out, nil
 }
 
-func (s *Store) configuration(ctx context.Context) ([]raft.Server, error) {
-	f := s.raft.GetConfiguration()
-	if err := s.await(ctx, f); err != nil {
+func (mb *membership) configuration(ctx context.Context) ([]raft.Server, error) {
+	f := mb.s.raft.GetConfiguration()
+	if err := mb.s.await(ctx, f); err != nil {
 		return nil, fmt.Errorf("raftstore: reading configuration: %w", err)
 	}
 	return f.Configuration().Servers, nil
@@ -268,19 +284,19 @@ func (s *Store) configuration(ctx context.Context) ([]raft.Server, error) {
 // join sent again cannot undo a removal: its proof covers the fence it names. A new leader
 // checks only after its leader loop's barrier: until then it may not have applied the latest
 // fence entry (ErrNotLeader: the caller retries).
-func (s *Store) joinLocal(ctx context.Context, req joinRequest) error {
-	s.memberMu.Lock()
-	defer s.memberMu.Unlock()
-	s.mu.Lock()
-	ready := s.leaderCtx != nil
-	s.mu.Unlock()
+func (mb *membership) joinLocal(ctx context.Context, req joinRequest) error {
+	mb.memberMu.Lock()
+	defer mb.memberMu.Unlock()
+	mb.s.lead.mu.Lock()
+	ready := mb.s.lead.leaderCtx != nil
+	mb.s.lead.mu.Unlock()
 	if !ready {
 		return fmt.Errorf("raftstore: join: %w: this new leader has not applied its predecessors' entries yet", ErrNotLeader)
 	}
-	if cur := s.fsm.membershipFence(); req.Fence < cur {
+	if cur := mb.s.fsm.membershipFence(); req.Fence < cur {
 		return &staleJoinError{current: cur}
 	}
-	servers, err := s.configuration(ctx)
+	servers, err := mb.configuration(ctx)
 	if err != nil {
 		return err
 	}
@@ -294,51 +310,51 @@ func (s *Store) joinLocal(ctx context.Context, req joinRequest) error {
 	for _, srv := range servers {
 		switch {
 		case srv.ID == id && srv.Address == addr:
-			if srv.Suffrage != raft.Voter && voters < s.cfg.MaxVoters {
-				if err := s.await(ctx, s.raft.AddVoter(id, addr, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout))); err != nil {
+			if srv.Suffrage != raft.Voter && voters < mb.s.cfg.MaxVoters {
+				if err := mb.s.await(ctx, mb.s.raft.AddVoter(id, addr, 0, timeoutFrom(ctx, mb.s.cfg.ApplyTimeout))); err != nil {
 					return fmt.Errorf("raftstore: promoting %s: %w", id, err)
 				}
-				s.log.Info("promoted member to voter", "member", id)
+				mb.s.log.Info("promoted member to voter", "member", id)
 			}
-			return s.setMetaLocal(ctx, req.ID, req.APIAddr)
+			return mb.setMetaLocal(ctx, req.ID, req.APIAddr)
 		case srv.ID == id || srv.Address == addr:
-			if string(srv.ID) == s.cfg.NodeID {
+			if string(srv.ID) == mb.s.cfg.NodeID {
 				return fmt.Errorf("%w: join of %s at %s conflicts with the leader %s at %s",
 					ErrBadRequest, id, addr, srv.ID, srv.Address)
 			}
-			s.log.Info("removing stale member before join", "member", srv.ID, "raft_addr", srv.Address,
+			mb.s.log.Info("removing stale member before join", "member", srv.ID, "raft_addr", srv.Address,
 				"joining", id, "joining_raft_addr", addr)
-			if err := s.removeServer(ctx, srv.ID); err != nil {
+			if err := mb.removeServer(ctx, srv.ID); err != nil {
 				return fmt.Errorf("raftstore: removing stale member %s: %w", srv.ID, err)
 			}
 			if srv.Suffrage == raft.Voter {
 				voters--
 			}
 			if srv.ID != id {
-				if _, err := s.applyLocal(ctx, encodeMeta(metaCommand{Op: metaDelete, ID: string(srv.ID)})); err != nil {
+				if _, err := mb.s.applyLocal(ctx, encodeMeta(metaCommand{Op: metaDelete, ID: string(srv.ID)})); err != nil {
 					return err
 				}
 			}
 		}
 	}
 	var f raft.IndexFuture
-	voter := voters < s.cfg.MaxVoters
+	voter := voters < mb.s.cfg.MaxVoters
 	if voter {
-		f = s.raft.AddVoter(id, addr, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout))
+		f = mb.s.raft.AddVoter(id, addr, 0, timeoutFrom(ctx, mb.s.cfg.ApplyTimeout))
 	} else {
-		f = s.raft.AddNonvoter(id, addr, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout))
+		f = mb.s.raft.AddNonvoter(id, addr, 0, timeoutFrom(ctx, mb.s.cfg.ApplyTimeout))
 	}
-	if err := s.await(ctx, f); err != nil {
+	if err := mb.s.await(ctx, f); err != nil {
 		return fmt.Errorf("raftstore: adding %s: %w", id, err)
 	}
-	s.log.Info("member joined", "member", id, "raft_addr", addr, "api_addr", req.APIAddr, "voter", voter)
-	return s.setMetaLocal(ctx, req.ID, req.APIAddr)
+	mb.s.log.Info("member joined", "member", id, "raft_addr", addr, "api_addr", req.APIAddr, "voter", voter)
+	return mb.setMetaLocal(ctx, req.ID, req.APIAddr)
 }
 
-func (s *Store) removeLocal(ctx context.Context, nodeID string) error {
-	s.memberMu.Lock()
-	defer s.memberMu.Unlock()
-	servers, err := s.configuration(ctx)
+func (mb *membership) removeLocal(ctx context.Context, nodeID string) error {
+	mb.memberMu.Lock()
+	defer mb.memberMu.Unlock()
+	servers, err := mb.configuration(ctx)
 	if err != nil {
 		return err
 	}
@@ -353,14 +369,14 @@ func (s *Store) removeLocal(ctx context.Context, nodeID string) error {
 		}
 	}
 	delMeta := func() error {
-		if s.fsm.apiAddr(nodeID) == "" {
+		if mb.s.fsm.apiAddr(nodeID) == "" {
 			return nil
 		}
-		_, err := s.applyLocal(ctx, encodeMeta(metaCommand{Op: metaDelete, ID: nodeID}))
+		_, err := mb.s.applyLocal(ctx, encodeMeta(metaCommand{Op: metaDelete, ID: nodeID}))
 		return err
 	}
 	if found == nil {
-		if s.fsm.apiAddr(nodeID) == "" {
+		if mb.s.fsm.apiAddr(nodeID) == "" {
 			return fmt.Errorf("%w: no member named %q (already removed, or never a member: see `pinnedd members`)", ErrUnknownMember, nodeID)
 		}
 		return delMeta()
@@ -368,7 +384,7 @@ func (s *Store) removeLocal(ctx context.Context, nodeID string) error {
 	if found.Suffrage == raft.Voter && voters == 1 {
 		return fmt.Errorf("raftstore: removing %s: %w", nodeID, ErrLastVoter)
 	}
-	self := nodeID == s.cfg.NodeID
+	self := nodeID == mb.s.cfg.NodeID
 	if self {
 		// The leader removing itself steps down once the change commits: record the metadata
 		// removal while it still can.
@@ -376,13 +392,13 @@ func (s *Store) removeLocal(ctx context.Context, nodeID string) error {
 			return err
 		}
 	}
-	if err := s.removeServer(ctx, found.ID); err != nil {
+	if err := mb.removeServer(ctx, found.ID); err != nil {
 		return fmt.Errorf("raftstore: removing %s: %w", nodeID, err)
 	}
-	s.log.Info("member removed", "member", nodeID)
-	s.mu.Lock()
-	delete(s.failing, found.ID)
-	s.mu.Unlock()
+	mb.s.log.Info("member removed", "member", nodeID)
+	mb.s.lead.mu.Lock()
+	delete(mb.s.lead.failing, found.ID)
+	mb.s.lead.mu.Unlock()
 	if self {
 		return nil
 	}
@@ -392,20 +408,20 @@ func (s *Store) removeLocal(ctx context.Context, nodeID string) error {
 // removeServer removes id from the configuration on the leader, every removal's one way: it
 // first commits a fence entry, whose index every later join must name (joinLocal), so no join
 // made before this removal can add the node back.
-func (s *Store) removeServer(ctx context.Context, id raft.ServerID) error {
-	if _, err := s.applyLocal(ctx, encodeMeta(metaCommand{Op: metaFence, ID: string(id)})); err != nil {
+func (mb *membership) removeServer(ctx context.Context, id raft.ServerID) error {
+	if _, err := mb.s.applyLocal(ctx, encodeMeta(metaCommand{Op: metaFence, ID: string(id)})); err != nil {
 		return err
 	}
-	return s.await(ctx, s.raft.RemoveServer(id, 0, timeoutFrom(ctx, s.cfg.ApplyTimeout)))
+	return mb.s.await(ctx, mb.s.raft.RemoveServer(id, 0, timeoutFrom(ctx, mb.s.cfg.ApplyTimeout)))
 }
 
 // setMetaLocal records a member's API URL on the leader, if the member exists and the value
 // changed.
-func (s *Store) setMetaLocal(ctx context.Context, nodeID, apiAddr string) error {
-	if apiAddr == "" || s.fsm.apiAddr(nodeID) == apiAddr {
+func (mb *membership) setMetaLocal(ctx context.Context, nodeID, apiAddr string) error {
+	if apiAddr == "" || mb.s.fsm.apiAddr(nodeID) == apiAddr {
 		return nil
 	}
-	servers, err := s.configuration(ctx)
+	servers, err := mb.configuration(ctx)
 	if err != nil {
 		return err
 	}
@@ -416,51 +432,53 @@ func (s *Store) setMetaLocal(ctx context.Context, nodeID, apiAddr string) error 
 	if !member {
 		return fmt.Errorf("raftstore: recording api address of %s: %w", nodeID, ErrUnknownMember)
 	}
-	_, err = s.applyLocal(ctx, encodeMeta(metaCommand{Op: metaSet, ID: nodeID, APIAddr: apiAddr}))
+	_, err = mb.s.applyLocal(ctx, encodeMeta(metaCommand{Op: metaSet, ID: nodeID, APIAddr: apiAddr}))
 	return err
 }
 
-func (s *Store) setMeta(ctx context.Context, nodeID, apiAddr string) error {
+func (mb *membership) setMeta(ctx context.Context, nodeID, apiAddr string) error {
 	req := metaRequest{ID: nodeID, APIAddr: apiAddr}
-	return s.onLeader(ctx, "record api address",
-		func(ctx context.Context) error { return s.setMetaLocal(ctx, nodeID, apiAddr) },
-		func(ctx context.Context, api string) error { return s.callJSON(ctx, api, "meta", req, nil, true) })
+	return mb.s.fwd.onLeader(ctx, "record api address",
+		func(ctx context.Context) error { return mb.setMetaLocal(ctx, nodeID, apiAddr) },
+		func(ctx context.Context, api string) error {
+			return mb.s.fwd.callJSON(ctx, api, "meta", req, nil, true)
+		})
 }
 
 // registerLoop makes sure the replicated metadata holds this node's current API URL: after
 // every leader change (and metadata change) it compares, and if needed asks the leader to record
 // it, retrying with backoff while the node is a member but the leader is unreachable.
-func (s *Store) registerLoop() {
-	defer s.wg.Done()
+func (mb *membership) registerLoop() {
+	defer mb.s.wg.Done()
 	var logged string
 	for {
 		select {
-		case <-s.baseCtx.Done():
+		case <-mb.s.baseCtx.Done():
 			return
-		case <-s.regCh:
+		case <-mb.regCh:
 		}
 		backoff := 50 * time.Millisecond
-		for s.fsm.apiAddr(s.cfg.NodeID) != s.cfg.APIAddr {
-			if id, _ := s.Leader(); id == "" {
+		for mb.s.fsm.apiAddr(mb.s.cfg.NodeID) != mb.s.cfg.APIAddr {
+			if id, _ := mb.s.Leader(); id == "" {
 				break // the next leader observation nudges again
 			}
-			ctx, cancel := context.WithTimeout(s.baseCtx, 5*time.Second)
-			err := s.setMeta(ctx, s.cfg.NodeID, s.cfg.APIAddr)
+			ctx, cancel := context.WithTimeout(mb.s.baseCtx, 5*time.Second)
+			err := mb.setMeta(ctx, mb.s.cfg.NodeID, mb.s.cfg.APIAddr)
 			cancel()
 			if err == nil {
-				if logged != s.cfg.APIAddr {
-					s.log.Info("recorded api address", "api_addr", s.cfg.APIAddr)
-					logged = s.cfg.APIAddr
+				if logged != mb.s.cfg.APIAddr {
+					mb.s.log.Info("recorded api address", "api_addr", mb.s.cfg.APIAddr)
+					logged = mb.s.cfg.APIAddr
 				}
 				break
 			}
-			if errors.Is(err, ErrUnknownMember) || s.baseCtx.Err() != nil {
+			if errors.Is(err, ErrUnknownMember) || mb.s.baseCtx.Err() != nil {
 				break // not (yet) a member: a join records it
 			}
-			s.log.Debug("recording api address failed; retrying", "err", err)
+			mb.s.log.Debug("recording api address failed; retrying", "err", err)
 			t := time.NewTimer(backoff)
 			select {
-			case <-s.baseCtx.Done():
+			case <-mb.s.baseCtx.Done():
 				t.Stop()
 				return
 			case <-t.C:

@@ -2,10 +2,9 @@ package raftstore
 
 import (
 	"context"
-	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"time"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/pinnedd/pinnedd/clusterport"
 	"github.com/pinnedd/pinnedd/internal/hclogslog"
-	"github.com/pinnedd/pinnedd/internal/httpx"
 )
 
 // What Open sets up, in order: the forwarding client, the stores on disk, the transport (the
@@ -36,15 +34,12 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	s := &Store{
 		cfg:      cfg,
 		log:      cfg.Logger.With("component", "raftstore", "node", cfg.NodeID),
-		notifyCh: make(chan bool, 16),
-		obsCh:    make(chan raft.Observation, 64),
-		regCh:    make(chan struct{}, 1),
-		changed:  make(chan struct{}),
 		raftDone: make(chan struct{}),
 		fatalCh:  make(chan error, 1),
-		failing:  map[raft.ServerID]time.Time{},
 		raftUp:   make(chan struct{}),
 	}
+	s.rpc, s.lead, s.fwd = &rpcServer{s: s}, newLeadership(s), &forwarder{s: s}
+	s.pre.s, s.members = s, &membership{s: s, regCh: make(chan struct{}, 1)}
 	s.baseCtx, s.baseCancel = context.WithCancel(context.Background())
 	var undo cleanups
 	defer func() {
@@ -54,7 +49,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		}
 	}()
 
-	s.openForwardClient(&undo)
+	s.fwd.openForwardClient(&undo)
 	// Raft repeats a WARN or ERROR for as long as its cause lasts (a down peer: "failed to
 	// heartbeat to" twice a second): one line, then a summary every 30 s.
 	hlog := hclogslog.New(s.log, hclogslog.Options{RepeatWindow: 30 * time.Second, Relevel: raftLevels.Relevel})
@@ -67,7 +62,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		ledger = cfg.Cluster.Ledger()
 	}
 	s.fsm = newFSM(sm, s.metaChanged, s.log, cfg.Registerer, ledger)
-	s.fsm.onConfiguration = s.configurationCommitted
+	s.fsm.onConfiguration = clusterLog{s}.configured
 	if err := s.openTransport(hlog, &undo); err != nil {
 		return nil, err
 	}
@@ -76,7 +71,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 		s.ca = clusterport.NewAuthority(clusterport.AuthorityConfig{NodeID: cfg.NodeID, Tokens: joinTokens(cfg), Logger: s.log},
 			ledger, clusterLog{s}, clusterport.Keys{}, nil, nil, nil)
 	}
-	rc := raftConfig(cfg, hlog, s.notifyCh)
+	rc := raftConfig(cfg, hlog, s.lead.notifyCh)
 	s.raft, err = raft.NewRaft(rc, s.fsm, st.logs, st.stable, st.snaps, s.trans)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: starting raft: %w", err)
@@ -85,7 +80,9 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	if cfg.Cluster != nil {
 		cfg.Cluster.Attach(clusterLog{s})
 	}
-	s.addLeaderWork()
+	for _, w := range s.ca.LeaderWork() {
+		s.RunAsLeader(w.Name, w.Run)
+	}
 	undo.add(func() { _ = s.raft.Shutdown().Error() })
 	if cfg.Registerer != nil {
 		col := newRaftCollector(s)
@@ -109,30 +106,6 @@ func (c cleanups) run() {
 	for i := len(c) - 1; i >= 0; i-- {
 		c[i]()
 	}
-}
-
-// openForwardClient makes the client that forwards RPCs to the leader, unless the config
-// brings one.
-func (s *Store) openForwardClient(undo *cleanups) {
-	s.client = s.cfg.HTTPClient
-	if s.client != nil {
-		return
-	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	if s.cfg.APIRoots != nil {
-		tr.TLSClientConfig = &tls.Config{RootCAs: s.cfg.APIRoots, MinVersion: tls.VersionTLS12}
-	}
-	// Forwards to the leader run concurrently (group-commit flushers,
-	// registrations); the default 2 idle connections per host would
-	// make every extra one dial and close.
-	tr.MaxIdleConnsPerHost = 64
-	// Forwarded applies are small and on the claim path: written and
-	// read on the caller's goroutine, without net/http's per-connection
-	// goroutine hand-offs (large bodies and https go to tr).
-	sync := &httpx.SyncTransport{Fallback: tr, MaxIdlePerHost: 64, DialTimeout: 5 * time.Second}
-	s.client = &http.Client{Transport: sync}
-	s.closeClient = func() { sync.Close(); tr.CloseIdleConnections() }
-	undo.add(s.closeClient)
 }
 
 // storage is what Raft keeps on disk: its log (behind the fault detector and a cache), its
@@ -193,11 +166,17 @@ func (s *Store) openTransport(hlog hclog.Logger, undo *cleanups) error {
 	case cfg.Cluster != nil && stream != nil:
 		return fmt.Errorf("%w: Cluster and StreamLayer exclude each other", ErrInvalidConfig)
 	case cfg.Cluster != nil:
+		// Now that Open knows whether the data dir holds Raft state (the node's identity
+		// depends on it).
 		var err error
-		if stream, err = s.openCluster(); err != nil {
-			return err
+		switch stream, err = cfg.Cluster.Listen(s.existing); {
+		case errors.Is(err, clusterport.ErrConfig):
+			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		case err != nil:
+			return fmt.Errorf("raftstore: %w", err)
 		}
-		undo.add(s.cfg.Cluster.CloseClients)
+		undo.add(cfg.Cluster.CloseClients)
+		s.ca, s.fwd.peerClient = cfg.Cluster.Authority(), cfg.Cluster.PeerClient()
 	}
 	if stream != nil {
 		s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
@@ -241,13 +220,6 @@ func raftConfig(cfg Config, hlog hclog.Logger, notify chan bool) *raft.Config {
 	return rc
 }
 
-// addLeaderWork adds the cluster CA's leader work (clusterport.Authority.LeaderWork).
-func (s *Store) addLeaderWork() {
-	for name, fn := range s.ca.LeaderWork() {
-		s.leaderFns = append(s.leaderFns, leaderFn{name: name, fn: fn})
-	}
-}
-
 // bootstrap makes this node a new cluster's only voter, when the config asks and the data
 // dir holds no Raft state.
 func (s *Store) bootstrap(ctx context.Context, id raft.ServerID, dir string) error {
@@ -269,7 +241,7 @@ func (s *Store) bootstrap(ctx context.Context, id raft.ServerID, dir string) err
 // startLoops registers the observer and starts the store's goroutines (Close waits for
 // them).
 func (s *Store) startLoops() {
-	s.observer = raft.NewObserver(s.obsCh, false, func(o *raft.Observation) bool {
+	s.lead.observer = raft.NewObserver(s.lead.obsCh, false, func(o *raft.Observation) bool {
 		switch o.Data.(type) {
 		case raft.LeaderObservation, raft.FailedHeartbeatObservation,
 			raft.ResumedHeartbeatObservation, raft.PeerObservation:
@@ -277,15 +249,15 @@ func (s *Store) startLoops() {
 		}
 		return false
 	})
-	s.raft.RegisterObserver(s.observer)
+	s.raft.RegisterObserver(s.lead.observer)
 	s.wg.Add(3)
-	go s.leaderLoop()
-	go s.observeLoop()
-	go s.registerLoop()
+	go s.lead.leaderLoop()
+	go s.lead.observeLoop()
+	go s.members.registerLoop()
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		s.ca.Renew(s.baseCtx)
 	}()
-	s.nudgeRegistrar()
+	s.members.nudgeRegistrar()
 }

@@ -15,6 +15,7 @@ type LeaderPreamble func(formerLeader string) []byte
 
 // preamble holds the state machine owner's LeaderPreamble and which term has committed it.
 type preamble struct {
+	s *Store
 	// mu guards fn, term and running, and is held while a command is handed to raft (an
 	// enqueue), so none enters a term's log before that term's preamble: read-locked by
 	// commands (they enqueue side by side), write-locked by the preamble's own. It is never
@@ -24,7 +25,7 @@ type preamble struct {
 	fn      LeaderPreamble
 	term    uint64 // the term whose preamble committed; 0 before any
 	running *preambleRun
-	// former is the last leader observed other than this node (observeLoop); Store.mu
+	// former is the last leader observed other than this node (observeLoop); leadership.mu
 	// guards it.
 	former string
 }
@@ -49,20 +50,20 @@ func (s *Store) SetLeaderPreamble(fn LeaderPreamble) {
 
 // applyUser commits a state machine command on this node, the leader, after its term's
 // preamble.
-func (s *Store) applyUser(ctx context.Context, cmd []byte) ([]byte, error) {
+func (p *preamble) applyUser(ctx context.Context, cmd []byte) ([]byte, error) {
 	for {
-		s.pre.mu.RLock()
-		if s.pre.fn == nil || s.pre.term == s.raft.CurrentTerm() {
-			f := s.raft.Apply(encodeUser(cmd), timeoutFrom(ctx, s.cfg.ApplyTimeout))
-			s.pre.mu.RUnlock()
-			if err := s.await(ctx, f); err != nil {
+		p.mu.RLock()
+		if p.fn == nil || p.term == p.s.raft.CurrentTerm() {
+			f := p.s.raft.Apply(encodeUser(cmd), timeoutFrom(ctx, p.s.cfg.ApplyTimeout))
+			p.mu.RUnlock()
+			if err := p.s.await(ctx, f); err != nil {
 				return nil, fmt.Errorf("raftstore: apply: %w", err)
 			}
 			res, _ := f.Response().([]byte)
 			return res, nil
 		}
-		s.pre.mu.RUnlock()
-		if err := s.awaitPreamble(ctx); err != nil {
+		p.mu.RUnlock()
+		if err := p.awaitPreamble(ctx); err != nil {
 			// cmd itself was not started: the caller may try again (with the next leader).
 			return nil, fmt.Errorf("raftstore: apply: %w: the term's preamble did not commit: %w", ErrNotLeader, err)
 		}
@@ -71,19 +72,19 @@ func (s *Store) applyUser(ctx context.Context, cmd []byte) ([]byte, error) {
 
 // awaitPreamble waits, within ctx, until the current term's preamble committed, starting its
 // commit unless one is under way.
-func (s *Store) awaitPreamble(ctx context.Context) error {
-	s.pre.mu.Lock()
-	if s.pre.fn == nil || s.pre.term == s.raft.CurrentTerm() {
-		s.pre.mu.Unlock()
+func (p *preamble) awaitPreamble(ctx context.Context) error {
+	p.mu.Lock()
+	if p.fn == nil || p.term == p.s.raft.CurrentTerm() {
+		p.mu.Unlock()
 		return nil
 	}
-	run := s.pre.running
+	run := p.running
 	if run == nil {
 		run = &preambleRun{done: make(chan struct{})}
-		s.pre.running = run
-		go s.commitPreamble(run)
+		p.running = run
+		go p.commitPreamble(run)
 	}
-	s.pre.mu.Unlock()
+	p.mu.Unlock()
 	select {
 	case <-run.done:
 		return run.err
@@ -95,39 +96,39 @@ func (s *Store) awaitPreamble(ctx context.Context) error {
 // commitPreamble commits the preamble of the current term unless it already did, and ends
 // run. It runs on its own (bounded by ApplyTimeout and the store's life), so a caller that
 // gives up waiting leaves it to the next one.
-func (s *Store) commitPreamble(run *preambleRun) {
-	run.err = s.commitPreambleOnce()
-	s.pre.mu.Lock()
-	s.pre.running = nil
-	s.pre.mu.Unlock()
+func (p *preamble) commitPreamble(run *preambleRun) {
+	run.err = p.commitPreambleOnce()
+	p.mu.Lock()
+	p.running = nil
+	p.mu.Unlock()
 	close(run.done)
 }
 
-func (s *Store) commitPreambleOnce() error {
-	s.pre.mu.Lock()
-	term := s.raft.CurrentTerm()
-	if s.pre.fn == nil || s.pre.term == term {
-		s.pre.mu.Unlock()
+func (p *preamble) commitPreambleOnce() error {
+	p.mu.Lock()
+	term := p.s.raft.CurrentTerm()
+	if p.fn == nil || p.term == term {
+		p.mu.Unlock()
 		return nil
 	}
-	if s.raft.State() != raft.Leader {
-		s.pre.mu.Unlock()
+	if p.s.raft.State() != raft.Leader {
+		p.mu.Unlock()
 		return ErrNotLeader
 	}
-	s.mu.Lock()
-	former := s.pre.former
-	s.mu.Unlock()
-	f := s.raft.Apply(encodeUser(s.pre.fn(former)), s.cfg.ApplyTimeout)
-	s.pre.mu.Unlock()
-	if err := s.await(s.baseCtx, f); err != nil {
+	p.s.lead.mu.Lock()
+	former := p.former
+	p.s.lead.mu.Unlock()
+	f := p.s.raft.Apply(encodeUser(p.fn(former)), p.s.cfg.ApplyTimeout)
+	p.mu.Unlock()
+	if err := p.s.await(p.s.baseCtx, f); err != nil {
 		return err
 	}
 	// Had leadership changed since term was read, the entry went into a later term, whose
 	// first command then finds its preamble missing and commits another: a repeat the
 	// preamble must tolerate, and far rarer than an election.
-	s.pre.mu.Lock()
-	s.pre.term = max(s.pre.term, term)
-	s.pre.mu.Unlock()
-	s.log.Debug("leader preamble committed", "term", term, "former_leader", former, "index", f.Index())
+	p.mu.Lock()
+	p.term = max(p.term, term)
+	p.mu.Unlock()
+	p.s.log.Debug("leader preamble committed", "term", term, "former_leader", former, "index", f.Index())
 	return nil
 }

@@ -37,18 +37,6 @@ func TLSVia(ctx context.Context, client *http.Client, nodeURL, token string) (cl
 	return st, err
 }
 
-// call sends one RPC to the node at baseURL. forwarded marks it as sent by a raftstore node to
-// the leader.
-func (s *Store) call(ctx context.Context, baseURL, op string, body []byte, forwarded bool) ([]byte, error) {
-	client, token := s.clientFor()
-	return doRPC(ctx, client, baseURL, bearer(token), http.MethodPost, op, "application/octet-stream", body, forwarded)
-}
-
-func (s *Store) callJSON(ctx context.Context, baseURL, op string, in, out any, forwarded bool) error {
-	client, token := s.clientFor()
-	return callJSON(ctx, client, baseURL, bearer(token), op, in, out, forwarded)
-}
-
 // rpcAuth is how an RPC shows it may be made: the deployment token as a bearer token, or,
 // with prove, a join proof made with it (clustertls.JoinProof), which keeps the token on this
 // node. Zero: no authorization.
@@ -74,6 +62,7 @@ func (a rpcAuth) set(req *http.Request, path string, body []byte) error {
 	return nil
 }
 
+// callJSON sends in as JSON (nil: a GET) and decodes the answer into out (nil: none).
 func callJSON(ctx context.Context, client *http.Client, baseURL string, auth rpcAuth, op string, in, out any, forwarded bool) error {
 	method, ctype := http.MethodGet, ""
 	var body []byte

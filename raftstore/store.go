@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -42,21 +41,15 @@ type Store struct {
 	logDir    string // where the log lives, for the storage fault's message
 	lock      *os.File
 	trans     *raft.NetworkTransport
-	stream    *clusterport.Port      // the cluster port (Raft and node-to-node HTTP), when Config.TLS is set
+	rpc       *rpcServer
 	ca        *clusterport.Authority // this node's part in the cluster's own CA (with or without TLS)
 	raftUp    chan struct{}          // closed once s.raft is set
 	advertise string
 	existing  bool
-	client    *http.Client
-	// closeClient closes the connections of a client Open made itself.
-	closeClient func()
-	// peerClient calls other nodes' cluster ports, with mutual TLS (nil without).
-	peerClient *http.Client
+	fwd       *forwarder
 
-	notifyCh chan bool
-	obsCh    chan raft.Observation
-	observer *raft.Observer
-	regCh    chan struct{}
+	lead    *leadership
+	members *membership
 
 	baseCtx    context.Context // cancelled when Close starts
 	baseCancel context.CancelFunc
@@ -70,27 +63,10 @@ type Store struct {
 	forwarded atomic.Pointer[ForwardedFunc]
 	pre       preamble // SetLeaderPreamble
 
-	// memberMu makes the leader's membership changes one at a time, so a join's fence check and
-	// its add never interleave with a removal's fence and its remove.
-	memberMu sync.Mutex
-
 	// A storage fault: set once, by the first failed log or stable store write.
 	fault     atomic.Pointer[error]
 	fatalCh   chan error
 	faultOnce sync.Once
-
-	mu            sync.Mutex
-	changed       chan struct{} // closed and replaced on every leader or metadata change
-	leaderFns     []leaderFn
-	leaderCtx     context.Context // non-nil while leading (after the barrier)
-	leaderRunning *sync.WaitGroup
-	failing       map[raft.ServerID]time.Time
-	lastLeader    raft.ServerID
-}
-
-type leaderFn struct {
-	name string
-	fn   func(ctx context.Context)
 }
 
 // Fatal delivers the node's storage fault (wrapping ErrStorageFault), once: a write to the Raft
@@ -123,7 +99,7 @@ func (s *Store) storageFault(op string, err error) {
 			" (or repair the disk), then systemd restarts the node and it catches up",
 			"dir", s.logDir, "op", op, "err", err, "free", free)
 		s.fatalCh <- ferr
-		s.notifyChange()
+		s.lead.notifyChange()
 		// Fail-stop means silent at once: peers' dials are refused and their
 		// connections close now, not when the agent's shutdown reaches Close;
 		// a half-alive node drives the leader's replication to it into raft's
@@ -158,34 +134,6 @@ func (s *Store) Leader() (id, apiAddr string) {
 	return string(lid), s.fsm.apiAddr(string(lid))
 }
 
-// whileLeader returns ctx, cut short with the cause ErrLeaderChanged once this node sees a
-// leader other than id, or none. A request forwarded to a leader that was then cut off gets no
-// answer, not even an error (a partition drops packets silently): without this it would wait
-// out its whole timeout after the followers had already elected another leader, holding up
-// whatever queued behind it. Cancel the returned func when done.
-func (s *Store) whileLeader(ctx context.Context, id string) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	go func() {
-		// The change channel is the fast path; the ticker covers observations raft dropped.
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			changed := s.changes()
-			if cur, _ := s.Leader(); cur != id || s.closed.Load() {
-				cancel(ErrLeaderChanged)
-				return
-			}
-			select {
-			case <-changed:
-			case <-tick.C:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	return ctx, func() { cancel(context.Canceled) }
-}
-
 // AppliedIndex returns the index of the last entry raft has handed to the state machine on
 // this node; the state machine may still be applying it (read the state machine's own index
 // to know what it holds).
@@ -202,13 +150,13 @@ func (s *Store) Stats() map[string]string { return s.raft.Stats() }
 // ErrOutcomeUnknown means the command may have been committed; Apply never retries those.
 func (s *Store) Apply(ctx context.Context, cmd []byte) ([]byte, error) {
 	var res []byte
-	err := s.onLeader(ctx, "apply",
+	err := s.fwd.onLeader(ctx, "apply",
 		func(ctx context.Context) (err error) {
-			res, err = s.applyUser(ctx, cmd)
+			res, err = s.pre.applyUser(ctx, cmd)
 			return err
 		},
 		func(ctx context.Context, api string) (err error) {
-			res, err = s.call(ctx, api, "apply", cmd, true)
+			res, err = s.fwd.call(ctx, api, "apply", cmd, true)
 			return err
 		})
 	if err != nil || len(res) == 0 {
@@ -228,9 +176,9 @@ func (s *Store) ApplyLocal(ctx context.Context, cmd []byte) ([]byte, error) {
 	if err := s.leads(); err != nil {
 		return nil, fmt.Errorf("raftstore: apply: %w", err)
 	}
-	ctx, cancel := s.withDefaultTimeout(ctx)
+	ctx, cancel := withDefault(ctx, s.cfg.ApplyTimeout)
 	defer cancel()
-	res, err := s.applyUser(ctx, cmd)
+	res, err := s.pre.applyUser(ctx, cmd)
 	if err != nil || len(res) == 0 {
 		return nil, err
 	}
@@ -257,16 +205,16 @@ func (s *Store) SetForwarded(fn ForwardedFunc) {
 }
 
 // applyForwarded commits a command a follower forwarded, on this node only.
-func (s *Store) applyForwarded(ctx context.Context, cmd []byte) ([]byte, error) {
-	if fn := s.forwarded.Load(); fn != nil {
+func (rs *rpcServer) applyForwarded(ctx context.Context, cmd []byte) ([]byte, error) {
+	if fn := rs.s.forwarded.Load(); fn != nil {
 		var res []byte
-		err := s.localOnly(func() (err error) {
+		err := rs.localOnly(func() (err error) {
 			res, err = (*fn)(ctx, cmd)
 			return err
 		})
 		return res, err
 	}
-	return s.ApplyLocal(ctx, cmd)
+	return rs.s.ApplyLocal(ctx, cmd)
 }
 
 // Barrier waits until every entry committed before it has been applied on this node, which
@@ -289,7 +237,7 @@ func (s *Store) Barrier(ctx context.Context) error {
 // can reach it, or ctx ends.
 func (s *Store) WaitForLeader(ctx context.Context) error {
 	for {
-		changed := s.changes()
+		changed := s.lead.changes()
 		if s.closed.Load() {
 			return ErrClosed
 		}
@@ -325,17 +273,19 @@ func (s *Store) shutdown(ctx context.Context, graceful bool) error {
 				// Raft's loop may be parked on the failed write and never answer.
 				tctx, cancel = context.WithTimeout(ctx, 2*time.Second)
 			}
-			if err := s.transferLeadership(tctx); err != nil && !errors.Is(err, ErrLastVoter) {
+			if err := s.members.transferLeadership(tctx); err != nil && !errors.Is(err, ErrLastVoter) {
 				s.log.Warn("leadership transfer before shutdown failed", "err", err)
 			}
 			cancel()
 		}
 		// After the hand-over no follower forwards here; the peers' requests under way get
 		// their answers before raft stops.
-		s.stopPeers(ctx, graceful)
+		if s.cfg.Cluster != nil {
+			s.cfg.Cluster.StopHTTP(ctx, graceful)
+		}
 		s.baseCancel()
-		s.notifyChange()
-		s.raft.DeregisterObserver(s.observer)
+		s.lead.notifyChange()
+		s.raft.DeregisterObserver(s.lead.observer)
 		err := s.waitRaftShutdown(ctx)
 		close(s.raftDone)
 		if errors.Is(err, ErrShutdownStuck) {
@@ -355,8 +305,8 @@ func (s *Store) shutdown(ctx context.Context, graceful bool) error {
 			err = cerr
 		}
 		_ = s.lock.Close() // releases the data dir for the next process
-		if s.closeClient != nil {
-			s.closeClient()
+		if s.fwd.closeClient != nil {
+			s.fwd.closeClient()
 		}
 		if s.cfg.Cluster != nil {
 			s.cfg.Cluster.CloseClients()
@@ -395,53 +345,6 @@ func (s *Store) waitRaftShutdown(ctx context.Context) error {
 	}
 }
 
-// onLeader runs local on the leader, or remote against the leader's API on a follower. It waits
-// and retries while the attempt failed without starting (ErrNotLeader, ErrNoLeader), until ctx
-// (or ApplyTimeout, if ctx has no deadline) ends. It never retries ErrOutcomeUnknown.
-func (s *Store) onLeader(ctx context.Context, op string, local func(context.Context) error, remote func(context.Context, string) error) error {
-	if s.closed.Load() {
-		return fmt.Errorf("raftstore: %s: %w", op, ErrClosed)
-	}
-	if err := s.Fault(); err != nil {
-		return fmt.Errorf("raftstore: %s: %w", op, err)
-	}
-	ctx, cancel := s.withDefaultTimeout(ctx)
-	defer cancel()
-	backoff := 10 * time.Millisecond
-	for {
-		changed := s.changes()
-		var err error
-		if s.IsLeader() {
-			err = local(ctx)
-		} else if id, api := s.leaderBase(); id != "" && id != s.cfg.NodeID && api != "" {
-			rctx, stop := s.whileLeader(ctx, id)
-			err = remote(rctx, api)
-			stop()
-		} else {
-			err = ErrNoLeader
-		}
-		if err == nil {
-			return nil
-		}
-		if errors.Is(err, ErrOutcomeUnknown) || !(errors.Is(err, ErrNotLeader) || errors.Is(err, ErrNoLeader)) {
-			return err
-		}
-		if s.closed.Load() {
-			return fmt.Errorf("raftstore: %s: %w", op, ErrClosed)
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-changed:
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("raftstore: %s: %w: %w", op, err, ctx.Err())
-		}
-		t.Stop()
-		backoff = min(2*backoff, 500*time.Millisecond)
-	}
-}
-
 // applyLocal proposes data on this node, which must be the leader.
 func (s *Store) applyLocal(ctx context.Context, data []byte) ([]byte, error) {
 	f := s.raft.Apply(data, timeoutFrom(ctx, s.cfg.ApplyTimeout))
@@ -453,89 +356,90 @@ func (s *Store) applyLocal(ctx context.Context, data []byte) ([]byte, error) {
 }
 
 // changes returns a channel closed at the next leader or metadata change.
-func (s *Store) changes() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.changed
+func (ld *leadership) changes() <-chan struct{} {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	return ld.changed
 }
 
-func (s *Store) notifyChange() {
-	s.mu.Lock()
-	close(s.changed)
-	s.changed = make(chan struct{})
-	s.mu.Unlock()
+func (ld *leadership) notifyChange() {
+	ld.mu.Lock()
+	close(ld.changed)
+	ld.changed = make(chan struct{})
+	ld.mu.Unlock()
 }
 
 func (s *Store) metaChanged() {
-	s.notifyChange()
-	s.nudgeRegistrar()
+	s.lead.notifyChange()
+	s.members.nudgeRegistrar()
 	s.ca.Changed()
 }
 
-func (s *Store) nudgeRegistrar() {
+func (mb *membership) nudgeRegistrar() {
 	select {
-	case s.regCh <- struct{}{}:
+	case mb.regCh <- struct{}{}:
 	default:
 	}
 }
 
 // observeLoop follows raft's observations: leader changes (wake waiters, re-check this node's
 // metadata) and heartbeat failures (Members' last contact).
-func (s *Store) observeLoop() {
-	defer s.wg.Done()
+func (ld *leadership) observeLoop() {
+	defer ld.s.wg.Done()
 	for {
 		select {
-		case <-s.baseCtx.Done():
+		case <-ld.s.baseCtx.Done():
 			return
-		case o := <-s.obsCh:
+		case o := <-ld.obsCh:
 			switch d := o.Data.(type) {
 			case raft.LeaderObservation:
-				s.mu.Lock()
-				changed := d.LeaderID != s.lastLeader
-				s.lastLeader = d.LeaderID
-				if d.LeaderID != "" && string(d.LeaderID) != s.cfg.NodeID {
-					s.pre.former = string(d.LeaderID)
+				ld.mu.Lock()
+				changed := d.LeaderID != ld.lastLeader
+				ld.lastLeader = d.LeaderID
+				if d.LeaderID != "" && string(d.LeaderID) != ld.s.cfg.NodeID {
+					ld.s.pre.former = string(d.LeaderID)
 				}
-				s.mu.Unlock()
+				ld.mu.Unlock()
 				if changed {
-					s.log.Info("leader changed", "leader", d.LeaderID, "leader_raft_addr", d.LeaderAddr)
+					ld.s.log.Info("leader changed", "leader", d.LeaderID, "leader_raft_addr", d.LeaderAddr)
 				}
-				s.notifyChange()
-				s.nudgeRegistrar()
+				ld.notifyChange()
+				ld.s.members.nudgeRegistrar()
 			case raft.FailedHeartbeatObservation:
 				// Raft's own lines about it are below INFO (raftLevels): one line
 				// when contact is lost, one when it is back.
-				s.mu.Lock()
-				_, known := s.failing[d.PeerID]
-				s.failing[d.PeerID] = d.LastContact
-				s.mu.Unlock()
+				ld.mu.Lock()
+				_, known := ld.failing[d.PeerID]
+				ld.failing[d.PeerID] = d.LastContact
+				ld.mu.Unlock()
 				if !known {
-					s.log.Info("lost contact with a raft peer; retrying", "peer", d.PeerID, "last_contact", d.LastContact)
+					ld.s.log.Info("lost contact with a raft peer; retrying", "peer", d.PeerID, "last_contact", d.LastContact)
 				}
 			case raft.ResumedHeartbeatObservation:
-				s.mu.Lock()
-				_, known := s.failing[d.PeerID]
-				delete(s.failing, d.PeerID)
-				s.mu.Unlock()
+				ld.mu.Lock()
+				_, known := ld.failing[d.PeerID]
+				delete(ld.failing, d.PeerID)
+				ld.mu.Unlock()
 				if known {
-					s.log.Info("raft peer reachable again", "peer", d.PeerID)
+					ld.s.log.Info("raft peer reachable again", "peer", d.PeerID)
 				}
 			case raft.PeerObservation:
 				if d.Removed {
-					s.mu.Lock()
-					delete(s.failing, d.Peer.ID)
-					s.mu.Unlock()
+					ld.mu.Lock()
+					delete(ld.failing, d.Peer.ID)
+					ld.mu.Unlock()
 				}
 			}
 		}
 	}
 }
 
-func (s *Store) withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+// withDefault is ctx, bounded by d if it has no deadline.
+func withDefault(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); ok {
 		return context.WithCancel(ctx)
 	}
-	return context.WithTimeout(ctx, s.cfg.ApplyTimeout)
+	return context.WithTimeout(ctx, d)
 }
 
 // timeoutFrom turns ctx's deadline into the enqueue timeout raft's calls take.

@@ -730,7 +730,7 @@ func TestCloseEndsWhenRaftDropsQueuedEntries(t *testing.T) {
 		hold := make(chan struct{})
 		n := startNodeSM(t, "n1", dir, "", true, nil, &listSM{holdCmd: "held", hold: hold})
 		testutil.WaitForErr(t, 10*time.Second, "the leader's barrier committed behind the held entry", func() error {
-			if !testutil.GoroutineWith("raftstore.(*Store).leaderBarrier") {
+			if !testutil.GoroutineWith("raftstore.(*leadership).leaderBarrier") {
 				return errors.New("the leader loop is not waiting for a barrier")
 			}
 			return committed(n)
@@ -744,7 +744,7 @@ func TestCloseEndsWhenRaftDropsQueuedEntries(t *testing.T) {
 		}()
 		testutil.WaitForErr(t, 10*time.Second, "the apply committed behind the held entry", func() error {
 			// This test's apply, not the registrar's (the API address is new each round).
-			if !testutil.GoroutineWith("raftstore.(*Store).applyUser", "raftstore.(*Store).await", "TestCloseEndsWhenRaftDropsQueuedEntries") {
+			if !testutil.GoroutineWith("raftstore.(*preamble).applyUser", "raftstore.(*Store).await", "TestCloseEndsWhenRaftDropsQueuedEntries") {
 				return errors.New("the apply is not waiting for raft")
 			}
 			return committed(n)

@@ -2,7 +2,6 @@ package raftstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/hashicorp/raft"
@@ -10,38 +9,22 @@ import (
 	"github.com/pinnedd/pinnedd/clusterport"
 )
 
-// The cluster port (Config.Cluster) as the log sees it: it is Raft's transport, follows the
-// configuration, and its CA records itself in the log (clusterLog).
+// The log as the cluster port (Config.Cluster) follows it and its CA records itself in it.
 
-// openCluster opens the cluster port as Raft's stream layer, now that Open knows whether the
-// data dir holds Raft state (the node's identity depends on it).
-func (s *Store) openCluster() (raft.StreamLayer, error) {
-	stream, err := s.cfg.Cluster.Listen(s.existing)
-	switch {
-	case errors.Is(err, clusterport.ErrConfig):
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-	case err != nil:
-		return nil, fmt.Errorf("raftstore: %w", err)
-	}
-	s.ca = s.cfg.Cluster.Authority()
-	s.peerClient = s.cfg.Cluster.PeerClient()
-	return stream, nil
-}
-
-// configurationCommitted tells the cluster port the members. The configuration is Raft's
+// configured tells the cluster port the members, at every committed configuration. The configuration is Raft's
 // latest (appended, if not yet committed), not c: a restarted node's state machine replays
 // every configuration of its log, and an old one (before a node joined) must neither drop
 // current members from the checks nor cut their connections, the current leader's among them.
-func (s *Store) configurationCommitted(c raft.Configuration) {
-	if s.cfg.Cluster == nil {
+func (l clusterLog) configured(c raft.Configuration) {
+	if l.s.cfg.Cluster == nil {
 		return
 	}
 	select {
-	case <-s.raftUp: // s.raft is set
-		c = s.raft.GetConfiguration().Configuration() // no wait: raft keeps it at hand
+	case <-l.s.raftUp: // s.raft is set
+		c = l.s.raft.GetConfiguration().Configuration() // no wait: raft keeps it at hand
 	default:
 	}
-	s.cfg.Cluster.Configured(servers(c))
+	l.s.cfg.Cluster.Configured(servers(c))
 }
 
 func servers(c raft.Configuration) []clusterport.Server {
@@ -76,4 +59,4 @@ func (l clusterLog) Configuration() ([]clusterport.Server, error) {
 	return servers(f.Configuration()), nil
 }
 
-func (l clusterLog) Changes() <-chan struct{} { return l.s.changes() }
+func (l clusterLog) Changes() <-chan struct{} { return l.s.lead.changes() }
