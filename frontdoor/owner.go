@@ -191,7 +191,7 @@ func (o *ownerSide) serveLive(w http.ResponseWriter, r *http.Request, rq *instan
 		o.answer(w, r, rq.key, err)
 		return true
 	}
-	c, err := o.local.Open(r.Context(), rq.key.Namespace, rq.key.ID, 0, supervisor.IfLive, nil)
+	c, err := o.local.Open(r.Context(), rq.key.Namespace, rq.key.ID, 0, supervisor.IfLive)
 	if err != nil {
 		return false
 	}
@@ -247,7 +247,7 @@ func (o *ownerSide) owned(w http.ResponseWriter, r *http.Request, d decision) {
 // serveAdmitted serves an admitted request: its instance opened (activated
 // if it is not live here) under the admitted generation.
 func (o *ownerSide) serveAdmitted(w http.ResponseWriter, r *http.Request, in admitted, rest string) {
-	c, err := o.local.Open(r.Context(), in.p.Key.Namespace, in.p.Key.ID, in.p.Generation, supervisor.Activate, nil)
+	c, err := o.local.Open(r.Context(), in.p.Key.Namespace, in.p.Key.ID, in.p.Generation, supervisor.Activate)
 	if err != nil {
 		o.local.WriteOpenError(w, r, in.p.Key.Namespace, err)
 		return
@@ -295,8 +295,8 @@ func (o *ownerSide) routeLocal(h *relay.ReqHead, key directory.Key, gen uint64, 
 	if _, err := o.admit(context.Background(), ask{key: key, live: true, gen: gen}, now); err != nil {
 		return relay.Forward{}, false // net/http refuses it
 	}
-	c, err := o.local.Open(context.Background(), key.Namespace, key.ID, gen, supervisor.IfReady, h.Ticket.Abort)
-	if err != nil {
+	c, ok := o.openReady(h, key.Namespace, key.ID, gen)
+	if !ok {
 		return relay.Forward{}, false
 	}
 	o.servedHere.Inc()
@@ -325,8 +325,8 @@ func (o *ownerSide) routeOwned(h *relay.ReqHead, d decision, query string) (rela
 	if err != nil {
 		return relay.Forward{}, false // net/http refuses it, and counts why
 	}
-	c, err := o.local.Open(context.Background(), d.ns, d.id, in.att.Generation, supervisor.IfReady, h.Ticket.Abort)
-	if err != nil {
+	c, ok := o.openReady(h, d.ns, d.id, in.att.Generation)
+	if !ok {
 		return relay.Forward{}, false
 	}
 	if err := o.gate.Spend(in.att, now); err != nil {
@@ -334,6 +334,21 @@ func (o *ownerSide) routeOwned(h *relay.ReqHead, d decision, query string) (rela
 		return relay.Forward{}, false // a replay: net/http refuses it
 	}
 	return toPlugin(h, c, withQuery(d.rest, query), true), true
+}
+
+// openReady is the loop's Open: the instance only if it is ready here
+// under gen (the loop never waits), with the loop's exchange aborted
+// should the instance be evicted while it runs.
+func (o *ownerSide) openReady(h *relay.ReqHead, ns, id string, gen uint64) (*supervisor.Call, bool) {
+	c, err := o.local.Open(context.Background(), ns, id, gen, supervisor.IfReady)
+	if err != nil {
+		return nil, false
+	}
+	if !c.OnEvict(h.Ticket.Abort) {
+		c.End(0, false)
+		return nil, false
+	}
+	return c, true
 }
 
 // toPlugin is the loop's carriage of h to its instance's plugin, for call

@@ -47,15 +47,13 @@ type Call struct {
 }
 
 // Open is the one way a request reaches an instance: it finds (ns, id) as
-// mode allows and holds it for the request until End. abort, if set, is
-// called once should the instance be evicted while the call is open (a
-// transport outside net/http ends its exchange there); ServeHTTP needs
-// none. The errors are the ones WriteOpenError answers.
-func (s *Supervisor) Open(ctx context.Context, ns, id string, gen uint64, mode OpenMode, abort func()) (*Call, error) {
+// mode allows and holds it for the request until End. The errors are the
+// ones WriteOpenError answers.
+func (s *Supervisor) Open(ctx context.Context, ns, id string, gen uint64, mode OpenMode) (*Call, error) {
 	c := &Call{s: s, start: time.Now()}
 	switch mode {
 	case IfReady:
-		if !s.ready(Key{ns, id}, gen, c, abort) {
+		if !s.ready(Key{ns, id}, gen, c) {
 			return nil, errNotReady
 		}
 		return c, nil
@@ -67,34 +65,32 @@ func (s *Supervisor) Open(ctx context.Context, ns, id string, gen uint64, mode O
 		return nil, err
 	}
 	c.rs.in = in
-	if abort != nil {
-		s.mu.Lock()
-		gone := in.ctx.Err() != nil
-		if !gone {
-			in.addAbort(&c.rs, abort)
-		}
-		s.mu.Unlock()
-		if gone {
-			c.End(0, false)
-			return nil, errNotReady
-		}
-	}
 	return c, nil
 }
 
-// addAbort registers abort for rs's request; the caller holds s.mu.
-func (in *instance) addAbort(rs *reqState, abort func()) {
+// OnEvict has abort called once should the instance be evicted while the
+// call is open, for a transport outside net/http, which ends its exchange
+// there (net/http's is ended by the request's context). It reports false,
+// registering nothing, if the instance is evicted already: the caller
+// ends the call without using it.
+func (c *Call) OnEvict(abort func()) bool {
+	s, in := c.s, c.rs.in
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if in.ctx.Err() != nil {
+		return false
+	}
 	if in.aborts == nil {
 		in.aborts = map[*reqState]func(){}
 	}
-	in.aborts[rs] = abort
+	in.aborts[&c.rs] = abort
+	return true
 }
 
 // ready opens c on the instance live under exactly gen, activated, on a
-// running plugin: one more open request counted on it, and abort (if set)
-// registered, under one hold of the lock. It reports false if there is no
-// such instance (it never waits).
-func (s *Supervisor) ready(k Key, gen uint64, c *Call, abort func()) bool {
+// running plugin: one more open request counted on it. It reports false
+// if there is no such instance (it never waits).
+func (s *Supervisor) ready(k Key, gen uint64, c *Call) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	in := s.instances[k]
@@ -103,9 +99,6 @@ func (s *Supervisor) ready(k Key, gen uint64, c *Call, abort func()) bool {
 	}
 	in.conns++ // see armIdleLocked
 	c.rs.in = in
-	if abort != nil {
-		in.addAbort(&c.rs, abort)
-	}
 	return true
 }
 

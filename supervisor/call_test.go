@@ -38,7 +38,11 @@ func (r relayRouter) Route(h *relay.ReqHead) (relay.Forward, bool) {
 	if len(parts) < 4 {
 		return relay.Forward{}, false
 	}
-	c, err := r.s.Open(context.Background(), "/"+parts[1], parts[2], 1, IfReady, h.Ticket.Abort)
+	c, err := r.s.Open(context.Background(), "/"+parts[1], parts[2], 1, IfReady)
+	if err == nil && !c.OnEvict(h.Ticket.Abort) {
+		c.End(0, false)
+		err = errNotReady
+	}
 	if err != nil {
 		return relay.Forward{}, false
 	}
@@ -171,10 +175,10 @@ func TestRelayMatchesServeInstance(t *testing.T) {
 
 	// Not live under that generation, or not at all: Open IfReady turns
 	// it down and holds nothing.
-	if _, err := s.Open(context.Background(), "/misc", "r", 2, IfReady, nil); err == nil {
+	if _, err := s.Open(context.Background(), "/misc", "r", 2, IfReady); err == nil {
 		t.Fatal("Open IfReady under another generation")
 	}
-	if _, err := s.Open(context.Background(), "/misc", "never", 1, IfReady, nil); err == nil {
+	if _, err := s.Open(context.Background(), "/misc", "never", 1, IfReady); err == nil {
 		t.Fatal("Open IfReady for an instance not live")
 	}
 	testutil.WaitFor(t, 5*time.Second, "relayed requests to let the instance go", func() bool {
