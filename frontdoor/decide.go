@@ -1,11 +1,14 @@
 package frontdoor
 
 import (
+	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/passport"
+	"github.com/pinnedd/pinnedd/pinboard"
 	"github.com/pinnedd/pinnedd/plugins"
 )
 
@@ -120,3 +123,83 @@ var fastPathChars = func() (t [256]bool) {
 	}
 	return t
 }()
+
+// isPeerRoute: p is one of the routes only other nodes call (the owner
+// side of the hop, wake, stats, wind-down).
+func isPeerRoute(p string) bool {
+	return strings.HasPrefix(p, ownerRoutePrefix+"/") || strings.HasPrefix(p, wakePrefix+"/") ||
+		p == pinboard.StatsPath || p == pinboard.WindDownPath
+}
+
+// isInstancePath: anything whose first segment is not one of the front
+// door's own (reserved names, or starting with "_").
+func isInstancePath(p string) bool {
+	seg, _, _ := strings.Cut(strings.TrimPrefix(p, "/"), "/")
+	return seg != "" && seg[0] != '_' && !plugins.Reserved[seg]
+}
+
+// splitInstancePath parses /<ns>/<id>[/<rest>] from the escaped path.
+func splitInstancePath(escaped string) (ns, id, rest string, ok bool) {
+	// Slices of escaped, not new strings: this runs for every request.
+	p, ok := strings.CutPrefix(escaped, "/")
+	if !ok {
+		return "", "", "", false
+	}
+	i := strings.IndexByte(p, '/')
+	if i < 0 {
+		return escaped, "", "/", true
+	}
+	ns, after := escaped[:1+i], p[i+1:]
+	if j := strings.IndexByte(after, '/'); j >= 0 {
+		return ns, after[:j], after[j:], true
+	}
+	return ns, after, "/", true
+}
+
+// parseInstancePath is the one rule for the instance an escaped path
+// /<ns>/<id>[/<rest>] names, on every path that parses one (net/http's
+// instance and owner-side routes, the wake route, the kept-alive loop):
+// the id segment is unescaped once and the decoded id validated, so a
+// client's encodeURIComponent("a:b") (a%3Ab) is the id "a:b"; an escaped
+// '/' (%2F) is refused, an id being one path segment. rest stays escaped,
+// as the instance receives it. The error wraps plugins.ErrInvalidNamespace
+// or plugins.ErrInvalidID.
+func parseInstancePath(escaped string) (ns, id, rest string, err error) {
+	ns, id, rest, ok := splitInstancePath(escaped)
+	if !ok {
+		return "", "", "", fmt.Errorf("%w: path must be /<namespace>/<id>/...", plugins.ErrInvalidNamespace)
+	}
+	if err := plugins.ValidateNamespace(ns); err != nil {
+		return "", "", "", err
+	}
+	if strings.IndexByte(id, '%') >= 0 {
+		raw := id
+		if id, err = url.PathUnescape(raw); err != nil {
+			return ns, "", "", fmt.Errorf("%w %q: malformed %%-escape", plugins.ErrInvalidID, raw)
+		}
+		if strings.IndexByte(id, '/') >= 0 {
+			return ns, "", "", fmt.Errorf("%w %q: an escaped '/' (%%2F) is not allowed, an id is one path segment", plugins.ErrInvalidID, raw)
+		}
+	}
+	if err := plugins.ValidateID(id); err != nil {
+		return ns, "", "", err
+	}
+	return ns, id, rest, nil
+}
+
+// cleanQuery reports whether q passes a hop unchanged: no ';' and every
+// '%' starting a valid escape.
+func cleanQuery(q string) bool {
+	for i := 0; i < len(q); i++ {
+		switch q[i] {
+		case ';':
+			return false
+		case '%':
+			if i+2 >= len(q) || !isHex(q[i+1]) || !isHex(q[i+2]) {
+				return false
+			}
+			i += 2
+		}
+	}
+	return true
+}

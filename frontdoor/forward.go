@@ -458,23 +458,6 @@ func (fw *forwarder) fastForwardable(r *http.Request, rq *instanceRequest, schem
 		cleanQuery(r.URL.RawQuery)
 }
 
-// cleanQuery reports whether q passes a hop unchanged: no ';' and every
-// '%' starting a valid escape.
-func cleanQuery(q string) bool {
-	for i := 0; i < len(q); i++ {
-		switch q[i] {
-		case ';':
-			return false
-		case '%':
-			if i+2 >= len(q) || !isHex(q[i+1]) || !isHex(q[i+2]) {
-				return false
-			}
-			i += 2
-		}
-	}
-	return true
-}
-
 func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }

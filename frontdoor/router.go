@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -140,13 +139,6 @@ func (f *FrontDoor) serve(w http.ResponseWriter, r *http.Request) {
 	f.mux.ServeHTTP(w, r)
 }
 
-// isPeerRoute: p is one of the routes only other nodes call (the owner
-// side of the hop, wake, stats, wind-down).
-func isPeerRoute(p string) bool {
-	return strings.HasPrefix(p, ownerRoutePrefix+"/") || strings.HasPrefix(p, wakePrefix+"/") ||
-		p == pinboard.StatsPath || p == pinboard.WindDownPath
-}
-
 type peerKey struct{}
 
 // PeerHandler serves the front door to the cluster's other nodes, on the
@@ -167,62 +159,6 @@ func (f *FrontDoor) PeerHandBacks() net.Listener { return f.keep.peerHandBacks()
 
 // fromPeer: r came through PeerHandler.
 func fromPeer(r *http.Request) bool { return r.Context().Value(peerKey{}) != nil }
-
-// isInstancePath: anything whose first segment is not one of the front
-// door's own (reserved names, or starting with "_").
-func isInstancePath(p string) bool {
-	seg, _, _ := strings.Cut(strings.TrimPrefix(p, "/"), "/")
-	return seg != "" && seg[0] != '_' && !plugins.Reserved[seg]
-}
-
-// splitInstancePath parses /<ns>/<id>[/<rest>] from the escaped path.
-func splitInstancePath(escaped string) (ns, id, rest string, ok bool) {
-	// Slices of escaped, not new strings: this runs for every request.
-	p, ok := strings.CutPrefix(escaped, "/")
-	if !ok {
-		return "", "", "", false
-	}
-	i := strings.IndexByte(p, '/')
-	if i < 0 {
-		return escaped, "", "/", true
-	}
-	ns, after := escaped[:1+i], p[i+1:]
-	if j := strings.IndexByte(after, '/'); j >= 0 {
-		return ns, after[:j], after[j:], true
-	}
-	return ns, after, "/", true
-}
-
-// parseInstancePath is the one rule for the instance an escaped path
-// /<ns>/<id>[/<rest>] names, on every path that parses one (net/http's
-// instance and owner-side routes, the wake route, the kept-alive loop):
-// the id segment is unescaped once and the decoded id validated, so a
-// client's encodeURIComponent("a:b") (a%3Ab) is the id "a:b"; an escaped
-// '/' (%2F) is refused, an id being one path segment. rest stays escaped,
-// as the instance receives it. The error wraps plugins.ErrInvalidNamespace
-// or plugins.ErrInvalidID.
-func parseInstancePath(escaped string) (ns, id, rest string, err error) {
-	ns, id, rest, ok := splitInstancePath(escaped)
-	if !ok {
-		return "", "", "", fmt.Errorf("%w: path must be /<namespace>/<id>/...", plugins.ErrInvalidNamespace)
-	}
-	if err := plugins.ValidateNamespace(ns); err != nil {
-		return "", "", "", err
-	}
-	if strings.IndexByte(id, '%') >= 0 {
-		raw := id
-		if id, err = url.PathUnescape(raw); err != nil {
-			return ns, "", "", fmt.Errorf("%w %q: malformed %%-escape", plugins.ErrInvalidID, raw)
-		}
-		if strings.IndexByte(id, '/') >= 0 {
-			return ns, "", "", fmt.Errorf("%w %q: an escaped '/' (%%2F) is not allowed, an id is one path segment", plugins.ErrInvalidID, raw)
-		}
-	}
-	if err := plugins.ValidateID(id); err != nil {
-		return ns, "", "", err
-	}
-	return ns, id, rest, nil
-}
 
 // serveInstance serves a client's request for /<ns>/<id>/<rest>.
 func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request, d decision) {
