@@ -95,6 +95,9 @@ func NewAuthority(cfg AuthorityConfig, ledger *Ledger, log Log, keys Keys, ident
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if len(cfg.Tokens) == 0 {
+		cfg.Tokens = []string{""}
+	}
 	return &Authority{cfg: cfg, ledger: ledger, log: log, keys: keys, ident: ident, localCA: localCA, port: port,
 		slog: cfg.Logger, changed: make(chan struct{}, 1)}
 }

@@ -73,9 +73,6 @@ func NewCluster(cfg Config) *Cluster {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if len(cfg.Tokens) == 0 {
-		cfg.Tokens = []string{""}
-	}
 	c := &Cluster{cfg: cfg, log: cfg.Logger, attached: make(chan struct{})}
 	c.ledger = NewLedger(cfg.Sealer, cfg.Validity, cfg.Logger, nil)
 	return c
@@ -121,7 +118,7 @@ func (c *Cluster) Listen(existing bool) (raft.StreamLayer, error) {
 		}
 	} else if tcp, ok := adv.(*net.TCPAddr); ok && tcp.IP.IsUnspecified() {
 		_ = ln.Close()
-		return nil, fmt.Errorf("%w: %s binds every interface: set the address to advertise", ErrConfig, c.cfg.Addr)
+		return nil, fmt.Errorf("%w: %s binds every interface: set the address other nodes dial (--raft-advertise-addr)", ErrConfig, c.cfg.Addr)
 	}
 	c.ident = ident
 	c.peerTLS = ident.ClientConfig(ALPNHTTP)
