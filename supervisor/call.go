@@ -25,8 +25,8 @@ const (
 	// which its directory replica may not show yet.
 	IfLive
 	// IfReady uses the instance only if it is live and activated under
-	// exactly the generation, on a running plugin; it never waits, so an
-	// event loop may call it.
+	// exactly the generation, on a running plugin; it never waits, so a
+	// caller that must not block may call it.
 	IfReady
 )
 
