@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/clustertls"
@@ -87,6 +88,10 @@ type Authority struct {
 	port    *Port                // its connections are swept of peers no CA trusts any more
 	slog    *slog.Logger
 	changed chan struct{} // the recorded CAs changed: Renew looks again
+	// rotating makes the leader's rotations and retirements one at a time: a retirement
+	// judged against one issuer never lands after a rotation to the next, which would retire
+	// the CA the members were just found to hold.
+	rotating sync.Mutex
 }
 
 // NewAuthority is this node's part in the cluster CA. ident, localCA and keys are what

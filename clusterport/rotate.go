@@ -110,6 +110,8 @@ func (a *Authority) Rotate(ctx context.Context) (string, error) {
 	if !a.runsCA() {
 		return "", fmt.Errorf("%w: only a cluster running its own CA rotates it (with --tls-* files, replace them)", ErrInvalid)
 	}
+	a.rotating.Lock()
+	defer a.rotating.Unlock()
 	ca, err := clustertls.NewCA("pinnedd cluster CA " + time.Now().UTC().Format("2006-01-02T15:04:05Z"))
 	if err != nil {
 		return "", err
@@ -259,6 +261,8 @@ func (a *Authority) retire(ctx context.Context) {
 }
 
 func (a *Authority) retireIfRenewed(ctx context.Context) error {
+	a.rotating.Lock()
+	defer a.rotating.Unlock()
 	issuer := a.ledger.Issuer()
 	if issuer == nil {
 		return nil
