@@ -2,7 +2,8 @@
 // the go-plugin handshake (versioned, see ProtocolVersion), the gRPC
 // services in package proto, the name rules both sides enforce, and the
 // headers of the data socket. Host authors import package sdk, not this
-// one.
+// one. PROTOCOL.md in this directory is the whole contract, for a plugin
+// in any language.
 //
 // # Control and data
 //
