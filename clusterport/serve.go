@@ -9,13 +9,22 @@ import (
 	"time"
 )
 
-type nodeKey struct{}
+type peerKey struct{}
 
 // NodeFrom is the member node a request to Serve's handler came from
 // ("" if the context is no such request's).
 func NodeFrom(ctx context.Context) string {
-	node, _ := ctx.Value(nodeKey{}).(string)
-	return node
+	if pc := peerFrom(ctx); pc != nil {
+		return pc.node
+	}
+	return ""
+}
+
+// peerFrom is the connection a request to Serve's handler came on (nil if the context is no
+// such request's).
+func peerFrom(ctx context.Context) *peerConn {
+	pc, _ := ctx.Value(peerKey{}).(*peerConn)
+	return pc
 }
 
 // Serve serves HTTP between nodes on the cluster port with h, until
@@ -33,7 +42,7 @@ func (s *Port) Serve(h http.Handler, handBacks ...net.Listener) {
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			for c != nil {
 				if pc, ok := c.(*peerConn); ok {
-					return context.WithValue(ctx, nodeKey{}, pc.node)
+					return context.WithValue(ctx, peerKey{}, pc)
 				}
 				w, ok := c.(interface{ NetConn() net.Conn })
 				if !ok {
