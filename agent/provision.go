@@ -170,7 +170,7 @@ func (a *Agent) provisionPlugins(ctx context.Context) error {
 	}
 	sup, err := supervisor.New(supervisor.Config{
 		Specs: a.cfg.Specs, Logger: a.log, Registerer: a.reg, Store: a.states, RuntimeDir: runtimeDir(a.dataDir), FrontDoorURL: a.advertise, FrontDoorCA: a.pluginFrontDoorCA(),
-		DetachedTimeout: a.cfg.DetachedTimeout, StopGrace: a.cfg.StopGrace, StablePeriod: a.cfg.StablePeriod,
+		DetachedTimeout: a.cfg.DetachedTimeout, StopGrace: a.cfg.StopGrace, StablePeriod: a.cfg.StablePeriod, UpgradeIdle: a.cfg.IdleTimeout,
 		SwapDeadline: a.cfg.SwapDeadline, KeepPlacementsOnIdle: a.cfg.DatabaseURL == "",
 		OnEvicted: a.released, OnDegraded: a.degraded,
 	})

@@ -3,7 +3,9 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -379,6 +381,40 @@ func TestUpgradePassesThrough(t *testing.T) {
 		if err != nil || line != "echo: "+msg+"\n" {
 			t.Fatalf("echo of %q = %q, %v", msg, line, err)
 		}
+	}
+}
+
+// An upgraded connection is bounded as a kept-alive one is: once it moved
+// nothing either way for --http-idle-timeout, it is closed; while it
+// talks, it stays.
+func TestUpgradeIdleIsBounded(t *testing.T) {
+	t.Parallel()
+	a, _ := testhostAgent(t, "--http-idle-timeout", "2s")
+	conn, err := net.DialTimeout("tcp", strings.TrimPrefix(a.URL, "http://"), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	fmt.Fprint(conn, "GET /misc/idle/upgrade HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	// Talking for longer than the bound, a line every half second.
+	for i := range 6 {
+		fmt.Fprintf(conn, "ping %d\n", i)
+		if line, err := br.ReadString('\n'); err != nil || line != fmt.Sprintf("echo: ping %d\n", i) {
+			t.Fatalf("echo %d while talking: %q, %v", i, line, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	// Quiet: the front door closes it (the read ends with EOF, well before
+	// the 30 s deadline this test set).
+	start := time.Now()
+	if _, err := br.ReadString('\n'); !errors.Is(err, io.EOF) {
+		t.Fatalf("a quiet upgraded connection: %v after %v, want it closed", err, time.Since(start))
 	}
 }
 

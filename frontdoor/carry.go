@@ -281,9 +281,13 @@ func (fw *forwarder) switchProtocols(w http.ResponseWriter, r *http.Request, res
 	if err := brw.Flush(); err != nil {
 		return nil
 	}
+	// Bounded as a kept-alive connection is: closed once quiet both ways.
+	bounded := httpx.IdleConn(conn, fw.upgradeIdle)
+	defer bounded.Close()
+	client := io.MultiReader(io.LimitReader(brw, int64(brw.Reader.Buffered())), bounded)
 	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(back, brw); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(conn, back); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(back, client); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(bounded, back); done <- struct{}{} }()
 	<-done
 	return nil
 }

@@ -78,13 +78,16 @@ type forwarder struct {
 	// again once after an in-band refusal.
 	reroute func(http.ResponseWriter, *http.Request, *instanceRequest)
 
-	peer  peerTransport // where an owner's node takes the hop (base)
-	wire  wireCarrier   // the common case; its sync is nil with a supplied Transport
-	std   stdCarrier    // everything else
-	sync  *httpx.SyncTransport
-	bufs  httpx.BufferPool
-	held  *relay.Loop // held streams, out of net/http
-	bases sync.Map    // advertise URL -> loopBase (ownerBase)
+	peer peerTransport // where an owner's node takes the hop (base)
+	wire wireCarrier   // the common case; its sync is nil with a supplied Transport
+	std  stdCarrier    // everything else
+	sync *httpx.SyncTransport
+	bufs httpx.BufferPool
+	held *relay.Loop // held streams, out of net/http
+	// upgradeIdle closes an upgraded (101) connection that moved nothing
+	// either way for this long (0: never).
+	upgradeIdle time.Duration
+	bases       sync.Map // advertise URL -> loopBase (ownerBase)
 
 	forwarded prometheus.Counter // resolutions{outcome=forwarded}
 	failures  *prometheus.CounterVec

@@ -92,7 +92,8 @@ type Config struct {
 	// net/http's path: the same answers, more CPU per request.
 	FastPath bool
 	// IdleTimeout closes a kept-alive client connection that sent nothing
-	// for this long, in net/http (its IdleTimeout) and in the kept-alive
+	// for this long (an upgraded one that moved nothing either way), in
+	// net/http (its IdleTimeout) and in the kept-alive
 	// loop alike; 0: no bound.
 	IdleTimeout time.Duration
 	// MaxBodyBytes caps a request body (boundRequest): over it, 413; 0:
@@ -180,6 +181,7 @@ func New(cfg Config) *FrontDoor {
 		relay.ClientLimits{Idle: cfg.IdleTimeout, MaxBody: cfg.MaxBodyBytes})
 	f.owner = newOwnerSide(cfg.Dir, cfg.Self, cfg.Local, f.res, f.keep, cfg.Gate)
 	f.fwd = newForwarder(cfg.Dir, f.res, f.keep, f.transport, cfg.Logger, f.routeRequest)
+	f.fwd.upgradeIdle = cfg.IdleTimeout
 	f.limiter = NewConnLimiter(ConnLimits{PerIP: cfg.MaxConnsPerIP, Total: cfg.MaxConns, Exempt: f.exemptFromIPCap},
 		cfg.Logger, cfg.Registerer)
 	if cfg.Registerer != nil {

@@ -144,7 +144,7 @@ func (c *Call) End(status int, inactive bool) {
 // ends the call. An eviction under the request ends it.
 func (c *Call) ServeHTTP(w http.ResponseWriter, r *http.Request, rest string) {
 	in := c.rs.in
-	sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+	sw := &statusWriter{ResponseWriter: w, code: http.StatusOK, upgradeIdle: c.s.cfg.UpgradeIdle}
 	// Deferred: ReverseProxy aborts a response cut short by panicking
 	// (http.ErrAbortHandler), and the call must end all the same.
 	defer func() { c.End(sw.status(), sw.inactive) }()

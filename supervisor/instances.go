@@ -1,10 +1,12 @@
 package supervisor
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"strings"
@@ -623,6 +625,8 @@ type statusWriter struct {
 	code     int
 	wrote    bool
 	inactive bool // the plugin answered it does not hold the instance
+	// upgradeIdle bounds an upgraded connection (Hijack); 0: no bound.
+	upgradeIdle time.Duration
 }
 
 // status is the status the client got (0: none was written).
@@ -648,3 +652,14 @@ func (w *statusWriter) Write(p []byte) (int, error) {
 func (w *statusWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Hijack hands ReverseProxy the client's connection for an upgrade (101),
+// bounded as a kept-alive connection is: closed once it moved nothing
+// either way for upgradeIdle.
+func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	return httpx.IdleConn(conn, w.upgradeIdle), brw, nil
+}

@@ -43,6 +43,7 @@ type Config struct {
 
 	DetachedTimeout    time.Duration // default 60s; a host may set its own
 	HandshakeTimeout   time.Duration // default 10s
+	UpgradeIdle        time.Duration // an upgraded (101) connection quiet both ways this long is closed; 0: never
 	StopGrace          time.Duration // default 10s: tasks' time to return at shutdown
 	BackoffMin         time.Duration // default 100ms
 	BackoffMax         time.Duration // default 30s
