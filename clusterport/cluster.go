@@ -229,30 +229,23 @@ func (c *Cluster) IsMember(node string) bool {
 }
 
 // Serve serves HTTP between nodes on the cluster port with h, until StopHTTP: only a member
-// reaches it: its certificate was checked in the handshake, and its membership and the trust of
-// its certificate are checked again on every request (a removed node's request, or one on a
-// connection whose certificate's CA was retired since, is answered 403 and its connection
+// reaches it: its certificate was checked in the handshake, and its membership is checked
+// again on every request (a removed node's request is answered 403 and its connection
 // closed). handBacks are as for Port.Serve.
 func (c *Cluster) Serve(h http.Handler, handBacks ...net.Listener) {
 	c.port.Serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		pc := peerFrom(r.Context())
-		var why string
-		switch {
-		case pc == nil:
-			why = "the request came on no cluster connection"
-		case !c.IsMember(pc.node):
-			why = fmt.Sprintf("node %q is not a member of the cluster", pc.node)
-		case !pc.PeerTrusted():
-			why = fmt.Sprintf("node %q's connection was made with a certificate from a CA the cluster no longer trusts", pc.node)
-		default:
-			h.ServeHTTP(w, r)
+		node := NodeFrom(r.Context())
+		if !c.IsMember(node) {
+			w.Header().Set("Connection", "close")
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			w.WriteHeader(http.StatusForbidden)
+			_ = json.NewEncoder(w).Encode(map[string]string{
+				"error": fmt.Sprintf("node %q is not a member of the cluster", node), "code": "forbidden",
+			})
 			return
 		}
-		w.Header().Set("Connection", "close")
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		w.WriteHeader(http.StatusForbidden)
-		_ = json.NewEncoder(w).Encode(map[string]string{"error": why, "code": "forbidden"})
+		h.ServeHTTP(w, r)
 	}), handBacks...)
 }
 

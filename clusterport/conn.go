@@ -1,10 +1,8 @@
 package clusterport
 
 import (
-	"crypto/tls"
 	"net"
 	"sync"
-	"sync/atomic"
 )
 
 // httpListener hands out the authenticated connections that asked for HTTP.
@@ -30,16 +28,10 @@ func (l httpListener) Addr() net.Addr { return l.s.advertise }
 // protocol, if one was.
 type peerConn struct {
 	net.Conn
-	stream  *Port
-	node    string
-	pre     []byte
-	once    sync.Once
-	verdict atomic.Pointer[trustVerdict] // PeerTrusted's, for one generation of the identity
-}
-
-type trustVerdict struct {
-	gen uint64
-	ok  bool
+	stream *Port
+	node   string
+	pre    []byte
+	once   sync.Once
 }
 
 // NetConn is the connection this one wraps (the TLS connection), as tls.Conn's NetConn.
@@ -47,26 +39,6 @@ func (c *peerConn) NetConn() net.Conn { return c.Conn }
 
 // PeerNode is the member node at the other end.
 func (c *peerConn) PeerNode() string { return c.node }
-
-// PeerTrusted reports whether the certificate the peer presented in its handshake is one this
-// node still trusts: a CA retired since stops the requests of a connection kept alive across
-// the retirement (Raft's are swept; HTTP's are asked here, per request). The verdict is kept
-// until the identity changes, so a request costs two atomic loads.
-func (c *peerConn) PeerTrusted() bool {
-	id := c.stream.id
-	gen := id.Generation()
-	if v := c.verdict.Load(); v != nil && v.gen == gen {
-		return v.ok
-	}
-	v := &trustVerdict{gen: gen}
-	if tc, is := c.Conn.(interface{ ConnectionState() tls.ConnectionState }); is {
-		if certs := tc.ConnectionState().PeerCertificates; len(certs) > 0 {
-			v.ok = id.Trusts(certs[0])
-		}
-	}
-	c.verdict.Store(v)
-	return v.ok
-}
 
 func (c *peerConn) Read(p []byte) (int, error) {
 	if len(c.pre) > 0 && len(p) > 0 {

@@ -9,22 +9,13 @@ import (
 	"time"
 )
 
-type peerKey struct{}
+type nodeKey struct{}
 
 // NodeFrom is the member node a request to Serve's handler came from
 // ("" if the context is no such request's).
 func NodeFrom(ctx context.Context) string {
-	if pc := peerFrom(ctx); pc != nil {
-		return pc.node
-	}
-	return ""
-}
-
-// peerFrom is the connection a request to Serve's handler came on (nil if the context is no
-// such request's).
-func peerFrom(ctx context.Context) *peerConn {
-	pc, _ := ctx.Value(peerKey{}).(*peerConn)
-	return pc
+	node, _ := ctx.Value(nodeKey{}).(string)
+	return node
 }
 
 // Serve serves HTTP between nodes on the cluster port with h, until
@@ -42,7 +33,7 @@ func (s *Port) Serve(h http.Handler, handBacks ...net.Listener) {
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			for c != nil {
 				if pc, ok := c.(*peerConn); ok {
-					return context.WithValue(ctx, peerKey{}, pc)
+					return context.WithValue(ctx, nodeKey{}, pc.node)
 				}
 				w, ok := c.(interface{ NetConn() net.Conn })
 				if !ok {

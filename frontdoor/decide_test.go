@@ -2,7 +2,6 @@ package frontdoor
 
 import (
 	"crypto/tls"
-	"net"
 	"net/http"
 	"testing"
 
@@ -75,38 +74,4 @@ func headerOf(fs []relay.Field) http.Header {
 		h.Add(f.Name, f.Value)
 	}
 	return h
-}
-
-// peerStub is a cluster-port connection the loop adopted, as clusterport's
-// says who it is and whether its certificate is still trusted.
-type peerStub struct {
-	net.Conn
-	node    string
-	trusted bool
-}
-
-func (p peerStub) PeerNode() string  { return p.node }
-func (p peerStub) PeerTrusted() bool { return p.trusted }
-
-// A request the loop reads on a cluster-port connection is a member's only
-// while the node is a member and its certificate is still trusted (a CA
-// retired since ends what the handshake admitted); otherwise it is a
-// stranger's, for net/http to refuse.
-func TestLoopOrigin(t *testing.T) {
-	f := New(Config{PeerTLS: &tls.Config{}, PeerAddr: func(id string) (string, bool) { return "", id == "n2" }})
-	t.Cleanup(func() { _ = f.Close() })
-	for _, tc := range []struct {
-		name string
-		conn net.Conn
-		want origin
-	}{
-		{"client", nil, fromClient},
-		{"member", wrapped{peerStub{node: "n2", trusted: true}}, fromMember},
-		{"member, its CA retired", wrapped{peerStub{node: "n2", trusted: false}}, fromStranger},
-		{"removed", peerStub{node: "n9", trusted: true}, fromStranger},
-	} {
-		if got := f.loopOrigin(tc.conn); got != tc.want {
-			t.Errorf("%s: origin %d, want %d", tc.name, got, tc.want)
-		}
-	}
 }

@@ -66,35 +66,19 @@ func (k *keptAlive) giveBack(c net.Conn) {
 	k.handBack.Give(c)
 }
 
-// peerConn is a cluster port's connection as the front door sees it: the
-// member node at the other end, and whether the certificate it presented
-// is still trusted (clusterport's).
-type peerConn interface {
-	PeerNode() string
-	PeerTrusted() bool
-}
-
-// peerOf is the cluster port's connection c is or wraps (found through
-// the wrappers' NetConn), nil for a client's connection.
-func peerOf(c net.Conn) peerConn {
+// peerNode is the cluster member at the other end of c, "" for a client's
+// connection: the cluster port's connections say so (raftstore's, found
+// through their wrappers' NetConn).
+func peerNode(c net.Conn) string {
 	for c != nil {
-		if p, ok := c.(peerConn); ok {
-			return p
+		if p, ok := c.(interface{ PeerNode() string }); ok {
+			return p.PeerNode()
 		}
 		w, ok := c.(interface{ NetConn() net.Conn })
 		if !ok {
 			break
 		}
 		c = w.NetConn()
-	}
-	return nil
-}
-
-// peerNode is the cluster member at the other end of c, "" for a client's
-// connection.
-func peerNode(c net.Conn) string {
-	if p := peerOf(c); p != nil {
-		return p.PeerNode()
 	}
 	return ""
 }

@@ -254,12 +254,11 @@ func TestKeptAliveRouteOwned(t *testing.T) {
 	}
 }
 
-// peerConnStub is a cluster-port connection as clusterport wraps it: it
-// names its node and says whether its certificate is still trusted.
+// peerConnStub is a cluster-port connection as raftstore wraps it: it
+// names its node.
 type peerConnStub struct{ net.Conn }
 
-func (peerConnStub) PeerNode() string  { return "n2" }
-func (peerConnStub) PeerTrusted() bool { return true }
+func (peerConnStub) PeerNode() string { return "n2" }
 
 // wrapped is a wrapper that says what it wraps, as relay's given-back
 // connections do.

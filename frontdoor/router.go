@@ -345,23 +345,6 @@ func (f *FrontDoor) clusterCall(r *http.Request) (bool, error) {
 	return true, nil
 }
 
-// loopOrigin is where a request the loop read on c comes from: a client,
-// or on a cluster-port connection the loop adopted, a member; a peer that
-// is no member any more, or whose certificate's CA was retired since, is
-// a stranger (net/http's to refuse).
-func (f *FrontDoor) loopOrigin(c net.Conn) origin {
-	p := peerOf(c)
-	if p == nil {
-		return fromClient
-	}
-	if f.transport.Secure() {
-		if _, member := f.transport.addr(p.PeerNode()); !member || !p.PeerTrusted() {
-			return fromStranger
-		}
-	}
-	return fromMember
-}
-
 // loopRouter is the kept-alive loop's relay.Router: FrontDoor.routeLoop,
 // kept out of the front door's exported API.
 type loopRouter struct{ f *FrontDoor }
@@ -379,7 +362,18 @@ func (f *FrontDoor) routeLoop(h *relay.ReqHead) (relay.Forward, bool) {
 		return relay.Forward{}, false
 	}
 	path, query, _ := strings.Cut(h.Target, "?")
-	d := f.decide(h.Method, path, path, query, loopFields(h.Fields), f.loopOrigin(h.Conn))
+	from := fromClient
+	if node := peerNode(h.Conn); node != "" {
+		// A cluster-port connection the loop adopted: a peer that is no
+		// member any more is net/http's to refuse.
+		from = fromMember
+		if f.transport.Secure() {
+			if _, member := f.transport.addr(node); !member {
+				from = fromStranger
+			}
+		}
+	}
+	d := f.decide(h.Method, path, path, query, loopFields(h.Fields), from)
 	if !d.loop {
 		return relay.Forward{}, false
 	}

@@ -430,7 +430,6 @@ func WriteFile(path string, data []byte, mode os.FileMode) error {
 // configurations built from it read the current value at every handshake.
 type Identity struct {
 	cur atomic.Pointer[material]
-	gen atomic.Uint64 // counts installs, so a trust verdict can be cached until the next (Generation)
 }
 
 type material struct {
@@ -480,7 +479,6 @@ func (id *Identity) Set(caPEM, certPEM, keyPEM []byte) error {
 		_ = m.setPrevious(old.prevPEM) // kept while it fits the key and a CA trusted
 	}
 	id.cur.Store(m)
-	id.gen.Add(1)
 	return nil
 }
 
@@ -540,10 +538,6 @@ func (id *Identity) Trusts(c *x509.Certificate) bool {
 	_, err := c.Verify(x509.VerifyOptions{Roots: m.pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}})
 	return err == nil
 }
-
-// Generation changes whenever what is installed does (Set), so a caller may keep a Trusts
-// verdict for a certificate until it moves.
-func (id *Identity) Generation() uint64 { return id.gen.Load() }
 
 // Ready reports whether a certificate is installed.
 func (id *Identity) Ready() bool { return id.cur.Load() != nil }
