@@ -621,11 +621,12 @@ func (s *Server) admit(ctx context.Context, clientID string, cmds []storedComman
 		p.high = cmds[len(cmds)-1].Seq
 		// The items carry their seqs until they settle; the field keeps the
 		// mark after that. Queued behind the items, so never ahead of them.
-		if err := tray.Set(admittedField, p.high); err != nil {
-			return resp, fmt.Errorf("record admitted seq: %w", err)
-		}
-		if err := tray.Set(admittedAtField, time.Now().UnixMilli()); err != nil {
-			return resp, fmt.Errorf("record admission time: %w", err)
+		// Recording it can fail (a commit failed since the items', and the
+		// instance resets): the items are durable all the same, and the
+		// next activation counts them as admitted (highWater), so the
+		// admission stands and the answer says so.
+		if err := tray.Set(admittedField, p.high); err == nil {
+			_ = tray.Set(admittedAtField, time.Now().UnixMilli())
 		}
 		resp.Admitted = len(fresh)
 	}
