@@ -293,7 +293,7 @@ func TestTLSJoinThroughAJoiningMember(t *testing.T) {
 	converged(t, []*testNode{n1, n2, n3}, []string{"a"})
 }
 
-// The cluster port's HTTP: a member reaches ServePeers' handler and raftstore's node-to-node
+// The cluster port's HTTP: a member reaches Cluster.Serve's handler and raftstore's node-to-node
 // RPCs, asking for it by ALPN or not (a proxy that cannot); a follower's Apply travels there;
 // the public port refuses node-to-node RPCs whatever token they carry; a removed node's
 // connection is closed and a new one refused.
