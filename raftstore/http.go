@@ -266,31 +266,36 @@ func writeResult(w http.ResponseWriter, err error) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// wireErrors is the one mapping between the sentinels and the RPCs' error codes, both ways:
+// writeError answers the first entry an error matches (or also matches) with its status and
+// code, and a client makes the code back into the entry's sentinel (remoteError).
+var wireErrors = []struct {
+	err, also error // what the server matches
+	status    int
+	code      string
+	back      error // what a client makes of the code; nil: err
+}{
+	{err: ErrOutcomeUnknown, status: http.StatusServiceUnavailable, code: codeOutcomeUnknown},
+	// A closed node started nothing: as a follower would, the caller tries the leader again.
+	{err: ErrClosed, status: http.StatusServiceUnavailable, code: codeClosed, back: ErrNotLeader},
+	{err: ErrNotLeader, status: http.StatusServiceUnavailable, code: codeNotLeader},
+	{err: ErrNoLeader, status: http.StatusServiceUnavailable, code: codeNoLeader},
+	{err: ErrBadRequest, also: clusterport.ErrInvalid, status: http.StatusBadRequest, code: codeBadRequest},
+	{err: ErrUnauthorized, status: http.StatusUnauthorized, code: codeUnauthorized},
+	{err: ErrForbidden, also: clusterport.ErrRefused, status: http.StatusForbidden, code: codeForbidden},
+	{err: ErrLastVoter, status: http.StatusConflict, code: codeLastVoter},
+	{err: ErrUnknownMember, status: http.StatusNotFound, code: codeUnknownMember},
+	{err: ErrNoClusterCA, status: http.StatusConflict, code: codeNoClusterCA},
+	{err: ErrStaleJoin, status: http.StatusConflict, code: codeStaleJoin}, // with the fence (errorBody.Fence)
+}
+
 func writeError(w http.ResponseWriter, err error) {
 	status, code := http.StatusInternalServerError, codeInternal
-	switch {
-	case errors.Is(err, ErrOutcomeUnknown):
-		status, code = http.StatusServiceUnavailable, codeOutcomeUnknown
-	case errors.Is(err, ErrClosed):
-		status, code = http.StatusServiceUnavailable, codeClosed
-	case errors.Is(err, ErrNotLeader):
-		status, code = http.StatusServiceUnavailable, codeNotLeader
-	case errors.Is(err, ErrNoLeader):
-		status, code = http.StatusServiceUnavailable, codeNoLeader
-	case errors.Is(err, ErrBadRequest), errors.Is(err, clusterport.ErrInvalid):
-		status, code = http.StatusBadRequest, codeBadRequest
-	case errors.Is(err, ErrUnauthorized):
-		status, code = http.StatusUnauthorized, codeUnauthorized
-	case errors.Is(err, ErrForbidden), errors.Is(err, clusterport.ErrRefused):
-		status, code = http.StatusForbidden, codeForbidden
-	case errors.Is(err, ErrLastVoter):
-		status, code = http.StatusConflict, codeLastVoter
-	case errors.Is(err, ErrUnknownMember):
-		status, code = http.StatusNotFound, codeUnknownMember
-	case errors.Is(err, ErrNoClusterCA):
-		status, code = http.StatusConflict, codeNoClusterCA
-	case errors.Is(err, ErrStaleJoin):
-		status, code = http.StatusConflict, codeStaleJoin
+	for _, e := range wireErrors {
+		if errors.Is(err, e.err) || e.also != nil && errors.Is(err, e.also) {
+			status, code = e.status, e.code
+			break
+		}
 	}
 	body := errorBody{Error: err.Error(), Code: code}
 	if stale := (*staleJoinError)(nil); errors.As(err, &stale) {

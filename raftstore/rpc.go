@@ -2,6 +2,7 @@ package raftstore
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -158,27 +159,15 @@ func remoteError(op, baseURL string, status int, data []byte) *RemoteError {
 		return e
 	}
 	e.Message = eb.Error
-	switch eb.Code {
-	case codeNotLeader, codeClosed:
-		e.sentinel = ErrNotLeader // the remote started nothing
-	case codeNoLeader:
-		e.sentinel = ErrNoLeader
-	case codeOutcomeUnknown:
-		e.sentinel = ErrOutcomeUnknown
-	case codeBadRequest:
-		e.sentinel = ErrBadRequest
-	case codeUnauthorized:
-		e.sentinel = ErrUnauthorized
-	case codeForbidden:
-		e.sentinel = ErrForbidden
-	case codeLastVoter:
-		e.sentinel = ErrLastVoter
-	case codeUnknownMember:
-		e.sentinel = ErrUnknownMember
-	case codeNoClusterCA:
-		e.sentinel = ErrNoClusterCA
-	case codeStaleJoin:
+	if eb.Code == codeStaleJoin {
 		e.sentinel = &staleJoinError{current: eb.Fence}
+		return e
+	}
+	for _, we := range wireErrors {
+		if we.code == eb.Code {
+			e.sentinel = cmp.Or(we.back, we.err)
+			break
+		}
 	}
 	return e
 }
