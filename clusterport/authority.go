@@ -188,15 +188,12 @@ func (a *Authority) issuerWait(ctx context.Context) (*clustertls.CA, error) {
 		if err == nil || !errors.Is(err, ErrNoCAYet) {
 			return ca, err
 		}
-		t := time.NewTimer(100 * time.Millisecond)
+		// Every CA entry the log applies is a change: nothing else to poll.
 		select {
 		case <-changed:
-		case <-t.C:
 		case <-ctx.Done():
-			t.Stop()
 			return nil, err
 		}
-		t.Stop()
 	}
 }
 

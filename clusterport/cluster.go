@@ -74,7 +74,7 @@ func NewCluster(cfg Config) *Cluster {
 		cfg.Logger = slog.Default()
 	}
 	c := &Cluster{cfg: cfg, log: cfg.Logger, attached: make(chan struct{})}
-	c.ledger = NewLedger(cfg.Sealer, cfg.Validity, cfg.Logger, nil)
+	c.ledger = NewLedger(cfg.Sealer, cfg.Validity, cfg.Logger)
 	return c
 }
 

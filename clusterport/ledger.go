@@ -48,13 +48,9 @@ type Ledger struct {
 }
 
 // NewLedger is an empty ledger. sealer opens sealed keys (nil: this node has no token);
-// validity is what the certificates the issuer signs hold (0: the default); unusable, if set,
-// counts a recorded CA this node cannot use.
-func NewLedger(sealer *clustertls.Sealer, validity time.Duration, log *slog.Logger, unusable func()) *Ledger {
-	if unusable == nil {
-		unusable = func() {}
-	}
-	return &Ledger{sealer: sealer, validity: validity, log: log, unusable: unusable}
+// validity is what the certificates the issuer signs hold (0: the default).
+func NewLedger(sealer *clustertls.Sealer, validity time.Duration, log *slog.Logger) *Ledger {
+	return &Ledger{sealer: sealer, validity: validity, log: log, unusable: func() {}}
 }
 
 // CountUnusable has fn count each time a recorded CA does not open or parse here. Set it

@@ -23,7 +23,8 @@ func TestLedgerApplyRules(t *testing.T) {
 		return string(ca.CertPEM()), string(ca.KeyPEM())
 	}
 	unusable := 0
-	l := NewLedger(sealer, 0, slog.New(slog.DiscardHandler), func() { unusable++ })
+	l := NewLedger(sealer, 0, slog.New(slog.DiscardHandler))
+	l.CountUnusable(func() { unusable++ })
 	first, firstKey := newCA("first")
 	second, secondKey := newCA("second")
 
@@ -71,7 +72,8 @@ func TestLedgerApplyRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	third, thirdKey := newCA("third")
-	l2 := NewLedger(sealer, 0, slog.New(slog.DiscardHandler), func() { unusable++ })
+	l2 := NewLedger(sealer, 0, slog.New(slog.DiscardHandler))
+	l2.CountUnusable(func() { unusable++ })
 	l2.Restore([]CARecord{{Cert: third, Key: string(other.Seal(clustertls.LabelCAKey, []byte(thirdKey)))}})
 	if l2.Issuer() != nil || unusable != 1 {
 		t.Fatalf("a CA sealed under another token issues (unusable counted %d)", unusable)

@@ -2,7 +2,6 @@ package raftstore
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/hashicorp/raft"
 
@@ -24,12 +23,12 @@ func (l clusterLog) configured(c raft.Configuration) {
 		c = l.s.raft.GetConfiguration().Configuration() // no wait: raft keeps it at hand
 	default:
 	}
-	l.s.cfg.Cluster.Configured(servers(c))
+	l.s.cfg.Cluster.Configured(servers(c.Servers))
 }
 
-func servers(c raft.Configuration) []clusterport.Server {
-	out := make([]clusterport.Server, len(c.Servers))
-	for i, srv := range c.Servers {
+func servers(srvs []raft.Server) []clusterport.Server {
+	out := make([]clusterport.Server, len(srvs))
+	for i, srv := range srvs {
 		out[i] = clusterport.Server{ID: string(srv.ID), Addr: string(srv.Address)}
 	}
 	return out
@@ -44,11 +43,8 @@ func (l clusterLog) Record(ctx context.Context, op clusterport.CAOp, certPEM, ke
 }
 
 func (l clusterLog) Servers(ctx context.Context) ([]clusterport.Server, error) {
-	f := l.s.raft.GetConfiguration()
-	if err := l.s.await(ctx, f); err != nil {
-		return nil, fmt.Errorf("raftstore: reading configuration: %w", err)
-	}
-	return servers(f.Configuration()), nil
+	srvs, err := l.s.members.configuration(ctx)
+	return servers(srvs), err
 }
 
 func (l clusterLog) Configuration() ([]clusterport.Server, error) {
@@ -56,7 +52,7 @@ func (l clusterLog) Configuration() ([]clusterport.Server, error) {
 	if err := f.Error(); err != nil {
 		return nil, err
 	}
-	return servers(f.Configuration()), nil
+	return servers(f.Configuration().Servers), nil
 }
 
 func (l clusterLog) Changes() <-chan struct{} { return l.s.lead.changes() }

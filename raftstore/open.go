@@ -57,7 +57,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Store, err error
 	if err != nil {
 		return nil, err
 	}
-	ledger := clusterport.NewLedger(nil, 0, s.log, nil)
+	ledger := clusterport.NewLedger(nil, 0, s.log)
 	if cfg.Cluster != nil {
 		ledger = cfg.Cluster.Ledger()
 	}
