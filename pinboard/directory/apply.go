@@ -111,6 +111,7 @@ func (m *Machine) applyRegister(c Register) Result {
 	w.NodeID = c.NodeID
 	w.AdvertiseURL = c.AdvertiseURL
 	w.Namespaces = append([]string(nil), c.Namespaces...)
+	w.Routes = nil // RegisterRoutes sets them
 	w.Headroom = c.Headroom
 	w.Degraded = false // registration is gated on a passing challenge
 	w.Revoked = false  // a new session
@@ -174,7 +175,9 @@ func (m *Machine) applyHeartbeat(c Heartbeat) Result {
 	w.Degraded = !c.ProbeOK
 	w.Draining = c.Draining
 	w.Unconfirmed = false // the process itself is heard from again
-	return m.renew(w, c.Now, c.TTLMs)
+	r := m.renew(w, c.Now, c.TTLMs)
+	r.Superseded = superseded(w)
+	return r
 }
 
 // applyRenewLeases forgives the leaderless gap before a new leader's term
@@ -217,15 +220,16 @@ func (m *Machine) applyDeregister(c Deregister) Result {
 	return Result{Code: CodeOK}
 }
 
-// eligible returns "" when w may take a new placement in ns at now, else the
-// reason it may not.
-func (m *Machine) eligible(w *Worker, ns string, now int64) string {
+// eligible returns "" when w may take a new placement at now, else the
+// reason it may not; serves says whether w serves what is placed (the
+// namespace, or in hostname-aware mode the route).
+func (m *Machine) eligible(w *Worker, serves bool, now int64) string {
 	switch {
 	case w.SessionID == "":
 		return ReasonNotRegistered
 	case now > w.LeaseExpiry:
 		return ReasonLeaseLapsed
-	case !w.Serves(ns):
+	case !serves:
 		return ReasonNamespace
 	case w.Degraded:
 		return ReasonDegraded
@@ -248,7 +252,16 @@ func (m *Machine) holderLive(p Placement, now int64) bool {
 	return ok && w.SessionID == p.OwnerSession && w.Live(now)
 }
 
-func (m *Machine) applyClaim(c Claim) Result {
+func (m *Machine) applyClaim(c Claim) Result { return m.claim(c, nil) }
+
+// claim grants c.Key to c.ClientID; rc, when set, is the hostname-aware
+// claim c came in (see hostnames.go).
+func (m *Machine) claim(c Claim, rc *ClaimRoute) Result {
+	if rc != nil {
+		if r, ok := m.routeBound(rc); !ok {
+			return r
+		}
+	}
 	if m.st.coldStart == 0 {
 		// A fresh directory cannot know which ids old owners still serve;
 		// it waits one lease TTL from the first attempt for them to lapse.
@@ -256,10 +269,20 @@ func (m *Machine) applyClaim(c Claim) Result {
 	}
 	p, placed := m.st.placements.get(c.Key)
 	if placed && m.holderLive(p, c.Now) {
+		if rc != nil {
+			if r, ok := m.routeClaimHeld(rc, p); ok {
+				return r
+			}
+		}
 		if w, ok := m.st.workers.get(c.ClientID); p.Owner == c.ClientID && ok && w.SessionID == p.OwnerSession {
 			return Result{Code: CodeExisting, Placement: p}
 		}
 		return Result{Code: CodeHeld, Placement: p}
+	}
+	if rc != nil {
+		if r, ok := m.routeDisplaced(rc); ok {
+			return r // ids already placed (above) keep serving through a displaced binding
+		}
 	}
 	if end := m.st.coldStart + c.QuarantineMs; c.Now < end {
 		return Result{Code: CodeQuarantine, RemainingMs: end - c.Now}
@@ -268,7 +291,11 @@ func (m *Machine) applyClaim(c Claim) Result {
 	if !ok {
 		return Result{Code: CodeIneligible, Reason: ReasonUnknownWorker}
 	}
-	if why := m.eligible(&w, c.Key.Namespace, c.Now); why != "" {
+	serves := rc == nil && w.Serves(c.Key.Namespace)
+	if rc != nil {
+		serves = w.ServesRoute(rc.Hostname, c.Key.Namespace, c.Key.Env)
+	}
+	if why := m.eligible(&w, serves, c.Now); why != "" {
 		return Result{Code: CodeIneligible, Reason: why}
 	}
 	if _, removed := m.removedNow[c.Key]; removed || placed && p.Generation > m.entryGen {
@@ -302,6 +329,9 @@ func (m *Machine) applyClaim(c Claim) Result {
 		OwnerSession: w.SessionID,
 		Generation:   m.nextGeneration(c.Now),
 		PlacedAt:     c.Now,
+	}
+	if rc != nil {
+		np.Hostname = rc.Hostname
 	}
 	m.st.placements.set(np)
 	// Each new placement takes one unit of
@@ -442,6 +472,7 @@ func (m *Machine) applyGC(c GC) Result {
 			}
 		}
 	}
+	m.collectBindings(c.Now)
 	return r
 }
 

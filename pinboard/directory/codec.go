@@ -160,3 +160,32 @@ func (d *decoder) done() error {
 	}
 	return d.err
 }
+
+func appendRoutes(b []byte, rs []Route) []byte {
+	b = binary.AppendUvarint(b, uint64(len(rs)))
+	for _, r := range rs {
+		b = appendString(b, r.Hostname)
+		b = appendString(b, r.Namespace)
+		b = appendString(b, r.Env)
+		b = append(b, byte(r.Takeover))
+		b = binary.AppendUvarint(b, r.Epoch)
+		b = appendBool(b, r.Superseded)
+	}
+	return b
+}
+
+func (d *decoder) routes() []Route {
+	n := d.count(6)
+	if n == 0 {
+		return nil
+	}
+	rs := make([]Route, n)
+	for i := range rs {
+		rs[i] = Route{Hostname: d.string(), Namespace: d.string(), Env: d.string(),
+			Takeover: TakeoverPolicy(d.byte()), Epoch: d.uvarint(), Superseded: d.bool()}
+		if rs[i].Takeover > TakeoverDeny {
+			d.fail() // one encoding per value
+		}
+	}
+	return rs
+}

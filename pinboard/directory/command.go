@@ -37,6 +37,10 @@ const (
 	TypeUndrainNode CommandType = 13
 	TypeRenewLeases CommandType = 14
 	TypeReseal      CommandType = 15
+	// Hostname-aware mode: proposed only by a fleet started with it, which
+	// every node must know (they are not ignorable: skipping one diverges).
+	TypeRegisterRoutes CommandType = 16
+	TypeClaimRoute     CommandType = 17
 )
 
 // Command is one directory command. The set is closed: the concrete types in
@@ -197,22 +201,24 @@ type Opaque struct {
 	Payload   []byte
 }
 
-func (Init) Type() CommandType          { return TypeInit }
-func (Register) Type() CommandType      { return TypeRegister }
-func (Heartbeat) Type() CommandType     { return TypeHeartbeat }
-func (Deregister) Type() CommandType    { return TypeDeregister }
-func (Claim) Type() CommandType         { return TypeClaim }
-func (Release) Type() CommandType       { return TypeRelease }
-func (DrainWorker) Type() CommandType   { return TypeDrain }
-func (UndrainWorker) Type() CommandType { return TypeUndrain }
-func (GC) Type() CommandType            { return TypeGC }
-func (Batch) Type() CommandType         { return TypeBatch }
-func (GiveBack) Type() CommandType      { return TypeGiveBack }
-func (DrainNode) Type() CommandType     { return TypeDrainNode }
-func (UndrainNode) Type() CommandType   { return TypeUndrainNode }
-func (RenewLeases) Type() CommandType   { return TypeRenewLeases }
-func (Reseal) Type() CommandType        { return TypeReseal }
-func (o Opaque) Type() CommandType      { return o.Code }
+func (Init) Type() CommandType           { return TypeInit }
+func (Register) Type() CommandType       { return TypeRegister }
+func (Heartbeat) Type() CommandType      { return TypeHeartbeat }
+func (Deregister) Type() CommandType     { return TypeDeregister }
+func (Claim) Type() CommandType          { return TypeClaim }
+func (Release) Type() CommandType        { return TypeRelease }
+func (DrainWorker) Type() CommandType    { return TypeDrain }
+func (UndrainWorker) Type() CommandType  { return TypeUndrain }
+func (GC) Type() CommandType             { return TypeGC }
+func (Batch) Type() CommandType          { return TypeBatch }
+func (GiveBack) Type() CommandType       { return TypeGiveBack }
+func (DrainNode) Type() CommandType      { return TypeDrainNode }
+func (UndrainNode) Type() CommandType    { return TypeUndrainNode }
+func (RenewLeases) Type() CommandType    { return TypeRenewLeases }
+func (Reseal) Type() CommandType         { return TypeReseal }
+func (RegisterRoutes) Type() CommandType { return TypeRegisterRoutes }
+func (ClaimRoute) Type() CommandType     { return TypeClaimRoute }
+func (o Opaque) Type() CommandType       { return o.Code }
 
 func (c Init) appendPayload(b []byte) []byte {
 	b = binary.AppendUvarint(b, uint64(len(c.Secret)))
@@ -232,6 +238,15 @@ func (c Register) appendPayload(b []byte) []byte {
 	b = binary.AppendVarint(b, c.Now)
 	b = appendKeys(b, c.LiveIDs)
 	return appendBool(b, c.Draining)
+}
+
+func (c RegisterRoutes) appendPayload(b []byte) []byte {
+	return appendRoutes(c.Register.appendPayload(b), c.Routes)
+}
+
+func (c ClaimRoute) appendPayload(b []byte) []byte {
+	b = appendString(c.Claim.appendPayload(b), c.Hostname)
+	return binary.AppendVarint(b, c.TTLMs)
 }
 
 func (c Heartbeat) appendPayload(b []byte) []byte {
@@ -395,12 +410,9 @@ func decodeBody(t byte, payload []byte, inBatch bool) (Command, error) {
 	case TypeReseal:
 		c = Reseal{Secret: append([]byte(nil), d.bytes()...)}
 	case TypeRegister:
-		c = Register{
-			ClientID: d.string(), SessionID: d.string(), NodeID: d.string(),
-			AdvertiseURL: d.string(), Namespaces: d.strings(),
-			Headroom: d.varint(), TTLMs: d.varint(), Now: d.varint(),
-			LiveIDs: d.keys(), Draining: d.bool(),
-		}
+		c = d.register()
+	case TypeRegisterRoutes:
+		c = RegisterRoutes{Register: d.register(), Routes: d.routes()}
 	case TypeHeartbeat:
 		c = Heartbeat{
 			ClientID: d.string(), SessionID: d.string(),
@@ -410,7 +422,9 @@ func decodeBody(t byte, payload []byte, inBatch bool) (Command, error) {
 	case TypeDeregister:
 		c = Deregister{ClientID: d.string(), SessionID: d.string()}
 	case TypeClaim:
-		c = Claim{Key: d.key(), ClientID: d.string(), Now: d.varint(), QuarantineMs: d.varint()}
+		c = d.claim()
+	case TypeClaimRoute:
+		c = ClaimRoute{Claim: d.claim(), Hostname: d.string(), TTLMs: d.varint()}
 	case TypeRelease:
 		c = Release{Key: d.key(), ClientID: d.string(), Generation: d.uvarint()}
 	case TypeGiveBack:
@@ -457,4 +471,17 @@ func decodeBody(t byte, payload []byte, inBatch bool) (Command, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+func (d *decoder) register() Register {
+	return Register{
+		ClientID: d.string(), SessionID: d.string(), NodeID: d.string(),
+		AdvertiseURL: d.string(), Namespaces: d.strings(),
+		Headroom: d.varint(), TTLMs: d.varint(), Now: d.varint(),
+		LiveIDs: d.keys(), Draining: d.bool(),
+	}
+}
+
+func (d *decoder) claim() Claim {
+	return Claim{Key: d.key(), ClientID: d.string(), Now: d.varint(), QuarantineMs: d.varint()}
 }

@@ -117,6 +117,19 @@
 // deadline. UndrainNode clears the node's record and those of the client
 // ids of its known workers, so an undrained node takes placements again.
 //
+// # Hostname-aware mode
+//
+// A worker registered with routes (RegisterRoutes) serves (hostname,
+// namespace) pairs whose ids live in an env; claims through a hostname
+// (ClaimRoute) place keys of the env the (hostname, namespace) binding
+// names. Bindings and env takeover policies carry epochs: a higher epoch
+// displaces, supersedes the routes that disagree, and holds new
+// placements for one lease; a wind_down takeover fences a holder under
+// another hostname once and re-places the id when the holder gave it
+// back. The rules are in hostnames.go. The two commands are not
+// ignorable: a fleet turns the mode on once every node runs a version
+// that knows them (snapshot version 7).
+//
 // # Garbage collection
 //
 // Workers stay known after their lease lapses so an operator drain can

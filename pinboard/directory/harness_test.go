@@ -115,7 +115,60 @@ var (
 	genClients = []string{"c0", "c1", "c2", "c3"}
 	genNS      = []string{"/a", "/b"}
 	genNodes   = []string{"n0", "n1"}
+	genHosts   = []string{"h1.test", "h2.test"}
+	genEnvs    = []string{"e1", "e2"}
 )
+
+// routes is a hostname-aware registration's routes: one or two, with an
+// epoch that now and then displaces; rarely invalid.
+func (g *gen) routes() []Route {
+	var rs []Route
+	h, n := g.s.pick(2), g.s.pick(2)
+	for i := range 1 + g.s.pick(2) {
+		// Each env mostly keeps one policy (e1 winds down, e2 denies), so
+		// that takeovers happen; a flip now and then disagrees.
+		e := g.s.pick(2)
+		t := TakeoverPolicy(e)
+		if g.s.pick(8) == 0 {
+			t = 1 - t
+		}
+		rs = append(rs, Route{Hostname: genHosts[(h+i)%2], Namespace: genNS[n],
+			Env: genEnvs[e], Takeover: t, Epoch: uint64(g.s.pick(4))})
+	}
+	switch g.s.pick(24) {
+	case 0:
+		rs[0].Env = ""
+	case 1:
+		rs[0].Superseded = true
+	case 2:
+		rs[0].Takeover = 2
+	}
+	return rs
+}
+
+// routeClaim is a claim through a hostname; its env is the one the
+// binding most likely names (a proposer that read a stale one, else).
+func (g *gen) routeClaim(now int64) ClaimRoute {
+	k := g.claimKey()
+	k.Env = genEnvs[g.s.pick(2)]
+	var routed []Key
+	for _, r := range g.gens {
+		if r.Key.Env != "" && r.Key.Env != "pr-1" {
+			routed = append(routed, r.Key)
+		}
+	}
+	if len(routed) > 0 && g.s.pick(2) == 0 {
+		// An id placed through some hostname, asked for through either:
+		// the other one meets the env's takeover.
+		k = routed[g.s.pick(len(routed))]
+	}
+	c := ClaimRoute{Claim: Claim{Key: k, ClientID: g.candidate(), Now: now, QuarantineMs: int64(g.s.pick(2)) * ttl},
+		Hostname: genHosts[g.s.pick(2)], TTLMs: ttl}
+	if g.s.pick(24) == 0 {
+		c.TTLMs = 0 // bad input
+	}
+	return c
+}
 
 // claimKey is the key a claim asks for: during a partition, often one
 // the cut-off client was granted (requests for its ids land elsewhere).
@@ -272,6 +325,13 @@ func (g *gen) command(inBatch bool) Command {
 		case 2:
 			r.TTLMs = -int64(g.s.pick(2))
 		}
+		if g.s.pick(3) != 0 {
+			// Hostname-aware: routes instead of namespaces (rarely both).
+			if g.s.pick(16) != 0 {
+				r.Namespaces = nil
+			}
+			return RegisterRoutes{Register: r, Routes: g.routes()}
+		}
 		return r
 	case 3, 4, 5, 6:
 		client := g.client()
@@ -292,6 +352,9 @@ func (g *gen) command(inBatch bool) Command {
 		client := g.client()
 		return Deregister{ClientID: client, SessionID: g.sessionOf(client)}
 	case 8, 9, 10, 11:
+		if g.s.pick(2) == 0 {
+			return g.routeClaim(g.stamp())
+		}
 		return Claim{Key: g.claimKey(), ClientID: g.candidate(), Now: g.stamp(), QuarantineMs: int64(g.s.pick(2)) * ttl}
 	case 12:
 		r := Release{Key: g.key(), ClientID: g.client(), Generation: uint64(g.s.pick(50))}
@@ -337,6 +400,9 @@ func (g *gen) command(inBatch bool) Command {
 		return Opaque{Code: CommandType(40 + g.s.pick(3)), Ignorable: g.s.pick(2) == 0, Payload: []byte{g.s.byte()}}
 	default:
 		if inBatch {
+			if g.s.pick(2) == 0 {
+				return g.routeClaim(g.now)
+			}
 			return Claim{Key: g.key(), ClientID: g.candidate(), Now: g.now}
 		}
 		b := Batch{}

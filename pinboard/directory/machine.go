@@ -3,6 +3,7 @@ package directory
 import (
 	"bytes"
 	"cmp"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -44,6 +45,7 @@ type view struct {
 	placements *placementTable
 	workers    map[string]*Worker
 	secret     *secretBox // shared by the views of one recorded secret
+	bindings   map[hostNS]Binding
 }
 
 // secretBox is the secret as recorded, opened (SetSecretOpener) when first
@@ -114,6 +116,11 @@ type state struct {
 	placements *placementTable
 	drains     map[string]Drain // by client id
 	nodeDrains map[string]Drain // by node id
+	// Hostname-aware mode (hostnames.go). bindingsChanged: an applier
+	// changed bindings since the last publish.
+	bindings        map[hostNS]Binding
+	bindingsChanged bool
+	envs            map[string]EnvPolicy
 }
 
 func newState() state {
@@ -123,6 +130,8 @@ func newState() state {
 		placements: newPlacementTable(),
 		drains:     make(map[string]Drain),
 		nodeDrains: make(map[string]Drain),
+		bindings:   make(map[hostNS]Binding),
+		envs:       make(map[string]EnvPolicy),
 	}
 }
 
@@ -176,7 +185,7 @@ func (m *Machine) publish() {
 	// The secret goes from unset to set, is sealed anew (Reseal), or is
 	// replaced along with the placement table by Restore.
 	sameSecret := old != nil && bytes.Equal(old.secret.recorded, m.st.secret)
-	if changed || old == nil || old.placements != m.st.placements || !sameSecret {
+	if changed || old == nil || old.placements != m.st.placements || !sameSecret || m.st.bindingsChanged {
 		v := &view{placements: m.st.placements, workers: workers, secret: &secretBox{recorded: m.st.secret, open: m.open}}
 		if sameSecret {
 			v.secret = old.secret // opened once
@@ -184,6 +193,12 @@ func (m *Machine) publish() {
 		if !changed && old != nil {
 			v.workers = old.workers
 		}
+		if m.st.bindingsChanged || old == nil || old.placements != m.st.placements {
+			v.bindings = maps.Clone(m.st.bindings) // rare: registrations that bind something new
+		} else {
+			v.bindings = old.bindings
+		}
+		m.st.bindingsChanged = false
 		m.view.Store(v)
 	}
 	m.st.placements.commit()
@@ -206,6 +221,10 @@ func (m *Machine) exec(c Command, inBatch bool) Result {
 		return m.applyDeregister(c)
 	case Claim:
 		return m.applyClaim(c)
+	case RegisterRoutes:
+		return m.applyRegisterRoutes(c)
+	case ClaimRoute:
+		return m.applyClaimRoute(c)
 	case Release:
 		return m.applyRelease(c)
 	case GiveBack:
@@ -249,6 +268,10 @@ func commandNow(c Command) int64 {
 	case Heartbeat:
 		return c.Now
 	case Claim:
+		return c.Now
+	case RegisterRoutes:
+		return c.Now
+	case ClaimRoute:
 		return c.Now
 	case DrainWorker:
 		return c.Now
@@ -321,7 +344,7 @@ func (m *Machine) Candidates(ns string, now int64) []Worker {
 	m.mu.RLock()
 	var ws []Worker
 	for _, w := range m.st.workers.all() {
-		if m.eligible(w, ns, now) == "" {
+		if m.eligible(w, w.Serves(ns), now) == "" {
 			ws = append(ws, *w)
 		}
 	}

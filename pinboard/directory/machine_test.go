@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
+	"reflect"
 	"slices"
 	"testing"
 )
@@ -206,33 +207,36 @@ func TestNodeAndClientDrainTheStricterBinds(t *testing.T) {
 	}
 }
 
-// A node upgraded on its data dir restores the version 4 or 5 snapshot
-// its old version wrote (no node drains; no clock or unconfirmed workers):
-// the same state, written back as 6, its clock the latest time the
-// records carry.
-func TestRestoreVersion4And5Snapshots(t *testing.T) {
+// A node upgraded on its data dir restores the version 4, 5 or 6 snapshot
+// its old version wrote (no node drains; no clock or unconfirmed workers;
+// no hostname-aware records): the same state, written back as 7, its
+// clock the latest time the records carry.
+func TestRestoreOlderSnapshots(t *testing.T) {
 	n := fleet(t)
 	n.apply(DrainWorker{ClientID: "a", Cordon: true, Now: t0 + 5})
-	v6 := n.snapshot()
-	// Version 5 is version 6 without the clock and the (here empty) list
-	// of unconfirmed workers at the end of the body; version 4 is version
-	// 5 without the node drains' count (0 here).
+	v7 := n.snapshot()
+	// Version 6 is version 7 without the four (here empty) hostname-aware
+	// lists at the end of the body; version 5 is version 6 without the
+	// clock and the (here empty) list of unconfirmed workers; version 4 is
+	// version 5 without the node drains' count (0 here).
+	const hosts = 4
 	tail := len(binary.AppendVarint(nil, t0+5)) + 1
-	if v6[len(v6)-5] != 0 || v6[len(v6)-5-tail] != 0 {
-		t.Fatalf("snapshot does not end in empty node-drain and unconfirmed lists: %x", v6[len(v6)-16:])
+	end := len(v7) - 4 - hosts
+	if !bytes.Equal(v7[end:len(v7)-4], make([]byte, hosts)) || v7[end-1] != 0 || v7[end-1-tail] != 0 {
+		t.Fatalf("snapshot does not end in empty node-drain, unconfirmed and hostname lists: %x", v7[len(v7)-20:])
 	}
 	for _, old := range []struct {
 		v    byte
 		trim int
-	}{{5, tail}, {4, tail + 1}} {
-		body := append([]byte(nil), v6[:len(v6)-4-old.trim]...)
+	}{{6, hosts}, {5, hosts + tail}, {4, hosts + tail + 1}} {
+		body := append([]byte(nil), v7[:len(v7)-4-old.trim]...)
 		body[len(snapshotMagic)] = old.v
 		snap := binary.BigEndian.AppendUint32(body, crc32.Checksum(body, crcTable))
 		m := New()
 		if err := m.Restore(bytes.NewReader(snap)); err != nil {
 			t.Fatalf("restore a version %d snapshot: %v", old.v, err)
 		}
-		if !bytes.Equal(snapshotBytes(t, m), v6) {
+		if !bytes.Equal(snapshotBytes(t, m), v7) {
 			t.Fatalf("the state restored from version %d differs", old.v)
 		}
 		if old.v == 4 {
@@ -633,6 +637,8 @@ func TestCommandRoundTrip(t *testing.T) {
 		UndrainNode{NodeID: "n1"},
 		GC{Now: t0, WorkerRetentionMs: 5},
 		Batch{Commands: []Command{claim(string(make([]byte, 300)), "a", 1), Opaque{Code: 70, Ignorable: true, Payload: []byte{9}}}},
+		regRoutes("a", "s", t0, route(pr41, "e", 7), Route{Hostname: pr42, Namespace: "/n", Env: "f", Takeover: TakeoverDeny}),
+		Batch{Commands: []Command{claimVia(pr41, "e", "x", "a", t0)}},
 	}
 	for _, c := range cmds {
 		b := Encode(c)
@@ -640,9 +646,15 @@ func TestCommandRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%T: %v", c, err)
 		}
-		if !bytes.Equal(Encode(got), b) {
-			t.Fatalf("%T: round trip changed the encoding", c)
+		if !bytes.Equal(Encode(got), b) || !reflect.DeepEqual(got, c) {
+			t.Fatalf("%T: round trip changed it: %+v", c, got)
 		}
+	}
+	// Results carry a placement's hostname and fence, and superseded routes.
+	r := Result{Code: CodeTakeover, Placement: Placement{Key: key("x"), Owner: "a", Generation: 9, Hostname: pr41, FenceUntil: t0},
+		Superseded: []Route{{Hostname: pr42, Namespace: "/n", Env: "e", Epoch: 2, Superseded: true}}}
+	if got, err := DecodeResult(EncodeResult(r)); err != nil || !reflect.DeepEqual(got, r) {
+		t.Fatalf("result round trip: %+v, %v", got, err)
 	}
 }
 

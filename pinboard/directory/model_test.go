@@ -32,6 +32,9 @@ type checker struct {
 	secret     bool
 	clock      int64        // the latest Now applied (RenewLeases' "since")
 	entryKeys  map[Key]bool // keys granted in the entry being applied
+	// Hostname-aware mode: (hostname, namespace) -> env and env -> takeover.
+	bindings map[hostNS]Binding
+	envs     map[string]EnvPolicy
 
 	// beliefs is what each process serves: the keys it was granted or
 	// kept at its last registration, until it learns otherwise.
@@ -45,6 +48,7 @@ type mWorker struct {
 	url        string
 	node       string
 	namespaces []string
+	routes     []Route
 	lease      int64 // the directory's expiry
 	told       int64 // the latest expiry acknowledged to the process
 	degraded   bool
@@ -83,7 +87,7 @@ func nowOf(c Command) int64 {
 func newChecker(tb testing.TB) *checker {
 	return &checker{tb: tb, workers: map[string]*mWorker{}, byURL: map[string]string{},
 		placements: map[Key]Placement{}, drains: map[string]Drain{}, nodeDrains: map[string]Drain{}, entryKeys: map[Key]bool{},
-		beliefs: map[string]map[Key]belief{}}
+		beliefs: map[string]map[Key]belief{}, bindings: map[hostNS]Binding{}, envs: map[string]EnvPolicy{}}
 }
 
 // observe checks the machine's answer r to cmd, applied at index at true
@@ -117,8 +121,11 @@ func diffResult(want, got Result) string {
 	switch {
 	case want.Code != got.Code:
 		return fmt.Sprintf("code %v, model says %v", got.Code, want.Code)
-	case want.Code == CodeIneligible && want.Reason != got.Reason:
-		return fmt.Sprintf("ineligible because %q, model says %q", got.Reason, want.Reason)
+	case (want.Code == CodeIneligible || want.Code == CodeBindingConflict || want.Code == CodeTakeover ||
+		want.Code == CodeHeld) && want.Reason != got.Reason:
+		return fmt.Sprintf("%v because %q, model says %q", want.Code, got.Reason, want.Reason)
+	case !reflect.DeepEqual(want.Superseded, got.Superseded):
+		return fmt.Sprintf("superseded %+v, model says %+v", got.Superseded, want.Superseded)
 	case want.Placement != got.Placement:
 		return fmt.Sprintf("placement %+v, model says %+v", got.Placement, want.Placement)
 	case want.LeaseExpiry != got.LeaseExpiry || want.ExpiresInMs != got.ExpiresInMs:
@@ -159,6 +166,13 @@ func (c *checker) expect(cmd Command) Result {
 		return Result{Code: CodeOK}
 	case Register:
 		return c.register(cmd)
+	case RegisterRoutes:
+		return c.registerRoutes(cmd)
+	case ClaimRoute:
+		if cmd.Hostname == "" || cmd.TTLMs <= 0 {
+			return Result{Code: CodeInvalid}
+		}
+		return c.claim(cmd.Claim, &cmd)
 	case Heartbeat:
 		return c.heartbeat(cmd)
 	case Deregister:
@@ -172,7 +186,7 @@ func (c *checker) expect(cmd Command) Result {
 		w.session = ""
 		return Result{Code: CodeOK}
 	case Claim:
-		return c.claim(cmd)
+		return c.claim(cmd, nil)
 	case Release:
 		p, ok := c.placements[cmd.Key]
 		if !ok {
@@ -286,6 +300,17 @@ func (c *checker) expect(cmd Command) Result {
 				}
 			}
 		}
+		// A binding goes with its last live worker that agrees with it.
+		for k, b := range c.bindings {
+			if !c.bindingHeld(b, "", cmd.Now) {
+				delete(c.bindings, k)
+			}
+		}
+		for env, e := range c.envs {
+			if !c.envHeld(e, "", cmd.Now) {
+				delete(c.envs, env)
+			}
+		}
 		return r
 	case Opaque:
 		if cmd.Ignorable {
@@ -389,6 +414,7 @@ func (c *checker) register(cmd Register) Result {
 		w.registeredAt = cmd.Now
 	}
 	w.session, w.url, w.node, w.namespaces, w.headroom = cmd.SessionID, cmd.AdvertiseURL, cmd.NodeID, cmd.Namespaces, cmd.Headroom
+	w.routes = nil
 	w.degraded, w.revoked, w.draining = false, false, cmd.Draining
 
 	listed := map[Key]bool{}
@@ -439,21 +465,56 @@ func (c *checker) heartbeat(cmd Heartbeat) Result {
 		return Result{Code: CodeInvalid}
 	}
 	w.degraded, w.draining, w.headroom = !cmd.ProbeOK, cmd.Draining, cmd.Headroom
-	return c.renew(cmd.ClientID, cmd.Now, cmd.TTLMs)
+	r := c.renew(cmd.ClientID, cmd.Now, cmd.TTLMs)
+	for _, rt := range w.routes {
+		if rt.Superseded {
+			r.Superseded = append(r.Superseded, rt) // the worker is told
+		}
+	}
+	return r
 }
 
-func (c *checker) claim(cmd Claim) Result {
+func (c *checker) claim(cmd Claim, rc *ClaimRoute) Result {
+	var bound Binding
+	if rc != nil {
+		b, ok := c.bindings[hostNS{rc.Hostname, cmd.Key.Namespace}]
+		switch {
+		case !ok:
+			return Result{Code: CodeIneligible, Reason: ReasonNoHostname}
+		case b.Env != cmd.Key.Env:
+			return Result{Code: CodeConflict}
+		}
+		bound = b
+	}
 	if c.coldStart == 0 {
 		c.coldStart = cmd.Now
 	}
 	p, placed := c.placements[cmd.Key]
 	if placed {
 		if hw := c.workers[p.Owner]; hw != nil && hw.session == p.OwnerSession && cmd.Now <= hw.lease {
+			if rc != nil && p.Hostname != "" && p.Hostname != rc.Hostname {
+				// Another hostname of the env holds it: its takeover decides.
+				if c.envs[cmd.Key.Env].Takeover == TakeoverDeny {
+					return Result{Code: CodeHeld, Reason: ReasonOtherHostname, Placement: p}
+				}
+				if p.FenceUntil == 0 {
+					p.FenceUntil = cmd.Now + rc.TTLMs
+					c.placements[p.Key] = p
+					return Result{Code: CodeTakeover, Reason: ReasonFenced, Placement: p, RemainingMs: rc.TTLMs}
+				}
+				if cmd.Now >= p.FenceUntil {
+					return Result{Code: CodeTakeover, Reason: ReasonFencePassed, Placement: p}
+				}
+				return Result{Code: CodeTakeover, Placement: p, RemainingMs: p.FenceUntil - cmd.Now}
+			}
 			if p.Owner == cmd.ClientID {
 				return Result{Code: CodeExisting, Placement: p}
 			}
 			return Result{Code: CodeHeld, Placement: p}
 		}
+	}
+	if rc != nil && cmd.Now < bound.DisplacedUntil {
+		return Result{Code: CodeIneligible, Reason: ReasonDisplaced, RemainingMs: bound.DisplacedUntil - cmd.Now}
 	}
 	if end := c.coldStart + cmd.QuarantineMs; cmd.Now < end {
 		return Result{Code: CodeQuarantine, RemainingMs: end - cmd.Now}
@@ -468,7 +529,8 @@ func (c *checker) claim(cmd Claim) Result {
 		return Result{Code: CodeIneligible, Reason: ReasonNotRegistered}
 	case cmd.Now > w.lease:
 		return Result{Code: CodeIneligible, Reason: ReasonLeaseLapsed}
-	case !slices.Contains(w.namespaces, cmd.Key.Namespace):
+	case rc == nil && !slices.Contains(w.namespaces, cmd.Key.Namespace),
+		rc != nil && !c.servesRoute(w, rc.Hostname, cmd.Key.Namespace, cmd.Key.Env):
 		return Result{Code: CodeIneligible, Reason: ReasonNamespace}
 	case w.degraded:
 		return Result{Code: CodeIneligible, Reason: ReasonDegraded}
@@ -495,6 +557,9 @@ func (c *checker) claim(cmd Claim) Result {
 	}
 	c.lastGen = gen
 	np := Placement{Key: cmd.Key, Owner: cmd.ClientID, OwnerSession: w.session, Generation: gen, PlacedAt: cmd.Now}
+	if rc != nil {
+		np.Hostname = rc.Hostname
+	}
 	c.placements[cmd.Key] = np
 	c.entryKeys[cmd.Key] = true
 	if w.headroom > 0 {
@@ -612,7 +677,7 @@ func (c *checker) compareState(m *Machine) {
 		if mw == nil || mw.session != w.SessionID || mw.lease != w.LeaseExpiry || mw.revoked != w.Revoked ||
 			mw.degraded != w.Degraded || mw.draining != w.Draining || mw.url != w.AdvertiseURL || mw.node != w.NodeID ||
 			!slices.Equal(mw.namespaces, w.Namespaces) || mw.headroom != w.Headroom || mw.registeredAt != w.RegisteredAt ||
-			mw.lastHeartbeat != w.LastHeartbeat || mw.unconfirmed != w.Unconfirmed {
+			mw.lastHeartbeat != w.LastHeartbeat || mw.unconfirmed != w.Unconfirmed || !slices.Equal(mw.routes, w.Routes) {
 			c.tb.Fatalf("worker %+v, model %+v", w, mw)
 		}
 		if one, ok := m.Worker(w.ClientID); !ok || !reflect.DeepEqual(one, w) {
@@ -678,9 +743,164 @@ func (c *checker) compareState(m *Machine) {
 			c.tb.Fatalf("namespace %s served: %v, model %v", ns, m.NamespaceServed(ns), served)
 		}
 	}
+	c.compareHostnames(m)
 	if c.coldStart != 0 {
 		if got, want := m.QuarantineMs(c.now, ttl), max(0, c.coldStart+ttl-c.now); got != want {
 			c.tb.Fatalf("quarantine left at %d: %d ms, model %d", c.now, got, want)
+		}
+	}
+}
+
+// The hostname-aware rules (seed 004), as the model holds them.
+
+func (c *checker) servesRoute(w *mWorker, hostname, ns, env string) bool {
+	for _, r := range w.routes {
+		if !r.Superseded && r.Hostname == hostname && r.Namespace == ns && r.Env == env {
+			return true
+		}
+	}
+	return false
+}
+
+// held reports whether a live worker other than except serves an
+// unsuperseded route that ok accepts.
+func (c *checker) held(except string, now int64, ok func(Route) bool) bool {
+	for id, w := range c.workers {
+		if id == except || w.session == "" || now > w.lease {
+			continue
+		}
+		for _, r := range w.routes {
+			if !r.Superseded && ok(r) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (c *checker) bindingHeld(b Binding, except string, now int64) bool {
+	return c.held(except, now, func(r Route) bool {
+		return r.Hostname == b.Hostname && r.Namespace == b.Namespace && r.Env == b.Env
+	})
+}
+
+func (c *checker) envHeld(e EnvPolicy, except string, now int64) bool {
+	return c.held(except, now, func(r Route) bool { return r.Env == e.Env && r.Takeover == e.Takeover })
+}
+
+func (c *checker) supersede(except string, hit func(Route) bool) {
+	for id, w := range c.workers {
+		if id == except {
+			continue
+		}
+		rs := slices.Clone(w.routes)
+		for i := range rs {
+			if hit(rs[i]) {
+				rs[i].Superseded = true
+			}
+		}
+		w.routes = rs
+	}
+}
+
+func (c *checker) registerRoutes(cmd RegisterRoutes) Result {
+	// Bad input first: the routes among themselves.
+	hosts, takeovers := map[hostNS]bool{}, map[string]TakeoverPolicy{}
+	for _, r := range cmd.Routes {
+		k := hostNS{r.Hostname, r.Namespace}
+		t, seen := takeovers[r.Env]
+		if r.Hostname == "" || r.Namespace == "" || r.Env == "" || r.Takeover > TakeoverDeny || r.Superseded ||
+			hosts[k] || seen && t != r.Takeover {
+			return Result{Code: CodeInvalid}
+		}
+		hosts[k], takeovers[r.Env] = true, r.Takeover
+	}
+	if len(cmd.Routes) == 0 || len(cmd.Namespaces) != 0 {
+		return Result{Code: CodeInvalid}
+	}
+	// Then the bindings in force (held by some other live worker): a
+	// disagreeing route needs a higher epoch.
+	for _, r := range cmd.Routes {
+		if b, ok := c.bindings[hostNS{r.Hostname, r.Namespace}]; ok && c.bindingHeld(b, cmd.ClientID, cmd.Now) && b.Env != r.Env && r.Epoch <= b.Epoch {
+			return Result{Code: CodeBindingConflict, Reason: fmt.Sprintf(
+				"hostname %s%s is bound to env %s at epoch %d, not %s — register with a higher epoch to displace",
+				r.Hostname, r.Namespace, b.Env, b.Epoch, r.Env)}
+		}
+		if e, ok := c.envs[r.Env]; ok && c.envHeld(e, cmd.ClientID, cmd.Now) && e.Takeover != r.Takeover && r.Epoch <= e.Epoch {
+			return Result{Code: CodeBindingConflict, Reason: fmt.Sprintf(
+				"env %s agreed takeover %s at epoch %d, not %s — register with a higher epoch to displace",
+				r.Env, e.Takeover, e.Epoch, r.Takeover)}
+		}
+	}
+	res := c.register(cmd.Register)
+	if res.Code != CodeOK {
+		return res
+	}
+	c.workers[cmd.ClientID].routes = slices.Clone(cmd.Routes)
+	for _, r := range cmd.Routes {
+		k := hostNS{r.Hostname, r.Namespace}
+		b, ok := c.bindings[k]
+		if ok && b.Env == r.Env {
+			b.Epoch = max(b.Epoch, r.Epoch)
+		} else {
+			// New, or rebound: whoever still serves it otherwise is
+			// superseded, and a rebinding of live holders waits one lease.
+			held := ok && c.bindingHeld(b, cmd.ClientID, cmd.Now)
+			b = Binding{Hostname: r.Hostname, Namespace: r.Namespace, Env: r.Env, Epoch: r.Epoch}
+			if held {
+				b.DisplacedUntil = cmd.Now + cmd.TTLMs
+			}
+			c.supersede(cmd.ClientID, func(o Route) bool {
+				return o.Hostname == r.Hostname && o.Namespace == r.Namespace && o.Env != r.Env
+			})
+		}
+		c.bindings[k] = b
+		e, ok := c.envs[r.Env]
+		if ok && e.Takeover == r.Takeover {
+			e.Epoch = max(e.Epoch, r.Epoch)
+		} else {
+			e = EnvPolicy{Env: r.Env, Takeover: r.Takeover, Epoch: r.Epoch}
+			c.supersede(cmd.ClientID, func(o Route) bool { return o.Env == r.Env && o.Takeover != r.Takeover })
+		}
+		c.envs[r.Env] = e
+	}
+	return res
+}
+
+// compareHostnames checks the hostname-aware reads: bindings, env
+// policies, and who a claim through each hostname may place on.
+func (c *checker) compareHostnames(m *Machine) {
+	c.tb.Helper()
+	bs, es := m.Bindings()
+	want := slices.Collect(maps.Values(c.bindings))
+	slices.SortFunc(want, compareBindings)
+	wantEnvs := slices.Collect(maps.Values(c.envs))
+	slices.SortFunc(wantEnvs, func(a, b EnvPolicy) int { return cmp.Compare(a.Env, b.Env) })
+	if !slices.Equal(bs, want) || !slices.Equal(es, wantEnvs) {
+		c.tb.Fatalf("bindings %+v %+v, model %+v %+v", bs, es, want, wantEnvs)
+	}
+	for _, h := range genHosts {
+		for _, ns := range genNS {
+			b, bound := c.bindings[hostNS{h, ns}]
+			if got, ok := m.Binding(h, ns); ok != bound || got != b {
+				c.tb.Fatalf("binding of %s%s: %+v (%v), model %+v (%v)", h, ns, got, ok, b, bound)
+			}
+			var want []string
+			for _, id := range slices.Sorted(maps.Keys(c.workers)) {
+				w := c.workers[id]
+				_, drained := c.activeDrain(id, c.now)
+				if bound && w.session != "" && c.now <= w.lease && c.servesRoute(w, h, ns, b.Env) && !w.degraded && !w.revoked && !w.unconfirmed && !w.draining && !drained {
+					want = append(want, id)
+				}
+			}
+			env, ws := m.RouteCandidates(h, ns, c.now)
+			var got []string
+			for _, w := range ws {
+				got = append(got, w.ClientID)
+			}
+			if env != b.Env || !slices.Equal(got, want) {
+				c.tb.Fatalf("route candidates for %s%s at %d: %s %v, model %s %v", h, ns, c.now, env, got, b.Env, want)
+			}
 		}
 	}
 }

@@ -24,6 +24,8 @@ const (
 	CodeUnknownCommand     Code = 11 // an ignorable command of an unknown type was skipped
 	CodeInvalid            Code = 12 // the command's arguments are invalid; Reason says which
 	CodeError              Code = 13 // undecodable, unknown non-ignorable, or stale index; nothing changed
+	CodeBindingConflict    Code = 14 // RegisterRoutes: a route disagrees with a binding at the same or a higher epoch; Reason says which
+	CodeTakeover           Code = 15 // ClaimRoute: a wind_down takeover is fenced; RemainingMs until the fence passes, Placement the holder's
 )
 
 var codeNames = [...]string{
@@ -32,6 +34,7 @@ var codeNames = [...]string{
 	CodeReregister: "reregister", CodeDuplicateAdvertise: "duplicate_advertise",
 	CodeUnknownWorker: "unknown", CodeNotFound: "not_found",
 	CodeUnknownCommand: "unknown_command", CodeInvalid: "invalid", CodeError: "error",
+	CodeBindingConflict: "binding_conflict", CodeTakeover: "takeover",
 }
 
 func (c Code) String() string {
@@ -72,6 +75,8 @@ type Result struct {
 
 	Duplicates []Key // Register: listed live ids this worker does not own
 
+	Superseded []Route // Heartbeat: the worker's routes a higher epoch superseded
+
 	WorkersForgotten  int // GC
 	PlacementsDropped int // GC
 	DrainsExpired     int // GC
@@ -98,7 +103,10 @@ const (
 	tagDuplicates
 	tagGC
 	tagResults
-	tagDrainNode // the node id of a node's drain (added after tagResults, so it comes last)
+	tagDrainNode      // the node id of a node's drain (added after tagResults, so it comes last)
+	tagPlacementRoute // the placement's hostname and fence (hostname-aware mode)
+	tagSuperseded
+	tagLast = tagSuperseded
 )
 
 // AppendResult appends the encoding of r to b.
@@ -164,6 +172,13 @@ func appendResultBody(b []byte, r Result) []byte {
 	if r.Draining && r.Drain.NodeID != "" {
 		b = appendString(append(b, tagDrainNode), r.Drain.NodeID)
 	}
+	if r.HasPlacement() && (r.Placement.Hostname != "" || r.Placement.FenceUntil != 0) {
+		b = appendString(append(b, tagPlacementRoute), r.Placement.Hostname)
+		b = binary.AppendVarint(b, r.Placement.FenceUntil)
+	}
+	if len(r.Superseded) != 0 {
+		b = appendRoutes(append(b, tagSuperseded), r.Superseded)
+	}
 	return append(b, tagEnd)
 }
 
@@ -192,7 +207,7 @@ func decodeResultBody(d *decoder, top bool) Result {
 		if tag == tagEnd {
 			return r
 		}
-		if tag <= last || tag > tagDrainNode {
+		if tag <= last || tag > tagLast {
 			d.fail() // one encoding per result: known tags, in order
 			return r
 		}
@@ -233,6 +248,19 @@ func decodeResultBody(d *decoder, top bool) Result {
 			}
 			if r.Drain.NodeID = d.string(); r.Drain.NodeID == "" {
 				d.fail() // written only when not empty
+			}
+		case tagPlacementRoute:
+			if !r.HasPlacement() {
+				d.fail() // only with the placement it belongs to
+				return r
+			}
+			r.Placement.Hostname, r.Placement.FenceUntil = d.string(), d.varint()
+			if r.Placement.Hostname == "" && r.Placement.FenceUntil == 0 {
+				d.fail() // written only when not zero
+			}
+		case tagSuperseded:
+			if r.Superseded = d.routes(); len(r.Superseded) == 0 {
+				d.fail()
 			}
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"maps"
 	"slices"
 )
 
@@ -15,7 +16,7 @@ import (
 // CRC-32C of everything before it.
 const (
 	snapshotMagic   = "PDIR"
-	snapshotVersion = 6 // 2: lastGen after coldStart; 3: Worker.Draining; 4: Worker.Revoked; 5: node drains; 6: Worker.Unconfirmed, the clock
+	snapshotVersion = 7 // 2: lastGen after coldStart; 3: Worker.Draining; 4: Worker.Revoked; 5: node drains; 6: Worker.Unconfirmed, the clock; 7: hostname-aware mode
 	// oldestSnapshot is the oldest version Restore still reads: a node
 	// upgraded on a data dir restores the snapshot its old version wrote.
 	oldestSnapshot = 4
@@ -36,6 +37,8 @@ type snapshot struct {
 	placements []Placement
 	drains     []Drain
 	nodeDrains []Drain
+	bindings   []Binding
+	envs       []EnvPolicy
 }
 
 // Snapshot captures the state for raftstore to persist. Worker namespaces are
@@ -66,6 +69,8 @@ func (m *Machine) Snapshot() (io.WriterTo, error) {
 	for _, d := range m.st.nodeDrains {
 		s.nodeDrains = append(s.nodeDrains, d)
 	}
+	s.bindings = slices.Collect(maps.Values(m.st.bindings))
+	s.envs = slices.Collect(maps.Values(m.st.envs))
 	return s, nil
 }
 
@@ -90,6 +95,8 @@ func (s *snapshot) WriteTo(w io.Writer) (int64, error) {
 	slices.SortFunc(s.placements, func(a, b Placement) int { return a.Key.Compare(b.Key) })
 	slices.SortFunc(s.drains, func(a, b Drain) int { return cmp.Compare(a.ClientID, b.ClientID) })
 	slices.SortFunc(s.nodeDrains, func(a, b Drain) int { return cmp.Compare(a.NodeID, b.NodeID) })
+	slices.SortFunc(s.bindings, compareBindings)
+	slices.SortFunc(s.envs, func(a, b EnvPolicy) int { return cmp.Compare(a.Env, b.Env) })
 
 	cw := &countingWriter{w: bufio.NewWriterSize(w, 64<<10)}
 	b := make([]byte, 0, 4096)
@@ -147,6 +154,7 @@ func (s *snapshot) WriteTo(w io.Writer) (int64, error) {
 		}
 	}
 	b = appendStrings(b, unconfirmed)
+	b = s.appendHostnames(b)
 	if err := flush(true); err != nil {
 		return cw.n, err
 	}
@@ -158,6 +166,79 @@ func (s *snapshot) WriteTo(w io.Writer) (int64, error) {
 		return cw.n, err
 	}
 	return cw.n, cw.w.Flush()
+}
+
+// appendHostnames writes what version 7 added (hostname-aware mode): the
+// routes of the workers that have some, the hostname and fence of the
+// placements that have one, the bindings and the env policies.
+func (s *snapshot) appendHostnames(b []byte) []byte {
+	var routed []Worker
+	for _, wk := range s.workers {
+		if len(wk.Routes) != 0 {
+			routed = append(routed, wk)
+		}
+	}
+	b = binary.AppendUvarint(b, uint64(len(routed)))
+	for _, wk := range routed {
+		b = appendRoutes(appendString(b, wk.ClientID), wk.Routes)
+	}
+	var hosted []Placement
+	for _, p := range s.placements {
+		if p.Hostname != "" || p.FenceUntil != 0 {
+			hosted = append(hosted, p)
+		}
+	}
+	b = binary.AppendUvarint(b, uint64(len(hosted)))
+	for _, p := range hosted {
+		b = appendString(appendKey(b, p.Key), p.Hostname)
+		b = binary.AppendVarint(b, p.FenceUntil)
+	}
+	b = binary.AppendUvarint(b, uint64(len(s.bindings)))
+	for _, bd := range s.bindings {
+		b = appendString(appendString(appendString(b, bd.Hostname), bd.Namespace), bd.Env)
+		b = binary.AppendUvarint(b, bd.Epoch)
+		b = binary.AppendVarint(b, bd.DisplacedUntil)
+	}
+	b = binary.AppendUvarint(b, uint64(len(s.envs)))
+	for _, e := range s.envs {
+		b = append(appendString(b, e.Env), byte(e.Takeover))
+		b = binary.AppendUvarint(b, e.Epoch)
+	}
+	return b
+}
+
+// readHostnames reads what appendHostnames wrote into st.
+func readHostnames(d *decoder, st *state) {
+	for n := d.count(2); n > 0 && d.err == nil; n-- {
+		id, rs := d.string(), d.routes()
+		if _, ok := st.workers.get(id); !ok || len(rs) == 0 {
+			d.fail() // names a worker the snapshot does not hold
+			return
+		}
+		st.workers.edit(id).Routes = rs
+	}
+	for n := d.count(5); n > 0 && d.err == nil; n-- {
+		k, host, fence := d.key(), d.string(), d.varint()
+		p, ok := st.placements.get(k)
+		if !ok {
+			d.fail()
+			return
+		}
+		p.Hostname, p.FenceUntil = host, fence
+		st.placements.set(p)
+	}
+	for n := d.count(5); n > 0 && d.err == nil; n-- {
+		b := Binding{Hostname: d.string(), Namespace: d.string(), Env: d.string(), Epoch: d.uvarint(), DisplacedUntil: d.varint()}
+		st.bindings[hostNS{b.Hostname, b.Namespace}] = b
+	}
+	for n := d.count(3); n > 0 && d.err == nil; n-- {
+		e := EnvPolicy{Env: d.string(), Takeover: TakeoverPolicy(d.byte()), Epoch: d.uvarint()}
+		if e.Takeover > TakeoverDeny {
+			d.fail()
+			return
+		}
+		st.envs[e.Env] = e
+	}
 }
 
 func appendWorker(b []byte, w Worker) []byte {
@@ -257,6 +338,9 @@ func decodeSnapshot(data []byte) (state, error) {
 			}
 			st.workers.edit(id).Unconfirmed = true
 		}
+	}
+	if v >= 7 {
+		readHostnames(&d, &st)
 	}
 	if err := d.done(); err != nil {
 		return state{}, fmt.Errorf("%w: %w", ErrSnapshot, err)

@@ -64,11 +64,14 @@ type Worker struct {
 	NodeID       string
 	AdvertiseURL string
 	Namespaces   []string
-	Headroom     int64 // selection weight; each grant subtracts one until the next heartbeat
-	LeaseExpiry  int64 // unix ms; the worker serves while now <= LeaseExpiry
-	Degraded     bool  // the last challenge probe failed
-	Draining     bool  // the worker reported draining by itself
-	Revoked      bool  // the session lost an id to a lapse: it must re-register
+	// Routes replaces Namespaces in hostname-aware mode (hostnames.go);
+	// shared like Namespaces, replaced and never modified in place.
+	Routes      []Route
+	Headroom    int64 // selection weight; each grant subtracts one until the next heartbeat
+	LeaseExpiry int64 // unix ms; the worker serves while now <= LeaseExpiry
+	Degraded    bool  // the last challenge probe failed
+	Draining    bool  // the worker reported draining by itself
+	Revoked     bool  // the session lost an id to a lapse: it must re-register
 	// Unconfirmed: a new leader found it on the node that led before the
 	// election (RenewLeases): it takes no new placements until its own
 	// heartbeat or registration is applied.
@@ -99,6 +102,11 @@ type Placement struct {
 	OwnerSession string
 	Generation   uint64
 	PlacedAt     int64 // unix ms
+	// Hostname-aware mode: the hostname it was placed through, and the end
+	// of a wind_down takeover's fence once another hostname asked for it
+	// (unix ms; 0: none).
+	Hostname   string
+	FenceUntil int64
 }
 
 // Drain is an operator drain of one client id (ClientID set: that worker
