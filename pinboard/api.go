@@ -196,6 +196,9 @@ func (a *API) Mount(mux Mux) {
 	})
 }
 
+// hostnameAware: the registry runs in hostname-aware mode (seed 004).
+func (a *API) hostnameAware() bool { return a.cfg.Registry != nil && a.cfg.Registry.IsHostnameAware() }
+
 func (a *API) healthz(w http.ResponseWriter, _ *http.Request) {
 	httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
@@ -244,6 +247,12 @@ func (a *API) readiness() map[string]any {
 		if !a.cfg.Self.CaughtUp() {
 			ready = false
 			body["directory"] = "catching up"
+		}
+		if dropped := a.worker().Dropped(); len(dropped) > 0 {
+			// The seeds' superseded worker is not ready until retired: here,
+			// until its plugin is removed (pinnedd plugins remove).
+			ready = false
+			body["superseded"] = dropped
 		}
 	}
 	if a.cfg.Local != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -228,8 +229,14 @@ func (a *API) registryWindDown(w http.ResponseWriter, r *http.Request) {
 		idErr = plugins.ValidateID(*req.ID)
 	}
 	switch {
-	case req.Env != nil:
+	case req.Env != nil && !a.hostnameAware():
 		httpx.WriteError(w, http.StatusBadRequest, "env requires hostname-aware mode", 0)
+		return
+	case req.Env == nil && a.hostnameAware():
+		httpx.WriteError(w, http.StatusBadRequest, "env is required in hostname-aware mode", 0)
+		return
+	case req.Env != nil && !validEnv(*req.Env):
+		httpx.WriteError(w, http.StatusBadRequest, "env must be 1-128 characters from a-z A-Z 0-9 . - _", 0)
 		return
 	case nsErr != nil:
 		httpx.WriteError(w, http.StatusBadRequest, nsErr.Error()+" (e.g. /threads)", 0)
@@ -249,9 +256,12 @@ func (a *API) registryWindDown(w http.ResponseWriter, r *http.Request) {
 	case !admitsNamespace(w, r, req.Namespace):
 		return
 	}
-	var id string // "": the whole namespace
+	var id, env string // id "": the whole namespace
 	if req.ID != nil {
 		id = *req.ID
+	}
+	if req.Env != nil {
+		env = *req.Env
 	}
 	var at int64 // 0 revokes
 	if !revoke {
@@ -266,7 +276,7 @@ func (a *API) registryWindDown(w http.ResponseWriter, r *http.Request) {
 	now := time.Now().UnixMilli()
 	var targets []directory.Worker
 	if id != "" {
-		key := directory.Key{Namespace: req.Namespace, ID: id}
+		key := directory.Key{Env: env, Namespace: req.Namespace, ID: id}
 		_, owner, ok := m.Owner(key)
 		if !ok {
 			httpx.WriteError(w, http.StatusNotFound, "no placement for "+key.String(), 0)
@@ -277,7 +287,10 @@ func (a *API) registryWindDown(w http.ResponseWriter, r *http.Request) {
 		}
 	} else {
 		for _, wk := range m.Workers() {
-			if wk.Live(now) && wk.Serves(req.Namespace) {
+			serves := wk.Serves(req.Namespace) || slices.ContainsFunc(wk.Routes, func(rt directory.Route) bool {
+				return rt.Namespace == req.Namespace && rt.Env == env
+			})
+			if wk.Live(now) && serves {
 				targets = append(targets, wk)
 			}
 		}

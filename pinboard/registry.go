@@ -45,6 +45,7 @@ type RegisterRequest struct {
 	LiveIDs      []InstanceKey `json:"liveIds,omitempty"`
 	Draining     bool          `json:"draining,omitempty"` // draining by itself: place nothing new here
 	Challenge
+	routeFields // hostname-aware mode (hostnames.go)
 }
 
 // HeartbeatRequest renews a session (POST /registry/heartbeat).
@@ -102,7 +103,17 @@ type Registry struct {
 	dir    *Directory
 	ttl    time.Duration
 	client *http.Client
+	// hostnameAware: registrations name routes (hostnames.go); set before
+	// the registry serves.
+	hostnameAware bool
 }
+
+// HostnameAware switches the registry to hostname-aware mode: workers
+// register routes, and single mode's fields alone are refused.
+func (r *Registry) HostnameAware() { r.hostnameAware = true }
+
+// IsHostnameAware reports the mode.
+func (r *Registry) IsHostnameAware() bool { return r.hostnameAware }
 
 // NewRegistry serves registrations with lease TTL ttl.
 func NewRegistry(dir *Directory, ttl time.Duration) *Registry {
@@ -165,7 +176,7 @@ func validateRegister(req RegisterRequest) error {
 		return fmt.Errorf("%w: challenge and challengeValue are required", ErrBadRequest)
 	case req.Headroom < 0:
 		return fmt.Errorf("%w: headroom must not be negative", ErrBadRequest)
-	case len(req.Namespaces) == 0:
+	case len(req.Namespaces) == 0 && len(req.Routes) == 0:
 		return fmt.Errorf("%w: namespaces must not be empty", ErrBadRequest)
 	}
 	u, err := url.Parse(req.AdvertiseURL)
@@ -208,6 +219,10 @@ func (r *Registry) Register(ctx context.Context, req RegisterRequest) (RegisterA
 	if err := validateRegister(req); err != nil {
 		return RegisterAck{}, err
 	}
+	routes, err := req.routes(r.hostnameAware)
+	if err != nil {
+		return RegisterAck{}, err
+	}
 	// The key is derived from the cluster secret: without it nothing is
 	// registered, rather than a session whose requests no key verifies.
 	secret, err := r.awaitSecret(ctx)
@@ -222,16 +237,24 @@ func (r *Registry) Register(ctx context.Context, req RegisterRequest) (RegisterA
 		live[i] = directory.Key{Env: k.Env, Namespace: k.Namespace, ID: k.ID}
 	}
 	sid := newID()
-	res, err := r.dir.Do(ctx, directory.Register{
+	reg := directory.Register{
 		ClientID: req.ClientID, SessionID: sid, NodeID: req.NodeID, AdvertiseURL: req.AdvertiseURL,
 		Namespaces: req.Namespaces, Headroom: req.Headroom, TTLMs: r.ttl.Milliseconds(),
 		Now: time.Now().UnixMilli(), LiveIDs: live, Draining: req.Draining,
-	})
+	}
+	var cmd directory.Command = reg
+	if routes != nil {
+		reg.Namespaces = nil // the routes name them
+		cmd = directory.RegisterRoutes{Register: reg, Routes: routes}
+	}
+	res, err := r.dir.Do(ctx, cmd)
 	if err != nil {
 		return RegisterAck{}, err
 	}
 	switch res.Code {
 	case directory.CodeOK:
+	case directory.CodeBindingConflict:
+		return RegisterAck{}, &RouteError{Err: ErrBindingConflict, Reason: res.Reason, Routes: specsOf(res.Superseded)}
 	case directory.CodeDuplicateAdvertise:
 		return RegisterAck{}, fmt.Errorf("%w (%s)", ErrAdvertiseInUse, res.Reason)
 	case directory.CodeInvalid:
@@ -290,6 +313,10 @@ func (r *Registry) Heartbeat(ctx context.Context, req HeartbeatRequest) (Ack, er
 	}
 	switch res.Code {
 	case directory.CodeOK:
+		if len(res.Superseded) != 0 {
+			// Renewed all the same: the worker's other routes serve on.
+			return ackOf(res), &RouteError{Err: ErrSuperseded, Routes: specsOf(res.Superseded)}
+		}
 		return ackOf(res), nil
 	case directory.CodeReregister:
 		return Ack{}, ErrReregister

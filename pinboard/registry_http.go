@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/pinboard/directory"
 )
 
 // maxRegistryBody bounds a registry request body.
@@ -45,6 +46,10 @@ func (a *API) registryError(w http.ResponseWriter, r *http.Request, err error) {
 		httpx.WriteError(w, http.StatusConflict, err.Error(), 0)
 	case errors.Is(err, ErrReregister):
 		httpx.WriteJSON(w, http.StatusConflict, map[string]any{"error": "session unknown or lapsed: register again", "reregister": true})
+	case errors.Is(err, ErrBindingConflict):
+		var re *RouteError
+		errors.As(err, &re)
+		httpx.WriteJSON(w, http.StatusConflict, map[string]any{"error": err.Error(), "routes": re.Routes})
 	case errors.Is(err, ErrUnknownClient):
 		httpx.WriteError(w, http.StatusNotFound, err.Error()+": register first", 0)
 	case errors.Is(err, ErrNoSecret):
@@ -84,6 +89,16 @@ func (a *API) admitsRegistration(w http.ResponseWriter, r *http.Request, req Reg
 	for _, id := range req.LiveIDs {
 		namespaces = append(namespaces, id.Namespace)
 	}
+	// Hostname-aware: the claims' hostnames and envs bound what the key
+	// may register (a route the registry refuses anyway is its to answer).
+	routes, _ := req.routes(a.cfg.Registry.IsHostnameAware())
+	for _, rt := range routes {
+		namespaces = append(namespaces, rt.Namespace)
+		if !k.Claims.Hostname(rt.Hostname) || !k.Claims.Env(rt.Env) {
+			refuseClaims(w, r, fmt.Sprintf("key %q may not register hostname %s in env %s: its claims hostnames and envs admit others", k.Name, rt.Hostname, rt.Env))
+			return false
+		}
+	}
 	for _, ns := range namespaces {
 		if !admitsNamespace(w, r, ns) {
 			return false
@@ -91,7 +106,10 @@ func (a *API) admitsRegistration(w http.ResponseWriter, r *http.Request, req Reg
 	}
 	// The answer names none of the namespaces of the worker it would
 	// replace: a narrowed key learns nothing of another client id's.
-	if wk, ok := a.cfg.Dir.Machine().Worker(req.ClientID); ok && slices.ContainsFunc(wk.Namespaces, func(ns string) bool { return !k.Claims.Namespace(ns) }) {
+	if wk, ok := a.cfg.Dir.Machine().Worker(req.ClientID); ok && (slices.ContainsFunc(wk.Namespaces, func(ns string) bool { return !k.Claims.Namespace(ns) }) ||
+		slices.ContainsFunc(wk.Routes, func(rt directory.Route) bool {
+			return !k.Claims.Namespace(rt.Namespace) || !k.Claims.Hostname(rt.Hostname) || !k.Claims.Env(rt.Env)
+		})) {
 		refuseClaims(w, r, fmt.Sprintf("key %q may not replace the registration of client id %q", k.Name, req.ClientID))
 		return false
 	}
@@ -116,6 +134,14 @@ func (a *API) registryHeartbeat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ack, err := a.cfg.Registry.Heartbeat(r.Context(), req)
+	var re *RouteError
+	if errors.As(err, &re) && errors.Is(err, ErrSuperseded) {
+		// The seeds' nack: the lease is renewed for the worker's other
+		// routes, but these it must stop serving.
+		httpx.WriteJSON(w, http.StatusConflict, map[string]any{"error": re.Error(), "superseded": true,
+			"routes": re.Routes, "expiresInMs": ack.ExpiresInMs})
+		return
+	}
 	if err != nil {
 		a.registryError(w, r, err)
 		return

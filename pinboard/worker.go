@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,6 +84,15 @@ type WorkerConfig struct {
 	// OnOperatorDrain is told, on every ack, the operator drain in force
 	// for this worker (active false: none). Drains ride heartbeat acks.
 	OnOperatorDrain func(active bool, deadline time.Time, cordon bool)
+	// Routes, in hostname-aware mode, lists what this node serves (its
+	// plugins' hostnames); read at every registration, so routes come and
+	// go with plugins. Namespaces is then empty.
+	Routes func() []RouteSpec
+	// OnSuperseded is told the routes the directory refused (a binding at
+	// a higher epoch) or superseded (a higher epoch rebound them), and
+	// why: the caller stops serving them (aborts their instances). The
+	// worker registers without them from then on.
+	OnSuperseded func(routes []RouteSpec, why string)
 }
 
 // Worker holds this node's registration and lease.
@@ -107,6 +117,10 @@ type Worker struct {
 
 	challenges map[string]string // recent challenge -> value
 	order      []string
+
+	// dropped are the routes the directory refused or superseded, with
+	// why: registrations leave them out, status and readiness report them.
+	dropped []DroppedRoute
 
 	// unfit, if set, says why this node must take no new placements
 	// (its state store is unavailable); nil: it may.
@@ -307,10 +321,23 @@ func (w *Worker) register(ctx context.Context) error {
 		Namespaces: w.cfg.Namespaces, Headroom: w.cfg.Headroom(), Challenge: w.newChallenge(),
 		Draining: w.SelfDraining(),
 	}
+	if w.cfg.Routes != nil {
+		req.Routes = w.liveRoutes()
+		if len(req.Routes) == 0 {
+			return ErrNoRoutes
+		}
+	}
 	if w.cfg.LiveIDs != nil {
 		req.LiveIDs = w.cfg.LiveIDs()
 	}
 	ack, err := w.registrar.Register(ctx, req)
+	var re *RouteError
+	if errors.As(err, &re) && errors.Is(err, ErrBindingConflict) && len(re.Routes) != 0 {
+		// Serve the rest: this route waits for an operator (a higher
+		// epoch, or the plugin removed).
+		w.drop(re.Routes, re.Error())
+		return w.register(ctx)
+	}
 	if err != nil {
 		return fmt.Errorf("register: %w", err)
 	}
@@ -352,14 +379,72 @@ func (w *Worker) heartbeat(ctx context.Context) error {
 		ClientID: w.clientID, SessionID: w.SessionID(), Headroom: w.cfg.Headroom(), Challenge: w.heartbeatChallenge(),
 		Draining: w.SelfDraining(),
 	})
-	if err != nil {
+	var re *RouteError
+	superseded := errors.As(err, &re) && errors.Is(err, ErrSuperseded)
+	if err != nil && !superseded {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
 	w.mu.Lock()
 	w.acceptLocked(sent, ack)
 	w.mu.Unlock()
 	w.tellDrain(ack)
+	if superseded {
+		// The seeds' superseded nack: stop serving those routes, and
+		// register without them (the directory's record still lists them).
+		w.drop(re.Routes, re.Error())
+		return ErrReregister
+	}
 	return nil
+}
+
+// ErrNoRoutes: in hostname-aware mode, every route this node had was
+// refused or superseded, or it has none: it registers nothing.
+var ErrNoRoutes = errors.New("no routes to register: every plugin's hostname is superseded or refused, or none is configured")
+
+// DroppedRoute is a route the directory refused or superseded.
+type DroppedRoute struct {
+	RouteSpec
+	Reason string `json:"reason"`
+}
+
+// drop records routes as refused or superseded and tells the caller.
+func (w *Worker) drop(routes []RouteSpec, why string) {
+	w.mu.Lock()
+	for _, r := range routes {
+		if !slices.ContainsFunc(w.dropped, func(d DroppedRoute) bool { return sameRoute(d.RouteSpec, r) }) {
+			w.dropped = append(w.dropped, DroppedRoute{RouteSpec: r, Reason: why})
+		}
+	}
+	w.mu.Unlock()
+	w.cfg.Logger.Warn("routes superseded: this node stops serving them", "routes", routeNames(routes), "reason", why)
+	if w.cfg.OnSuperseded != nil {
+		w.cfg.OnSuperseded(routes, why)
+	}
+}
+
+// liveRoutes are the configured routes minus the dropped ones.
+func (w *Worker) liveRoutes() []RouteSpec {
+	rs := w.cfg.Routes()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.DeleteFunc(slices.Clone(rs), func(r RouteSpec) bool {
+		return slices.ContainsFunc(w.dropped, func(d DroppedRoute) bool { return sameRoute(d.RouteSpec, r) })
+	})
+}
+
+// Dropped lists the routes the directory refused or superseded.
+func (w *Worker) Dropped() []DroppedRoute {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.dropped)
+}
+
+// Forget clears a dropped route (its plugin was removed, or re-added at a
+// higher epoch): a later registration may list it again.
+func (w *Worker) Forget(r RouteSpec) {
+	w.mu.Lock()
+	w.dropped = slices.DeleteFunc(w.dropped, func(d DroppedRoute) bool { return sameRoute(d.RouteSpec, r) })
+	w.mu.Unlock()
 }
 
 // localDrain is this node's drain by itself (a local `pinnedd drain`,
@@ -556,6 +641,9 @@ type WorkerStatus struct {
 	DrainDeadline  int64    `json:"drainDeadline,omitempty"`
 	LeaseFlaps     int      `json:"leaseFlaps"`
 	Reregistations int      `json:"reregistrations"`
+	// Superseded: hostname-aware routes the directory refused or
+	// superseded; the node serves them no more.
+	Superseded []DroppedRoute `json:"superseded,omitempty"`
 }
 
 // Status reports the worker's state.
@@ -567,6 +655,7 @@ func (w *Worker) Status() WorkerStatus {
 	st := WorkerStatus{
 		ClientID: w.clientID, SessionID: w.sessionID, Lease: w.leaseLocked(now).String(),
 		Degraded: w.degraded, LeaseFlaps: w.flaps, Reregistations: w.reregs,
+		Superseded: slices.Clone(w.dropped),
 	}
 	if w.local.active || external {
 		st.DrainSources = append(st.DrainSources, DrainSourceLocal)

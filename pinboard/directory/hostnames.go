@@ -190,20 +190,25 @@ func (m *Machine) envPolicy(env, except string, now int64) (EnvPolicy, bool) {
 	return e, true
 }
 
-// routeConflict is the first of rs that disagrees with a binding or env
-// policy in force at the same or a higher epoch, as the seeds word it.
-func (m *Machine) routeConflict(rs []Route, client string, now int64) string {
+// routeConflict answers CodeBindingConflict for the first of rs that
+// disagrees with a binding or env policy in force at the same or a higher
+// epoch, as the seeds word it, with the route (in Superseded) so that a
+// worker knows which one to drop.
+func (m *Machine) routeConflict(rs []Route, client string, now int64) (Result, bool) {
 	for _, r := range rs {
+		why := ""
 		if b, ok := m.binding(hostNS{r.Hostname, r.Namespace}, client, now); ok && b.Env != r.Env && r.Epoch <= b.Epoch {
-			return fmt.Sprintf("hostname %s%s is bound to env %s at epoch %d, not %s — register with a higher epoch to displace",
+			why = fmt.Sprintf("hostname %s%s is bound to env %s at epoch %d, not %s — register with a higher epoch to displace",
 				r.Hostname, r.Namespace, b.Env, b.Epoch, r.Env)
-		}
-		if e, ok := m.envPolicy(r.Env, client, now); ok && e.Takeover != r.Takeover && r.Epoch <= e.Epoch {
-			return fmt.Sprintf("env %s agreed takeover %s at epoch %d, not %s — register with a higher epoch to displace",
+		} else if e, ok := m.envPolicy(r.Env, client, now); ok && e.Takeover != r.Takeover && r.Epoch <= e.Epoch {
+			why = fmt.Sprintf("env %s agreed takeover %s at epoch %d, not %s — register with a higher epoch to displace",
 				r.Env, e.Takeover, e.Epoch, r.Takeover)
 		}
+		if why != "" {
+			return Result{Code: CodeBindingConflict, Reason: why, Superseded: []Route{r}}, true
+		}
 	}
-	return ""
+	return Result{}, false
 }
 
 func (m *Machine) applyRegisterRoutes(c RegisterRoutes) Result {
@@ -213,8 +218,8 @@ func (m *Machine) applyRegisterRoutes(c RegisterRoutes) Result {
 	if len(c.Namespaces) != 0 {
 		return Result{Code: CodeInvalid, Reason: "a worker with routes lists no namespaces"}
 	}
-	if why := m.routeConflict(c.Routes, c.ClientID, c.Now); why != "" {
-		return Result{Code: CodeBindingConflict, Reason: why}
+	if r, bad := m.routeConflict(c.Routes, c.ClientID, c.Now); bad {
+		return r
 	}
 	r := m.applyRegister(c.Register)
 	if r.Code != CodeOK {

@@ -315,12 +315,13 @@ func (m *Machine) Owner(key Key) (Placement, Worker, bool) {
 	return p, *w, true
 }
 
-// NamespaceServed reports whether any known worker serves ns. The
+// NamespaceServed reports whether any known worker serves ns (by
+// namespace, or through a route). The
 // front door asks it for every request to a namespace this node does not
 // host, so it reads in place instead of copying the workers.
 func (m *Machine) NamespaceServed(ns string) bool {
 	for _, w := range m.view.Load().workers {
-		if w.Serves(ns) {
+		if w.Serves(ns) || slices.ContainsFunc(w.Routes, func(r Route) bool { return r.Namespace == ns }) {
 			return true
 		}
 	}

@@ -726,7 +726,7 @@ func (c *checker) compareState(m *Machine) {
 		served := false
 		for _, id := range slices.Sorted(maps.Keys(c.workers)) {
 			w := c.workers[id]
-			served = served || slices.Contains(w.namespaces, ns)
+			served = served || slices.Contains(w.namespaces, ns) || slices.ContainsFunc(w.routes, func(r Route) bool { return r.Namespace == ns })
 			_, drained := c.activeDrain(id, c.now)
 			if w.session != "" && c.now <= w.lease && slices.Contains(w.namespaces, ns) && !w.degraded && !w.revoked && !w.unconfirmed && !w.draining && !drained {
 				want = append(want, id)
@@ -824,12 +824,12 @@ func (c *checker) registerRoutes(cmd RegisterRoutes) Result {
 		if b, ok := c.bindings[hostNS{r.Hostname, r.Namespace}]; ok && c.bindingHeld(b, cmd.ClientID, cmd.Now) && b.Env != r.Env && r.Epoch <= b.Epoch {
 			return Result{Code: CodeBindingConflict, Reason: fmt.Sprintf(
 				"hostname %s%s is bound to env %s at epoch %d, not %s — register with a higher epoch to displace",
-				r.Hostname, r.Namespace, b.Env, b.Epoch, r.Env)}
+				r.Hostname, r.Namespace, b.Env, b.Epoch, r.Env), Superseded: []Route{r}}
 		}
 		if e, ok := c.envs[r.Env]; ok && c.envHeld(e, cmd.ClientID, cmd.Now) && e.Takeover != r.Takeover && r.Epoch <= e.Epoch {
 			return Result{Code: CodeBindingConflict, Reason: fmt.Sprintf(
 				"env %s agreed takeover %s at epoch %d, not %s — register with a higher epoch to displace",
-				r.Env, e.Takeover, e.Epoch, r.Takeover)}
+				r.Env, e.Takeover, e.Epoch, r.Takeover), Superseded: []Route{r}}
 		}
 	}
 	res := c.register(cmd.Register)

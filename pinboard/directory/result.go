@@ -75,7 +75,7 @@ type Result struct {
 
 	Duplicates []Key // Register: listed live ids this worker does not own
 
-	Superseded []Route // Heartbeat: the worker's routes a higher epoch superseded
+	Superseded []Route // Heartbeat: the worker's routes a higher epoch superseded; BindingConflict: the route refused
 
 	WorkersForgotten  int // GC
 	PlacementsDropped int // GC
