@@ -1,8 +1,10 @@
 package clusterport
 
 import (
+	"crypto/x509"
 	"net"
 	"sync"
+	"sync/atomic"
 )
 
 // httpListener hands out the authenticated connections that asked for HTTP.
@@ -30,9 +32,19 @@ type peerConn struct {
 	net.Conn
 	stream *Port
 	node   string
+	leaf   *x509.Certificate // the certificate the handshake checked
 	pre    []byte
 	once   sync.Once
+	// retired: the CA that issued leaf was retired since (SweepUntrusted).
+	// The connection serves no request past the one it carries: the
+	// answer closes it.
+	retired atomic.Bool
 }
+
+// Retired reports whether the connection's certificate chains to a CA the
+// cluster retired since its handshake: serve at most the request under
+// way, and close it after the answer.
+func (c *peerConn) Retired() bool { return c.retired.Load() }
 
 // NetConn is the connection this one wraps (the TLS connection), as tls.Conn's NetConn.
 func (c *peerConn) NetConn() net.Conn { return c.Conn }
@@ -53,6 +65,7 @@ func (c *peerConn) Close() error {
 	c.once.Do(func() {
 		c.stream.mu.Lock()
 		delete(c.stream.accepted, c)
+		delete(c.stream.httpPeers, c)
 		c.stream.mu.Unlock()
 	})
 	return c.Conn.Close()

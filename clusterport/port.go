@@ -61,6 +61,9 @@ type Port struct {
 
 	mu       sync.Mutex
 	accepted map[*peerConn]string // live inbound connections by peer node id
+	// httpPeers are the live inbound HTTP connections, wherever they are
+	// served (net/http, or a kept-alive loop that adopted them).
+	httpPeers map[*peerConn]struct{}
 
 	httpSrv   atomic.Pointer[http.Server] // Serve's
 	httpConns httpx.ConnStates            // its connections
@@ -101,15 +104,16 @@ func New(ln net.Listener, advertise net.Addr, id *clustertls.Identity, opts Opti
 	}
 	s := &Port{
 		ln: ln, advertise: advertise, id: id, allow: opts.Admit, log: opts.Logger,
-		server:   opts.ServerConn,
-		conns:    make(chan net.Conn),
-		http:     make(chan net.Conn),
-		httpDone: make(chan struct{}),
-		dialCfg:  id.ClientConfig(ALPNRaft),
-		slots:    newHandshakeSlots(opts.MemberHost),
-		refused:  logrepeat.New(logrepeat.Window),
-		done:     make(chan struct{}),
-		accepted: map[*peerConn]string{},
+		server:    opts.ServerConn,
+		conns:     make(chan net.Conn),
+		http:      make(chan net.Conn),
+		httpDone:  make(chan struct{}),
+		dialCfg:   id.ClientConfig(ALPNRaft),
+		slots:     newHandshakeSlots(opts.MemberHost),
+		refused:   logrepeat.New(logrepeat.Window),
+		done:      make(chan struct{}),
+		accepted:  map[*peerConn]string{},
+		httpPeers: map[*peerConn]struct{}{},
 	}
 	if s.server == nil {
 		s.server = func(raw net.Conn, cfg *tls.Config) (*tls.Conn, error) { return tls.Server(raw, cfg), nil }
@@ -204,8 +208,15 @@ func (s *Port) handshake(raw net.Conn, cfg *tls.Config, ip string, release func(
 	}
 	_ = conn.SetDeadline(time.Time{})
 	pc := &peerConn{Conn: conn, stream: s, node: node, pre: pre}
+	if certs := conn.ConnectionState().PeerCertificates; len(certs) > 0 {
+		pc.leaf = certs[0]
+	}
 	to := s.http
-	if proto != ALPNHTTP {
+	if proto == ALPNHTTP {
+		s.mu.Lock()
+		s.httpPeers[pc] = struct{}{}
+		s.mu.Unlock()
+	} else {
 		// Raft's connections are swept when their node is removed; HTTP's
 		// check membership per request instead (Serve's handler), so a removal
 		// does not cut the answer to the request that made it.
@@ -283,24 +294,34 @@ func (s *Port) Sweep(keep func(nodeID string) bool) {
 	}
 }
 
-// SweepUntrusted closes inbound connections whose peer's certificate trusts no longer
-// accepts (its CA was retired): they were authenticated under a trust that has ended.
+// SweepUntrusted ends inbound connections whose peer's certificate trusts no longer accepts
+// (its CA was retired): they were authenticated under a trust that has ended. Raft's are
+// closed. HTTP's are retired: net/http closes the idle ones now, and every one closes after
+// answering the request it carries (Cluster.Serve's handler, or a kept-alive loop that gives
+// a retired connection back to net/http), so a member's request under way is answered, not
+// cut.
 func (s *Port) SweepUntrusted(trusts func(*x509.Certificate) bool) {
 	s.mu.Lock()
 	var drop []*peerConn
 	for c := range s.accepted {
-		cs, ok := c.Conn.(interface{ ConnectionState() tls.ConnectionState })
-		if !ok {
-			continue
-		}
-		if certs := cs.ConnectionState().PeerCertificates; len(certs) > 0 && !trusts(certs[0]) {
+		if c.leaf != nil && !trusts(c.leaf) {
 			drop = append(drop, c)
+		}
+	}
+	var retired []*peerConn
+	for c := range s.httpPeers {
+		if c.leaf != nil && !trusts(c.leaf) && !c.retired.Swap(true) {
+			retired = append(retired, c)
 		}
 	}
 	s.mu.Unlock()
 	for _, c := range drop {
 		s.log.Info("closing a connection whose certificate's CA was retired", "node", s.nodeOf(c))
 		_ = c.Close()
+	}
+	if len(retired) > 0 {
+		n := s.httpConns.CloseIdle(func(c net.Conn) bool { pc, ok := c.(*peerConn); return ok && pc.retired.Load() })
+		s.log.Info("retired HTTP connections whose certificate's CA was retired", "connections", len(retired), "closed_idle", n)
 	}
 }
 

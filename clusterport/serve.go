@@ -11,6 +11,15 @@ import (
 
 type nodeKey struct{}
 
+type connKey struct{}
+
+// retiredFrom reports whether the connection a request to Serve's handler
+// came on was retired (Port.SweepUntrusted).
+func retiredFrom(ctx context.Context) bool {
+	pc, _ := ctx.Value(connKey{}).(*peerConn)
+	return pc != nil && pc.Retired()
+}
+
 // NodeFrom is the member node a request to Serve's handler came from
 // ("" if the context is no such request's).
 func NodeFrom(ctx context.Context) string {
@@ -29,11 +38,18 @@ func NodeFrom(ctx context.Context) string {
 // the accepted one.
 func (s *Port) Serve(h http.Handler, handBacks ...net.Listener) {
 	srv := &http.Server{
-		Handler: h,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if retiredFrom(r.Context()) {
+				// Its certificate's CA was retired after the handshake:
+				// this answer is the connection's last.
+				w.Header().Set("Connection", "close")
+			}
+			h.ServeHTTP(w, r)
+		}),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			for c != nil {
 				if pc, ok := c.(*peerConn); ok {
-					return context.WithValue(ctx, nodeKey{}, pc.node)
+					return context.WithValue(context.WithValue(ctx, nodeKey{}, pc.node), connKey{}, pc)
 				}
 				w, ok := c.(interface{ NetConn() net.Conn })
 				if !ok {
@@ -43,7 +59,12 @@ func (s *Port) Serve(h http.Handler, handBacks ...net.Listener) {
 			}
 			return ctx
 		},
-		ConnState:         s.httpConns.Track,
+		ConnState: func(c net.Conn, st http.ConnState) {
+			s.httpConns.Track(c, st)
+			if pc, ok := c.(*peerConn); ok && st == http.StateIdle && pc.Retired() {
+				_ = c.Close() // retired while it carried a request: that was its last
+			}
+		},
 		ReadHeaderTimeout: handshakeTimeout,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    1 << 20,

@@ -66,19 +66,35 @@ func (k *keptAlive) giveBack(c net.Conn) {
 	k.handBack.Give(c)
 }
 
-// peerNode is the cluster member at the other end of c, "" for a client's
-// connection: the cluster port's connections say so (raftstore's, found
-// through their wrappers' NetConn).
-func peerNode(c net.Conn) string {
+// clusterPeer is what the cluster port's connections say of the member at
+// the other end (clusterport's peerConn).
+type clusterPeer interface {
+	PeerNode() string
+	// Retired: the CA of its certificate was retired since the handshake.
+	Retired() bool
+}
+
+// peerOf is the cluster member at the other end of c, nil for a client's
+// connection: the cluster port's connections say so (found through their
+// wrappers' NetConn).
+func peerOf(c net.Conn) clusterPeer {
 	for c != nil {
-		if p, ok := c.(interface{ PeerNode() string }); ok {
-			return p.PeerNode()
+		if p, ok := c.(clusterPeer); ok {
+			return p
 		}
 		w, ok := c.(interface{ NetConn() net.Conn })
 		if !ok {
 			break
 		}
 		c = w.NetConn()
+	}
+	return nil
+}
+
+// peerNode is peerOf's node, "" for a client's connection.
+func peerNode(c net.Conn) string {
+	if p := peerOf(c); p != nil {
+		return p.PeerNode()
 	}
 	return ""
 }

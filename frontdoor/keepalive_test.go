@@ -182,6 +182,14 @@ func TestKeptAliveRouteOwned(t *testing.T) {
 		}
 	}
 
+	// On a cluster-port connection whose certificate's CA was retired the
+	// loop carries nothing: net/http answers, then closes the connection.
+	onRetired := head(sign("owner", 7))
+	onRetired.Conn = wrapped{peerConnStub{retired: true}}
+	if _, ok := f.routeLoop(onRetired); ok {
+		t.Fatal("the loop carried a request on a retired connection")
+	}
+
 	good := sign("owner", 7)
 	fwd, ok := f.routeLoop(head(good))
 	if !ok || !strings.HasPrefix(fwd.Addr, "/") {
@@ -256,9 +264,13 @@ func TestKeptAliveRouteOwned(t *testing.T) {
 
 // peerConnStub is a cluster-port connection as raftstore wraps it: it
 // names its node.
-type peerConnStub struct{ net.Conn }
+type peerConnStub struct {
+	net.Conn
+	retired bool
+}
 
 func (peerConnStub) PeerNode() string { return "n2" }
+func (p peerConnStub) Retired() bool  { return p.retired }
 
 // wrapped is a wrapper that says what it wraps, as relay's given-back
 // connections do.
@@ -279,7 +291,7 @@ func TestKeptAliveGivesBackWhereItCameFrom(t *testing.T) {
 		conn net.Conn
 		to   net.Listener
 	}{
-		{wrapped{peerConnStub{peer}}, peers},
+		{wrapped{peerConnStub{Conn: peer}}, peers},
 		{wrapped{client}, k.handBack},
 	} {
 		go k.giveBack(c.conn)
@@ -288,7 +300,7 @@ func TestKeptAliveGivesBackWhereItCameFrom(t *testing.T) {
 			t.Fatalf("given back %v to the wrong listener (got %v, %v)", c.conn, got, err)
 		}
 	}
-	if peerNode(wrapped{wrapped{peerConnStub{peer}}}) != "n2" || peerNode(client) != "" {
+	if peerNode(wrapped{wrapped{peerConnStub{Conn: peer}}}) != "n2" || peerNode(client) != "" {
 		t.Fatal("peerNode does not see through wrappers, or sees a node in a client's connection")
 	}
 }

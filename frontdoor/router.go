@@ -363,7 +363,11 @@ func (f *FrontDoor) routeLoop(h *relay.ReqHead) (relay.Forward, bool) {
 	}
 	path, query, _ := strings.Cut(h.Target, "?")
 	from := fromClient
-	if node := peerNode(h.Conn); node != "" {
+	if peer := peerOf(h.Conn); peer != nil {
+		if peer.Retired() {
+			return relay.Forward{}, false // net/http answers it, then closes the connection
+		}
+		node := peer.PeerNode()
 		// A cluster-port connection the loop adopted: a peer that is no
 		// member any more is net/http's to refuse.
 		from = fromMember

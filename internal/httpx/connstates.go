@@ -45,6 +45,23 @@ func (c *ConnStates) Count(st http.ConnState) int {
 	return n
 }
 
+// CloseIdle closes the idle connections match accepts and returns how
+// many. One that turns active meanwhile may be closed under its request.
+func (c *ConnStates) CloseIdle(match func(net.Conn) bool) int {
+	c.mu.Lock()
+	var idle []net.Conn
+	for conn, st := range c.m {
+		if st == http.StateIdle && match(conn) {
+			idle = append(idle, conn)
+		}
+	}
+	c.mu.Unlock()
+	for _, conn := range idle {
+		_ = conn.Close()
+	}
+	return len(idle)
+}
+
 // FirstRequestGrace bounds how long AwaitFirstRequests waits: a client that
 // connected and sent nothing in this long is one Shutdown may close unasked.
 const FirstRequestGrace = time.Second
