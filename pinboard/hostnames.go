@@ -95,18 +95,7 @@ func validHostname(h string) bool {
 
 // validEnv: 1-128 characters from a-z A-Z 0-9 . - _ (an env names state,
 // so nothing that needs escaping anywhere).
-func validEnv(e string) bool {
-	if e == "" || len(e) > 128 {
-		return false
-	}
-	for i := 0; i < len(e); i++ {
-		c := e[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte(".-_", c) >= 0) {
-			return false
-		}
-	}
-	return true
-}
+func validEnv(e string) bool { return validName(e, ".-_") }
 
 // routeFields are the registration's hostname-aware fields, seed shape.
 type routeFields struct {
