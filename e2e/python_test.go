@@ -1,0 +1,175 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pinnedd/pinnedd/internal/testutil"
+	"github.com/pinnedd/pinnedd/plugins"
+	"github.com/pinnedd/pinnedd/statestore/pgstore/pgtest"
+)
+
+// pythonCounterArgs are an agent's flags for the Python counter
+// (examples/python/counter) serving /counters in place of the built-in one.
+func pythonCounterArgs(t *testing.T) []string {
+	t.Helper()
+	script, path := testutil.PythonPlugin(t, "counter")
+	return []string{"--plugin", "/counters=" + script, "--plugin-env", "/counters=PYTHONPATH=" + path}
+}
+
+// The Python counter, supervised as a Go plugin is: its value is in the
+// store, so increments acknowledged while the plugin is killed -9 under
+// load survive, as does the value across kill -9 of pinnedd.
+func TestPythonCounterSurvivesKill9(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "data")
+	args := append([]string{"--dev", "--data-dir", dir}, pythonCounterArgs(t)...)
+	a := testutil.StartAgent(t, nil, args...)
+	for i := 1; i <= 3; i++ {
+		expect(t, a, "POST", "/counters/alice/increment", 200, fmt.Sprintf(`{"value":%d}`, i))
+	}
+	old := pluginPID(t, a, "counter.py")
+
+	// Increments from four clients while the plugin dies: every one that
+	// was acknowledged must be in the value afterwards.
+	var acked, tried atomic.Int64
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				tried.Add(1)
+				r, err := testutil.Do(ctx, "POST", a.URL+"/counters/alice/increment", "", nil)
+				if err == nil && r.Code == 200 {
+					acked.Add(1)
+				}
+			}
+		}()
+	}
+	testutil.WaitFor(t, 10*time.Second, "increments under load", func() bool { return acked.Load() >= 20 })
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "plugin restarted", func() bool {
+		pid := pluginPID(t, a, "counter.py")
+		return pid != 0 && pid != old
+	})
+	before := acked.Load()
+	testutil.WaitFor(t, 10*time.Second, "increments after the restart", func() bool { return acked.Load() >= before+20 })
+	stop()
+	wg.Wait()
+	testutil.CheckGone(t, []int{old})
+
+	var v struct{ Value int64 }
+	a.MustDo("GET", "/counters/alice/value", "").JSON(t, &v)
+	if v.Value < 3+acked.Load() || v.Value > 3+tried.Load() {
+		t.Fatalf("value %d after %d acknowledged and %d tried increments (plus 3): an acknowledged increment was lost, or one counted twice",
+			v.Value, acked.Load(), tried.Load())
+	}
+	t.Logf("value %d: %d acknowledged, %d tried", v.Value, acked.Load(), tried.Load())
+
+	// kill -9 pinnedd itself, restart on the same data dir.
+	a.Signal(syscall.SIGKILL)
+	if _, err := a.Wait(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	b := testutil.StartAgent(t, nil, args...)
+	expect(t, b, "GET", "/counters/alice/value", 200, fmt.Sprintf(`{"value":%d}`, v.Value))
+	expect(t, b, "POST", "/counters/alice/increment", 200, fmt.Sprintf(`{"value":%d}`, v.Value+1))
+	expect(t, b, "GET", "/counters/bob/value", 200, `{"value":0}`)
+}
+
+// The Python plugin gets least privilege as a Go one does: an agent with
+// the deployment token, the database URL and another secret in its
+// environment runs it with none of them (nor a cluster-call token), and
+// requests written to its data socket by another process are refused
+// with 403 and run nothing, whether they lack the secret, carry a wrong
+// one, or carry the right one twice.
+func TestPythonPluginLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDatabase(t)
+	args := append([]string{"--dev", "--data-dir", t.TempDir()}, pythonCounterArgs(t)...)
+	a := testutil.StartAgent(t, []string{"DATABASE_URL=" + dsn, "UNRELATED_SECRET=must-not-leak"}, args...)
+	expect(t, a, "POST", "/counters/alice/increment", 200, `{"value":1}`)
+
+	pid := pluginPID(t, a, "counter.py")
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var socket, secret string
+	for _, kv := range strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00") {
+		k, v, _ := strings.Cut(kv, "=")
+		switch {
+		case strings.HasPrefix(k, "PINBOARD_"), k == "DATABASE_URL", k == plugins.EnvClusterCallToken, k == "UNRELATED_SECRET":
+			t.Errorf("the Python plugin's environment has %s", k)
+		case strings.Contains(v, testutil.Token), strings.Contains(v, dsn), strings.Contains(v, "must-not-leak"):
+			t.Errorf("the Python plugin's environment carries a secret in %s", k)
+		case k == plugins.EnvDataSocket:
+			socket = v
+		case k == "PATH":
+			secret = "not-" + v // a value the plugin cannot hold as its secret
+		}
+	}
+	if socket == "" {
+		t.Fatalf("the Python plugin's environment names no %s", plugins.EnvDataSocket)
+	}
+
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	}}}
+	defer client.CloseIdleConnections()
+	for _, tc := range []struct {
+		name    string
+		secrets []string
+	}{{"no secret", nil}, {"a wrong secret", []string{secret}}, {"two secrets", []string{secret, secret}}} {
+		req, _ := http.NewRequest("POST", "http://plugin/increment", nil)
+		req.Header.Set(plugins.HeaderNamespace, "/counters")
+		req.Header.Set(plugins.HeaderID, "alice")
+		for _, s := range tc.secrets {
+			req.Header.Add(plugins.HeaderSocketSecret, s)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("raw write to the data socket with %s: %d %s, want 403", tc.name, resp.StatusCode, body)
+		}
+	}
+	expect(t, a, "GET", "/counters/alice/value", 200, `{"value":1}`)
+	expect(t, a, "POST", "/counters/alice/increment", 200, `{"value":2}`)
+}
+
+// The Python SDK's own tests (pytest, sdk/python/tests) run with every
+// go test ./..., so CI runs them; among them the check that the committed
+// gRPC stubs match the .proto files.
+func TestPythonSDKUnitTests(t *testing.T) {
+	t.Parallel()
+	testutil.NeedPython(t)
+	cmd := exec.Command(testutil.Python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests")
+	cmd.Dir = filepath.Join("..", "sdk", "python")
+	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("pytest: %v\n%s", err, out)
+	}
+	t.Logf("pytest:\n%s", out)
+}
