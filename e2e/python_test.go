@@ -25,7 +25,7 @@ import (
 // (examples/python/counter) serving /counters in place of the built-in one.
 func pythonCounterArgs(t *testing.T) []string {
 	t.Helper()
-	script, path := testutil.PythonPlugin(t, "counter")
+	script, path := testutil.PythonPlugin(t, "examples/python/counter")
 	return []string{"--plugin", "/counters=" + script, "--plugin-env", "/counters=PYTHONPATH=" + path}
 }
 
@@ -91,6 +91,67 @@ func TestPythonCounterSurvivesKill9(t *testing.T) {
 	expect(t, b, "GET", "/counters/alice/value", 200, fmt.Sprintf(`{"value":%d}`, v.Value))
 	expect(t, b, "POST", "/counters/alice/increment", 200, fmt.Sprintf(`{"value":%d}`, v.Value+1))
 	expect(t, b, "GET", "/counters/bob/value", 200, `{"value":0}`)
+}
+
+// Durable work in a Python host: a run that declared itself applied when
+// the plugin was killed -9 is redelivered with resume set, with no client
+// request, and finishes; and an instance's cluster call reaches another
+// plugin's instance through the node with its process's credential.
+func TestPythonWorkResumesAndClusterCalls(t *testing.T) {
+	t.Parallel()
+	jobs, path := testutil.PythonPlugin(t, "e2e/testdata/pyhost")
+	args := append([]string{"--dev", "--data-dir", t.TempDir(), "--plugin", "/jobs=" + jobs,
+		"--plugin-env", "/jobs=PYTHONPATH=" + path}, pythonCounterArgs(t)...)
+	a := testutil.StartAgent(t, nil, args...)
+
+	type status struct {
+		Deliveries []bool
+		Steps      int
+		Done       bool
+	}
+	get := func() status {
+		var s status
+		r := a.MustDo("GET", "/jobs/j1/status", "")
+		if r.Code != 200 {
+			return status{}
+		}
+		r.JSON(t, &s)
+		return s
+	}
+	if r := a.MustDo("POST", "/jobs/j1/submit?steps=30", ""); r.Code != 202 {
+		t.Fatalf("submit: %d %s", r.Code, r.Body)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the run under way", func() bool {
+		s := get()
+		return len(s.Deliveries) == 1 && s.Steps >= 2
+	})
+	old := pluginPID(t, a, "pyhost.py")
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// No request comes in: pinnedd re-activates the instance with marked
+	// work after the restart, and the SDK redelivers it.
+	var final status
+	testutil.WaitFor(t, 20*time.Second, "the work redelivered and done", func() bool {
+		if pid := pluginPID(t, a, "pyhost.py"); pid == 0 || pid == old {
+			return false
+		}
+		final = get()
+		return final.Done
+	})
+	if len(final.Deliveries) != 2 || final.Deliveries[0] || !final.Deliveries[1] {
+		t.Fatalf("deliveries (resume flags) %v, want [false true]", final.Deliveries)
+	}
+	testutil.CheckGone(t, []int{old})
+
+	for i := 1; i <= 2; i++ {
+		r := a.MustDo("POST", "/jobs/j1/call?path=/counters/bob/increment", "")
+		want := fmt.Sprintf(`{"status":200,"body":{"value":%d}}`, i)
+		if r.Code != 200 || strings.TrimSpace(r.Body) != want {
+			t.Fatalf("cluster call: %d %s, want 200 %s", r.Code, r.Body, want)
+		}
+	}
+	expect(t, a, "GET", "/counters/bob/value", 200, `{"value":2}`)
 }
 
 // The Python plugin gets least privilege as a Go one does: an agent with

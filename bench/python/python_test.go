@@ -34,7 +34,7 @@ func BenchmarkPythonCounter(b *testing.B) {
 		}
 		rounds = n
 	}
-	script, path := testutil.PythonPlugin(b, "counter")
+	script, path := testutil.PythonPlugin(b, "examples/python/counter")
 	a := testutil.StartAgent(b, nil, "--dev", "--data-dir", filepath.Join(b.TempDir(), "data"),
 		"--plugin", "/counters="+script, "--plugin-env", "/counters=PYTHONPATH="+path)
 	// The Go counter behind the same kind of pinnedd tells what is Python's

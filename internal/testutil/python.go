@@ -37,25 +37,26 @@ func NeedPython(t testing.TB) {
 	}
 }
 
-// PythonPlugin copies the Python SDK (sdk/python/src) and the example
-// examples/python/<name> into a SharedDir, which a root pinnedd's plugin
-// account can read, and returns the example's executable script
-// (<name>.py) and the PYTHONPATH under which it finds the SDK: pass it
-// with --plugin-env /NS=PYTHONPATH=<path>.
-func PythonPlugin(t testing.TB, name string) (script, pythonPath string) {
+// PythonPlugin copies the Python SDK (sdk/python/src) and a Python host's
+// directory (dir, relative to the module's root, e.g.
+// "examples/python/counter") into a SharedDir, which a root pinnedd's
+// plugin account can read, and returns the host's executable script
+// (<base of dir>.py) and the PYTHONPATH under which it finds the SDK: pass
+// it with --plugin-env /NS=PYTHONPATH=<path>.
+func PythonPlugin(t testing.TB, dir string) (script, pythonPath string) {
 	t.Helper()
 	NeedPython(t)
-	dir := SharedDir(t)
+	shared := SharedDir(t)
 	root := moduleRoot()
-	pythonPath = filepath.Join(dir, "lib")
+	pythonPath = filepath.Join(shared, "lib")
 	if err := copyTree(filepath.Join(root, "sdk", "python", "src"), pythonPath); err != nil {
 		t.Fatal(err)
 	}
-	app := filepath.Join(dir, "app")
-	if err := copyTree(filepath.Join(root, "examples", "python", name), app); err != nil {
+	app := filepath.Join(shared, "app")
+	if err := copyTree(filepath.Join(root, filepath.FromSlash(dir)), app); err != nil {
 		t.Fatal(err)
 	}
-	script = filepath.Join(app, name+".py")
+	script = filepath.Join(app, filepath.Base(dir)+".py")
 	if err := os.Chmod(script, 0o755); err != nil {
 		t.Fatal(err)
 	}
