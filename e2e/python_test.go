@@ -234,3 +234,65 @@ func TestPythonSDKUnitTests(t *testing.T) {
 	}
 	t.Logf("pytest:\n%s", out)
 }
+
+// A hot swap of the Python plugin under load, twice: the old processes
+// wind their instances down and exit, no acknowledged increment is lost
+// (the final value is exactly the acknowledged count), and clients only
+// ever see answers they may retry.
+func TestPythonHotSwapUnderLoad(t *testing.T) {
+	t.Parallel()
+	args := append([]string{"--dev", "--swap-deadline", "2s"}, pythonCounterArgs(t)...)
+	a := testutil.StartAgent(t, nil, args...)
+	var acked, refused atomic.Int64
+	var bad atomic.Value
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				r, err := a.Do("POST", "/counters/load/increment", "")
+				switch {
+				case err != nil:
+					bad.Store(err.Error())
+				case r.Code == 200:
+					acked.Add(1)
+				case r.Code == 503 && r.Header.Get("Retry-After") != "":
+					refused.Add(1)
+					time.Sleep(20 * time.Millisecond)
+				default:
+					bad.Store(fmt.Sprintf("%d %s", r.Code, r.Body))
+				}
+			}
+		}()
+	}
+	pids := []int{pluginPID(t, a, "counter.py")}
+	for i := range 2 {
+		testutil.WaitFor(t, 10*time.Second, "load flowing", func() bool { return acked.Load() > int64(20*(i+1)) })
+		if out, err := testutil.CLI(t, "plugins", "reload", "--addr", a.URL, "/counters"); err != nil {
+			t.Fatalf("plugins reload: %v\n%s", err, out)
+		}
+		testutil.WaitFor(t, 15*time.Second, "new process serving", func() bool {
+			pid := pluginPID(t, a, "counter.py")
+			return pid != pids[len(pids)-1] && pid != 0
+		})
+		pids = append(pids, pluginPID(t, a, "counter.py"))
+	}
+	testutil.WaitFor(t, 10*time.Second, "load after the swaps", func() bool { return acked.Load() > 80 })
+	stop()
+	wg.Wait()
+	if b := bad.Load(); b != nil {
+		t.Fatalf("a client saw an answer it may not retry: %v", b)
+	}
+	for _, old := range pids[:2] {
+		testutil.WaitFor(t, 10*time.Second, "old plugin process stopped", func() bool { return !testutil.Alive(old) })
+	}
+	r := a.MustDo("GET", "/counters/load/value", "")
+	if want := fmt.Sprintf(`{"value":%d}`, acked.Load()); strings.TrimSpace(r.Body) != want {
+		t.Fatalf("final %s, want %s (refused %d)", r.Body, want, refused.Load())
+	}
+	if n := a.Metric(`pinned_plugin_restarts_total{plugin="counter.py"}`); n != 0 {
+		t.Fatalf("the swaps counted as %v crashes", n)
+	}
+}
