@@ -42,10 +42,10 @@ def generate(dest: Path) -> list[str]:
         if plugin is None:
             raise SystemExit("grpc_python_plugin not found (Debian: protobuf-compiler-grpc)")
         args = ["protoc", f"--plugin=protoc-gen-grpc_python={plugin}", f"-I{tmp}",
-                f"--python_out={tmp}", f"--grpc_python_out={tmp}"]
+                f"--python_out={tmp}", f"--pyi_out={tmp}", f"--grpc_python_out={tmp}"]
         args += [str(PKG / s.name) for s in SOURCES]
         subprocess.run(args, check=True)
-        names = sorted(p.name for p in tree.glob("*_pb2*.py"))
+        names = sorted(p.name for p in tree.glob("*_pb2*.py*"))
         dest.mkdir(parents=True, exist_ok=True)
         for n in names:
             shutil.copyfile(tree / n, dest / n)

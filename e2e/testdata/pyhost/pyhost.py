@@ -42,12 +42,12 @@ class Jobs(Handlers):
         return Response({"seqs": seqs}, 202)
 
     @route("GET", "/status")
-    async def status(self, req: Request) -> dict:
+    async def status(self, req: Request) -> dict[str, object]:
         log = self.inst.tray("log", "~")
         return {"deliveries": log.get("deliveries", []), "steps": log.get("steps", 0), "done": log.get("done", False)}
 
     @route("POST", "/call")
-    async def call(self, req: Request) -> dict:
+    async def call(self, req: Request) -> dict[str, object]:
         r = await self.inst.cluster.call("POST", req.query["path"][0])
         return {"status": r.status, "body": json.loads(r.body or b"null")}
 

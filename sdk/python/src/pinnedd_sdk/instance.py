@@ -42,9 +42,9 @@ class Instance:
         self._wind_down_ms = 0
         self.state: State = State(self, None, {}, [])
         # Set by the runtime.
-        self._on_evict_me: Callable[[], None] = lambda: None
-        self._on_fenced: Callable[[], None] = lambda: None
-        self._on_reset: Callable[[], None] = lambda: None
+        self._on_evict_me: Callable[[], object] = lambda: None
+        self._on_fenced: Callable[[], object] = lambda: None
+        self._on_reset: Callable[[], object] = lambda: None
         self._cluster: "ClusterClient | None" = None
         self._fence_done = False
         self._reset_done = False

@@ -151,7 +151,8 @@ async def _main(hosts: dict[str, Host], logger: logging.Logger) -> None:
         config = uvicorn.Config(rt, lifespan="off", log_level="warning", access_log=False,
                                 timeout_keep_alive=120, proxy_headers=False, server_header=False, date_header=False)
         data_server = uvicorn.Server(config)
-        data_server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        # pinnedd stops the plugin through Shutdown, not signals.
+        data_server.install_signal_handlers = lambda: None
         data_task = asyncio.get_running_loop().create_task(data_server.serve(sockets=[sock]))
         while not data_server.started:
             if data_task.done():
@@ -159,10 +160,10 @@ async def _main(hosts: dict[str, Host], logger: logging.Logger) -> None:
             await asyncio.sleep(0.005)
 
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
-    pbg.add_ControlServicer_to_server(rt, server)
-    goplugin_pb2_grpc.add_GRPCBrokerServicer_to_server(rt.broker, server)
-    goplugin_pb2_grpc.add_GRPCControllerServicer_to_server(Controller(rt), server)
-    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(), server)
+    pbg.add_ControlServicer_to_server(rt, server)  # type: ignore[no-untyped-call]
+    goplugin_pb2_grpc.add_GRPCBrokerServicer_to_server(rt.broker, server)  # type: ignore[no-untyped-call]
+    goplugin_pb2_grpc.add_GRPCControllerServicer_to_server(Controller(rt), server)  # type: ignore[no-untyped-call]
+    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(), server)  # type: ignore[no-untyped-call]
     creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=client_cert, require_client_auth=True)
     sock_dir = os.environ.get("PLUGIN_UNIX_SOCKET_DIR") or tempfile.gettempdir()
     control_path = os.path.join(sock_dir, f"plugin{secrets.token_hex(8)}")

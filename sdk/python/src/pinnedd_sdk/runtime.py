@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, cast
 
 import grpc
 
@@ -148,8 +148,9 @@ class Runtime(pbg.ControlServicer):
             info = await self.broker.wait(request.store_broker_id, timeout=5.0)
             if info is None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"no broker address for store {request.store_broker_id}")
+                raise RuntimeError("unreachable: abort raises")
             self.store_channel = self._dial(info)
-            self.store = pbg.StoreStub(self.store_channel)
+            self.store = pbg.StoreStub(self.store_channel)  # type: ignore[no-untyped-call]
         # The first Describe's secrets hold for the life of the process:
         # pinnedd describes each process once, so a later one is not its.
         if request.socket_secret and not self.socket_secret:
@@ -215,9 +216,8 @@ class Runtime(pbg.ControlServicer):
             loaded = list(resp.trays)
         inst.state = State(inst, self.store, host.trays, loaded)
         try:
-            app = host.new(inst)
-            if inspect.isawaitable(app):
-                app = await app
+            built = host.new(inst)
+            app = cast(ASGIApp, await built if inspect.isawaitable(built) else built)
             await _hook(inst, app, "start")
         except BaseException:
             await inst._stop_tasks(1.0)

@@ -297,9 +297,10 @@ class State:
     def kick(self, tray: Tray) -> None:
         """Starts a run of the tray's items if its namespace has a handler
         and none is going."""
-        handler = self._handlers.get(tray.ns)
-        if handler is None or tray._running or not tray._items:
+        found = self._handlers.get(tray.ns)
+        if found is None or tray._running or not tray._items:
             return
+        handler: TrayHandler = found
         tray._running = True
 
         async def run() -> None:
