@@ -274,3 +274,27 @@ def test_invalid_writes_fail_at_once(run) -> None:
                 raise AssertionError("an invalid write was queued")
         assert inst.state.queued == 0
     run(go())
+
+
+def test_instance_logs_carry_its_name_and_the_call_fields(capsys: Any) -> None:
+    import json
+    import logging
+    import sys
+
+    from pinnedd_sdk.plugin import JSONFormatter
+
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(JSONFormatter())
+    log = logging.getLogger("test-instance-logs")
+    log.handlers[:] = [h]
+    log.propagate = False
+
+    async def go() -> None:
+        rt = secured({"/t": Host(new=lambda i: Handlers())})
+        rt.logger = log
+        inst = await rt.activate("/t", "a", 1)
+        inst.logger.warning("careful", extra={"err": "x"})
+    run_ = asyncio.run
+    run_(go())
+    line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert line == {"level": "WARN", "msg": "careful", "instance": "/t/a", "err": "x"}

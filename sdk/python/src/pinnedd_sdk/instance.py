@@ -6,12 +6,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, MutableMapping
 
 from .state import State, Tray
 
 if TYPE_CHECKING:
     from .cluster import ClusterClient
+
+
+class _Adapter(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Adds the instance's name to a record's extra fields, keeping the
+    call's own (the standard adapter replaces them, before Python 3.13)."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        kwargs["extra"] = {**(self.extra or {}), **kwargs.get("extra", {})}
+        return msg, kwargs
 
 
 class WindingDown(Exception):
@@ -35,7 +44,7 @@ class Instance:
         # stale activation elsewhere is fenced off.
         self.generation = generation
         self.activated_at = time.time()
-        self.logger = logging.LoggerAdapter(logger, {"instance": f"{namespace}/{id}"})
+        self.logger: logging.LoggerAdapter[logging.Logger] = _Adapter(logger, {"instance": f"{namespace}/{id}"})
         self._stopped = asyncio.Event()
         self._tasks: dict[asyncio.Task[Any], str] = {}
         self._stopping = False
