@@ -290,6 +290,13 @@ func TestTutorial2DurableChat(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	args := []string{"--dev", "--database-url", dsn, "--scan-interval", "200ms"}
 	env := append([]string{"PINNEDD_DRAIN_DEADLINE=2s"}, chatEnv...)
+	tutorial2(t, dsn, env, args)
+}
+
+// tutorial2 runs the scenario of TestTutorial2DurableChat on agents started
+// with env and args (its chat host at /threads, its state in dsn).
+func tutorial2(t *testing.T, dsn string, env, args []string) {
+	t.Helper()
 	a := testutil.StartAgent(t, env, args...)
 	url := a.URL + "/threads/t1"
 

@@ -296,3 +296,17 @@ func TestPythonHotSwapUnderLoad(t *testing.T) {
 		t.Fatalf("the swaps counted as %v crashes", n)
 	}
 }
+
+// The seed's tutorial 2 against the Python chat (examples/python/chat),
+// with the chat's Node clients unchanged: a durable thread on Postgres
+// survives SIGTERM and kill -9 of pinnedd; a reply cut off mid-stream
+// restarts from its first word under the same message id and completes.
+func TestPythonTutorial2DurableChat(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDatabase(t)
+	script, path := testutil.PythonPlugin(t, "examples/python/chat")
+	args := []string{"--dev", "--database-url", dsn, "--scan-interval", "200ms", "--plugin", "/threads=" + script,
+		"--plugin-env", "/threads=PYTHONPATH=" + path, "--plugin-env", "/threads=CHAT_WORD_DELAY=" + chatWordDelay}
+	env := []string{"PINNEDD_DRAIN_DEADLINE=2s", "PINBOARD_TOKEN=" + testutil.Token}
+	tutorial2(t, dsn, env, args)
+}

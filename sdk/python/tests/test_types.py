@@ -11,6 +11,7 @@ REPO = HERE.parent.parent
 
 def test_mypy_strict() -> None:
     files = [str(REPO / "examples" / "python" / "counter" / "counter.py"),
+             str(REPO / "examples" / "python" / "chat" / "chat.py"),
              str(REPO / "e2e" / "testdata" / "pyhost" / "pyhost.py")]
     r = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir", "/dev/null",
                         str(HERE / "src" / "pinnedd_sdk"), *files], cwd=HERE, capture_output=True, text=True)

@@ -55,6 +55,9 @@ class Instance:
         self._on_fenced: Callable[[], object] = lambda: None
         self._on_reset: Callable[[], object] = lambda: None
         self._cluster: "ClusterClient | None" = None
+        # Per-instance objects of libraries built on the SDK, found again
+        # from a tray run (Statewire finds its server this way).
+        self.attached: dict[object, Any] = {}
         self._fence_done = False
         self._reset_done = False
 
