@@ -431,15 +431,22 @@ func trayRows(t *testing.T, dsn, ns, id string) map[string]string {
 // it after the lease expires.
 func TestTutorial3FleetChat(t *testing.T) {
 	t.Parallel()
+	tutorial3(t, chatEnv, "--plugin", "/threads="+chatBin(t))
+}
+
+// tutorial3 runs the scenario of TestTutorial3FleetChat: a front door and
+// two workers started with env, whose args (chat plugin flags) give
+// /threads.
+func tutorial3(t *testing.T, env []string, chatArgs ...string) {
+	t.Helper()
 	dsn := pgtest.NewDatabase(t)
-	chat := chatBin(t)
 	pb := newNode(t, "pb", "--bootstrap")
 	pb.args = append(removePlugin(pb.args), "--no-hosts")
-	pb.a = testutil.StartAgent(t, chatEnv, pb.args...)
+	pb.a = testutil.StartAgent(t, env, pb.args...)
 	var workers []*node
 	for _, id := range []string{"w1", "w2"} {
-		w := newNode(t, id, "--join", pb.url(), "--database-url", dsn, "--plugin", "/threads="+chat)
-		w.a = testutil.StartAgent(t, chatEnv, w.args...)
+		w := newNode(t, id, append([]string{"--join", pb.url(), "--database-url", dsn}, chatArgs...)...)
+		w.a = testutil.StartAgent(t, env, w.args...)
 		workers = append(workers, w)
 	}
 	testutil.WaitFor(t, 10*time.Second, "two workers", func() bool { return len(liveWorkers(t, pb)) == 2 })

@@ -310,3 +310,13 @@ func TestPythonTutorial2DurableChat(t *testing.T) {
 	env := []string{"PINNEDD_DRAIN_DEADLINE=2s", "PINBOARD_TOKEN=" + testutil.Token}
 	tutorial2(t, dsn, env, args)
 }
+
+// The seed's tutorial 3 against the Python chat: a front door and two
+// workers on Postgres; kill -9 of the worker streaming a reply, and the
+// survivor finishes it under the same message id once the lease expires.
+func TestPythonTutorial3FleetChat(t *testing.T) {
+	t.Parallel()
+	script, path := testutil.PythonPlugin(t, "examples/python/chat")
+	tutorial3(t, []string{"PINBOARD_TOKEN=" + testutil.Token}, "--plugin", "/threads="+script,
+		"--plugin-env", "/threads=PYTHONPATH="+path, "--plugin-env", "/threads=CHAT_WORD_DELAY="+chatWordDelay)
+}
