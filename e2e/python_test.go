@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,9 +17,16 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/pinnedd/pinnedd/internal/testutil"
 	"github.com/pinnedd/pinnedd/plugins"
+	"github.com/pinnedd/pinnedd/plugins/proto"
+	"github.com/pinnedd/pinnedd/statestore"
+	"github.com/pinnedd/pinnedd/statestore/faulty"
+	"github.com/pinnedd/pinnedd/statestore/memstore"
 	"github.com/pinnedd/pinnedd/statestore/pgstore/pgtest"
+	"github.com/pinnedd/pinnedd/supervisor"
 )
 
 // pythonCounterArgs are an agent's flags for the Python counter
@@ -319,4 +327,46 @@ func TestPythonTutorial3FleetChat(t *testing.T) {
 	script, path := testutil.PythonPlugin(t, "examples/python/chat")
 	tutorial3(t, []string{"PINBOARD_TOKEN=" + testutil.Token}, "--plugin", "/threads="+script,
 		"--plugin-env", "/threads=PYTHONPATH="+path, "--plugin-env", "/threads=CHAT_WORD_DELAY="+chatWordDelay)
+}
+
+// The Python SDK's output gate against pinnedd's own Store service (the
+// supervisor's, over memstore) whose commits fail or stall on demand:
+// e2e/testdata/pygate/pygate.py says what it checks.
+func TestPythonOutputGate(t *testing.T) {
+	t.Parallel()
+	testutil.NeedPython(t)
+	store := faulty.New(memstore.New())
+	store.SetHook(func(_ context.Context, _ statestore.InstanceKey, _ uint64, muts []statestore.Mutation) error {
+		switch {
+		case faulty.Touches(muts, "t", faulty.SetsField("boom")):
+			return errors.New("injected commit failure")
+		case faulty.Touches(muts, "t", faulty.SetsField("slow")):
+			time.Sleep(300 * time.Millisecond)
+		}
+		return nil
+	})
+	socket := filepath.Join(t.TempDir(), "store.sock")
+	ln, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(plugins.StoreServerOptions()...)
+	proto.RegisterStoreServer(srv, supervisor.NewStoreServer(store, func(string) bool { return true }))
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Stop()
+
+	sdk, err := filepath.Abs(filepath.Join("..", "sdk", "python"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, testutil.Python, filepath.Join("testdata", "pygate", "pygate.py"), socket, filepath.Join(sdk, "tests"))
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join(sdk, "src"), "PYTHONDONTWRITEBYTECODE=1")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil || strings.TrimSpace(string(out)) != "ok" {
+		t.Fatalf("pygate.py: %v\n%s%s", err, out, stderr.String())
+	}
 }
