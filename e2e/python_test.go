@@ -129,6 +129,10 @@ func TestPythonWorkResumesAndClusterCalls(t *testing.T) {
 	if r := a.MustDo("POST", "/jobs/j1/submit?steps=30", ""); r.Code != 202 {
 		t.Fatalf("submit: %d %s", r.Code, r.Body)
 	}
+	// The plugin's JSON log line is pinnedd's, with its level and fields.
+	if _, err := a.WaitLog(10*time.Second, `"level":"WARN"`, `"msg":"job submitted"`, `"steps":30`, `"instance":"/jobs/j1"`, `"plugin":"pyhost.py"`); err != nil {
+		t.Fatal(err)
+	}
 	testutil.WaitFor(t, 10*time.Second, "the run under way", func() bool {
 		s := get()
 		return len(s.Deliveries) == 1 && s.Steps >= 2

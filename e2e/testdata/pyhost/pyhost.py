@@ -39,6 +39,7 @@ class Jobs(Handlers):
     async def submit(self, req: Request) -> Response:
         steps = int(req.query.get("steps", ["1"])[0])
         seqs = await self.inst.tray("jobs", "work").append({"steps": steps})
+        self.inst.logger.warning("job submitted", extra={"steps": steps})
         return Response({"seqs": seqs}, 202)
 
     @route("GET", "/status")
