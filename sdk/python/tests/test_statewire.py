@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -115,4 +116,48 @@ def test_stream_snapshot_ops_and_fin_at_eviction(run: Any) -> None:
         await rt.Deactivate(pb.DeactivateRequest(namespace="/sw", id="a", reason=pb.REASON_DRAIN), Ctx())
         await asyncio.wait_for(stream, 5)
         assert lines[-1] == {"type": "fin", "code": "evicted", "reconnect": True}
+    run(go())
+
+
+def test_clients_forgotten_after_the_dedup_window(run: Any) -> None:
+    """A client with nothing pending is forgotten once its last admission is
+    older than the dedup window: its tray goes, and its seqs start over. One
+    with a command still pending is kept."""
+    made: list[Statewire] = []
+
+    def new(inst: Instance) -> Statewire:
+        made.append(Statewire(inst, {}, {"say": CommandSpec(say)}, dedup_window=60.0))
+        return made[-1]
+
+    async def go() -> None:
+        rt = Runtime({"/sw": Host(new=new, trays=statewire_trays())})
+        await rt.Activate(pb.ActivateRequest(namespace="/sw", id="a", generation=1), Ctx())
+
+        async def frames(cid: str, seq: int) -> Any:
+            body = {"clientId": cid, "frames": [{"seq": seq, "type": "say", "text": "hi"}]}
+            return (await request(rt, "POST", "/frames", routed("/sw", "a", None), json.dumps(body).encode())).json()
+
+        assert await frames("old", 1) == {"acked": 1, "admitted": 1, "duplicates": 0}
+        sw = made[0]
+        inst = sw.inst
+
+        async def settled() -> None:  # tray runs are asynchronous
+            for _ in range(500):
+                if not inst.tray("client_commands", "old").items():
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError("the command was never run")
+        await settled()
+        # Nothing happens within the window.
+        assert await sw.forget_clients(time.time() + 30) == 0
+        assert ("client_commands", "old") in inst.trays("client_commands")
+        # Past it, the client is forgotten, and seq 1 is new again.
+        assert await sw.forget_clients(time.time() + 61) == 1
+        assert ("client_commands", "old") not in inst.trays("client_commands")
+        assert await frames("old", 1) == {"acked": 1, "admitted": 1, "duplicates": 0}
+        await settled()
+        # A tray without a time gets one and keeps its client for a window.
+        inst.tray("client_commands", "old").delete("admittedAt")
+        assert await sw.forget_clients(time.time() + 61) == 0
+        assert inst.tray("client_commands", "old").get("admittedAt") is not None
     run(go())

@@ -30,6 +30,10 @@ MAX_FRAMES = 64
 MAX_BODY = 256 << 10
 MAX_STREAM_BODY = 4 << 10
 KEEPALIVE = 15.0
+# How long an instance remembers a client's dedup mark after its last
+# admission (the Go server's DefaultDedupWindow): then, with nothing of the
+# client's pending, its tray is deleted and its seqs may start over.
+DEDUP_WINDOW = 7 * 24 * 3600.0
 STREAM_BUFFER = 4096
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
@@ -314,9 +318,12 @@ class Statewire:
 
     def __init__(self, inst: Instance, initial: Any, commands: dict[str, CommandSpec], run: RunFn | None = None,
                  admit: AdmitFn | None = None, keepalive: float = KEEPALIVE,
-                 other: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None) -> None:
+                 other: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None,
+                 dedup_window: float = DEDUP_WINDOW) -> None:
         if keepalive <= 0 or keepalive > KEEPALIVE:
             raise ValueError(f"keepalive must be in (0, {KEEPALIVE}] s")
+        if dedup_window <= 0:
+            raise ValueError("dedup_window must be positive")
         if "cancel" in commands:
             raise ValueError("cancel is Statewire's own command")
         if any(c.run for c in commands.values()) and run is None:
@@ -331,6 +338,8 @@ class Statewire:
         self._admission = asyncio.Lock()
         self._turn = asyncio.Lock()
         self._active: list[_Active] = []
+        self._dedup_window = dedup_window
+        self._forgetter: asyncio.Task[None] | None = None
         inst.attached[_KEY] = self
 
     def pending(self) -> list[Command]:
@@ -342,6 +351,10 @@ class Statewire:
         return out
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._forgetter is None:
+            # Untracked: it must neither keep the instance resident nor
+            # hold a wind-down; it ends with the instance.
+            self._forgetter = asyncio.get_running_loop().create_task(self._forget_idle_clients(), name="statewire-forget")
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in ("/stream", "/frames"):
             req = Request(scope, receive)
             if scope["path"] == "/stream":
@@ -353,6 +366,44 @@ class Statewire:
             await self._other(scope, receive, send)
             return
         await Response({"error": "not found: Statewire serves POST /stream and POST /frames"}, 404).send(send)
+
+    # -- forgetting clients ------------------------------------------------
+
+    async def _forget_idle_clients(self) -> None:
+        """Now and then while the instance lives, forget_clients: a
+        long-lived instance forgets the clients that left, one activated
+        again those that left while it slept."""
+        every = min(self._dedup_window / 2, 3600.0)
+        while not self.inst.cancelled:
+            try:
+                await self.forget_clients(time.time())
+            except StateError as e:
+                self.inst.logger.warning("forgetting idle Statewire clients failed", extra={"err": str(e)})
+            try:
+                await asyncio.wait_for(self.inst.wait_cancelled(), every)
+            except asyncio.TimeoutError:
+                pass
+
+    async def forget_clients(self, now: float) -> int:
+        """Deletes the tray of each client with nothing pending or running
+        whose last admission is older than the dedup window, and returns
+        how many; a tray without a time (written before there was one)
+        gets now, its window starting here. Admissions wait meanwhile, so
+        the next one of a forgotten client starts from seq 1."""
+        forgotten = 0
+        async with self._admission:
+            for ns, cid in self.inst.trays(POOL):
+                tray = self.inst.tray(ns, cid)
+                if tray.items() or any(a.client_id == cid for a in self._active):
+                    continue
+                at = tray.get("admittedAt")
+                if at is None:
+                    tray.set("admittedAt", int(now * 1000))
+                elif now * 1000 - int(at) >= self._dedup_window * 1000:
+                    for name in tray.fields():
+                        tray.delete(name)
+                    forgotten += 1
+        return forgotten
 
     # -- stream ------------------------------------------------------------
 
