@@ -470,12 +470,19 @@ func (sp *Spec) CheckExecutable() error {
 	}
 	errc := make(chan error, 1)
 	go func() {
-		// Never unlocked: no other goroutine runs on a thread whose
-		// credentials were changed. The runtime ends it when this
-		// goroutine returns, or parks it for good if it is the main
-		// thread, which is why accessAs puts pinnedd's ids back.
+		// No other goroutine may run on this thread while it has the
+		// account's ids. Once accessAs put pinnedd's back, the thread is
+		// let go: ending it would kill every plugin process it forked
+		// earlier (their death signal follows the forking thread). Only a
+		// thread whose ids could not be put back stays locked, so the
+		// runtime ends it when this goroutine returns (or parks it for
+		// good if it is the main thread).
 		runtime.LockOSThread()
-		errc <- accessAs(u, sp.Path)
+		err := accessAs(u, sp.Path)
+		if !errors.Is(err, errSwitchFS) {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
 	}()
 	err := <-errc
 	switch {
@@ -493,7 +500,8 @@ var errSwitchFS = errors.New("take the account's file-system ids")
 
 // accessAs asks the kernel whether u can execute path, with the calling
 // thread's file-system ids and groups set to u's for the call and put back
-// after it. The caller's thread must be locked and never unlocked.
+// after it. The caller's thread must be locked, and stay locked if an
+// errSwitchFS comes back (its ids may not be pinnedd's).
 func accessAs(u *User, path string) (err error) {
 	// unix's calls are the raw, per-thread syscalls (syscall's Setgroups
 	// would change every thread of pinnedd).

@@ -124,7 +124,7 @@ func startPrivileged(t *testing.T, fdURL string, env []string) (*Supervisor, *ht
 
 func current(t *testing.T, s *Supervisor, name string) *incarnation {
 	t.Helper()
-	for _, p := range s.procs {
+	for _, p := range s.plugins().procs {
 		if p.spec.Name == name {
 			inc, err := p.current()
 			if err != nil {
@@ -269,7 +269,7 @@ func TestClusterCallCredential(t *testing.T) {
 	old := current(t, s, "p")
 	_, _ = testutil.Do(context.Background(), "GET", srv.URL+"/misc/c/crash", "", nil)
 	testutil.WaitFor(t, 10*time.Second, "plugin p restarted", func() bool {
-		inc, err := s.procs[0].current()
+		inc, err := s.plugins().procs[0].current()
 		return err == nil && inc != old
 	})
 	if got, ok := s.VerifyClusterCall(token); ok {
@@ -474,7 +474,7 @@ func TestPluginRunsAsItsUser(t *testing.T) {
 	// directory, and serves.
 	_, _ = testutil.Do(context.Background(), "GET", srv.URL+"/misc/c/crash", "", nil)
 	testutil.WaitFor(t, 10*time.Second, "plugin p restarted", func() bool {
-		inc, err := s.procs[0].current()
+		inc, err := s.plugins().procs[0].current()
 		return err == nil && inc != p
 	})
 	next := current(t, s, "p")
@@ -681,5 +681,38 @@ func TestCheckExecutable(t *testing.T) {
 	_, err = New(Config{Specs: []Spec{{Name: "p", Path: filepath.Join(closed, "testhost"), User: u}}})
 	if !errors.Is(err, ErrPluginBinary) {
 		t.Errorf("New with a binary its user cannot run: %v, want ErrPluginBinary", err)
+	}
+}
+
+// Checking at run time that a plugin's account can run its binary (a
+// plugin added, or one whose start failed) must leave every thread alive:
+// a plugin process gets its death signal when the thread that forked it
+// ends, so a check that ended its thread killed whichever plugin had been
+// started on it.
+func TestCheckExecutableLeavesPluginsRunning(t *testing.T) {
+	u := ensureUser(t, "pinnedd-test-a")
+	bin := testutil.Bin(t, "testhost")
+	var specs []Spec
+	for i, ns := range []string{"/misc", "/tally", "/jobs", "/keep"} {
+		specs = append(specs, Spec{Name: fmt.Sprint("p", i), Path: bin, Namespaces: []string{ns}, User: u})
+	}
+	s, _ := serveSupervisor(t, Config{Specs: specs})
+	check := Spec{Name: "q", Path: bin, User: u}
+	for range 300 {
+		if err := check.CheckExecutable(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A death signal is sent as the thread ends, after the check answered:
+	// one more round of checks has each earlier one's thread gone or back.
+	for range 20 {
+		if err := check.CheckExecutable(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range s.Plugins() {
+		if p.Restarts != 0 || p.Incarnation != 1 || !testutil.Alive(p.PID) {
+			t.Errorf("plugin %s died under the checks: %+v", p.Name, p)
+		}
 	}
 }
