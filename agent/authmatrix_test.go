@@ -76,6 +76,8 @@ var matrixRoutes = map[string]string{
 	"POST /_pinned/drain":          "operator",
 	"POST /_pinned/undrain":        "operator",
 	"POST /_pinned/plugins/reload": "operator ns",
+	"POST /_pinned/plugins/add":    "operator ns",
+	"POST /_pinned/plugins/remove": "operator ns",
 	"GET /registry/workers":        "operator",
 	"POST /registry/register":      "worker register",
 	"POST /registry/heartbeat":     "worker",
@@ -94,6 +96,8 @@ var matrixBodies = map[string]string{
 	"POST /registry/undrain":       `{"clientId":"c1"}`,
 	"POST /registry/wind_down":     `{"namespace":"/a","deadline":0}`,
 	"POST /_pinned/plugins/reload": `{"namespace":"/a"}`,
+	"POST /_pinned/plugins/add":    `{"plugin":"/a"}`, // 400 past the checks: no path
+	"POST /_pinned/plugins/remove": `{"namespace":"/a"}`,
 	"POST /registry/register":      `{"clientId":"c1","advertiseUrl":"http://10.0.0.1:8000","namespaces":["/a"]}`,
 }
 

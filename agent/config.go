@@ -69,6 +69,12 @@ type Config struct {
 
 	// Specs are the plugins serving this node's namespaces.
 	Specs []supervisor.Spec
+	// PluginDir is where plugins added at run time (pinnedd plugins add)
+	// must live; empty: none may be added. NewPlugin builds such a
+	// plugin's spec from --plugin's /NS=PATH as the flags built Specs
+	// (environment, user, watch), named apart from taken.
+	PluginDir string
+	NewPlugin func(arg string, taken []string) (supervisor.Spec, error)
 	// DatabaseURL is the fleet's shared Postgres for instance state; empty:
 	// a bbolt file in DataDir, this node's alone.
 	DatabaseURL string

@@ -496,6 +496,7 @@ func (a *Agent) apiConfig(self *pinboard.Self, gate *pinboard.OwnerGate) pinboar
 		}
 		return nil
 	}
+	ac.AddPlugin, ac.RemovePlugin = a.addPlugin, a.removePlugin
 	ac.WorkerStats = func(ctx context.Context) map[string]any {
 		nss, insts := sup.Stats(ctx)
 		p := procstat.Read()

@@ -86,6 +86,11 @@ type APIConfig struct {
 	WindDown func(ns, id string, deadline time.Time) int
 	// Reload hot-swaps the plugin serving ns ("" all).
 	Reload func(ctx context.Context, ns string) error
+	// AddPlugin starts a plugin at run time (--plugin's /NS=PATH) and
+	// returns the namespaces it serves; RemovePlugin ends the one serving
+	// ns and returns the namespaces it served. nil: the node cannot.
+	AddPlugin    func(ctx context.Context, plugin string) ([]string, error)
+	RemovePlugin func(ctx context.Context, ns string) ([]string, error)
 	// HTTPS: the front door serves TLS (reported by /readyz and status).
 	HTTPS bool
 }
@@ -184,6 +189,8 @@ func (a *API) Mount(mux Mux) {
 	mux.HandleFunc("POST /_pinned/drain", operator(a.localDrain))
 	mux.HandleFunc("POST /_pinned/undrain", operator(a.localUndrain))
 	mux.HandleFunc("POST /_pinned/plugins/reload", operatorNS(a.pluginsReload))
+	mux.HandleFunc("POST /_pinned/plugins/add", operatorNS(a.pluginsAdd))
+	mux.HandleFunc("POST /_pinned/plugins/remove", operatorNS(a.pluginsRemove))
 	mux.HandleFunc("GET /registry/workers", operator(a.registryWorkers))
 	if a.cfg.Registry != nil {
 		mux.HandleFunc("POST /registry/register", worker(a.registryRegister))

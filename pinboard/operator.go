@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -486,6 +487,81 @@ func (a *API) pluginsReload(w http.ResponseWriter, r *http.Request) {
 // ErrUnknownNamespace is what a Reload hook wraps for a namespace this node
 // does not serve.
 var ErrUnknownNamespace = errors.New("unknown namespace")
+
+// What the plugin hooks (AddPlugin, RemovePlugin) wrap besides
+// ErrBadRequest and ErrUnknownNamespace: a binary the node may not start
+// (403), and a plugin that conflicts with the node's (409).
+var (
+	ErrForbidden = errors.New("forbidden")
+	ErrConflict  = errors.New("conflict")
+)
+
+// pluginsAdd serves POST /_pinned/plugins/add {"plugin": "/ns=/path"}: the
+// node starts the plugin and serves its namespace (200 {"namespaces":
+// [...]}), once its handshake passed.
+func (a *API) pluginsAdd(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Plugin string `json:"plugin"`
+	}
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	ns, _, _ := strings.Cut(req.Plugin, "=")
+	if err := plugins.ValidateNamespace(ns); err != nil {
+		httpx.WriteError(w, http.StatusBadRequest, "plugin: want /namespace=/path/to/binary: "+err.Error(), 0)
+		return
+	}
+	if !admitsNamespace(w, r, ns) {
+		return
+	}
+	a.pluginsChange(w, r, a.cfg.AddPlugin, req.Plugin)
+}
+
+// pluginsRemove serves POST /_pinned/plugins/remove {"namespace": "/ns"}:
+// the node evicts the instances of the plugin serving ns (each gets its
+// grace), ends it, and lets its namespaces go (200 {"namespaces": [...]}).
+func (a *API) pluginsRemove(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Namespace string `json:"namespace"`
+	}
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	if err := plugins.ValidateNamespace(req.Namespace); err != nil {
+		httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
+		return
+	}
+	if !admitsNamespace(w, r, req.Namespace) {
+		return
+	}
+	a.pluginsChange(w, r, a.cfg.RemovePlugin, req.Namespace)
+}
+
+// pluginsChange runs an add or a remove and answers it.
+func (a *API) pluginsChange(w http.ResponseWriter, r *http.Request, hook func(context.Context, string) ([]string, error), arg string) {
+	if hook == nil {
+		httpx.WriteError(w, http.StatusConflict, "this node hosts no instances", 0)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
+	defer cancel()
+	nss, err := hook(ctx, arg)
+	code := http.StatusInternalServerError
+	switch {
+	case err == nil:
+		httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "namespaces": nss})
+		return
+	case errors.Is(err, ErrBadRequest):
+		code = http.StatusBadRequest
+	case errors.Is(err, ErrForbidden):
+		code = http.StatusForbidden
+	case errors.Is(err, ErrUnknownNamespace):
+		code = http.StatusNotFound
+	case errors.Is(err, ErrConflict):
+		code = http.StatusConflict
+	}
+	httpx.WriteError(w, code, err.Error(), 0)
+}
 
 // registryOverview summarises the fleet for an operator (and the console).
 func (a *API) registryOverview(w http.ResponseWriter, _ *http.Request) {

@@ -121,6 +121,10 @@ type Worker struct {
 	// dropped are the routes the directory refused or superseded, with
 	// why: registrations leave them out, status and readiness report them.
 	dropped []DroppedRoute
+	// namespaces are what registrations announce (cfg.Namespaces, then
+	// SetNamespaces); kick asks Run to register again at once.
+	namespaces []string
+	kick       chan struct{}
 
 	// unfit, if set, says why this node must take no new placements
 	// (its state store is unavailable); nil: it may.
@@ -160,7 +164,27 @@ func NewWorker(cfg WorkerConfig, r Registrar) *Worker {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Worker{cfg: cfg, clientID: newID(), registrar: r, challenges: map[string]string{}}
+	return &Worker{cfg: cfg, clientID: newID(), registrar: r, challenges: map[string]string{},
+		namespaces: slices.Clone(cfg.Namespaces), kick: make(chan struct{}, 1)}
+}
+
+// SetNamespaces changes what this worker serves (a plugin added or
+// removed at run time) and has Run register again at once, so the
+// directory places the new namespaces here and lets go of the old ones.
+func (w *Worker) SetNamespaces(nss []string) {
+	w.mu.Lock()
+	w.namespaces = slices.Clone(nss)
+	w.mu.Unlock()
+	w.Reregister()
+}
+
+// Reregister has Run register again at once (also what Routes returns is
+// read then).
+func (w *Worker) Reregister() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
 }
 
 // maxChallenges bounds the pairs a worker remembers; probes answer within
@@ -270,10 +294,13 @@ func (w *Worker) Run(ctx context.Context) {
 	defer t.Stop()
 	backoff := 100 * time.Millisecond
 	for {
+		reregister := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-w.kick:
+			reregister = true
 		}
 		// Each attempt is bounded so a directory without a leader cannot
 		// stall renewals: the next try comes at the next interval.
@@ -282,7 +309,7 @@ func (w *Worker) Run(ctx context.Context) {
 		// A worker past its own lease re-registers rather than heartbeats:
 		// ids may have moved meanwhile, and only a registration reports
 		// them (a heartbeat could even revive the lapsed session).
-		if w.SessionID() == "" || w.Lease(time.Now()) == LeaseExpired {
+		if reregister || w.SessionID() == "" || w.Lease(time.Now()) == LeaseExpired {
 			err = w.register(actx)
 		} else {
 			err = w.heartbeat(actx)
@@ -316,9 +343,12 @@ var ErrReregister = errors.New("directory asks to re-register")
 
 func (w *Worker) register(ctx context.Context) error {
 	sent := time.Now()
+	w.mu.Lock()
+	nss := slices.Clone(w.namespaces)
+	w.mu.Unlock()
 	req := RegisterRequest{
 		ClientID: w.clientID, NodeID: w.cfg.NodeID, AdvertiseURL: w.cfg.AdvertiseURL,
-		Namespaces: w.cfg.Namespaces, Headroom: w.cfg.Headroom(), Challenge: w.newChallenge(),
+		Namespaces: nss, Headroom: w.cfg.Headroom(), Challenge: w.newChallenge(),
 		Draining: w.SelfDraining(),
 	}
 	if w.cfg.Routes != nil {

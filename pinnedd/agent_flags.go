@@ -56,6 +56,7 @@ func agentCommand() *cli.Command {
 			&cli.StringSliceFlag{Name: "plugin", Usage: "serve `/NS=PATH`: namespace NS from the plugin binary at PATH (repeatable)", EnvVars: []string{"PINNEDD_PLUGINS"}},
 			&cli.StringSliceFlag{Name: "plugin-env", Usage: "pass `[/NS=]KEY` (pinnedd's own value) or set `[/NS=]KEY=VALUE` in plugins' environments, every plugin's or the one serving NS (repeatable); plugins get nothing else of pinnedd's environment but PATH, HOME, LANG, LC_*, TZ, TMPDIR", EnvVars: []string{"PINNEDD_PLUGIN_ENV"}},
 			&cli.StringSliceFlag{Name: "plugin-user", Usage: "run plugins as user `[/NS=]NAME`: every plugin, or the one serving NS (repeatable); its uid, groups and HOME, its sockets in a directory of its own; pinnedd must run as root, NAME must not be root", DefaultText: "as root, pinnedd-plugin if the machine has it, else nobody; otherwise pinnedd's own user", EnvVars: []string{"PINNEDD_PLUGIN_USER"}},
+			&cli.StringFlag{Name: "plugin-dir", Usage: "let operators add plugins at run time (pinnedd plugins add) from binaries under this `DIR`, which it and they must be owned by root or pinnedd's user and writable by no one else; unset: none may be added", EnvVars: []string{"PINNEDD_PLUGIN_DIR"}},
 			&cli.BoolFlag{Name: "watch-plugins", Usage: "hot-swap a plugin when its binary is replaced", DefaultText: "on with --dev, off otherwise", EnvVars: []string{"PINNEDD_WATCH_PLUGINS"}},
 			&cli.StringFlag{Name: "database-url", Usage: "Postgres for instance state, shared by the fleet, so any node can restore any id; prefer DATABASE_URL (e.g. from a 0600 environment file): on the command line its password is visible to every local user (ps)", EnvVars: []string{"DATABASE_URL"}},
 			&cli.BoolFlag{Name: "local-state", Usage: "keep instance state in --data-dir instead of a shared --database-url: an id stays on its node while that node lives, but one that moves (a drain, a restart, the node's death) starts EMPTY on its new node", EnvVars: []string{"PINNEDD_LOCAL_STATE"}},
@@ -238,6 +239,7 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 		return cfg, err
 	}
 	cfg.Specs = specs
+	cfg.PluginDir, cfg.NewPlugin = c.String("plugin-dir"), newPlugin(c, cfg.Dev)
 	if len(cfg.Specs) == 0 {
 		return cfg, errors.New("no hosts to serve: give --plugin /ns=path (or --dev for the built-in examples, or --no-hosts for a pure front door)")
 	}
@@ -319,6 +321,32 @@ func hostSpecs(c *cli.Context, dev bool) ([]supervisor.Spec, error) {
 	if err != nil {
 		return nil, err
 	}
+	return specs, configureSpecs(c, dev, specs, "")
+}
+
+// newPlugin builds the spec of a plugin added at run time (pinnedd
+// plugins add) as hostSpecs builds --plugin's: the same syntax, and the
+// settings of the flags that apply to every plugin or to its namespace;
+// its name is apart from taken.
+func newPlugin(c *cli.Context, dev bool) func(arg string, taken []string) (supervisor.Spec, error) {
+	return func(arg string, taken []string) (supervisor.Spec, error) {
+		specs, err := pluginSpecs([]string{arg}, false)
+		if err != nil {
+			return supervisor.Spec{}, err
+		}
+		sp := &specs[0]
+		base := sp.Name
+		for i := 2; slices.Contains(taken, sp.Name); i++ {
+			sp.Name = fmt.Sprintf("%s-%d", base, i)
+		}
+		return *sp, configureSpecs(c, dev, specs, sp.Namespaces[0])
+	}
+}
+
+// configureSpecs gives specs their watch setting, environment
+// (--plugin-env) and users (--plugin-user). With only set (a plugin added
+// at run time), settings that name another namespace are left out.
+func configureSpecs(c *cli.Context, dev bool, specs []supervisor.Spec, only string) error {
 	watch := dev
 	if c.IsSet("watch-plugins") {
 		watch = c.Bool("watch-plugins")
@@ -328,21 +356,27 @@ func hostSpecs(c *cli.Context, dev bool) ([]supervisor.Spec, error) {
 		// rebuilding pinnedd hot-swaps them too.
 		specs[i].Watch = watch
 	}
+	applies := func(ns string) bool { return only == "" || ns == "" || ns == only }
 	var envSets []supervisor.PluginEnvSetting
 	for _, f := range c.StringSlice("plugin-env") {
 		set, err := supervisor.ParsePluginEnv(f)
 		if err != nil {
-			return nil, fmt.Errorf("--plugin-env: %w", err)
+			return fmt.Errorf("--plugin-env: %w", err)
 		}
-		envSets = append(envSets, set)
+		if applies(set.Namespace) {
+			envSets = append(envSets, set)
+		}
 	}
 	if err := supervisor.ApplyPluginEnv(specs, envSets, os.LookupEnv); err != nil {
-		return nil, err
+		return err
 	}
-	if err := pluginUsers(specs, c.StringSlice("plugin-user"), os.Geteuid()); err != nil {
-		return nil, err
+	var userFlags []string
+	for _, f := range c.StringSlice("plugin-user") {
+		if set, err := supervisor.ParsePluginUser(f); err != nil || applies(set.Namespace) {
+			userFlags = append(userFlags, f) // a bad one is pluginUsers' to refuse
+		}
 	}
-	return specs, nil
+	return pluginUsers(specs, userFlags, os.Geteuid())
 }
 
 // passportFrom reads the passport (--passport FILE, or PINBOARD_PASSPORT

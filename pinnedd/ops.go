@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -138,7 +139,7 @@ func windDownCommand() *cli.Command {
 func pluginsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "plugins",
-		Usage: "list or hot-swap this node's plugins",
+		Usage: "list, hot-swap, add or remove this node's plugins",
 		Subcommands: []*cli.Command{
 			{
 				Name:  "list",
@@ -202,6 +203,37 @@ func pluginsCommand() *cli.Command {
 						body["namespace"] = ns
 					}
 					return postJSON(c, "/_pinned/plugins/reload", body, "reloaded")
+				},
+			},
+			{
+				Name:      "add",
+				Usage:     "start a plugin on the node at --addr and serve its namespace, without restarting the node (the binary must be under the agent's --plugin-dir)",
+				ArgsUsage: "/NS=PATH",
+				Flags:     clientFlags(),
+				Action: func(c *cli.Context) error {
+					if c.NArg() != 1 {
+						return usagef("pinnedd plugins add takes one /NS=PATH, got %d arguments", c.NArg())
+					}
+					// The agent resolves the path: make it this directory's, not the agent's.
+					arg := c.Args().First()
+					if ns, path, ok := strings.Cut(arg, "="); ok && path != "" {
+						if abs, err := filepath.Abs(path); err == nil {
+							arg = ns + "=" + abs
+						}
+					}
+					return postJSON(c, "/_pinned/plugins/add", map[string]any{"plugin": arg}, "added")
+				},
+			},
+			{
+				Name:      "remove",
+				Usage:     "stop serving a namespace on the node at --addr: its instances are evicted (each gets its grace) and its plugin ends",
+				ArgsUsage: "/NS",
+				Flags:     clientFlags(),
+				Action: func(c *cli.Context) error {
+					if c.NArg() != 1 {
+						return usagef("pinnedd plugins remove takes one namespace, got %d arguments", c.NArg())
+					}
+					return postJSON(c, "/_pinned/plugins/remove", map[string]any{"namespace": c.Args().First()}, "removed")
 				},
 			},
 		},

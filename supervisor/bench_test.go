@@ -60,7 +60,7 @@ func BenchmarkDataPlane(b *testing.B) {
 		if _, err := s.acquire(context.Background(), Key{counter.Namespace, "direct"}, 1); err != nil {
 			b.Fatal(err)
 		}
-		inc, _ := s.procs[0].current()
+		inc, _ := s.plugins().procs[0].current()
 		client := &http.Client{Transport: inc.tr}
 		measure(b, func() error {
 			req, _ := http.NewRequest("POST", "http://plugin/increment", nil)
@@ -77,7 +77,7 @@ func BenchmarkDataPlane(b *testing.B) {
 	})
 	b.Run("grpc-unary", func(b *testing.B) {
 		s, _ := startSupervisor(b, testutil.Bin(b, "counter"), counter.Namespace)
-		inc, err := s.procs[0].current()
+		inc, err := s.plugins().procs[0].current()
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -245,7 +245,7 @@ func TestRelayedStreamsAndRefusal(t *testing.T) {
 	}
 
 	// The plugin forgets "gone" behind the supervisor's back.
-	inc, err := s.byNS["/misc"].current()
+	inc, err := s.plugins().byNS["/misc"].current()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -68,7 +68,7 @@ const activationTimeout = 30 * time.Second
 // one activation. gen 0 means "only if live": nothing is activated and a
 // missing instance is errNotLive.
 func (s *Supervisor) acquire(ctx context.Context, k Key, gen uint64) (*instance, error) {
-	p := s.byNS[k.Namespace]
+	p := s.plugins().byNS[k.Namespace]
 	if p == nil {
 		return nil, ErrUnknownNS
 	}

@@ -114,6 +114,9 @@ type pluginProc struct {
 	swapped    chan struct{}  // closed and replaced by every hot swap
 	reloadMu   sync.Mutex     // one swap at a time
 	retiring   sync.WaitGroup // old processes a swap is winding down
+	// cancelRun ends run's loop (launch): no restart after the process
+	// ends, as when the plugin is removed.
+	cancelRun context.CancelFunc
 }
 
 // errors a caller maps to responses.

@@ -86,7 +86,7 @@ func (s *Supervisor) openRuntimeDir() error {
 
 // pluginUsers reports whether any plugin runs as a user of its own.
 func (s *Supervisor) pluginUsers() bool {
-	for _, p := range s.procs {
+	for _, p := range s.plugins().procs {
 		if p.spec.User != nil {
 			return true
 		}
@@ -110,15 +110,23 @@ func (s *Supervisor) openPluginDirs(mode os.FileMode) error {
 			return fmt.Errorf("%s: plugin users cannot reach it: a directory on its path is closed to other users (no o+x)", d)
 		}
 	}
-	for _, p := range s.procs {
-		dir := s.socketDir(p)
-		if err := os.Mkdir(dir, 0o700); err != nil {
+	for _, p := range s.plugins().procs {
+		if err := s.openSocketDir(p); err != nil {
 			return err
 		}
-		if u := p.spec.User; u != nil {
-			if err := os.Chown(dir, int(u.UID), int(u.GID)); err != nil {
-				return fmt.Errorf("hand %s to plugin user %s: %w", dir, u.Name, err)
-			}
+	}
+	return nil
+}
+
+// openSocketDir makes plugin p's own socket directory, its user's.
+func (s *Supervisor) openSocketDir(p *pluginProc) error {
+	dir := s.socketDir(p)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	if u := p.spec.User; u != nil {
+		if err := os.Chown(dir, int(u.UID), int(u.GID)); err != nil {
+			return fmt.Errorf("hand %s to plugin user %s: %w", dir, u.Name, err)
 		}
 	}
 	return nil
@@ -188,7 +196,7 @@ func isFallbackDir(path string) bool {
 // directory with plugin users.
 func (s *Supervisor) longestSocketName() int {
 	n := len("plugin") + 10
-	for _, p := range s.procs {
+	for _, p := range s.plugins().procs {
 		sub := 0
 		if s.pluginUsers() {
 			sub = len(p.spec.Name) + 1

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -113,8 +114,10 @@ type Supervisor struct {
 	ownDir     bool   // runtimeDir was made by Start: Stop removes it
 	fallback   string // the link in Config.RuntimeDir to runtimeDir, if any
 
-	procs []*pluginProc
-	byNS  map[string]*pluginProc
+	// set is the plugins and the namespaces they serve: an immutable
+	// snapshot, replaced whole when a plugin is added or removed (plugins.go).
+	set      atomic.Pointer[pluginSet]
+	changeMu sync.Mutex // one add or remove at a time
 
 	mu        sync.Mutex
 	instances map[Key]*instance
@@ -145,7 +148,7 @@ func New(cfg Config) (*Supervisor, error) {
 	if len(cfg.Specs) == 0 {
 		return nil, errors.New("supervisor: no plugins configured")
 	}
-	s := &Supervisor{cfg: cfg, metrics: newMetrics(cfg.Registerer), byNS: map[string]*pluginProc{}, instances: map[Key]*instance{}, counts: map[string]*NamespaceStats{},
+	s := &Supervisor{cfg: cfg, metrics: newMetrics(cfg.Registerer), instances: map[Key]*instance{}, counts: map[string]*NamespaceStats{},
 		drains: map[string]drainSpec{}, drainedCh: make(chan struct{}), warnings: logrepeat.New(logrepeat.Window)}
 	if cfg.Store != nil {
 		// The one place every state-store call of this node passes (the
@@ -165,23 +168,15 @@ func New(cfg Config) (*Supervisor, error) {
 			}))
 		}
 	}
-	names := map[string]bool{}
+	set := &pluginSet{byNS: map[string]*pluginProc{}}
 	for _, sp := range cfg.Specs {
-		if names[sp.Name] {
-			return nil, fmt.Errorf("supervisor: two plugins named %q", sp.Name)
+		p, err := s.newProc(set, sp)
+		if err != nil {
+			return nil, err
 		}
-		names[sp.Name] = true
-		if sp.User != nil {
-			if err := CheckCanSwitchUser(); err != nil {
-				return nil, fmt.Errorf("supervisor: plugin %s as user %s: %w", sp.Name, sp.User.Name, err)
-			}
-			if err := sp.CheckExecutable(); err != nil {
-				return nil, fmt.Errorf("supervisor: %w", err)
-			}
-		}
-		s.metrics.plugin(sp.Name)
-		s.procs = append(s.procs, &pluginProc{sup: s, spec: sp, state: StateStopped, logger: cfg.Logger.With("plugin", sp.Name), swapped: make(chan struct{})})
+		set.procs = append(set.procs, p)
 	}
+	s.set.Store(set)
 	return s, nil
 }
 
@@ -198,14 +193,13 @@ func (s *Supervisor) Start(ctx context.Context) error {
 			go func() { defer s.wg.Done(); s.storeHealth.Run(s.runCtx, p) }()
 		}
 	}
-	firsts := make([]chan error, len(s.procs))
-	for i, p := range s.procs {
-		firsts[i] = make(chan error, 1)
-		s.wg.Add(1)
-		go func() { defer s.wg.Done(); p.run(s.runCtx, firsts[i]) }()
+	set := s.plugins()
+	firsts := make([]chan error, len(set.procs))
+	for i, p := range set.procs {
+		firsts[i] = s.launch(p)
 	}
 	var errs []error
-	for i := range s.procs {
+	for i := range set.procs {
 		select {
 		case err := <-firsts[i]:
 			errs = append(errs, err)
@@ -217,15 +211,14 @@ func (s *Supervisor) Start(ctx context.Context) error {
 		s.Stop(context.Background())
 		return err
 	}
-	for _, p := range s.procs {
-		for _, ns := range p.namespaces {
-			if other, dup := s.byNS[ns]; dup {
-				s.Stop(context.Background())
-				return fmt.Errorf("namespace %s is served by both %s and %s", ns, other.spec.Name, p.spec.Name)
-			}
-			s.byNS[ns] = p
+	next := &pluginSet{procs: set.procs, byNS: map[string]*pluginProc{}}
+	for _, p := range set.procs {
+		if err := next.serve(p); err != nil {
+			s.Stop(context.Background())
+			return err
 		}
 	}
+	s.set.Store(next)
 	s.mu.Lock()
 	s.started = true
 	s.mu.Unlock()
@@ -252,8 +245,9 @@ func (s *Supervisor) StoreHealth() error {
 
 // Namespaces served on this node, sorted.
 func (s *Supervisor) Namespaces() []string {
-	out := make([]string, 0, len(s.byNS))
-	for ns := range s.byNS {
+	byNS := s.plugins().byNS
+	out := make([]string, 0, len(byNS))
+	for ns := range byNS {
 		out = append(out, ns)
 	}
 	sort.Strings(out)
@@ -261,12 +255,12 @@ func (s *Supervisor) Namespaces() []string {
 }
 
 // Serves reports whether ns is served on this node.
-func (s *Supervisor) Serves(ns string) bool { _, ok := s.byNS[ns]; return ok }
+func (s *Supervisor) Serves(ns string) bool { _, ok := s.plugins().byNS[ns]; return ok }
 
 // Degraded reports whether ns is degraded on this node: its plugin
 // crash-loops, and no request for it is served here until it recovers.
 func (s *Supervisor) Degraded(ns string) bool {
-	p, ok := s.byNS[ns]
+	p, ok := s.plugins().byNS[ns]
 	if !ok {
 		return false
 	}
@@ -312,7 +306,7 @@ func (s *Supervisor) Stop(ctx context.Context) {
 	if cancel != nil {
 		cancel() // no restarts from here on
 	}
-	for _, p := range s.procs {
+	for _, p := range s.plugins().procs {
 		wg.Add(1)
 		go func() { defer wg.Done(); p.stop(s.cfg.StopGrace) }()
 	}
@@ -325,8 +319,9 @@ func (s *Supervisor) Stop(ctx context.Context) {
 func (s *Supervisor) Reload(ctx context.Context, ns string) error {
 	var errs []error
 	found := false
-	for _, p := range s.procs {
-		if ns != "" && s.byNS[ns] != p {
+	set := s.plugins()
+	for _, p := range set.procs {
+		if ns != "" && set.byNS[ns] != p {
 			continue
 		}
 		found = true
@@ -408,7 +403,7 @@ func (s *Supervisor) count(ns string, activated bool) {
 // tracked tasks (asked of each plugin, bounded by ctx).
 func (s *Supervisor) Stats(ctx context.Context) ([]NamespaceStats, []InstanceStatus) {
 	tasks := map[Key]int{}
-	for _, p := range s.procs {
+	for _, p := range s.plugins().procs {
 		inc, err := p.current()
 		if err != nil {
 			continue
@@ -428,7 +423,7 @@ func (s *Supervisor) Stats(ctx context.Context) ([]NamespaceStats, []InstanceSta
 		insts[i].Tasks = tasks[Key{insts[i].Namespace, insts[i].ID}]
 	}
 	s.mu.Lock()
-	nss := make([]NamespaceStats, 0, len(s.byNS))
+	nss := make([]NamespaceStats, 0, len(s.plugins().byNS))
 	for _, ns := range s.Namespaces() {
 		c := NamespaceStats{Namespace: ns}
 		if got := s.counts[ns]; got != nil {
@@ -449,8 +444,9 @@ func (s *Supervisor) Stats(ctx context.Context) ([]NamespaceStats, []InstanceSta
 
 // Plugins reports every plugin's state.
 func (s *Supervisor) Plugins() []PluginStatus {
-	out := make([]PluginStatus, 0, len(s.procs))
-	for _, p := range s.procs {
+	procs := s.plugins().procs
+	out := make([]PluginStatus, 0, len(procs))
+	for _, p := range procs {
 		p.mu.Lock()
 		st := PluginStatus{
 			Name: p.spec.Name, Path: p.spec.Path, State: p.state, Incarnation: p.seq,
