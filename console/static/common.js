@@ -91,6 +91,11 @@ export function say(message) {
   document.getElementById("status").textContent = message;
 }
 
+// report says what an action did, apart from the polling's status line.
+export function report(message) {
+  document.getElementById("result").textContent = message;
+}
+
 // confirmAction asks with the page's <dialog>; resolves true on Confirm.
 export function confirmAction(question) {
   const d = document.getElementById("confirm");

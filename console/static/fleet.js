@@ -2,7 +2,7 @@
 // stats, health, workers, Raft members) and redraws hosts, members,
 // plugins, instances and charts; actions go through the same routes the
 // CLI uses, each confirmed, and the answer is shown.
-import { api, el, banner, say, confirmAction, setupLogin, ago, bytes, instanceURL, scope, PREFIX } from "./common.js";
+import { api, el, banner, say, report, confirmAction, setupLogin, ago, bytes, instanceURL, scope, PREFIX } from "./common.js";
 import { chart, sumAligned } from "./chart.js";
 
 const POLL_MS = 3000;
@@ -142,7 +142,7 @@ function drawTables(r) {
 }
 
 function card(term, value, id) {
-  return [el("dt", {}, term), el("dd", id ? { id } : {}, String(value))];
+  return [el("div", { class: "card" }, el("dt", {}, term), el("dd", id ? { id } : {}, String(value)))];
 }
 
 function drawSummary(r) {
@@ -259,7 +259,7 @@ function drawMembers(r) {
 
 function drawPlugins(r) {
   const rows = [];
-  for (const s of r.stats) {
+  for (const s of [...r.stats].sort((a, b) => (a.nodeId ?? "").localeCompare(b.nodeId ?? ""))) {
     for (const p of s.plugins ?? []) {
       const here = self?.nodeId === s.nodeId;
       const ns = (p.namespaces ?? [])[0];
@@ -336,16 +336,16 @@ function tbody(id, rows, empty, cols) {
 // resulting state shows.
 async function act(question, call, describe) {
   if (!(await confirmAction(question))) {
-    say("Cancelled.");
+    report("Cancelled.");
     return;
   }
   try {
     const out = await call();
     banner("");
-    say(describe(out ?? {}));
+    report(describe(out ?? {}));
   } catch (err) {
     banner(err.message);
-    say("The action failed.");
+    report("The action failed: " + err.message);
   }
   await refresh();
 }
