@@ -245,6 +245,11 @@ func TestConsoleInABrowser(t *testing.T) {
 	b.waitFor("the page reports n2 undrained", 10*time.Second,
 		`!document.querySelector('#hosts tr[data-node="n2"] td.state').textContent.includes("drain")`)
 
+	if os.Getenv("CONSOLE_SCREENSHOTS") != "" {
+		// The README's picture: a minute of traffic, so its charts have a shape.
+		pictureLoad(t, nodes, time.Minute)
+	}
+
 	// Wind down an instance with its button: it is evicted.
 	if r := nodes[0].a.MustDo("POST", "/counters/console-c1/increment", ""); r.Code != 200 {
 		t.Fatalf("increment: %d %s", r.Code, r.Body)
@@ -307,6 +312,21 @@ func TestConsoleInABrowser(t *testing.T) {
 	b.waitFor("the second echo", 30*time.Second, transcript+` === `+js(first+" | user: after failover | assistant: echo: after failover"))
 	if errs := b.pageErrors(); len(errs) > 0 {
 		t.Errorf("the pages logged errors (a CSP refusal, an exception): %q", errs)
+	}
+}
+
+// pictureLoad sends counter increments for d, through every node, to six
+// ids, at a rate that rises.
+func pictureLoad(t *testing.T, nodes []*node, d time.Duration) {
+	t.Helper()
+	start := time.Now()
+	for i := 0; time.Since(start) < d; i++ {
+		n := nodes[i%len(nodes)]
+		if _, err := n.a.Do("POST", fmt.Sprintf("/counters/picture-%d/increment", i%6), ""); err != nil {
+			t.Fatal(err)
+		}
+		phase := time.Since(start).Seconds() / d.Seconds()
+		time.Sleep(time.Duration(5+45*(1-phase)*(1-phase)) * time.Millisecond)
 	}
 }
 

@@ -92,8 +92,10 @@ export function say(message) {
 }
 
 // report says what an action did, apart from the polling's status line.
-export function report(message) {
-  document.getElementById("result").textContent = message;
+export function report(message, failed = false) {
+  const r = document.getElementById("result");
+  r.textContent = message;
+  r.classList.toggle("failed", failed);
 }
 
 // confirmAction asks with the page's <dialog>; resolves true on Confirm.

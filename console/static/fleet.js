@@ -341,11 +341,10 @@ async function act(question, call, describe) {
   }
   try {
     const out = await call();
-    banner("");
     report(describe(out ?? {}));
   } catch (err) {
-    banner(err.message);
-    report("The action failed: " + err.message);
+    // In the action's line, not the banner: the next reading clears that.
+    report("The action failed: " + err.message, true);
   }
   await refresh();
 }
