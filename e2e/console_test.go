@@ -218,6 +218,31 @@ func TestConsoleInABrowser(t *testing.T) {
 	if got := b.eval(`document.getElementById("banner").textContent`); got != "" {
 		t.Errorf("the banner shows %q with a good token", got)
 	}
+	// Every control has a name a screen reader says and a keyboard reaches.
+	if got := b.eval(unlabelled); got != "" {
+		t.Errorf("controls without a label, or out of the tab order: %s", got)
+	}
+	// The charts' history rides in the operator's /registry/stats.
+	testutil.WaitFor(t, 15*time.Second, "every node's series in /registry/stats", func() bool {
+		r, err := nodes[0].a.Do("GET", "/registry/stats", "")
+		var out struct {
+			Workers []struct {
+				Series *struct {
+					IntervalMs int64   `json:"intervalMs"`
+					Requests   []int64 `json:"requests"`
+				} `json:"series"`
+			}
+		}
+		if err != nil || r.JSONErr(&out) != nil || len(out.Workers) != 3 {
+			return false
+		}
+		for _, w := range out.Workers {
+			if w.Series == nil || w.Series.IntervalMs != 5000 || len(w.Series.Requests) == 0 {
+				return false
+			}
+		}
+		return true
+	})
 
 	// Cordon n2 with its button: the page and the directory both report it.
 	b.confirm("Cordon n2")
@@ -255,6 +280,9 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Fatalf("increment: %d %s", r.Code, r.Body)
 	}
 	b.waitFor("the instance listed", 15*time.Second, `!!document.querySelector('#instances tr[data-instance="/counters/console-c1"]')`)
+	if got := b.eval(`document.querySelector('a[aria-label="Inspect /counters/console-c1"]').getAttribute("href")`); got != "/_pinned/console/inspector?url=%2Fcounters%2Fconsole-c1" {
+		t.Errorf("Inspect links to %q", got)
+	}
 	b.screenshot("console-fleet.png")
 	b.confirm("Wind down /counters/console-c1")
 	b.waitFor("the wind-down answered", 10*time.Second, `document.getElementById("result").textContent.includes("/counters/console-c1: wind-down on 1 instance(s)")`)
@@ -281,6 +309,8 @@ func TestConsoleInABrowser(t *testing.T) {
 	transcript := `[...document.querySelectorAll("#transcript li")].map(li => li.textContent).join(" | ")`
 	first := "user: hello console | assistant: echo: hello console"
 	b.waitFor("the echo", 30*time.Second, transcript+` === `+js(first)+` && document.getElementById("chat-note").textContent === "Thread idle."`)
+	// The ops came in one by one: the reply's words appended as they streamed.
+	b.waitFor("the ops shown", 5*time.Second, `[...document.querySelectorAll("#frames li.ops")].some(li => li.textContent.includes('"op":"append"'))`)
 
 	// Kill the owner (the console's node stays): the inspector reconnects
 	// and shows the same transcript, and the thread takes a new message.
@@ -329,6 +359,14 @@ func pictureLoad(t *testing.T, nodes []*node, d time.Duration) {
 		time.Sleep(time.Duration(5+45*(1-phase)*(1-phase)) * time.Millisecond)
 	}
 }
+
+// unlabelled lists the page's controls a screen reader could not name
+// or a keyboard could not reach ("" when there is none).
+const unlabelled = `[...document.querySelectorAll("button, input, textarea, select, a[href]")]
+	.filter(e => e.offsetParent !== null || e.closest("dialog, aside"))
+	.filter(e => e.tabIndex < 0 || !(e.getAttribute("aria-label") || e.textContent.trim() ||
+		(e.id && document.querySelector('label[for="' + e.id + '"]')) || e.closest("label")))
+	.map(e => e.outerHTML.slice(0, 80)).join(" | ")`
 
 // epochOf picks the epoch out of the inspector's status line.
 func epochOf(status string) string {
