@@ -340,6 +340,23 @@ func TestConsoleInABrowser(t *testing.T) {
 		chromedp.SendKeys(chromedp.ID("message"), "after failover"),
 		chromedp.Click(chromedp.CSS(`#chat button[type=submit]`)))
 	b.waitFor("the second echo", 30*time.Second, transcript+` === `+js(first+" | user: after failover | assistant: echo: after failover"))
+
+	// The console's own node goes away: the page says so in words and
+	// keeps the last reading on screen.
+	host := nodes[0]
+	if owner == nodes[0] {
+		host = nodes[1]
+	}
+	b.do("open the fleet on "+host.id, chromedp.Navigate(host.url()+"/_pinned/console/fleet"),
+		chromedp.SendKeys(chromedp.ID("token"), testutil.Token),
+		chromedp.Click(chromedp.CSS(`#login button[type=submit]`)))
+	b.waitFor("the survivors listed", 20*time.Second, `document.querySelectorAll("#hosts tbody tr[data-node]").length >= 2`)
+	host.a.Signal(syscall.SIGKILL)
+	if _, err := host.a.Wait(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor("the node's absence in words", 15*time.Second,
+		`document.getElementById("banner").textContent.includes("did not answer") && document.querySelectorAll("#hosts tbody tr[data-node]").length >= 2`)
 	if errs := b.pageErrors(); len(errs) > 0 {
 		t.Errorf("the pages logged errors (a CSP refusal, an exception): %q", errs)
 	}

@@ -20,6 +20,7 @@ let last = null; // the latest reading
 const usage = new Map(); // node id -> {rss: [], cpu: []}
 let timer = null;
 let busy = false;
+let again = false; // a reading was asked for while one was under way
 
 for (const s of document.querySelectorAll("[data-views]")) s.hidden = !s.dataset.views.split(" ").includes(view);
 for (const a of document.querySelectorAll("nav a[data-view]")) {
@@ -43,13 +44,18 @@ refresh();
 // reading (a hidden tab stops polling until it is shown again).
 async function refresh() {
   clearTimeout(timer);
-  if (busy) return;
+  if (busy) {
+    // An action's result must show: read again once this reading ends.
+    again = true;
+    return;
+  }
   busy = true;
   try {
     await read();
   } finally {
     busy = false;
-    if (!document.hidden) timer = setTimeout(refresh, POLL_MS);
+    if (!document.hidden) timer = setTimeout(refresh, again ? 0 : POLL_MS);
+    again = false;
   }
 }
 
@@ -269,10 +275,10 @@ function drawPlugins(r) {
           `Reload (hot swap) ${p.name} on ${s.nodeId}? A new process starts, new activations go to it, the old one's instances wind down and come back in the new one.`,
           () => api("POST", "/_pinned/plugins/reload", { namespace: ns }),
           () => `${p.name} on ${s.nodeId}: reloaded.`) }, "Reload");
-      } else if (s.advertiseUrl) {
+      } else if (consoleOf(s.advertiseUrl)) {
         // A reload acts on the node it is sent to; the console calls only
         // its own origin, so another node's reload is on its own console.
-        action = el("a", { href: new URL(PREFIX + "fleet/hosts", s.advertiseUrl).href }, `Reload from ${s.nodeId}'s console`);
+        action = el("a", { href: consoleOf(s.advertiseUrl) }, `Reload from ${s.nodeId}'s console`);
       }
       rows.push(el("tr", { "data-node": s.nodeId, "data-plugin": p.name },
         el("th", { scope: "row" }, s.nodeId),
@@ -287,6 +293,17 @@ function drawPlugins(r) {
     }
   }
   tbody("plugins", rows, "No plugins (nodes with --no-hosts run none).", 8);
+}
+
+// consoleOf is the hosts page of the console at a node's advertised URL,
+// or null for anything but an http(s) URL.
+function consoleOf(advertiseUrl) {
+  try {
+    const u = new URL(PREFIX + "fleet/hosts", advertiseUrl);
+    return u.protocol === "http:" || u.protocol === "https:" ? u.href : null;
+  } catch {
+    return null;
+  }
 }
 
 function drawInstances(r) {

@@ -18,7 +18,6 @@ let target = ""; // the instance's path
 let clientId = "";
 let seq = 1; // the next frame's seq: a client numbers 1, 2, 3, ...
 let sending = false;
-let reconnects = 0;
 let snapshots = 0;
 let epoch = "";
 let version = 0;
@@ -90,7 +89,6 @@ function start(v) {
   target = p;
   clientId = "console-" + crypto.randomUUID().slice(0, 13);
   seq = 1;
-  reconnects = 0;
   snapshots = 0;
   framesList.replaceChildren();
   sentList.replaceChildren();
@@ -108,7 +106,6 @@ function start(v) {
       if (f.reconnect) say(`${target}: the stream ended (fin ${f.code}); reconnecting…`);
     },
     onError: (err, waitMs) => {
-      reconnects++;
       const why = err.status === 401 || err.status === 403
         ? `${err.message} (tick "Send my token" and give a token that admits this namespace)`
         : err.message;
