@@ -203,15 +203,15 @@ func TestConsoleInABrowser(t *testing.T) {
 
 	// Without a token the page says so in words; with one it shows the fleet.
 	b.do("open the fleet", chromedp.Navigate(console+"fleet"))
-	b.waitFor("the page asks for a token", 15*time.Second, `document.getElementById("banner").textContent.includes("token was refused")`)
+	b.waitFor("the page asks for a token", 20*time.Second, `document.getElementById("banner").textContent.includes("token was refused")`)
 	b.do("enter the token",
 		chromedp.SendKeys(chromedp.ID("token"), testutil.Token),
 		chromedp.Click(chromedp.CSS(`#login button[type=submit]`)))
 	b.waitFor("three hosts", 20*time.Second, `document.querySelectorAll("#hosts tbody tr[data-node]").length === 3`)
-	b.waitFor("the Raft members, one leader", 10*time.Second,
+	b.waitFor("the Raft members, one leader", 20*time.Second,
 		`document.querySelectorAll("#members tbody tr").length === 3 && [...document.querySelectorAll("#members tbody td")].some(td => td.textContent === "leader")`)
 	for _, n := range nodes {
-		b.waitFor(n.id+"'s plugins", 10*time.Second, fmt.Sprintf(
+		b.waitFor(n.id+"'s plugins", 20*time.Second, fmt.Sprintf(
 			`[...document.querySelectorAll('#plugins tbody tr[data-node=%q]')].map(r => r.textContent).join(" ").includes("/threads") &&
 			 [...document.querySelectorAll('#plugins tbody tr[data-node=%q]')].map(r => r.textContent).join(" ").includes("/counters")`, n.id, n.id))
 	}
@@ -223,7 +223,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Errorf("controls without a label, or out of the tab order: %s", got)
 	}
 	// The charts' history rides in the operator's /registry/stats.
-	testutil.WaitFor(t, 15*time.Second, "every node's series in /registry/stats", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "every node's series in /registry/stats", func() bool {
 		r, err := nodes[0].a.Do("GET", "/registry/stats", "")
 		var out struct {
 			Workers []struct {
@@ -246,9 +246,9 @@ func TestConsoleInABrowser(t *testing.T) {
 
 	// Cordon n2 with its button: the page and the directory both report it.
 	b.confirm("Cordon n2")
-	b.waitFor("the page reports n2 cordoned", 10*time.Second,
+	b.waitFor("the page reports n2 cordoned", 20*time.Second,
 		`document.querySelector('#hosts tr[data-node="n2"] td.state').textContent.includes("cordoned")`)
-	testutil.WaitFor(t, 10*time.Second, "the directory reports n2 cordoned", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "the directory reports n2 cordoned", func() bool {
 		r, err := nodes[2].a.Do("GET", "/registry/workers", "")
 		var out struct {
 			Workers []struct {
@@ -267,7 +267,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		return false
 	})
 	b.confirm("Undrain n2")
-	b.waitFor("the page reports n2 undrained", 10*time.Second,
+	b.waitFor("the page reports n2 undrained", 20*time.Second,
 		`!document.querySelector('#hosts tr[data-node="n2"] td.state').textContent.includes("drain")`)
 
 	if os.Getenv("CONSOLE_SCREENSHOTS") != "" {
@@ -279,23 +279,23 @@ func TestConsoleInABrowser(t *testing.T) {
 	if r := nodes[0].a.MustDo("POST", "/counters/console-c1/increment", ""); r.Code != 200 {
 		t.Fatalf("increment: %d %s", r.Code, r.Body)
 	}
-	b.waitFor("the instance listed", 15*time.Second, `!!document.querySelector('#instances tr[data-instance="/counters/console-c1"]')`)
+	b.waitFor("the instance listed", 20*time.Second, `!!document.querySelector('#instances tr[data-instance="/counters/console-c1"]')`)
 	if got := b.eval(`document.querySelector('a[aria-label="Inspect /counters/console-c1"]').getAttribute("href")`); got != "/_pinned/console/inspector?url=%2Fcounters%2Fconsole-c1" {
 		t.Errorf("Inspect links to %q", got)
 	}
 	b.screenshot("console-fleet.png")
 	b.confirm("Wind down /counters/console-c1")
-	b.waitFor("the wind-down answered", 10*time.Second, `document.getElementById("result").textContent.includes("/counters/console-c1: wind-down on 1 instance(s)")`)
-	b.waitFor("the instance gone", 15*time.Second, `!document.querySelector('#instances tr[data-instance="/counters/console-c1"]')`)
-	testutil.WaitFor(t, 10*time.Second, "no node runs console-c1", func() bool { return ownerOf(t, nodes, "/counters", "console-c1") == nil })
+	b.waitFor("the wind-down answered", 20*time.Second, `document.getElementById("result").textContent.includes("/counters/console-c1: wind-down on 1 instance(s)")`)
+	b.waitFor("the instance gone", 20*time.Second, `!document.querySelector('#instances tr[data-instance="/counters/console-c1"]')`)
+	testutil.WaitFor(t, 20*time.Second, "no node runs console-c1", func() bool { return ownerOf(t, nodes, "/counters", "console-c1") == nil })
 
 	// The drawer: ?inspect= opens a host.
 	b.do("open a host's drawer", chromedp.Navigate(console+"fleet/hosts?inspect=host:n3"))
-	b.waitFor("n3's drawer", 15*time.Second, `!document.getElementById("drawer").hidden && document.getElementById("drawer-body").textContent.includes("Client id")`)
+	b.waitFor("n3's drawer", 20*time.Second, `!document.getElementById("drawer").hidden && document.getElementById("drawer-body").textContent.includes("Client id")`)
 
 	// At phone width nothing runs off the side: tables scroll in their boxes.
 	b.do("phone width", chromedp.EmulateViewport(390, 844), chromedp.Navigate(console+"fleet"))
-	b.waitFor("the fleet at phone width", 15*time.Second,
+	b.waitFor("the fleet at phone width", 20*time.Second,
 		`document.querySelectorAll("#hosts tbody tr[data-node]").length === 3 && document.documentElement.scrollWidth <= window.innerWidth + 1`)
 	b.do("desktop width", chromedp.EmulateViewport(1280, 900))
 
@@ -355,7 +355,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	if _, err := host.a.Wait(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	b.waitFor("the node's absence in words", 15*time.Second,
+	b.waitFor("the node's absence in words", 20*time.Second,
 		`document.getElementById("banner").textContent.includes("did not answer") && document.querySelectorAll("#hosts tbody tr[data-node]").length >= 2`)
 	if errs := b.pageErrors(); len(errs) > 0 {
 		t.Errorf("the pages logged errors (a CSP refusal, an exception): %q", errs)
@@ -390,4 +390,44 @@ func epochOf(status string) string {
 	_, rest, _ := strings.Cut(status, "epoch ")
 	e, _, _ := strings.Cut(rest, ",")
 	return e
+}
+
+// The console has no rights of its own: with a passport, the key typed in
+// decides what the pages may read, and a refusal is said in words.
+func TestConsoleWithAPassport(t *testing.T) {
+	t.Parallel()
+	n := newNode(t, "n1", "--bootstrap", "--plugin", "/hooks="+testutil.Bin(t, "testhost"))
+	n.a = testutil.StartAgentAt(t, n.wd, append(append([]string{}, fleetEnv...), passportEnv...), n.args...)
+	b := newBrowser(t)
+	// login starts from no key (the page asks for one), then gives key.
+	login := func(key string) {
+		t.Helper()
+		b.do("forget the key", chromedp.Navigate(n.url()+"/_pinned/console/fleet"), chromedp.Click(chromedp.ID("forget")))
+		b.waitFor("no key", 20*time.Second, `document.getElementById("banner").textContent.startsWith("The token was refused (401)")`)
+		b.do("enter a key",
+			chromedp.SendKeys(chromedp.ID("token"), key),
+			chromedp.Click(chromedp.CSS(`#login button[type=submit]`)))
+	}
+
+	// The node's own key has the worker scope only; an operator key
+	// narrowed to /hooks reaches no fleet-wide route.
+	for _, key := range []string{testutil.Token, hooksOps} {
+		login(key)
+		b.waitFor("a 403 in words", 20*time.Second, `document.getElementById("banner").textContent.startsWith("This token may not do that (403)")`)
+		if got := b.eval(`String(document.querySelectorAll("#hosts tbody tr[data-node]").length)`); got != "0" {
+			t.Errorf("a refused key sees %s hosts", got)
+		}
+	}
+	login(opsKey)
+	b.waitFor("the fleet with the operator key", 20*time.Second,
+		`document.querySelectorAll("#hosts tbody tr[data-node]").length === 1 && document.getElementById("banner").hidden`)
+
+	// An authenticated namespace: the inspector sends no key unless told,
+	// and says what to do about the 401.
+	b.do("inspect an authenticated namespace", chromedp.Navigate(n.url()+"/_pinned/console/inspector?url=/hooks/h1"))
+	b.waitFor("the 401 in words", 20*time.Second,
+		`document.getElementById("status").textContent.includes("HTTP 401") && document.getElementById("status").textContent.includes("Send my token")`)
+	if errs := b.pageErrors(); len(errs) > 0 {
+		t.Errorf("the pages logged errors: %q", errs)
+	}
 }
