@@ -76,7 +76,7 @@ type Agent struct {
 	worker      *pinboard.Worker
 	fd          *frontdoor.FrontDoor
 	api         *pinboard.API
-	console     *console.Series                     // the console's charts: this node's recent counts
+	history     *console.Series                     // this node's recent counts, for the console's charts
 	serving     atomic.Pointer[frontdoor.FrontDoor] // fd, for hooks that may run before it exists
 
 	leave    chan time.Duration // POST /_pinned/leave, with its drain deadline
@@ -216,7 +216,7 @@ func (a *Agent) Start() {
 			}
 		})
 	}
-	a.background(ctx, a.console.Run)
+	a.background(ctx, a.history.Run)
 	a.background(ctx, a.notifyReady)
 }
 

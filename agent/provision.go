@@ -388,7 +388,7 @@ func (a *Agent) provisionFrontDoor(context.Context) error {
 	gate := pinboard.NewOwnerGate(self, 0)
 	a.fd = frontdoor.New(a.frontDoorConfig(self, gate))
 	a.serving.Store(a.fd)
-	a.console = console.NewSeries(a.reg, 0, 0, a.log)
+	a.history = console.NewSeries(a.reg, 0, 0, a.log)
 	a.api = pinboard.NewAPI(a.apiConfig(self, gate))
 	a.api.Mount(a.fd)
 	// The admin console: static files only; its pages call the routes
@@ -507,7 +507,7 @@ func (a *Agent) apiConfig(self *pinboard.Self, gate *pinboard.OwnerGate) pinboar
 		return map[string]any{
 			"nodeId": cfg.NodeID, "namespaces": nss, "instances": insts, "plugins": sup.Plugins(),
 			"uptimeMs": p.UptimeMs, "rssBytes": p.RSSBytes, "cpuPercent": p.CPUPercent,
-			"series": a.console.Snapshot(),
+			"series": a.history.Snapshot(),
 		}
 	}
 	return ac

@@ -38,11 +38,12 @@ type Series struct {
 	keep     int
 	log      *slog.Logger
 
-	mu   sync.Mutex
-	end  time.Time  // when the newest point was taken
-	pts  [][4]int64 // oldest first: requests, activations, placements, forward failures
-	last totals     // the counters at end
-	have bool       // last holds a reading
+	mu      sync.Mutex
+	failing bool       // the last reading failed (logged once, until one works)
+	end     time.Time  // when the newest point was taken
+	pts     [][4]int64 // oldest first: requests, activations, placements, forward failures
+	last    totals     // the counters at end
+	have    bool       // last holds a reading
 }
 
 // totals is one reading of the counters.
@@ -87,14 +88,21 @@ func (s *Series) Run(ctx context.Context) {
 // restart of its collector) counts from zero rather than negative.
 func (s *Series) Sample(now time.Time) {
 	cur, err := s.read()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if err != nil {
 		// A gather error names a collector that failed; the rest is
 		// still good, but a partial reading would draw a false dip.
-		s.log.Warn("console: reading the metrics for the charts failed", "err", err)
+		if !s.failing {
+			s.log.Warn("console: reading the metrics for the charts failed; the charts pause until it works", "err", err)
+		}
+		s.failing = true
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	if s.failing {
+		s.log.Info("console: reading the metrics for the charts works again")
+		s.failing = false
+	}
 	if s.have {
 		var p [4]int64
 		for i := range p {

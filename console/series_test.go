@@ -1,10 +1,13 @@
 package console
 
 import (
+	"errors"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // The node's own collectors, as supervisor and frontdoor name them.
@@ -77,5 +80,32 @@ func TestSeriesCountsEachInterval(t *testing.T) {
 	s.Sample(t0.Add(6 * time.Second))
 	if got := s.Snapshot().Activations; len(got) != 3 || got[2] != 1 {
 		t.Errorf("activations %v, want the newest point 1", got)
+	}
+}
+
+// A reading that fails draws nothing (a partial one would show a false
+// dip), and the next good one counts from the last good reading.
+func TestSeriesSkipsAFailedReading(t *testing.T) {
+	m := newMetrics(t)
+	fail := false
+	g := prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		if fail {
+			return nil, errors.New("a collector failed")
+		}
+		return m.reg.Gather()
+	})
+	s := NewSeries(g, time.Second, 10, slog.New(slog.DiscardHandler))
+	t0 := time.UnixMilli(1_000_000)
+	s.Sample(t0)
+	m.activations.Add(3)
+	fail = true
+	s.Sample(t0.Add(time.Second))
+	if got := s.Snapshot(); len(got.Activations) != 0 || got.End != t0.UnixMilli() {
+		t.Fatalf("after a failed reading: %+v", got)
+	}
+	fail = false
+	s.Sample(t0.Add(2 * time.Second))
+	if got := s.Snapshot().Activations; len(got) != 1 || got[0] != 3 {
+		t.Fatalf("activations %v, want [3]", got)
 	}
 }
