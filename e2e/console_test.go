@@ -284,6 +284,8 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Errorf("Inspect links to %q", got)
 	}
 	b.screenshot("console-fleet.png")
+	b.confirm("Cancel wind-down of /counters/console-c1") // none in force: answered, and the instance stays
+	b.waitFor("the cancel answered", 20*time.Second, `document.getElementById("result").textContent.includes("/counters/console-c1: wind-down cancelled on 1 instance(s)")`)
 	b.confirm("Wind down /counters/console-c1")
 	b.waitFor("the wind-down answered", 20*time.Second, `document.getElementById("result").textContent.includes("/counters/console-c1: wind-down on 1 instance(s)")`)
 	b.waitFor("the instance gone", 20*time.Second, `!document.querySelector('#instances tr[data-instance="/counters/console-c1"]')`)

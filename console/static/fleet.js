@@ -166,6 +166,7 @@ function drawSummary(r) {
     ...card("Placements", r.overview.placements ?? "-"),
     ...card("Hosts draining", w.draining ?? 0, "count-draining"),
     ...card("Hosts winding down", windingDown),
+    ...card("Instances winding down", r.instances.filter((i) => i.deadlineMs).length),
     ...card("Hosts degraded", w.degraded ?? 0),
     ...card("Raft leader", leader ? `${leader.id} (term ${r.health.term ?? "?"})` : "none known"),
     ...card("Quarantine", q > 0 ? `${Math.ceil(q / 1000)} s left` : "over"),
@@ -314,12 +315,17 @@ function drawInstances(r) {
       el("td", {}, i.nodeId),
       el("td", {}, i.generation),
       el("td", {}, i.connections),
-      el("td", {}, i.connections ? "busy" : ago(i.idleMs)),
+      el("td", { class: "state" }, instanceState(i)),
       el("td", {}, i.tasks),
       el("td", { class: "actions" }, instanceActions(i)),
     );
   });
   tbody("instances", rows, "No live instances.", 7);
+}
+
+function instanceState(i) {
+  const use = i.connections ? `busy (${i.connections} open)` : `idle ${ago(i.idleMs)}`;
+  return i.deadlineMs ? `${use}; winding down, goes in ${ago(Math.max(0, i.deadlineMs - Date.now()))}` : use;
 }
 
 function instanceActions(i) {
@@ -434,7 +440,7 @@ function drawDrawer() {
       body.replaceChildren(
         dl([
           ["Node", inst.nodeId], ["Generation", inst.generation], ["Plugin", `${inst.plugin} (pid ${inst.pid})`],
-          ["Connections", inst.connections], ["Idle", inst.connections ? "busy" : ago(inst.idleMs)], ["Tasks", inst.tasks],
+          ["Connections", inst.connections], ["State", instanceState(inst)], ["Tasks", inst.tasks],
           ["Activated", new Date(inst.activatedAt).toLocaleString()],
         ]),
         el("div", { class: "actions" }, instanceActions(inst)),
