@@ -29,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pinnedd/pinnedd/clusterport"
+	"github.com/pinnedd/pinnedd/console"
 	"github.com/pinnedd/pinnedd/frontdoor"
 	"github.com/pinnedd/pinnedd/internal/certfile"
 	"github.com/pinnedd/pinnedd/internal/clustertls"
@@ -75,6 +76,7 @@ type Agent struct {
 	worker      *pinboard.Worker
 	fd          *frontdoor.FrontDoor
 	api         *pinboard.API
+	history     *console.Series                     // this node's recent counts, for the console's charts
 	serving     atomic.Pointer[frontdoor.FrontDoor] // fd, for hooks that may run before it exists
 
 	leave    chan time.Duration // POST /_pinned/leave, with its drain deadline
@@ -214,6 +216,7 @@ func (a *Agent) Start() {
 			}
 		})
 	}
+	a.background(ctx, a.history.Run)
 	a.background(ctx, a.notifyReady)
 }
 

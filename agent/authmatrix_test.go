@@ -88,6 +88,7 @@ var matrixRoutes = map[string]string{
 	"POST /_pinned/join":           "operator",
 	"POST /_pinned/leave":          "operator",
 	"/_pinned/debug/pprof/":        "operator",
+	"GET /_pinned/console/":        "public", // static files: every call its pages make is one of the routes above
 }
 
 // matrixBodies are the bodies of the routes that name what they touch.

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/pinnedd/pinnedd/clusterport"
+	"github.com/pinnedd/pinnedd/console"
 	"github.com/pinnedd/pinnedd/frontdoor"
 	"github.com/pinnedd/pinnedd/internal/certfile"
 	"github.com/pinnedd/pinnedd/internal/clustertls"
@@ -387,8 +388,12 @@ func (a *Agent) provisionFrontDoor(context.Context) error {
 	gate := pinboard.NewOwnerGate(self, 0)
 	a.fd = frontdoor.New(a.frontDoorConfig(self, gate))
 	a.serving.Store(a.fd)
+	a.history = console.NewSeries(a.reg, 0, 0, a.log)
 	a.api = pinboard.NewAPI(a.apiConfig(self, gate))
 	a.api.Mount(a.fd)
+	// The admin console: static files only; its pages call the routes
+	// above, which authorise each call.
+	a.fd.Handle("GET "+console.Prefix, console.NewHandler())
 	tokens, store := a.tokens, a.store
 	insecure := a.cfg.InsecureCluster
 	member := func(r *http.Request) error {
@@ -503,6 +508,7 @@ func (a *Agent) apiConfig(self *pinboard.Self, gate *pinboard.OwnerGate) pinboar
 		return map[string]any{
 			"nodeId": cfg.NodeID, "namespaces": nss, "instances": insts, "plugins": sup.Plugins(),
 			"uptimeMs": p.UptimeMs, "rssBytes": p.RSSBytes, "cpuPercent": p.CPUPercent,
+			"series": a.history.Snapshot(),
 		}
 	}
 	return ac

@@ -193,6 +193,35 @@ func TestWindDownOfOneID(t *testing.T) {
 	}
 }
 
+// A busy instance winding down says by when it goes, until the wind-down
+// is revoked.
+func TestWindingDownShowsItsDeadline(t *testing.T) {
+	s, srv := startSupervisor(t, testutil.Bin(t, "testhost"), "/misc")
+	busy(t, s, srv, "busy")
+	deadlineOf := func() (int64, bool) {
+		for _, in := range s.Instances() {
+			if in.Namespace == "/misc" && in.ID == "busy" {
+				return in.DeadlineMs, true
+			}
+		}
+		return 0, false
+	}
+	if d, ok := deadlineOf(); !ok || d != 0 {
+		t.Fatalf("before a wind-down: deadline %d (live %v)", d, ok)
+	}
+	deadline := time.Now().Add(time.Minute)
+	if n := s.WindDown("/misc", "busy", deadline); n != 1 {
+		t.Fatalf("wind-down touched %d instances", n)
+	}
+	if d, ok := deadlineOf(); !ok || d != deadline.UnixMilli() {
+		t.Fatalf("winding down: deadline %d (live %v), want %d", d, ok, deadline.UnixMilli())
+	}
+	s.WindDown("/misc", "busy", time.Time{})
+	if d, ok := deadlineOf(); !ok || d != 0 {
+		t.Fatalf("after the revoke: deadline %d (live %v), want none", d, ok)
+	}
+}
+
 // evictedAtDeadline checks /misc/idle goes before deadline and /misc/busy
 // not before it, its open request (done) ending with it.
 func evictedAtDeadline(t *testing.T, s *Supervisor, deadline time.Time, done <-chan error) {

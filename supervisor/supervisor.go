@@ -373,6 +373,9 @@ type InstanceStatus struct {
 	Plugin      string `json:"plugin"`
 	PID         int    `json:"pid"`
 	Tasks       int    `json:"tasks"`
+	// DeadlineMs is when it goes (Unix ms) while it winds down (a
+	// wind-down, a drain, a hot swap); absent: it is not winding down.
+	DeadlineMs int64 `json:"deadlineMs,omitempty"`
 }
 
 // NamespaceStats counts a namespace's instance lifecycle on this node.
@@ -484,6 +487,9 @@ func (s *Supervisor) Instances() []InstanceStatus {
 		}
 		if in.conns == 0 {
 			st.IdleMs = now.Sub(in.lastActive).Milliseconds()
+		}
+		if !in.deadline.IsZero() {
+			st.DeadlineMs = in.deadline.UnixMilli()
 		}
 		out = append(out, st)
 	}

@@ -141,8 +141,11 @@ const SILENCE_MS = 45000;
 // attach keeps a copy of the instance's document and calls onState(state)
 // after every snapshot and update. It reconnects on lost connections, on
 // fin with reconnect, and after Retry-After on 503. onEnd(err) is called
-// when the server ends the stream for good (fin without reconnect).
-export function attach(url, { clientId = "", onState = () => {}, onFin = () => {}, onEnd = () => {}, silenceMs = SILENCE_MS } = {}) {
+// when the server ends the stream for good (fin without reconnect). For a
+// viewer of the wire (the console's inspector): onFrame(frame) sees each
+// frame as it arrives, onError(err, waitMs) each failed or broken stream
+// before the wait that follows it, and headers go with every request.
+export function attach(url, { clientId = "", onState = () => {}, onFin = () => {}, onEnd = () => {}, onFrame = () => {}, onError = () => {}, headers = {}, silenceMs = SILENCE_MS } = {}) {
   let closed = false;
   let ctrl = null;
   (async () => {
@@ -152,14 +155,14 @@ export function attach(url, { clientId = "", onState = () => {}, onFin = () => {
         ctrl = new AbortController();
         const res = await fetch(url + "/stream", {
           method: "POST", body: JSON.stringify({ clientId }), signal: ctrl.signal,
-          headers: { "content-type": "application/json" },
+          headers: { ...headers, "content-type": "application/json" },
         });
         if (res.status !== 200) {
           wait = retryAfter(res);
-          await res.body?.cancel();
-          throw new Error(`stream: HTTP ${res.status}`);
+          const text = await res.text().catch(() => "");
+          throw Object.assign(new Error(`stream: HTTP ${res.status} ${text.trim()}`), { status: res.status });
         }
-        const fin = await readStream(res.body, onState, () => ctrl.abort(), silenceMs);
+        const fin = await readStream(res.body, onState, onFrame, () => ctrl.abort(), silenceMs);
         if (fin) {
           onFin(fin);
           if (!fin.reconnect) {
@@ -171,6 +174,8 @@ export function attach(url, { clientId = "", onState = () => {}, onFin = () => {
         attempt = 0;
       } catch (err) {
         if (closed) return;
+        wait ??= backoff(attempt);
+        onError(err, wait);
       }
       await sleep(wait ?? backoff(attempt));
     }
@@ -184,7 +189,7 @@ export function attach(url, { clientId = "", onState = () => {}, onFin = () => {
 }
 
 // readStream reads NDJSON frames until a fin (returned) or the end.
-async function readStream(body, onState, cut, silenceMs) {
+async function readStream(body, onState, onFrame, cut, silenceMs) {
   const reader = body.getReader();
   const dec = new TextDecoder();
   let buf = "";
@@ -214,6 +219,7 @@ async function readStream(body, onState, cut, silenceMs) {
       buf = buf.slice(nl + 1);
       if (!line.trim()) continue;
       const f = JSON.parse(line);
+      onFrame(f);
       if (f.type === "snapshot") {
         state = f.state;
         version = f.version ?? 0;
@@ -238,9 +244,9 @@ async function readStream(body, onState, cut, silenceMs) {
 
 // postFrames sends one POST /frames (body: an object or its JSON text) and
 // returns what came back, without retrying.
-export async function postFrames(url, body) {
+export async function postFrames(url, body, headers = {}) {
   const res = await fetch(url + "/frames", {
-    method: "POST", headers: { "content-type": "application/json" },
+    method: "POST", headers: { ...headers, "content-type": "application/json" },
     body: typeof body === "string" ? body : JSON.stringify(body),
   });
   const text = await res.text();
@@ -256,11 +262,11 @@ export async function postFrames(url, body) {
 // server wants next). The server admits a client's seqs only in order
 // (1, 2, 3, ...): one client sends one frame at a time, and a rejected
 // frame's seq is used again by its next frame.
-export async function send(url, clientId, seq, command) {
+export async function send(url, clientId, seq, command, { headers = {} } = {}) {
   for (let attempt = 0; ; attempt++) {
     let wait = null;
     try {
-      const r = await postFrames(url, { clientId, frames: [{ ...command, seq }] });
+      const r = await postFrames(url, { clientId, frames: [{ ...command, seq }] }, headers);
       if (r.status === 200 && r.body?.acked >= seq) return r.body;
       if (r.status >= 400 && r.status < 500) {
         throw Object.assign(new Error(`frames: HTTP ${r.status} ${r.body?.error ?? r.text}`), {
