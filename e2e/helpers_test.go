@@ -4,7 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/pinnedd/pinnedd/internal/testutil"
 )
@@ -36,4 +39,53 @@ func counterValue(body string) (int64, error) {
 		return 0, fmt.Errorf("not a counter value: %q (%v)", strings.TrimSpace(body), err)
 	}
 	return *v.Value, nil
+}
+
+// load is n clients POSTing to an agent without pause until Stop: acked
+// counts the 200s, refused the 503s with Retry-After (each followed by a
+// short pause, as a client backs off), and bad keeps the last other answer.
+type load struct {
+	acked, refused atomic.Int64
+	bad            atomic.Value
+	stop           chan struct{}
+	wg             sync.WaitGroup
+}
+
+// startLoad starts n clients, client w posting to path(w).
+func startLoad(a *testutil.Agent, n int, path func(w int) string) *load {
+	l := &load{stop: make(chan struct{})}
+	for w := range n {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				r, err := a.Do("POST", path(w), "")
+				switch {
+				case err != nil:
+					l.bad.Store(err.Error())
+				case r.Code == 200:
+					l.acked.Add(1)
+				case r.Code == 503 && r.Header.Get("Retry-After") != "":
+					l.refused.Add(1)
+					time.Sleep(20 * time.Millisecond)
+				default:
+					l.bad.Store(fmt.Sprintf("%d %s", r.Code, r.Body))
+				}
+			}
+		}()
+	}
+	return l
+}
+
+// Stop ends the clients and returns the last answer a client may not
+// retry, nil if none came.
+func (l *load) Stop() any {
+	close(l.stop)
+	l.wg.Wait()
+	return l.bad.Load()
 }

@@ -228,35 +228,8 @@ func TestHotSwapUnderLoad(t *testing.T) {
 	bin := filepath.Join(testutil.SharedDir(t), "counter") // the plugin account runs it
 	copyFile(t, testutil.Bin(t, "counter"), bin)
 	a := testutil.StartAgent(t, nil, "--dev", "--plugin", "/counters="+bin, "--swap-deadline", "2s")
-	var acked, refused atomic.Int64
-	var bad atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := 0; w < 4; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				r, err := a.Do("POST", "/counters/load/increment", "")
-				switch {
-				case err != nil:
-					bad.Store(err.Error())
-				case r.Code == 200:
-					acked.Add(1)
-				case r.Code == 503 && r.Header.Get("Retry-After") != "":
-					refused.Add(1)
-					time.Sleep(20 * time.Millisecond)
-				default:
-					bad.Store(fmt.Sprintf("%d %s", r.Code, r.Body))
-				}
-			}
-		}()
-	}
+	l := startLoad(a, 4, func(int) string { return "/counters/load/increment" })
+	acked, refused := &l.acked, &l.refused
 	pids := []int{pluginPID(t, a, "counter")}
 	for i := 0; i < 2; i++ {
 		testutil.WaitFor(t, 10*time.Second, "load flowing", func() bool { return acked.Load() > int64(20*(i+1)) })
@@ -270,9 +243,7 @@ func TestHotSwapUnderLoad(t *testing.T) {
 		pids = append(pids, pluginPID(t, a, "counter"))
 	}
 	testutil.WaitFor(t, 10*time.Second, "load after the swaps", func() bool { return acked.Load() > 80 })
-	close(stop)
-	wg.Wait()
-	if b := bad.Load(); b != nil {
+	if b := l.Stop(); b != nil {
 		t.Fatalf("a client saw a non-retryable answer: %v", b)
 	}
 	for _, old := range pids[:2] {

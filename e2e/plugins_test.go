@@ -5,8 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,32 +28,10 @@ func TestPluginsAddAndRemoveAtRunTime(t *testing.T) {
 	copyFile(t, testutil.Bin(t, "testhost"), outside)
 	a := testutil.StartAgent(t, nil, "--dev", "--plugin-dir", dir)
 
-	var acked atomic.Int64
-	var bad atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := 0; w < 4; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				r, err := a.Do("POST", fmt.Sprintf("/counters/load%d/increment", w), "")
-				switch {
-				case err != nil:
-					bad.Store(err.Error())
-				case r.Code == 200:
-					acked.Add(1)
-				default:
-					bad.Store(fmt.Sprintf("%d %s", r.Code, r.Body))
-				}
-			}
-		}()
-	}
+	// Increments of the built-in counters, which never stop serving: any
+	// answer but 200 fails the test, a retryable 503 too.
+	l := startLoad(a, 4, func(w int) string { return fmt.Sprintf("/counters/load%d/increment", w) })
+	acked := &l.acked
 	testutil.WaitFor(t, 10*time.Second, "load flowing", func() bool { return acked.Load() > 20 })
 
 	expect(t, a, "POST", "/tally/t1/inc", 404, `{"error":"unknown namespace"}`)
@@ -102,10 +78,8 @@ func TestPluginsAddAndRemoveAtRunTime(t *testing.T) {
 
 	before := acked.Load()
 	testutil.WaitFor(t, 10*time.Second, "load after the removal", func() bool { return acked.Load() > before+20 })
-	close(stop)
-	wg.Wait()
-	if b := bad.Load(); b != nil {
-		t.Fatalf("a request of another namespace failed meanwhile: %v", b)
+	if b := l.Stop(); b != nil || l.refused.Load() != 0 {
+		t.Fatalf("a request of another namespace failed meanwhile: %v (%d refused)", b, l.refused.Load())
 	}
 }
 

@@ -255,30 +255,8 @@ func TestPythonHotSwapUnderLoad(t *testing.T) {
 	t.Parallel()
 	args := append([]string{"--dev", "--swap-deadline", "2s"}, pythonCounterArgs(t)...)
 	a := testutil.StartAgent(t, nil, args...)
-	var acked, refused atomic.Int64
-	var bad atomic.Value
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				r, err := a.Do("POST", "/counters/load/increment", "")
-				switch {
-				case err != nil:
-					bad.Store(err.Error())
-				case r.Code == 200:
-					acked.Add(1)
-				case r.Code == 503 && r.Header.Get("Retry-After") != "":
-					refused.Add(1)
-					time.Sleep(20 * time.Millisecond)
-				default:
-					bad.Store(fmt.Sprintf("%d %s", r.Code, r.Body))
-				}
-			}
-		}()
-	}
+	l := startLoad(a, 4, func(int) string { return "/counters/load/increment" })
+	acked, refused := &l.acked, &l.refused
 	pids := []int{pluginPID(t, a, "counter.py")}
 	for i := range 2 {
 		testutil.WaitFor(t, 10*time.Second, "load flowing", func() bool { return acked.Load() > int64(20*(i+1)) })
@@ -292,9 +270,7 @@ func TestPythonHotSwapUnderLoad(t *testing.T) {
 		pids = append(pids, pluginPID(t, a, "counter.py"))
 	}
 	testutil.WaitFor(t, 10*time.Second, "load after the swaps", func() bool { return acked.Load() > 80 })
-	stop()
-	wg.Wait()
-	if b := bad.Load(); b != nil {
+	if b := l.Stop(); b != nil {
 		t.Fatalf("a client saw an answer it may not retry: %v", b)
 	}
 	for _, old := range pids[:2] {
