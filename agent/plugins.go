@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -101,13 +102,33 @@ func (a *Agent) addPlugin(ctx context.Context, arg string) ([]string, error) {
 	case err != nil:
 		return nil, err
 	}
-	a.worker.SetNamespaces(a.sup.Namespaces())
+	// Answer once the directory places the new namespaces here: a request
+	// right after is served.
+	if err := a.worker.SetNamespacesAndWait(ctx, a.sup.Namespaces()); err != nil {
+		return nss, fmt.Errorf("plugin started, but its namespaces are not registered yet (the next heartbeat retries): %w", err)
+	}
 	return nss, nil
 }
 
 // removePlugin ends the plugin serving ns on this node and lets its
 // namespaces go in the directory.
 func (a *Agent) removePlugin(ctx context.Context, ns string) ([]string, error) {
+	// First the directory stops placing the plugin's namespaces here (the
+	// ids it runs stay its own until evicted), so an id released by the
+	// eviction is placed on another node, not here again.
+	var gone []string
+	for _, p := range a.sup.Plugins() {
+		if slices.Contains(p.Namespaces, ns) {
+			gone = p.Namespaces
+		}
+	}
+	keep := slices.DeleteFunc(a.sup.Namespaces(), func(n string) bool { return slices.Contains(gone, n) })
+	if len(gone) > 0 && len(keep) > 0 {
+		if err := a.worker.SetNamespacesAndWait(ctx, keep); err != nil {
+			a.worker.SetNamespaces(a.sup.Namespaces())
+			return nil, err
+		}
+	}
 	nss, err := a.sup.RemovePlugin(ctx, ns)
 	switch {
 	case errors.Is(err, supervisor.ErrUnknownPlugin):
@@ -117,7 +138,11 @@ func (a *Agent) removePlugin(ctx context.Context, ns string) ([]string, error) {
 	case err != nil:
 		return nil, err
 	}
-	a.worker.SetNamespaces(a.sup.Namespaces())
+	// Answer once the directory places the new namespaces here: a request
+	// right after is served.
+	if err := a.worker.SetNamespacesAndWait(ctx, a.sup.Namespaces()); err != nil {
+		return nss, fmt.Errorf("plugin started, but its namespaces are not registered yet (the next heartbeat retries): %w", err)
+	}
 	return nss, nil
 }
 

@@ -98,8 +98,10 @@ func TestPostgresOutageIsBoundedAndReported(t *testing.T) {
 		}
 	}
 
-	pg.stop(t)
+	// The outage begins as the stop does: Postgres refuses new connections
+	// while it shuts down, before stop returns.
 	stopped := time.Now()
+	pg.stop(t)
 	// New ids: a prompt 503 + Retry-After that says why, on every node.
 	for i, n := range nodes {
 		start := time.Now()

@@ -122,9 +122,13 @@ type Worker struct {
 	// why: registrations leave them out, status and readiness report them.
 	dropped []DroppedRoute
 	// namespaces are what registrations announce (cfg.Namespaces, then
-	// SetNamespaces); kick asks Run to register again at once.
-	namespaces []string
-	kick       chan struct{}
+	// SetNamespaces), nsGen counts their changes and registeredGen is the
+	// count the last registration announced; kick asks Run to register
+	// again at once.
+	namespaces    []string
+	nsGen         int
+	registeredGen int
+	kick          chan struct{}
 
 	// unfit, if set, says why this node must take no new placements
 	// (its state store is unavailable); nil: it may.
@@ -174,8 +178,34 @@ func NewWorker(cfg WorkerConfig, r Registrar) *Worker {
 func (w *Worker) SetNamespaces(nss []string) {
 	w.mu.Lock()
 	w.namespaces = slices.Clone(nss)
+	w.nsGen++
 	w.mu.Unlock()
 	w.Reregister()
+}
+
+// SetNamespacesAndWait is SetNamespaces that returns once a registration
+// announced them (or ctx ends): from then on the directory places nothing
+// new here in a namespace left out.
+func (w *Worker) SetNamespacesAndWait(ctx context.Context, nss []string) error {
+	w.SetNamespaces(nss)
+	w.mu.Lock()
+	gen := w.nsGen
+	w.mu.Unlock()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		w.mu.Lock()
+		done := w.registeredGen >= gen
+		w.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("register the new namespaces: %w", ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 // Reregister has Run register again at once (also what Routes returns is
@@ -344,7 +374,7 @@ var ErrReregister = errors.New("directory asks to re-register")
 func (w *Worker) register(ctx context.Context) error {
 	sent := time.Now()
 	w.mu.Lock()
-	nss := slices.Clone(w.namespaces)
+	nss, gen := slices.Clone(w.namespaces), w.nsGen
 	w.mu.Unlock()
 	req := RegisterRequest{
 		ClientID: w.clientID, NodeID: w.cfg.NodeID, AdvertiseURL: w.cfg.AdvertiseURL,
@@ -383,6 +413,7 @@ func (w *Worker) register(ctx context.Context) error {
 	w.mu.Lock()
 	first := w.sessionID == ""
 	w.sessionID = ack.SessionID
+	w.registeredGen = max(w.registeredGen, gen)
 	next := &workerKeys{cur: key}
 	if old := w.keys.Load(); old != nil {
 		next.prev, next.prevSince = old.cur, time.Now()

@@ -209,7 +209,7 @@ func TestComplete(t *testing.T) {
 	for line, want := range map[string]string{
 		"":                               "agent status version token tls completion join leave remove members workers drain undrain wind-down plugins",
 		"st":                             "status",
-		"plugins ":                       "list reload",
+		"plugins ":                       "list reload add remove",
 		"status --":                      "--addr --token --token-file --timeout --ca --insecure --json --help",
 		"status -":                       "--addr --token --token-file --timeout --ca --insecure --json --help -h",
 		"wind-down /threads --dead":      "--deadline",

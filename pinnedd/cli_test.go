@@ -523,7 +523,7 @@ COMP_WORDS=(pinnedd status -- ""); COMP_CWORD=3; _pinnedd_complete; echo "[${COM
 	bash := exec.Command("bash", "-c", script)
 	bash.Env = cliEnv([]string{"PATH=" + filepath.Dir(testutil.Bin(t, "pinnedd")) + ":" + os.Getenv("PATH"), "PINNEDD_ADDR=" + decoy})
 	out, err := bash.CombinedOutput()
-	want := "reload\n--deadline\n--addr --token --token-file --timeout --ca --insecure --json --help\nplugins\n[]\n"
+	want := "reload remove\n--deadline\n--addr --token --token-file --timeout --ca --insecure --json --help\nplugins\n[]\n"
 	if err != nil || string(out) != want {
 		t.Fatalf("bash completion: %v\n%s\nwant:\n%s", err, out, want)
 	}

@@ -3,10 +3,12 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/pinnedd/pinnedd/internal/testutil"
@@ -103,5 +105,56 @@ func TestAddAndRemovePlugins(t *testing.T) {
 	}
 	if code, body := post("/tally/t1/inc"); code != http.StatusOK || body != `{"value":1}` {
 		t.Fatalf("re-added: %d %s", code, body)
+	}
+}
+
+// Plugins added and removed while requests flow to another plugin's
+// namespace: those requests never fail, and the set each request reads is
+// whole (run under -race).
+func TestPluginsChangeUnderLoad(t *testing.T) {
+	bin := testutil.Bin(t, "testhost")
+	s, srv := serveSupervisor(t, Config{Specs: []Spec{{Name: "p", Path: bin, Namespaces: []string{"/misc"}}}})
+	var failed atomic.Value
+	var served atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := http.Post(fmt.Sprintf("%s/misc/w%d-%d/echo", srv.URL, w, i%3), "", nil)
+				if err != nil {
+					failed.Store(err.Error())
+					continue
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					failed.Store(resp.Status)
+					continue
+				}
+				served.Add(1)
+			}
+		}()
+	}
+	for range 3 {
+		if _, err := s.AddPlugin(t.Context(), Spec{Name: "q", Path: bin, Namespaces: []string{"/tally"}}); err != nil {
+			t.Fatal(err)
+		}
+		_ = s.Namespaces()
+		if _, err := s.RemovePlugin(t.Context(), "/tally"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if f := failed.Load(); f != nil || served.Load() == 0 {
+		t.Fatalf("requests to /misc while plugins came and went: served %d, a failure: %v", served.Load(), f)
 	}
 }
