@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
+	"github.com/pinnedd/pinnedd/plugins"
 )
 
 // Label values of pinned_attestation_failures_total{reason}, each exported
@@ -71,6 +72,9 @@ func (g *OwnerGate) Admit(w http.ResponseWriter, r *http.Request, signedPath str
 // and counts why.
 func (g *OwnerGate) Refuse(w http.ResponseWriter, err error) {
 	g.failures.WithLabelValues(attestOutcome(err)).Inc()
+	// In-band: a forwarder whose replica named a session the owner does
+	// not hold asks the leader again (plugins.ClassifyAnswer).
+	w.Header().Set(plugins.HeaderRefusal, plugins.RefusalAttestation)
 	httpx.WriteError(w, http.StatusForbidden, "invalid attestation", 0)
 }
 

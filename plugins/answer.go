@@ -15,7 +15,8 @@ const (
 	// another worker.
 	AnswerRefused
 	// AnswerMisdirected: the owner does not hold the placement under the
-	// attested generation: ask the leader where it is, and retry.
+	// attested generation, or not under the session the attestation was
+	// signed for: ask the leader where it is, and retry.
 	AnswerMisdirected
 	// AnswerInactive: the plugin does not hold the instance (its process
 	// restarted): the owner drops its record and the client retries.
@@ -30,7 +31,8 @@ func ClassifyAnswer(status int, refusal string) Answer {
 		return AnswerServed
 	case status == http.StatusServiceUnavailable && (refusal == RefusalLeaseUnhealthy || refusal == RefusalDraining || refusal == RefusalDegraded):
 		return AnswerRefused
-	case status == http.StatusMisdirectedRequest && refusal == RefusalNotOwner:
+	case status == http.StatusMisdirectedRequest && refusal == RefusalNotOwner,
+		status == http.StatusForbidden && refusal == RefusalAttestation:
 		return AnswerMisdirected
 	case status == http.StatusServiceUnavailable && refusal == RefusalInactive:
 		return AnswerInactive

@@ -63,4 +63,9 @@ const (
 	// RefusalNotOwner: the forwarded request named a placement this node
 	// does not hold under that generation; the forwarder asks the leader.
 	RefusalNotOwner = "not-owner"
+	// RefusalAttestation: the owner side did not accept the forwarder's
+	// attestation (403): signed for a session the owner no longer or not
+	// yet holds (it re-registered a moment ago). Nothing ran; the
+	// forwarder asks the leader, as for RefusalNotOwner.
+	RefusalAttestation = "attestation"
 )
