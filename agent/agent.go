@@ -49,6 +49,10 @@ type Agent struct {
 	log    *slog.Logger
 	reg    *prometheus.Registry
 	tokens *pinboard.Tokens
+	// leaving are the routes of a plugin being removed: no longer
+	// registered (registeredNamespaces, registeredRoutes).
+	leavingMu sync.Mutex
+	leaving   []supervisor.Route
 
 	// The parts, in the order New builds them. Stop skips the ones never
 	// built; the optional ones are nil with NoHosts.

@@ -69,6 +69,10 @@ type Config struct {
 
 	// Specs are the plugins serving this node's namespaces.
 	Specs []supervisor.Spec
+	// HostnameAware routes requests by their Host: each plugin serves its
+	// namespaces under a hostname (Spec.Bind), and its ids live in its
+	// env (seed 004). Every node of a fleet runs alike.
+	HostnameAware bool
 	// PluginDir is where plugins added at run time (pinnedd plugins add)
 	// must live; empty: none may be added. NewPlugin builds such a
 	// plugin's spec from --plugin's /NS=PATH as the flags built Specs

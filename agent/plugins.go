@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/pinnedd/pinnedd/pinboard"
 	"github.com/pinnedd/pinnedd/supervisor"
@@ -76,11 +77,12 @@ func ownedSafely(path string) error {
 	return nil
 }
 
-// addPlugin starts the plugin arg names (--plugin's /NS=PATH) on this
-// running node and registers its namespace.
+// addPlugin starts the plugin arg names (--plugin's [HOST]/NS=PATH,...)
+// on this running node and registers its routes.
 func (a *Agent) addPlugin(ctx context.Context, arg string) ([]string, error) {
-	ns, path, ok := strings.Cut(arg, "=")
-	if !ok || ns == "" || path == "" {
+	route, rest, ok := strings.Cut(arg, "=")
+	path, _, _ := strings.Cut(rest, ",") // options follow the path
+	if !ok || route == "" || path == "" {
 		return nil, fmt.Errorf("%w: want /namespace=/path/to/binary", pinboard.ErrBadRequest)
 	}
 	if _, err := checkPluginPath(a.cfg.PluginDir, path); err != nil {
@@ -93,7 +95,7 @@ func (a *Agent) addPlugin(ctx context.Context, arg string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", pinboard.ErrBadRequest, err)
 	}
-	nss, err := a.sup.AddPlugin(ctx, sp)
+	rs, err := a.sup.AddPlugin(ctx, sp)
 	switch {
 	case errors.Is(err, supervisor.ErrPluginConflict):
 		return nil, fmt.Errorf("%w: %w", pinboard.ErrConflict, err)
@@ -102,34 +104,40 @@ func (a *Agent) addPlugin(ctx context.Context, arg string) ([]string, error) {
 	case err != nil:
 		return nil, err
 	}
-	// Answer once the directory places the new namespaces here: a request
+	// Answer once the directory places the new routes here: a request
 	// right after is served.
-	if err := a.worker.SetNamespacesAndWait(ctx, a.sup.Namespaces()); err != nil {
-		return nss, fmt.Errorf("plugin started, but its namespaces are not registered yet (the next heartbeat retries): %w", err)
+	if err := a.announce(ctx); err != nil {
+		return routeNames(rs), fmt.Errorf("plugin started, but its namespaces are not registered yet (the next heartbeat retries): %w", err)
 	}
-	return nss, nil
+	return routeNames(rs), nil
 }
 
-// removePlugin ends the plugin serving ns on this node and lets its
-// namespaces go in the directory.
-func (a *Agent) removePlugin(ctx context.Context, ns string) ([]string, error) {
-	// First the directory stops placing the plugin's namespaces here (the
-	// ids it runs stay its own until evicted), so an id released by the
+// removePlugin ends the plugin serving route on this node and lets its
+// routes go in the directory.
+func (a *Agent) removePlugin(ctx context.Context, route string) ([]string, error) {
+	// First the directory stops placing the plugin's routes here (the ids
+	// it runs stay its own until evicted), so an id released by the
 	// eviction is placed on another node, not here again.
-	var gone []string
+	var gone []supervisor.Route
 	for _, p := range a.sup.Plugins() {
-		if slices.Contains(p.Namespaces, ns) {
-			gone = p.Namespaces
+		rs := make([]supervisor.Route, len(p.Namespaces))
+		for i, ns := range p.Namespaces {
+			rs[i] = supervisor.Route{Hostname: p.Hostname, Namespace: ns}
+		}
+		if slices.ContainsFunc(rs, func(r supervisor.Route) bool { return r.String() == route }) {
+			gone = rs
 		}
 	}
-	keep := slices.DeleteFunc(a.sup.Namespaces(), func(n string) bool { return slices.Contains(gone, n) })
-	if len(gone) > 0 && len(keep) > 0 {
-		if err := a.worker.SetNamespacesAndWait(ctx, keep); err != nil {
-			a.worker.SetNamespaces(a.sup.Namespaces())
+	if len(gone) > 0 && len(gone) < len(a.sup.Routes()) {
+		a.setLeaving(gone)
+		if err := a.announce(ctx); err != nil {
+			a.setLeaving(nil)
+			a.worker.Reregister()
 			return nil, err
 		}
 	}
-	nss, err := a.sup.RemovePlugin(ctx, ns)
+	rs, err := a.sup.RemovePlugin(ctx, route)
+	a.setLeaving(nil)
 	switch {
 	case errors.Is(err, supervisor.ErrUnknownPlugin):
 		return nil, fmt.Errorf("%w: %w", pinboard.ErrUnknownNamespace, err)
@@ -138,12 +146,76 @@ func (a *Agent) removePlugin(ctx context.Context, ns string) ([]string, error) {
 	case err != nil:
 		return nil, err
 	}
-	// Answer once the directory places the new namespaces here: a request
-	// right after is served.
-	if err := a.worker.SetNamespacesAndWait(ctx, a.sup.Namespaces()); err != nil {
-		return nss, fmt.Errorf("plugin started, but its namespaces are not registered yet (the next heartbeat retries): %w", err)
+	if err := a.announce(ctx); err != nil {
+		return routeNames(rs), fmt.Errorf("plugin removed, but the directory has not heard yet (the next heartbeat retries): %w", err)
 	}
-	return nss, nil
+	return routeNames(rs), nil
+}
+
+// announce registers what this node serves now and returns once the
+// directory applied it.
+func (a *Agent) announce(ctx context.Context) error {
+	return a.worker.SetNamespacesAndWait(ctx, a.registeredNamespaces())
+}
+
+// registeredNamespaces are what this node's worker registers in single
+// mode: its plugins' namespaces, but for those of a plugin being removed.
+// None in hostname-aware mode (registeredRoutes).
+func (a *Agent) registeredNamespaces() []string {
+	if a.cfg.HostnameAware {
+		return nil
+	}
+	a.leavingMu.Lock()
+	defer a.leavingMu.Unlock()
+	return slices.DeleteFunc(a.sup.Namespaces(), func(ns string) bool {
+		return slices.Contains(a.leaving, supervisor.Route{Namespace: ns})
+	})
+}
+
+// registeredRoutes are, in hostname-aware mode, what this node's worker
+// registers: its plugins' routes with their bindings, but for those of a
+// plugin being removed. The worker leaves out the routes the directory
+// superseded.
+func (a *Agent) registeredRoutes() []pinboard.RouteSpec {
+	a.leavingMu.Lock()
+	defer a.leavingMu.Unlock()
+	var out []pinboard.RouteSpec
+	for _, r := range a.sup.Routes() {
+		if !slices.Contains(a.leaving, r.Route) {
+			out = append(out, pinboard.RouteSpec{Hostname: r.Hostname, Namespace: r.Namespace, Env: r.Bind.Env, Takeover: r.Bind.Takeover, Epoch: r.Bind.Epoch})
+		}
+	}
+	return out
+}
+
+// setLeaving names the routes of a plugin on its way out (nil: none).
+func (a *Agent) setLeaving(rs []supervisor.Route) {
+	a.leavingMu.Lock()
+	a.leaving = rs
+	a.leavingMu.Unlock()
+}
+
+// superseded is the worker's OnSuperseded hook: the directory rebound
+// these routes' hostname or env at a higher epoch (or refused them), so
+// their instances are aborted; the worker registers without them, and
+// /readyz and status report them until an operator removes the plugin.
+func (a *Agent) superseded(specs []pinboard.RouteSpec, why string) {
+	rs := make([]supervisor.Route, len(specs))
+	for i, sp := range specs {
+		rs[i] = supervisor.Route{Hostname: sp.Hostname, Namespace: sp.Namespace}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n := a.sup.AbortRoutes(ctx, rs)
+	a.log.Warn("routes superseded: their instances aborted, no longer registered", "routes", routeNames(rs), "instances", n, "reason", why)
+}
+
+func routeNames(rs []supervisor.Route) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.String()
+	}
+	return out
 }
 
 func (a *Agent) pluginNames() []string {

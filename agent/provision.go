@@ -189,15 +189,15 @@ func (a *Agent) provisionPlugins(ctx context.Context) error {
 // placement back. The front door exists by then: an instance is only
 // activated through it, after New.
 func (a *Agent) released(k supervisor.Key, gen uint64, release bool) {
-	a.fd.Released(k.Namespace, k.ID, gen, release)
+	a.fd.Released(k, gen, release)
 }
 
 // degraded is the supervisor's OnDegraded hook: the front door gives up
 // the namespaces' placements here. A crash loop before the front door
 // exists is left to it: a request for such an id gives it up then.
-func (a *Agent) degraded(namespaces []string) {
+func (a *Agent) degraded(routes []supervisor.Route) {
 	if fd := a.serving.Load(); fd != nil {
-		fd.Degraded(namespaces)
+		fd.Degraded(routes)
 	}
 }
 
@@ -298,6 +298,9 @@ func (a *Agent) provisionDirectory(context.Context) error {
 		a.dir.SealSecretWith(func(plain []byte) []byte { return a.sealer.Seal(clustertls.LabelClusterSecret, plain) })
 	}
 	a.registry = pinboard.NewRegistry(a.dir, a.cfg.LeaseTTL)
+	if a.cfg.HostnameAware {
+		a.registry.HostnameAware()
+	}
 	if a.memberRoots != nil {
 		a.registry.VerifyWith(a.memberRoots)
 	}
@@ -311,14 +314,14 @@ func (a *Agent) provisionWorker(context.Context) error {
 		return nil
 	}
 	sup := a.sup
-	a.worker = pinboard.NewWorker(pinboard.WorkerConfig{
-		NodeID: a.cfg.NodeID, AdvertiseURL: a.advertise, Namespaces: sup.Namespaces(),
+	wc := pinboard.WorkerConfig{
+		NodeID: a.cfg.NodeID, AdvertiseURL: a.advertise, Namespaces: a.registeredNamespaces(),
 		TTL: a.cfg.LeaseTTL, Interval: a.cfg.Heartbeat, Logger: a.log,
 		StateFile: filepath.Join(a.dataDir, "worker.json"),
 		LiveIDs: func() []pinboard.InstanceKey {
 			var out []pinboard.InstanceKey
 			for _, in := range sup.Instances() {
-				out = append(out, pinboard.InstanceKey{Namespace: in.Namespace, ID: in.ID})
+				out = append(out, pinboard.InstanceKey{Env: in.Env, Namespace: in.Namespace, ID: in.ID})
 			}
 			return out
 		},
@@ -334,10 +337,14 @@ func (a *Agent) provisionWorker(context.Context) error {
 			qctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			for _, k := range keys {
-				sup.Quit(qctx, supervisor.Key{Namespace: k.Namespace, ID: k.ID})
+				sup.Quit(qctx, supervisor.Key{Env: k.Env, Namespace: k.Namespace, ID: k.ID})
 			}
 		},
-	}, a.registry)
+	}
+	if a.cfg.HostnameAware {
+		wc.Routes, wc.OnSuperseded = a.registeredRoutes, a.superseded
+	}
+	a.worker = pinboard.NewWorker(wc, a.registry)
 	return nil
 }
 
@@ -460,6 +467,7 @@ func (a *Agent) frontDoorConfig(self *pinboard.Self, gate *pinboard.OwnerGate) f
 	if a.sup != nil {
 		fdc.Local, fdc.ClusterCalls = a.sup, a.sup.VerifyClusterCall
 	}
+	fdc.HostnameAware, fdc.LeaseTTL = cfg.HostnameAware, cfg.LeaseTTL
 	return fdc
 }
 
@@ -492,7 +500,7 @@ func (a *Agent) apiConfig(self *pinboard.Self, gate *pinboard.OwnerGate) pinboar
 			worker.HeartbeatNow(hctx)
 		}()
 	}
-	ac.WindDown = sup.WindDown
+	ac.WindDown = func(k directory.Key, deadline time.Time) int { return sup.WindDown(supervisor.Key(k), deadline) }
 	ac.Reload = func(ctx context.Context, ns string) error {
 		if err := sup.Reload(ctx, ns); errors.Is(err, supervisor.ErrUnknownNS) {
 			return fmt.Errorf("%w: %s", pinboard.ErrUnknownNamespace, ns)

@@ -19,7 +19,7 @@ func TestClusterCallNeedsTheCallersOwnNamespace(t *testing.T) {
 	rig := newDoorRig(t, func(rig *doorRig, c *nodeConfig) {
 		c.Registry = pinboard.NewRegistry(c.Dir, time.Hour)
 		c.Worker = pinboard.NewWorker(pinboard.WorkerConfig{NodeID: "n1", AdvertiseURL: rig.srv.URL, Namespaces: []string{"/misc"}, TTL: time.Hour, Logger: c.Logger}, c.Registry)
-		c.ClusterCalls = func(tok string) ([]string, bool) { nss, ok := creds[tok]; return nss, ok }
+		c.ClusterCalls = func(tok string) (string, []string, bool) { nss, ok := creds[tok]; return "", nss, ok }
 	})
 	for _, c := range []struct {
 		header string
@@ -33,7 +33,7 @@ func TestClusterCallNeedsTheCallersOwnNamespace(t *testing.T) {
 	} {
 		r := httptest.NewRequest("POST", "/counters/a/increment", nil)
 		r.Header.Set(plugins.HeaderClusterCall, c.header)
-		ok, err := rig.f.clusterCall(r)
+		_, ok, err := rig.f.clusterCall(r)
 		if ok != c.ok || (err == nil) != c.ok || (c.why != "" && !strings.Contains(err.Error(), c.why)) {
 			t.Errorf("%q: ok=%v err=%v, want ok=%v (%s)", c.header, ok, err, c.ok, c.why)
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/pinnedd/pinnedd/internal/relay"
 	"github.com/pinnedd/pinnedd/passport"
 	"github.com/pinnedd/pinnedd/pinboard"
+	"github.com/pinnedd/pinnedd/pinboard/directory"
 	"github.com/pinnedd/pinnedd/plugins"
 )
 
@@ -37,9 +38,10 @@ const (
 type decision struct {
 	kind routeKind
 	// ns, id and rest name the instance (toOwner, toWake, toInstance),
-	// unless err says why the path names none.
-	ns, id, rest string
-	err          error
+	// unless err says why the path names none; env is its env, which an
+	// owner-side path names in hostname-aware mode (ownerPath).
+	env, ns, id, rest string
+	err               error
 	// loop: the kept-alive loop may carry the request. Only a plain path
 	// and query (passed through as they are), from a client or a member;
 	// for an instance, of a namespace that admits anyone and with no
@@ -86,10 +88,10 @@ func (f *FrontDoor) decide(method, path, escaped, query string, hdr fields, from
 		return decision{kind: toPeerOnly}
 	case strings.HasPrefix(path, ownerRoutePrefix+"/"):
 		d.kind = toOwner
-		d.ns, d.id, d.rest, d.err = parseInstancePath(strings.TrimPrefix(escaped, ownerRoutePrefix))
+		d.env, d.ns, d.id, d.rest, d.err = parseOwnerPath(strings.TrimPrefix(escaped, ownerRoutePrefix))
 	case strings.HasPrefix(path, wakePrefix+"/") && method == http.MethodPost:
 		d.kind = toWake
-		d.ns, d.id, _, d.err = parseInstancePath(strings.TrimPrefix(escaped, wakePrefix))
+		d.env, d.ns, d.id, _, d.err = parseOwnerPath(strings.TrimPrefix(escaped, wakePrefix))
 		return d // net/http's: it activates
 	case isInstancePath(path):
 		d.kind = toInstance
@@ -99,9 +101,41 @@ func (f *FrontDoor) decide(method, path, escaped, query string, hdr fields, from
 	}
 	d.loop = d.err == nil && from != fromStranger && escaped == path && plainTarget(path, query)
 	if d.loop && d.kind == toInstance {
-		d.loop = f.tokens.Passport().Policy(d.ns) == passport.Anonymous && !hdr.has(plugins.HeaderClusterCall)
+		// Hostname-aware mode routes by Host, which net/http checks.
+		d.loop = !f.res.hostnames && f.tokens.Passport().Policy(d.ns) == passport.Anonymous && !hdr.has(plugins.HeaderClusterCall)
 	}
 	return d
+}
+
+// key is the instance d names.
+func (d decision) key() directory.Key { return directory.Key{Env: d.env, Namespace: d.ns, ID: d.id} }
+
+// envMark starts an owner-side path's env segment in hostname-aware mode
+// (/_pinned/i/~ENV/<ns>/<id>/...): no namespace starts with '~', and the
+// attestation signs the path, env and all.
+const envMark = "/~"
+
+// ownerPath is prefix followed by k's instance path: the one rule for the
+// owner-side routes' paths (the hop's and wake's).
+func ownerPath(prefix string, k directory.Key) string {
+	if k.Env != "" {
+		prefix += envMark + k.Env
+	}
+	return prefix + k.Namespace + "/" + k.ID
+}
+
+// parseOwnerPath is parseInstancePath for what follows an owner-side
+// route's prefix: an env segment first, if there is one.
+func parseOwnerPath(escaped string) (env, ns, id, rest string, err error) {
+	if strings.HasPrefix(escaped, envMark) {
+		i := strings.IndexByte(escaped[1:], '/') + 1
+		if i == 0 || !plugins.ValidEnv(escaped[len(envMark):i]) {
+			return "", "", "", "", fmt.Errorf("%w: path must be /~<env>/<namespace>/<id>/...", plugins.ErrInvalidNamespace)
+		}
+		env, escaped = escaped[len(envMark):i], escaped[i:]
+	}
+	ns, id, rest, err = parseInstancePath(escaped)
+	return env, ns, id, rest, err
 }
 
 // plainTarget: path and query pass through the loop as they are (no

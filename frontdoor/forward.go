@@ -288,7 +288,7 @@ func (fw *forwarder) forward(w http.ResponseWriter, r *http.Request, rq *instanc
 // same with query (what is signed), and the attestation that lets owner
 // serve it.
 func (fw *forwarder) attestFor(secret []byte, p directory.Placement, owner directory.Worker, method, rest, query string, now time.Time) (path, signed, att string) {
-	path = ownerRoutePrefix + p.Key.Namespace + "/" + p.Key.ID + rest
+	path = ownerPath(ownerRoutePrefix, p.Key) + rest
 	signed = withQuery(path, query)
 	return path, signed, pinboard.SignFor(secret, owner.SessionID, pinboard.Attestation{Target: owner.ClientID, Caller: fw.res.self.ID(), Generation: p.Generation, At: now}, method, signed)
 }

@@ -1,6 +1,7 @@
 package frontdoor
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -68,7 +69,14 @@ type Config struct {
 	// plugins.HeaderClusterCall) speaks for, ok false for one no live
 	// plugin process of this node holds (supervisor.VerifyClusterCall).
 	// nil: no cluster calls.
-	ClusterCalls func(token string) (namespaces []string, ok bool)
+	ClusterCalls func(token string) (hostname string, namespaces []string, ok bool)
+	// HostnameAware routes a client's request by its Host (plugins'
+	// NormalizeHost): the directory binds (hostname, namespace) to the env
+	// its ids live in (seed 004's hostname-aware mode). Every node of a
+	// fleet runs alike. LeaseTTL is a worker's lease, a takeover fence's
+	// length (0: pinboard.DefaultLeaseTTL).
+	HostnameAware bool
+	LeaseTTL      time.Duration
 	// AccessLog logs one line per front-door request (method, path,
 	// status, bytes, duration, served here or forwarded to which node).
 	// It keeps every connection in net/http: the kept-alive loop is off.
@@ -141,7 +149,7 @@ type FrontDoor struct {
 
 	trustedProxies  []netip.Prefix
 	affinityKey     func(*http.Request) *string
-	clusterCalls    func(token string) ([]string, bool)
+	clusterCalls    func(token string) (string, []string, bool)
 	bodyReadTimeout time.Duration
 	maxBody         int64
 	accessLog       bool
@@ -177,6 +185,7 @@ func New(cfg Config) *FrontDoor {
 		transport: newPeerTransport(cfg.Transport, cfg.PeerTLS, cfg.MemberRoots, cfg.PeerAddr),
 	}
 	f.res = newResolver(cfg.Dir, cfg.Self, cfg.Local, cfg.Policy, cfg.Quarantine, cfg.Logger)
+	f.res.hostnames, f.res.leaseTTL = cfg.HostnameAware, cmp.Or(cfg.LeaseTTL, pinboard.DefaultLeaseTTL)
 	f.keep = newKeptAlive(loopRouter{f}, cfg.FastPath, cfg.AccessLog, cfg.Logger,
 		relay.ClientLimits{Idle: cfg.IdleTimeout, MaxBody: cfg.MaxBodyBytes})
 	f.owner = newOwnerSide(cfg.Dir, cfg.Self, cfg.Local, f.res, f.keep, cfg.Gate)
@@ -353,23 +362,23 @@ func (f *FrontDoor) Listener(ln net.Listener) net.Listener {
 }
 
 // Released is the supervisor's OnEvicted hook: give the placement back.
-func (f *FrontDoor) Released(ns, id string, generation uint64, release bool) {
+func (f *FrontDoor) Released(k supervisor.Key, generation uint64, release bool) {
 	if release {
-		f.res.release(directory.Key{Namespace: ns, ID: id}, generation)
+		f.res.release(directory.Key(k), generation)
 	}
 }
 
 // Degraded is the supervisor's OnDegraded hook: the ids this worker holds
-// in namespaces whose plugin crash-loops here are given up at once, so
+// through routes whose plugin crash-loops here are given up at once, so
 // other nodes take them on their next request (and the leader's scanner
 // wakes those with marked work elsewhere).
-func (f *FrontDoor) Degraded(namespaces []string) {
+func (f *FrontDoor) Degraded(routes []supervisor.Route) {
 	if f.owner.worker == nil {
 		return
 	}
 	self := f.res.self.ID()
 	for _, p := range f.dir.Machine().PlacementsOf(self) {
-		if slices.Contains(namespaces, p.Key.Namespace) {
+		if slices.Contains(routes, supervisor.Route{Hostname: p.Hostname, Namespace: p.Key.Namespace}) {
 			f.res.release(p.Key, p.Generation)
 		}
 	}

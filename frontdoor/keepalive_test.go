@@ -109,7 +109,7 @@ func newOwnerRig(t testing.TB) (*FrontDoor, *pinboard.Worker, *supervisor.Superv
 	w.SetRegisteredForTesting("owner", "", time.Now().Add(time.Hour))
 	local := testsup.Start(t)
 	for id, gen := range map[string]uint64{"x1": 7, "loc": 5} {
-		if err := local.Wake(t.Context(), "/misc", id, gen); err != nil {
+		if err := local.Wake(t.Context(), "", supervisor.Key{Namespace: "/misc", ID: id}, gen); err != nil {
 			t.Fatal(err)
 		}
 	}

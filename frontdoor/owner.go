@@ -55,9 +55,11 @@ type ask struct {
 	header, method, signedPath string
 	spend                      bool
 	// A client's request names what this node found: live here (under
-	// gen), or the placement its replica shows as ours (placed).
+	// gen, run by host's plugin), or the placement its replica shows as
+	// ours (placed).
 	live   bool
 	gen    uint64
+	host   string
 	placed directory.Placement
 	// wait: a peer's request for an id not live here waits (briefly) for
 	// this node's replica to show the attested placement (net/http's
@@ -112,12 +114,12 @@ func (o *ownerSide) admit(ctx context.Context, a ask, now time.Time) (admitted, 
 			return admitted{}, attestError{err}
 		}
 		in.att = att
-		gen, live := o.res.liveHere(a.key)
+		gen, host, live := o.res.liveHere(a.key)
 		switch {
 		case live && gen > att.Generation:
 			return admitted{}, errNotOwner
 		case live && gen == att.Generation:
-			in.p, in.live = directory.Placement{Key: a.key, Owner: o.self.ID(), Generation: gen}, true
+			in.p, in.live = directory.Placement{Key: a.key, Owner: o.self.ID(), Generation: gen, Hostname: host}, true
 		case !a.wait:
 			return admitted{}, errNotLive
 		case o.draining():
@@ -136,7 +138,7 @@ func (o *ownerSide) admit(ctx context.Context, a ask, now time.Time) (admitted, 
 	} else {
 		in.p, in.live = a.placed, a.live
 		if a.live {
-			in.p = directory.Placement{Key: a.key, Owner: o.self.ID(), Generation: a.gen}
+			in.p = directory.Placement{Key: a.key, Owner: o.self.ID(), Generation: a.gen, Hostname: a.host}
 		}
 	}
 	if lease, ok := o.leaseAllows(in.p.Key, in.live, now); !ok {
@@ -156,7 +158,7 @@ func (o *ownerSide) leaseAllows(key directory.Key, live bool, now time.Time) (pi
 		return lease, true
 	case pinboard.LeaseUnhealthy:
 		if !live {
-			_, live = o.res.liveHere(key)
+			_, _, live = o.res.liveHere(key)
 		}
 		return lease, live
 	default:
@@ -191,7 +193,7 @@ func (o *ownerSide) serveLive(w http.ResponseWriter, r *http.Request, rq *instan
 		o.answer(w, r, rq.key, err)
 		return true
 	}
-	c, err := o.local.Open(r.Context(), rq.key.Namespace, rq.key.ID, 0, supervisor.IfLive)
+	c, err := o.local.Open(r.Context(), rq.host, supervisor.Key(rq.key), 0, supervisor.IfLive)
 	if err != nil {
 		return false
 	}
@@ -225,7 +227,7 @@ func (o *ownerSide) owned(w http.ResponseWriter, r *http.Request, d decision) {
 		httpx.WriteError(w, http.StatusBadRequest, "invalid instance path: "+d.err.Error(), 0)
 		return
 	}
-	key := directory.Key{Namespace: d.ns, ID: d.id}
+	key := d.key()
 	in, err := o.admit(r.Context(), ask{key: key, attested: true, header: r.Header.Get(pinboard.AttestationHeader),
 		method: r.Method, signedPath: withQuery(r.URL.EscapedPath(), r.URL.RawQuery), spend: true, wait: true}, time.Now())
 	if err != nil {
@@ -247,7 +249,7 @@ func (o *ownerSide) owned(w http.ResponseWriter, r *http.Request, d decision) {
 // serveAdmitted serves an admitted request: its instance opened (activated
 // if it is not live here) under the admitted generation.
 func (o *ownerSide) serveAdmitted(w http.ResponseWriter, r *http.Request, in admitted, rest string) {
-	c, err := o.local.Open(r.Context(), in.p.Key.Namespace, in.p.Key.ID, in.p.Generation, supervisor.Activate)
+	c, err := o.local.Open(r.Context(), in.p.Hostname, supervisor.Key(in.p.Key), in.p.Generation, supervisor.Activate)
 	if err != nil {
 		o.local.WriteOpenError(w, r, in.p.Key.Namespace, err)
 		return
@@ -265,9 +267,11 @@ func (o *ownerSide) draining() bool {
 	return d
 }
 
-// degraded reports whether ns is degraded on this node (its plugin
-// crash-loops): ids of it placed here are given up for other nodes.
-func (o *ownerSide) degraded(ns string) bool { return o.local != nil && o.local.Degraded(ns) }
+// degraded reports whether (host, ns) is degraded on this node (its
+// plugin crash-loops): ids of it placed here are given up for other nodes.
+func (o *ownerSide) degraded(host, ns string) bool {
+	return o.local != nil && o.local.Degraded(supervisor.Route{Hostname: host, Namespace: ns})
+}
 
 func notOwner(w http.ResponseWriter) {
 	w.Header().Set(RefusalHeader, plugins.RefusalNotOwner)
@@ -295,7 +299,7 @@ func (o *ownerSide) routeLocal(h *relay.ReqHead, key directory.Key, gen uint64, 
 	if _, err := o.admit(context.Background(), ask{key: key, live: true, gen: gen}, now); err != nil {
 		return relay.Forward{}, false // net/http refuses it
 	}
-	c, ok := o.openReady(h, key.Namespace, key.ID, gen)
+	c, ok := o.openReady(h, "", key, gen)
 	if !ok {
 		return relay.Forward{}, false
 	}
@@ -320,12 +324,12 @@ func (o *ownerSide) routeOwned(h *relay.ReqHead, d decision, query string) (rela
 		}
 	}
 	now := time.Now()
-	in, err := o.admit(context.Background(), ask{key: directory.Key{Namespace: d.ns, ID: d.id}, attested: true,
+	in, err := o.admit(context.Background(), ask{key: d.key(), attested: true,
 		header: header, method: h.Method, signedPath: h.Target}, now)
 	if err != nil {
 		return relay.Forward{}, false // net/http refuses it, and counts why
 	}
-	c, ok := o.openReady(h, d.ns, d.id, in.att.Generation)
+	c, ok := o.openReady(h, in.p.Hostname, in.p.Key, in.att.Generation)
 	if !ok {
 		return relay.Forward{}, false
 	}
@@ -339,8 +343,8 @@ func (o *ownerSide) routeOwned(h *relay.ReqHead, d decision, query string) (rela
 // openReady is the loop's Open: the instance only if it is ready here
 // under gen (the loop never waits), with the loop's exchange aborted
 // should the instance be evicted while it runs.
-func (o *ownerSide) openReady(h *relay.ReqHead, ns, id string, gen uint64) (*supervisor.Call, bool) {
-	c, err := o.local.Open(context.Background(), ns, id, gen, supervisor.IfReady)
+func (o *ownerSide) openReady(h *relay.ReqHead, host string, key directory.Key, gen uint64) (*supervisor.Call, bool) {
+	c, err := o.local.Open(context.Background(), host, supervisor.Key(key), gen, supervisor.IfReady)
 	if err != nil {
 		return nil, false
 	}
@@ -404,14 +408,14 @@ func (o *ownerSide) wakeOwned(w http.ResponseWriter, r *http.Request, d decision
 		httpx.WriteError(w, http.StatusBadRequest, "invalid instance path: "+d.err.Error(), 0)
 		return
 	}
-	key := directory.Key{Namespace: d.ns, ID: d.id}
+	key := d.key()
 	in, err := o.admit(r.Context(), ask{key: key, attested: true, header: r.Header.Get(pinboard.AttestationHeader),
 		method: r.Method, signedPath: r.URL.EscapedPath(), spend: true, wait: true}, time.Now())
 	if err != nil {
 		o.answer(w, r, key, err)
 		return
 	}
-	if err := o.local.Wake(r.Context(), key.Namespace, key.ID, in.p.Generation); err != nil {
+	if err := o.local.Wake(r.Context(), in.p.Hostname, supervisor.Key(key), in.p.Generation); err != nil {
 		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error(), time.Second)
 		return
 	}
@@ -424,7 +428,7 @@ func (o *ownerSide) wakeLocal(ctx context.Context, p directory.Placement) error 
 	if _, err := o.admit(ctx, ask{key: p.Key, placed: p}, time.Now()); err != nil {
 		return fmt.Errorf("wake %s: %w", p.Key, err)
 	}
-	return o.local.Wake(ctx, p.Key.Namespace, p.Key.ID, p.Generation)
+	return o.local.Wake(ctx, p.Hostname, supervisor.Key(p.Key), p.Generation)
 }
 
 // awaitPlacement waits (briefly) until this node's replica shows key

@@ -94,7 +94,8 @@ func (rig *ownerRouteRig) callRefusal(t *testing.T, method, path, target string,
 
 // live reports the generation (ns /misc, id) runs under in the plugin.
 func (rig *ownerRouteRig) live(id string) (uint64, bool) {
-	return rig.local.LiveGeneration("/misc", id)
+	gen, _, live := rig.local.LiveGeneration(supervisor.Key{Namespace: "/misc", ID: id})
+	return gen, live
 }
 
 // refused checks a 421 not-owner answer that activated nothing.

@@ -26,7 +26,27 @@ var (
 	// since it started, so what it lacks (workers, namespaces) proves
 	// nothing. Its answer says so instead of "no live workers".
 	errStarting = errors.New("this node is starting: its copy of the directory has not caught up with the cluster yet")
+	// Hostname-aware mode's, in the seeds' words.
+	errNoHostname    = errors.New(directory.ReasonNoHostname)
+	errOtherHostname = errors.New(directory.ReasonOtherHostname)
 )
+
+// takeoverError: the id is live under another hostname of its env, whose
+// takeover is wind_down. tell: the owner is to be told to wind it down by
+// the fence's end (p.FenceUntil); remaining is how long the fence lasts.
+type takeoverError struct {
+	p         directory.Placement
+	remaining time.Duration
+	tell      bool
+}
+
+func (takeoverError) Error() string { return "takeover in progress, retry" }
+
+// displacedError: the hostname's binding was displaced by a higher epoch
+// less than a lease ago; nothing is placed through it for remaining.
+type displacedError struct{ remaining time.Duration }
+
+func (displacedError) Error() string { return directory.ReasonDisplaced }
 
 // startingWait bounds how long a request on a starting node waits for its
 // replica to catch up before it is answered errStarting.
@@ -50,7 +70,11 @@ type resolver struct {
 	local      *supervisor.Supervisor // nil on a node without hosts
 	policy     pinboard.PlacementPolicy
 	quarantine time.Duration
-	logger     *slog.Logger
+	// hostnames: hostname-aware mode. leaseTTL is a takeover fence's
+	// length.
+	hostnames bool
+	leaseTTL  time.Duration
+	logger    *slog.Logger
 	// resolutions is pinboard_placement_resolutions_total; the parts that
 	// serve a request book its outcome through counter.
 	resolutions *prometheus.CounterVec
@@ -92,24 +116,48 @@ func (rv *resolver) knownNamespace(ns string) bool {
 }
 
 // liveHere reports the generation key runs under on this node, if it is
-// live here: the first question for a request, from net/http or the
-// kept-alive loop alike.
-func (rv *resolver) liveHere(key directory.Key) (uint64, bool) {
+// live here, and the hostname whose plugin runs it ("" in single mode):
+// the first question for a request, from net/http or the kept-alive loop
+// alike.
+func (rv *resolver) liveHere(key directory.Key) (gen uint64, host string, live bool) {
 	if rv.worker == nil || rv.local == nil {
-		return 0, false
+		return 0, "", false
 	}
-	return rv.local.LiveGeneration(key.Namespace, key.ID)
+	return rv.local.LiveGeneration(supervisor.Key(key))
 }
 
-// placedOn is key's placement on a live worker other than exclude, as
-// this node's replica shows it (without waiting on an apply): the second
-// question, for an id not live here.
-func (rv *resolver) placedOn(key directory.Key, exclude string, now time.Time) (directory.Placement, directory.Worker, bool) {
+// placedOn is key's placement through host ("" in single mode) on a live
+// worker other than exclude, as this node's replica shows it (without
+// waiting on an apply): the second question, for an id not live here. A
+// placement through another hostname is a takeover's, for claimFor.
+func (rv *resolver) placedOn(key directory.Key, host, exclude string, now time.Time) (directory.Placement, directory.Worker, bool) {
 	p, owner, ok := rv.dir.Machine().Owner(key)
-	if !ok || !owner.Live(now.UnixMilli()) || owner.ClientID == exclude {
+	if !ok || !owner.Live(now.UnixMilli()) || owner.ClientID == exclude || p.Hostname != host {
 		return directory.Placement{}, directory.Worker{}, false
 	}
 	return p, owner, true
+}
+
+// envOf is, in hostname-aware mode, the env (host, ns) is bound to while a
+// live worker serves it: its ids' env. ok false: no live worker serves the
+// hostname (errNoHostname).
+func (rv *resolver) envOf(host, ns string, now time.Time) (string, bool) {
+	env, ws := rv.dir.Machine().RouteCandidates(host, ns, now.UnixMilli())
+	if len(ws) > 0 {
+		return env, true
+	}
+	// None may take a new placement; one may still serve what it holds.
+	b, ok := rv.dir.Machine().Binding(host, ns)
+	if !ok {
+		return "", false
+	}
+	ms := now.UnixMilli()
+	for _, w := range rv.dir.Machine().Workers() {
+		if w.Live(ms) && w.ServesRoute(host, ns, b.Env) {
+			return b.Env, true
+		}
+	}
+	return "", false
 }
 
 // placementHints are what a new placement may lean on (PlacementRequest);
@@ -122,8 +170,12 @@ type placementHints struct {
 
 // claimFor asks the leader (linearizably) to place key on a candidate the
 // policy picks, never exclude, and returns the placement the directory
-// holds afterwards: ours, or whoever already held it.
-func (rv *resolver) claimFor(ctx context.Context, key directory.Key, exclude string, hints placementHints) (directory.Placement, directory.Worker, error) {
+// holds afterwards: ours, or whoever already held it. In hostname-aware
+// mode (host set) the claim goes through host's binding (ClaimRoute): an
+// id held under another hostname of its env meets the env's takeover
+// (takeoverError, errOtherHostname), and a displaced binding places
+// nothing for a while (displacedError).
+func (rv *resolver) claimFor(ctx context.Context, key directory.Key, host, exclude string, hints placementHints) (directory.Placement, directory.Worker, error) {
 	ctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
 	m := rv.dir.Machine()
@@ -134,7 +186,11 @@ func (rv *resolver) claimFor(ctx context.Context, key directory.Key, exclude str
 	for attempt := 0; attempt < 3; attempt++ {
 		now := time.Now()
 		var cands []pinboard.Candidate
-		for _, wk := range m.Candidates(key.Namespace, now.UnixMilli()) {
+		ws := m.Candidates(key.Namespace, now.UnixMilli())
+		if host != "" {
+			key.Env, ws = m.RouteCandidates(host, key.Namespace, now.UnixMilli())
+		}
+		for _, wk := range ws {
 			if tried[wk.ClientID] {
 				continue
 			}
@@ -146,7 +202,7 @@ func (rv *resolver) claimFor(ctx context.Context, key directory.Key, exclude str
 			cands = append(cands, pinboard.Candidate{ClientID: wk.ClientID, Headroom: wk.Headroom})
 		}
 		if len(cands) == 0 {
-			return directory.Placement{}, directory.Worker{}, errNoBackends
+			return directory.Placement{}, directory.Worker{}, rv.noneFor(host)
 		}
 		choice, _ := rv.policy.Choose(pinboard.PlacementRequest{
 			Key:         key.Env + "\x00" + key.Namespace + "\x00" + key.ID,
@@ -154,10 +210,17 @@ func (rv *resolver) claimFor(ctx context.Context, key directory.Key, exclude str
 			CallerID:    hints.caller,
 			AffinityKey: hints.affinity,
 		}, cands)
-		res, err := rv.dir.Do(ctx, directory.Claim{
+		var cmd directory.Command = directory.Claim{
 			Key: key, ClientID: choice, Now: time.Now().UnixMilli(), QuarantineMs: rv.quarantine.Milliseconds(),
-		})
+		}
+		if host != "" {
+			cmd = directory.ClaimRoute{Claim: cmd.(directory.Claim), Hostname: host, TTLMs: rv.leaseTTL.Milliseconds()}
+		}
+		res, err := rv.dir.Do(ctx, cmd)
 		if err != nil {
+			return directory.Placement{}, directory.Worker{}, err
+		}
+		if err := routeRefusal(res); err != nil {
 			return directory.Placement{}, directory.Worker{}, err
 		}
 		switch res.Code {
@@ -181,7 +244,33 @@ func (rv *resolver) claimFor(ctx context.Context, key directory.Key, exclude str
 			return directory.Placement{}, directory.Worker{}, errors.New("placement refused: " + res.Code.String() + " " + res.Reason)
 		}
 	}
-	return directory.Placement{}, directory.Worker{}, errNoBackends
+	return directory.Placement{}, directory.Worker{}, rv.noneFor(host)
+}
+
+// noneFor is the error for a claim no worker may take: errNoBackends, or
+// in hostname-aware mode errNoHostname.
+func (rv *resolver) noneFor(host string) error {
+	if host != "" {
+		return errNoHostname
+	}
+	return errNoBackends
+}
+
+// routeRefusal is the error for a route claim's answer that places
+// nothing for this request (nil for the others).
+func routeRefusal(res directory.Result) error {
+	remaining := time.Duration(res.RemainingMs) * time.Millisecond
+	switch {
+	case res.Code == directory.CodeTakeover:
+		return takeoverError{p: res.Placement, remaining: remaining, tell: res.Reason != ""}
+	case res.Code == directory.CodeHeld && res.Reason == directory.ReasonOtherHostname:
+		return errOtherHostname
+	case res.Code == directory.CodeIneligible && res.Reason == directory.ReasonDisplaced:
+		return displacedError{remaining}
+	case res.Code == directory.CodeIneligible && res.Reason == directory.ReasonNoHostname:
+		return errNoHostname
+	}
+	return nil
 }
 
 // noBackends says why no worker may take a new placement in ns: none is
@@ -218,6 +307,26 @@ func (rv *resolver) noBackends(ns string, now time.Time) string {
 	return fmt.Sprintf("no live workers for namespace %s can take a new instance: %d of %d draining, the rest degraded or renewing their lease", ns, draining, live)
 }
 
+// hostFor is the hostname a placement of key without a request goes
+// through: none in single mode; in hostname-aware mode the first hostname
+// bound to key's env for its namespace that a worker may be placed
+// through. ok false: none.
+func (rv *resolver) hostFor(key directory.Key, now time.Time) (string, bool) {
+	if !rv.hostnames {
+		return "", true
+	}
+	bs, _ := rv.dir.Machine().Bindings()
+	for _, b := range bs {
+		if b.Namespace != key.Namespace || b.Env != key.Env {
+			continue
+		}
+		if env, ws := rv.dir.Machine().RouteCandidates(b.Hostname, b.Namespace, now.UnixMilli()); env == key.Env && len(ws) > 0 {
+			return b.Hostname, true
+		}
+	}
+	return "", false
+}
+
 // placeToWake is Wake's directory side: key's placement, claimed on a
 // live worker, when it needs waking (unplaced, or its owner's lease
 // lapsed); needed is false when a live owner holds it already.
@@ -225,7 +334,11 @@ func (rv *resolver) placeToWake(ctx context.Context, key directory.Key) (p direc
 	if _, owner, ok := rv.dir.Machine().Owner(key); ok && owner.Live(time.Now().UnixMilli()) {
 		return directory.Placement{}, directory.Worker{}, false, nil // its owner resumes it
 	}
-	p, owner, err = rv.claimFor(ctx, key, "", placementHints{})
+	host, ok := rv.hostFor(key, time.Now())
+	if !ok {
+		return directory.Placement{}, directory.Worker{}, false, errNoHostname
+	}
+	p, owner, err = rv.claimFor(ctx, key, host, "", placementHints{})
 	return p, owner, err == nil, err
 }
 

@@ -41,6 +41,7 @@ const ownerRoutePrefix = "/_pinned/i"
 // kept for a retry, and what the retry must avoid.
 type instanceRequest struct {
 	key       directory.Key
+	host      string // hostname-aware mode: the request's hostname
 	rest      string // escaped instance path, e.g. "/increment"
 	body      []byte // buffered body when retryable
 	retryable bool
@@ -180,12 +181,21 @@ func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request, d deci
 	// nobody serves) asks for learns nothing of which namespaces or ids
 	// exist.
 	rq := &instanceRequest{key: directory.Key{Namespace: ns, ID: id}, rest: rest}
-	switch ok, err := f.clusterCall(r); {
+	if f.res.hostnames {
+		if rq.host = plugins.NormalizeHost(r.Host); rq.host == "" {
+			httpx.WriteError(w, http.StatusBadRequest, "missing Host header", 0)
+			return
+		}
+	}
+	switch host, ok, err := f.clusterCall(r); {
 	case err != nil:
 		httpx.WriteError(w, http.StatusForbidden, err.Error(), 0)
 		return
 	case ok:
 		rq.caller = f.res.self.ID()
+		if f.res.hostnames {
+			rq.host = host // an instance calls its own build's peers
+		}
 	default:
 		if rq.keyed, ok = f.tokens.AdmitClient(w, r, ns); !ok {
 			return
@@ -198,6 +208,15 @@ func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request, d deci
 	if err != nil {
 		httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
 		return
+	}
+	if f.res.hostnames {
+		env, ok := f.res.envOf(rq.host, ns, time.Now())
+		if !ok {
+			f.res.counter(outcomeNoBackends).Inc()
+			httpx.WriteError(w, http.StatusServiceUnavailable, errNoHostname.Error()+" "+rq.host, time.Second)
+			return
+		}
+		rq.key.Env = env
 	}
 	if f.stopping.Load() {
 		httpx.WriteError(w, http.StatusServiceUnavailable, httpx.ShuttingDownMsg, time.Second)
@@ -227,10 +246,10 @@ func (f *FrontDoor) routeRequest(w http.ResponseWriter, r *http.Request, rq *ins
 	// was granted; the local replica may not have applied the grant yet
 	// (or ever, if the leader died right after committing it). Serving it
 	// is as safe as the lease allows.
-	if _, live := f.res.liveHere(key); live && f.owner.serveLive(w, r, rq) {
+	if _, host, live := f.res.liveHere(key); live && host == rq.host && f.owner.serveLive(w, r, rq) {
 		return
 	}
-	if f.owner.degraded(key.Namespace) && rq.exclude == "" {
+	if f.owner.degraded(rq.host, key.Namespace) && rq.exclude == "" {
 		// This node serves none of the namespace until its plugin
 		// recovers: a placement here is given up, and the id goes to
 		// another node, as a forwarder does for an owner that refused.
@@ -241,7 +260,7 @@ func (f *FrontDoor) routeRequest(w http.ResponseWriter, r *http.Request, rq *ins
 		rq.exclude, rq.selfDegraded = self, true
 	}
 	if !rq.viaLeader {
-		if p, owner, ok := f.res.placedOn(key, rq.exclude, now); ok {
+		if p, owner, ok := f.res.placedOn(key, rq.host, rq.exclude, now); ok {
 			f.dispatch(w, r, rq, p, owner)
 			return
 		}
@@ -250,7 +269,7 @@ func (f *FrontDoor) routeRequest(w http.ResponseWriter, r *http.Request, rq *ins
 	if f.affinityKey != nil {
 		hints.affinity = f.affinityKey(r)
 	}
-	p, owner, err := f.res.claimFor(r.Context(), rq.key, rq.exclude, hints)
+	p, owner, err := f.res.claimFor(r.Context(), rq.key, rq.host, rq.exclude, hints)
 	if errors.Is(err, errNoBackends) && !f.res.self.CaughtUp() {
 		// Our replica lacks the workers that joined or renewed since the
 		// state on disk: wait for it, then route again.
@@ -293,10 +312,48 @@ func (f *FrontDoor) dispatch(w http.ResponseWriter, r *http.Request, rq *instanc
 	f.fwd.forward(w, r, rq, p, owner)
 }
 
+// takeOver tells p's owner to wind p's instance down by the end of its
+// takeover fence (hostname-aware mode's wind_down): it then gives the id
+// back, and the next request through the new hostname places it. In the
+// background: the client's answer (503, retry) does not wait for it, and a
+// claim after the fence passed tells the owner again.
+func (f *FrontDoor) takeOver(p directory.Placement) {
+	deadline := time.UnixMilli(p.FenceUntil)
+	if p.Owner == f.res.self.ID() {
+		f.owner.local.WindDown(supervisor.Key(p.Key), deadline)
+		return
+	}
+	owner, ok := f.dir.Machine().Worker(p.Owner)
+	if !ok {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
+		defer cancel()
+		if _, err := pinboard.WindDownOn(ctx, f.Peers(), f.dir, f.res.self.ID(), owner, p.Key, p.FenceUntil); err != nil {
+			f.logger.Warn("takeover: telling the owner to wind down failed", "instance", p.Key.String(), "owner", owner.NodeID, "err", err)
+		}
+	}()
+}
+
 // claimFailed answers a request whose claim failed.
 func (f *FrontDoor) claimFailed(w http.ResponseWriter, r *http.Request, key directory.Key, err error) {
 	var q quarantineError
+	var to takeoverError
+	var dp displacedError
 	switch {
+	case errors.As(err, &to):
+		if to.tell {
+			f.takeOver(to.p)
+		}
+		httpx.WriteError(w, http.StatusServiceUnavailable, to.Error(), max(to.remaining, time.Second))
+	case errors.As(err, &dp):
+		httpx.WriteError(w, http.StatusServiceUnavailable, dp.Error(), max(dp.remaining, time.Second))
+	case errors.Is(err, errOtherHostname):
+		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error(), time.Second)
+	case errors.Is(err, errNoHostname):
+		f.res.counter(outcomeNoBackends).Inc()
+		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error(), time.Second)
 	case errors.As(err, &q):
 		f.res.counter(outcomeQuarantined).Inc()
 		httpx.WriteError(w, http.StatusServiceUnavailable, "cold start quarantine", q.remaining)
@@ -317,7 +374,8 @@ func (f *FrontDoor) claimFailed(w http.ResponseWriter, r *http.Request, key dire
 	}
 }
 
-// clusterCall reports whether r is a cluster call: a request an instance on
+// clusterCall reports whether r is a cluster call (and the hostname its
+// caller's plugin serves, in hostname-aware mode): a request an instance on
 // this node makes through its own front door (plugins/sdk's
 // Instance.ClusterClient marks it). A new placement then prefers this node's
 // worker, so an instance's calls to its peers stay close to it. The header
@@ -325,24 +383,24 @@ func (f *FrontDoor) claimFailed(w http.ResponseWriter, r *http.Request, key dire
 // good only for that process's namespaces while it lives; it never leaves
 // the front door. A header that does not prove that is refused (err), not
 // ignored.
-func (f *FrontDoor) clusterCall(r *http.Request) (bool, error) {
+func (f *FrontDoor) clusterCall(r *http.Request) (host string, ok bool, err error) {
 	v := r.Header.Get(plugins.HeaderClusterCall)
 	if v == "" {
-		return false, nil
+		return "", false, nil
 	}
 	r.Header.Del(plugins.HeaderClusterCall)
 	ns, tok, err := plugins.ParseClusterCall(v)
 	if err != nil {
-		return false, err
+		return "", false, err
 	}
 	if f.clusterCalls == nil || !f.res.self.HostsInstances() {
-		return false, fmt.Errorf("%s: this node runs no plugins", plugins.HeaderClusterCall)
+		return "", false, fmt.Errorf("%s: this node runs no plugins", plugins.HeaderClusterCall)
 	}
-	nss, ok := f.clusterCalls(tok)
+	host, nss, ok := f.clusterCalls(tok)
 	if !ok || !slices.Contains(nss, ns) {
-		return false, fmt.Errorf("%s: the credential is not good for cluster calls from %s on this node", plugins.HeaderClusterCall, ns)
+		return "", false, fmt.Errorf("%s: the credential is not good for cluster calls from %s on this node", plugins.HeaderClusterCall, ns)
 	}
-	return true, nil
+	return host, true, nil
 }
 
 // loopRouter is the kept-alive loop's relay.Router: FrontDoor.routeLoop,
@@ -388,11 +446,11 @@ func (f *FrontDoor) routeLoop(h *relay.ReqHead) (relay.Forward, bool) {
 	default:
 		return relay.Forward{}, false
 	}
-	key, now := directory.Key{Namespace: d.ns, ID: d.id}, time.Now()
-	if gen, live := f.res.liveHere(key); live {
+	key, now := d.key(), time.Now()
+	if gen, _, live := f.res.liveHere(key); live {
 		return f.owner.routeLocal(h, key, gen, withQuery(d.rest, query), now)
 	}
-	p, owner, ok := f.res.placedOn(key, "", now)
+	p, owner, ok := f.res.placedOn(key, "", "", now)
 	if !ok || p.Owner == f.res.self.ID() {
 		return relay.Forward{}, false
 	}

@@ -37,7 +37,7 @@ func (f *FrontDoor) Wake(ctx context.Context, key directory.Key) (bool, error) {
 // wakeOn asks owner's node to activate p's instance (POST
 // /_pinned/wake/<ns>/<id>, attested by caller).
 func wakeOn(ctx context.Context, peer peerTransport, secret []byte, caller string, p directory.Placement, owner directory.Worker) error {
-	path := wakePrefix + p.Key.Namespace + "/" + p.Key.ID
+	path := ownerPath(wakePrefix, p.Key)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, peer.Base(owner)+path, nil)
 	if err != nil {
 		return err

@@ -82,8 +82,9 @@ type APIConfig struct {
 	// it; zero and false revoke. Nil on a node without hosts.
 	Drain func(deadline time.Time, cordon bool)
 	// WindDown sets (zero: revokes) an operator's eviction deadline for
-	// one live instance, or every one of a namespace (id ""), here.
-	WindDown func(ns, id string, deadline time.Time) int
+	// one live instance, or every one of a namespace in an env (ID ""),
+	// here.
+	WindDown func(k directory.Key, deadline time.Time) int
 	// Reload hot-swaps the plugin serving ns ("" all).
 	Reload func(ctx context.Context, ns string) error
 	// AddPlugin starts a plugin at run time (--plugin's /NS=PATH) and

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/statestore"
 )
 
@@ -48,7 +49,7 @@ func (c *FenceCollector) Collect(ctx context.Context) {
 	ps, newest := c.dir.Machine().LivePlacements()
 	live := make([]statestore.Live, len(ps))
 	for i, p := range ps {
-		live[i] = statestore.Live{Inst: statestore.InstanceKey{Namespace: p.Key.Namespace, ID: p.Key.ID}, Generation: p.Generation}
+		live[i] = statestore.Live{Inst: statestore.InstanceKey{Namespace: plugins.StateNamespace(p.Key.Env, p.Key.Namespace), ID: p.Key.ID}, Generation: p.Generation}
 	}
 	total := 0
 	for ctx.Err() == nil {

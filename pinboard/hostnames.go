@@ -3,7 +3,6 @@ package pinboard
 import (
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"strings"
 
@@ -60,42 +59,6 @@ func routeNames(rs []RouteSpec) string {
 	}
 	return strings.Join(names, ", ")
 }
-
-// NormalizeHost is the hostname a request or a registration names: the
-// Host without its port, lowercased. "" when h names none.
-func NormalizeHost(h string) string {
-	if host, _, err := net.SplitHostPort(h); err == nil {
-		h = host
-	}
-	return strings.ToLower(strings.TrimSuffix(h, "."))
-}
-
-// validHostname accepts a DNS name (letters, digits, '-', '.'; labels of
-// 1-63, 253 in all) or an IP literal.
-func validHostname(h string) bool {
-	if net.ParseIP(h) != nil {
-		return true
-	}
-	if h == "" || len(h) > 253 {
-		return false
-	}
-	for _, label := range strings.Split(h, ".") {
-		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
-			return false
-		}
-		for i := 0; i < len(label); i++ {
-			c := label[i]
-			if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-') {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-// validEnv: 1-128 characters from a-z A-Z 0-9 . - _ (an env names state,
-// so nothing that needs escaping anywhere).
-func validEnv(e string) bool { return validName(e, ".-_") }
 
 // routeFields are the registration's hostname-aware fields, seed shape.
 type routeFields struct {
@@ -157,8 +120,8 @@ func (req RegisterRequest) routes(hostnameAware bool) ([]directory.Route, error)
 
 // route checks one spec and fills in its defaults.
 func (s RouteSpec) route() (directory.Route, error) {
-	host := NormalizeHost(s.Hostname)
-	if !validHostname(host) {
+	host := plugins.NormalizeHost(s.Hostname)
+	if !plugins.ValidHostname(host) {
 		return directory.Route{}, fmt.Errorf("%w: hostname %q is not a host name", ErrBadRequest, s.Hostname)
 	}
 	if err := plugins.ValidateNamespace(s.Namespace); err != nil {
@@ -168,7 +131,7 @@ func (s RouteSpec) route() (directory.Route, error) {
 	if env == "" {
 		env = host
 	}
-	if !validEnv(env) {
+	if !plugins.ValidEnv(env) {
 		return directory.Route{}, fmt.Errorf("%w: env %q must be 1-128 characters from a-z A-Z 0-9 . - _", ErrBadRequest, env)
 	}
 	t, err := directory.ParseTakeover(s.Takeover)
@@ -193,12 +156,12 @@ func specsOf(rs []directory.Route) []RouteSpec {
 
 // sameRoute: a and b name the same (hostname, namespace, env).
 func sameRoute(a, b RouteSpec) bool {
-	return NormalizeHost(a.Hostname) == NormalizeHost(b.Hostname) && a.Namespace == b.Namespace && envOf(a) == envOf(b)
+	return plugins.NormalizeHost(a.Hostname) == plugins.NormalizeHost(b.Hostname) && a.Namespace == b.Namespace && envOf(a) == envOf(b)
 }
 
 func envOf(s RouteSpec) string {
 	if s.Env == "" {
-		return NormalizeHost(s.Hostname)
+		return plugins.NormalizeHost(s.Hostname)
 	}
 	return s.Env
 }

@@ -236,7 +236,7 @@ func (a *API) registryWindDown(w http.ResponseWriter, r *http.Request) {
 	case req.Env == nil && a.hostnameAware():
 		httpx.WriteError(w, http.StatusBadRequest, "env is required in hostname-aware mode", 0)
 		return
-	case req.Env != nil && !validEnv(*req.Env):
+	case req.Env != nil && !plugins.ValidEnv(*req.Env):
 		httpx.WriteError(w, http.StatusBadRequest, "env must be 1-128 characters from a-z A-Z 0-9 . - _", 0)
 		return
 	case nsErr != nil:
@@ -303,7 +303,7 @@ func (a *API) registryWindDown(w http.ResponseWriter, r *http.Request) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n, err := a.windDownOn(r.Context(), wk, req.Namespace, id, at)
+			n, err := a.windDownOn(r.Context(), wk, directory.Key{Env: env, Namespace: req.Namespace, ID: id}, at)
 			mu.Lock()
 			defer mu.Unlock()
 			total += n
@@ -322,18 +322,27 @@ func (a *API) registryWindDown(w http.ResponseWriter, r *http.Request) {
 }
 
 // windDownOn applies a wind-down on one worker: here, or at its owner side.
-func (a *API) windDownOn(ctx context.Context, wk directory.Worker, ns, id string, atMs int64) (int, error) {
+func (a *API) windDownOn(ctx context.Context, wk directory.Worker, key directory.Key, atMs int64) (int, error) {
 	if wk.ClientID == a.cfg.Self.ID() {
-		return a.localWindDown(ns, id, atMs), nil
+		return a.localWindDown(key, atMs), nil
 	}
-	body, _ := json.Marshal(map[string]any{"namespace": ns, "id": id, "deadlineUnixMs": atMs})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.cfg.Peers.Base(wk)+WindDownPath, bytes.NewReader(body))
+	return WindDownOn(ctx, a.cfg.Peers, a.cfg.Dir, a.cfg.Self.ID(), wk, key, atMs)
+}
+
+// WindDownOn asks wk's node, over peers, to wind key down by atMs (unix
+// ms; 0 revokes): its instance, or with key.ID "" every instance of its
+// namespace in its env. caller is the asking node's id. It reports how
+// many instances the owner set. The operator's wind-down and a
+// hostname-aware takeover's both call it.
+func WindDownOn(ctx context.Context, peers Peers, dir *Directory, caller string, wk directory.Worker, key directory.Key, atMs int64) (int, error) {
+	body, _ := json.Marshal(map[string]any{"env": key.Env, "namespace": key.Namespace, "id": key.ID, "deadlineUnixMs": atMs})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, peers.Base(wk)+WindDownPath, bytes.NewReader(body))
 	if err != nil {
 		return 0, err
 	}
-	gen := max(a.cfg.Dir.Machine().AppliedIndex(), 1)
-	req.Header.Set(AttestationHeader, SignFor(a.cfg.Dir.Machine().Secret(), wk.SessionID, Attestation{Target: wk.ClientID, Caller: a.cfg.Self.ID(), Generation: gen, At: time.Now()}, http.MethodPost, WindDownPath))
-	resp, err := a.cfg.Peers.Client().Do(req)
+	gen := max(dir.Machine().AppliedIndex(), 1)
+	req.Header.Set(AttestationHeader, SignFor(dir.Machine().Secret(), wk.SessionID, Attestation{Target: wk.ClientID, Caller: caller, Generation: gen, At: time.Now()}, http.MethodPost, WindDownPath))
+	resp, err := peers.Client().Do(req)
 	if err != nil {
 		return 0, err
 	}
@@ -342,7 +351,7 @@ func (a *API) windDownOn(ctx context.Context, wk directory.Worker, ns, id string
 	return windDownAnswer(resp.StatusCode, b)
 }
 
-func (a *API) localWindDown(ns, id string, atMs int64) int {
+func (a *API) localWindDown(key directory.Key, atMs int64) int {
 	if a.cfg.WindDown == nil {
 		return 0
 	}
@@ -350,7 +359,7 @@ func (a *API) localWindDown(ns, id string, atMs int64) int {
 	if atMs != 0 {
 		at = time.UnixMilli(atMs)
 	}
-	return a.cfg.WindDown(ns, id, at)
+	return a.cfg.WindDown(key, at)
 }
 
 // ownerWindDown serves the attested owner side of a wind-down.
@@ -359,6 +368,7 @@ func (a *API) ownerWindDown(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req struct {
+		Env            string `json:"env"`
 		Namespace      string `json:"namespace"`
 		ID             string `json:"id"`
 		DeadlineUnixMs int64  `json:"deadlineUnixMs"`
@@ -366,11 +376,13 @@ func (a *API) ownerWindDown(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &req) {
 		return
 	}
-	if plugins.ValidateNamespace(req.Namespace) != nil || (req.ID != "" && plugins.ValidateID(req.ID) != nil) || req.DeadlineUnixMs < 0 {
+	if plugins.ValidateNamespace(req.Namespace) != nil || (req.ID != "" && plugins.ValidateID(req.ID) != nil) || req.DeadlineUnixMs < 0 ||
+		(req.Env != "" && !plugins.ValidEnv(req.Env)) {
 		httpx.WriteError(w, http.StatusBadRequest, "invalid wind-down", 0)
 		return
 	}
-	httpx.WriteJSON(w, http.StatusOK, map[string]any{"instances": a.localWindDown(req.Namespace, req.ID, req.DeadlineUnixMs)})
+	key := directory.Key{Env: req.Env, Namespace: req.Namespace, ID: req.ID}
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"instances": a.localWindDown(key, req.DeadlineUnixMs)})
 }
 
 // localDrain serves POST /_pinned/drain {"deadline": seconds|null,
@@ -453,18 +465,16 @@ func (a *API) pluginsReload(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength != 0 && !decodeBody(w, r, &req) {
 		return
 	}
-	if req.Namespace != "" {
-		if err := plugins.ValidateNamespace(req.Namespace); err != nil {
-			httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
-			return
-		}
+	ns, ok := a.pluginRoute(w, req.Namespace, req.Namespace == "")
+	if !ok {
+		return
 	}
 	// Every namespace's plugins, or one: the key must admit what is named.
 	if k := KeyOf(r); k != nil && req.Namespace == "" && !k.Claims.AllNamespaces() {
 		refuseClaims(w, r, fmt.Sprintf("key %q is narrowed to some namespaces: name one", k.Name))
 		return
 	}
-	if req.Namespace != "" && !admitsNamespace(w, r, req.Namespace) {
+	if req.Namespace != "" && !admitsNamespace(w, r, ns) {
 		return
 	}
 	if a.cfg.Reload == nil {
@@ -506,12 +516,9 @@ func (a *API) pluginsAdd(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &req) {
 		return
 	}
-	ns, _, _ := strings.Cut(req.Plugin, "=")
-	if err := plugins.ValidateNamespace(ns); err != nil {
-		httpx.WriteError(w, http.StatusBadRequest, "plugin: want /namespace=/path/to/binary: "+err.Error(), 0)
-		return
-	}
-	if !admitsNamespace(w, r, ns) {
+	route, _, _ := strings.Cut(req.Plugin, "=")
+	ns, ok := a.pluginRoute(w, route, false)
+	if !ok || !admitsNamespace(w, r, ns) {
 		return
 	}
 	a.pluginsChange(w, r, a.cfg.AddPlugin, req.Plugin)
@@ -527,14 +534,32 @@ func (a *API) pluginsRemove(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &req) {
 		return
 	}
-	if err := plugins.ValidateNamespace(req.Namespace); err != nil {
-		httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
-		return
-	}
-	if !admitsNamespace(w, r, req.Namespace) {
+	ns, ok := a.pluginRoute(w, req.Namespace, false)
+	if !ok || !admitsNamespace(w, r, ns) {
 		return
 	}
 	a.pluginsChange(w, r, a.cfg.RemovePlugin, req.Namespace)
+}
+
+// pluginRoute checks the route an operator names a plugin by ("/NS", or
+// in hostname-aware mode "HOST/NS"; "" if empty is allowed) and returns
+// its namespace; a bad one is answered 400.
+func (a *API) pluginRoute(w http.ResponseWriter, route string, empty bool) (string, bool) {
+	if route == "" && empty {
+		return "", true
+	}
+	host, ns, err := plugins.ParseRoute(route)
+	switch {
+	case err != nil:
+		httpx.WriteError(w, http.StatusBadRequest, err.Error(), 0)
+	case host == "" && a.hostnameAware():
+		httpx.WriteError(w, http.StatusBadRequest, "hostname-aware mode: name the plugin hostname/namespace", 0)
+	case host != "" && !a.hostnameAware():
+		httpx.WriteError(w, http.StatusBadRequest, "a hostname requires hostname-aware mode (--hostname-aware)", 0)
+	default:
+		return ns, true
+	}
+	return "", false
 }
 
 // pluginsChange runs an add or a remove and answers it.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pinnedd/pinnedd/pinboard/directory"
+	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/statestore"
 )
 
@@ -69,7 +70,8 @@ func (s *MarkedScanner) scan(ctx context.Context) {
 			return
 		}
 		for _, k := range page {
-			woke, err := s.waker.Wake(ctx, directory.Key{Namespace: k.Namespace, ID: k.ID})
+			env, ns := plugins.SplitStateNamespace(k.Namespace)
+			woke, err := s.waker.Wake(ctx, directory.Key{Env: env, Namespace: ns, ID: k.ID})
 			switch {
 			case err != nil && ctx.Err() == nil:
 				s.log.Debug("wake for marked work failed", "instance", k.String(), "err", err)

@@ -53,7 +53,8 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "tls-key", Usage: "this node's private key (PEM) for --tls-cert", EnvVars: []string{"PINNEDD_TLS_KEY"}},
 			&cli.IntFlag{Name: "max-voters", Value: 3, Usage: "Raft voters (3 or 5); members joining beyond it are nonvoters", EnvVars: []string{"PINNEDD_MAX_VOTERS"}},
 			&cli.DurationFlag{Name: "raft-timeout", Usage: "Raft heartbeat and election timeout", DefaultText: "hashicorp/raft's 1s; 300ms with --dev", EnvVars: []string{"PINNEDD_RAFT_TIMEOUT"}, Hidden: true},
-			&cli.StringSliceFlag{Name: "plugin", Usage: "serve `/NS=PATH`: namespace NS from the plugin binary at PATH (repeatable)", EnvVars: []string{"PINNEDD_PLUGINS"}},
+			&cli.StringSliceFlag{Name: "plugin", Usage: "serve `/NS=PATH`: namespace NS from the plugin binary at PATH (repeatable); with --hostname-aware HOST/NS=PATH[,env=ENV][,takeover=wind_down|deny][,epoch=N] serves it to requests for HOST, its ids in ENV (HOST if not given)", EnvVars: []string{"PINNEDD_PLUGINS"}},
+			&cli.BoolFlag{Name: "hostname-aware", Usage: "route each request by its Host: every plugin serves its namespaces under a hostname, its ids in an env (preview builds side by side); every node of a fleet alike", EnvVars: []string{"PINNEDD_HOSTNAME_AWARE"}},
 			&cli.StringSliceFlag{Name: "plugin-env", Usage: "pass `[/NS=]KEY` (pinnedd's own value) or set `[/NS=]KEY=VALUE` in plugins' environments, every plugin's or the one serving NS (repeatable); plugins get nothing else of pinnedd's environment but PATH, HOME, LANG, LC_*, TZ, TMPDIR", EnvVars: []string{"PINNEDD_PLUGIN_ENV"}},
 			&cli.StringSliceFlag{Name: "plugin-user", Usage: "run plugins as user `[/NS=]NAME`: every plugin, or the one serving NS (repeatable); its uid, groups and HOME, its sockets in a directory of its own; pinnedd must run as root, NAME must not be root", DefaultText: "as root, pinnedd-plugin if the machine has it, else nobody; otherwise pinnedd's own user", EnvVars: []string{"PINNEDD_PLUGIN_USER"}},
 			&cli.StringFlag{Name: "plugin-dir", Usage: "let operators add plugins at run time (pinnedd plugins add) from binaries under this `DIR`, which it and they must be owned by root or pinnedd's user and writable by no one else; unset: none may be added", EnvVars: []string{"PINNEDD_PLUGIN_DIR"}},
@@ -150,6 +151,7 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 	cfg := agent.Config{
 		Version:           version,
 		Dev:               c.Bool("dev"),
+		HostnameAware:     c.Bool("hostname-aware"),
 		AccessLog:         c.Bool("access-log"),
 		FastPath:          c.Bool("fast-path"),
 		MetricsPublic:     c.Bool("metrics-public"),
@@ -317,7 +319,7 @@ func tokensAndMode(c *cli.Context, cfg *agent.Config) error {
 // with their watch setting, environment (--plugin-env) and users
 // (--plugin-user).
 func hostSpecs(c *cli.Context, dev bool) ([]supervisor.Spec, error) {
-	specs, err := pluginSpecs(c.StringSlice("plugin"), dev)
+	specs, err := pluginSpecs(c.StringSlice("plugin"), dev, c.Bool("hostname-aware"))
 	if err != nil {
 		return nil, err
 	}
@@ -330,7 +332,7 @@ func hostSpecs(c *cli.Context, dev bool) ([]supervisor.Spec, error) {
 // its name is apart from taken.
 func newPlugin(c *cli.Context, dev bool) func(arg string, taken []string) (supervisor.Spec, error) {
 	return func(arg string, taken []string) (supervisor.Spec, error) {
-		specs, err := pluginSpecs([]string{arg}, false)
+		specs, err := pluginSpecs([]string{arg}, false, c.Bool("hostname-aware"))
 		if err != nil {
 			return supervisor.Spec{}, err
 		}
@@ -453,20 +455,21 @@ func devAllowed(getenv func(string) string) error {
 // pluginSpecs turns --plugin /ns=path flags into one spec per binary; with
 // builtin, the built-in example hosts not overridden by a flag run in one
 // more plugin process (pinnedd re-executing itself).
-func pluginSpecs(flags []string, builtin bool) ([]supervisor.Spec, error) {
-	byPath := map[string]*supervisor.Spec{}
-	var order []string
-	claimed := map[string]string{}
-	for _, f := range flags {
-		ns, path, ok := strings.Cut(f, "=")
-		if !ok || path == "" {
-			return nil, fmt.Errorf("--plugin %q: want /namespace=/path/to/binary", f)
+func pluginSpecs(flags []string, builtin, hostnames bool) ([]supervisor.Spec, error) {
+	type group struct {
+		path string
+		bind supervisor.Binding
+	}
+	byGroup := map[group]*supervisor.Spec{}
+	var order []group
+	claimed := map[supervisor.Route]string{}
+	for _, f := range joinPluginOptions(flags) {
+		route, path, bind, err := parsePluginFlag(f, hostnames)
+		if err != nil {
+			return nil, err
 		}
-		if err := plugins.ValidateNamespace(ns); err != nil {
-			return nil, fmt.Errorf("--plugin %q: %w", f, err)
-		}
-		if prev, dup := claimed[ns]; dup {
-			return nil, fmt.Errorf("--plugin: namespace %s given twice (%s and %s)", ns, prev, path)
+		if prev, dup := claimed[route]; dup {
+			return nil, fmt.Errorf("--plugin: %s given twice (%s and %s)", route, prev, path)
 		}
 		abs, err := filepath.Abs(path)
 		if err != nil {
@@ -475,26 +478,33 @@ func pluginSpecs(flags []string, builtin bool) ([]supervisor.Spec, error) {
 		if st, err := os.Stat(abs); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
 			return nil, fmt.Errorf("--plugin %q: %s is not an executable file", f, abs)
 		}
-		claimed[ns] = abs
-		sp := byPath[abs]
+		claimed[route] = abs
+		g := group{abs, bind}
+		sp := byGroup[g]
 		if sp == nil {
-			sp = &supervisor.Spec{Path: abs}
-			byPath[abs] = sp
-			order = append(order, abs)
+			sp = &supervisor.Spec{Path: abs, Bind: bind}
+			byGroup[g] = sp
+			order = append(order, g)
 		}
-		sp.Namespaces = append(sp.Namespaces, ns)
+		sp.Namespaces = append(sp.Namespaces, route.Namespace)
 	}
 	var specs []supervisor.Spec
 	names := map[string]int{}
-	for _, p := range order {
-		sp := *byPath[p]
-		sp.Name = uniqueName(names, filepath.Base(p))
+	for _, g := range order {
+		sp := *byGroup[g]
+		sp.Name = uniqueName(names, filepath.Base(g.path))
 		specs = append(specs, sp)
 	}
 	if builtin {
+		// In hostname-aware mode --dev serves them as localhost, in env
+		// localhost: what a browser or curl on the machine sends.
+		var bind supervisor.Binding
+		if hostnames {
+			bind = supervisor.Binding{Hostname: devHostname, Env: devHostname}
+		}
 		var nss []string
 		for ns := range examples.Builtin() {
-			if _, overridden := claimed[ns]; !overridden {
+			if _, overridden := claimed[supervisor.Route{Hostname: bind.Hostname, Namespace: ns}]; !overridden {
 				nss = append(nss, ns)
 			}
 		}
@@ -506,11 +516,84 @@ func pluginSpecs(flags []string, builtin bool) ([]supervisor.Spec, error) {
 			}
 			specs = append(specs, supervisor.Spec{
 				Name: uniqueName(names, "builtin"), Path: self,
-				Args: append([]string{"plugin-host"}, nss...), Namespaces: nss,
+				Args: append([]string{"plugin-host"}, nss...), Namespaces: nss, Bind: bind,
 			})
 		}
 	}
 	return specs, nil
+}
+
+// joinPluginOptions undoes the CLI's split of a slice flag's value at its
+// commas (also PINNEDD_PLUGINS's): a --plugin's ",env=...", ",takeover=..."
+// and ",epoch=..." go back onto the plugin they follow.
+func joinPluginOptions(flags []string) []string {
+	var out []string
+	for _, f := range flags {
+		k, _, _ := strings.Cut(f, "=")
+		if len(out) > 0 && (k == "env" || k == "takeover" || k == "epoch") {
+			out[len(out)-1] += "," + f
+			continue
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// devHostname is the hostname --dev --hostname-aware serves its built-in
+// hosts under.
+const devHostname = "localhost"
+
+// parsePluginFlag reads one --plugin: /NS=PATH, or in hostname-aware mode
+// HOST/NS=PATH[,env=ENV][,takeover=wind_down|deny][,epoch=N] (env
+// defaults to the hostname, takeover to wind_down, epoch to 0).
+func parsePluginFlag(f string, hostnames bool) (supervisor.Route, string, supervisor.Binding, error) {
+	lhs, rhs, ok := strings.Cut(f, "=")
+	path, opts, _ := strings.Cut(rhs, ",")
+	want := "/namespace=/path/to/binary"
+	if hostnames {
+		want = "hostname/namespace=/path/to/binary[,env=ENV][,takeover=wind_down|deny][,epoch=N]"
+	}
+	if !ok || path == "" {
+		return supervisor.Route{}, "", supervisor.Binding{}, fmt.Errorf("--plugin %q: want %s", f, want)
+	}
+	route, err := supervisor.ParseRoute(lhs)
+	if err != nil {
+		return supervisor.Route{}, "", supervisor.Binding{}, fmt.Errorf("--plugin %q: %w", f, err)
+	}
+	switch {
+	case hostnames && route.Hostname == "":
+		return supervisor.Route{}, "", supervisor.Binding{}, fmt.Errorf("--plugin %q: hostname-aware mode serves a namespace under a hostname: want %s", f, want)
+	case !hostnames && (route.Hostname != "" || opts != ""):
+		return supervisor.Route{}, "", supervisor.Binding{}, fmt.Errorf("--plugin %q: a hostname, env, takeover or epoch needs --hostname-aware", f)
+	case !hostnames:
+		return route, path, supervisor.Binding{}, nil
+	}
+	bind := supervisor.Binding{Hostname: route.Hostname, Env: route.Hostname}
+	for _, o := range strings.Split(opts, ",") {
+		if o == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(o, "=")
+		switch k {
+		case "env":
+			bind.Env = v
+		case "takeover":
+			if v != "wind_down" && v != "deny" {
+				return supervisor.Route{}, "", supervisor.Binding{}, fmt.Errorf("--plugin %q: takeover %q: want wind_down or deny", f, v)
+			}
+			bind.Takeover = v
+		case "epoch":
+			if bind.Epoch, err = strconv.ParseUint(v, 10, 64); err != nil {
+				return supervisor.Route{}, "", supervisor.Binding{}, fmt.Errorf("--plugin %q: epoch %q: want a whole number", f, v)
+			}
+		default:
+			return supervisor.Route{}, "", supervisor.Binding{}, fmt.Errorf("--plugin %q: unknown option %q: want env=, takeover= or epoch=", f, k)
+		}
+	}
+	if !plugins.ValidEnv(bind.Env) {
+		return supervisor.Route{}, "", supervisor.Binding{}, fmt.Errorf("--plugin %q: env %q: 1-128 characters from a-z A-Z 0-9 . - _ (name one with env= when the hostname is not)", f, bind.Env)
+	}
+	return route, path, bind, nil
 }
 
 // pluginUsers applies --plugin-user settings to the specs and, when

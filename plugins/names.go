@@ -3,6 +3,7 @@ package plugins
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"unicode/utf8"
 )
@@ -68,4 +69,87 @@ func ValidateID(id string) error {
 		}
 	}
 	return nil
+}
+
+// StateNamespace is the namespace an instance's durable state is stored
+// under: its namespace, prefixed by its env in hostname-aware mode
+// ("pr-41/counter"). Single mode's env is "", so its keys are the
+// namespaces as they always were. An env never holds '/' and a namespace
+// starts with one, so SplitStateNamespace undoes it. This is the one rule:
+// every path between an instance and the store calls it.
+func StateNamespace(env, ns string) string { return env + ns }
+
+// SplitStateNamespace undoes StateNamespace.
+func SplitStateNamespace(s string) (env, ns string) {
+	i := strings.IndexByte(s, '/')
+	if i < 0 {
+		return "", s
+	}
+	return s[:i], s[i:]
+}
+
+// NormalizeHost is the hostname a request or a registration names in
+// hostname-aware mode: the Host without its port, lowercased, without a
+// trailing dot. "" when h names none.
+func NormalizeHost(h string) string {
+	if host, _, err := net.SplitHostPort(h); err == nil {
+		h = host
+	}
+	return strings.ToLower(strings.TrimSuffix(h, "."))
+}
+
+// ValidHostname accepts a normalized DNS name (a-z, 0-9, '-', '.'; labels
+// of 1-63, 253 in all) or an IP literal.
+func ValidHostname(h string) bool {
+	if net.ParseIP(h) != nil {
+		return true
+	}
+	if h == "" || len(h) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(h, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// ValidEnv accepts 1-128 characters of a-z A-Z 0-9 . - _: an env names
+// state (StateNamespace), so nothing that needs escaping anywhere, and
+// never '/'.
+func ValidEnv(e string) bool {
+	if e == "" || len(e) > 128 {
+		return false
+	}
+	for i := 0; i < len(e); i++ {
+		c := e[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// ParseRoute reads a route as operators name one: "/NS", or in
+// hostname-aware mode "HOST/NS" (the hostname lowercased).
+func ParseRoute(s string) (host, ns string, err error) {
+	i := strings.IndexByte(s, '/')
+	if i < 0 {
+		return "", "", fmt.Errorf("%w %q: want /namespace or hostname/namespace", ErrInvalidNamespace, s)
+	}
+	host, ns = strings.ToLower(s[:i]), s[i:]
+	if err := ValidateNamespace(ns); err != nil {
+		return "", "", err
+	}
+	if host != "" && !ValidHostname(host) {
+		return "", "", fmt.Errorf("%w %q: %q is not a hostname", ErrInvalidNamespace, s, host)
+	}
+	return host, ns, nil
 }

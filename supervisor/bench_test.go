@@ -57,7 +57,7 @@ func BenchmarkDataPlane(b *testing.B) {
 	b.Run("unix-direct", func(b *testing.B) {
 		// The plugin hop alone: a client on the plugin's data socket.
 		s, _ := startSupervisor(b, testutil.Bin(b, "counter"), counter.Namespace)
-		if _, err := s.acquire(context.Background(), Key{counter.Namespace, "direct"}, 1); err != nil {
+		if _, err := s.acquire(context.Background(), "", Key{Namespace: counter.Namespace, ID: "direct"}, 1); err != nil {
 			b.Fatal(err)
 		}
 		inc, _ := s.plugins().procs[0].current()

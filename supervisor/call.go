@@ -46,21 +46,22 @@ type Call struct {
 	start time.Time
 }
 
-// Open is the one way a request reaches an instance: it finds (ns, id) as
-// mode allows and holds it for the request until End. The errors are the
-// ones WriteOpenError answers.
-func (s *Supervisor) Open(ctx context.Context, ns, id string, gen uint64, mode OpenMode) (*Call, error) {
+// Open is the one way a request reaches an instance: it finds k, run by
+// the plugin serving (host, k.Namespace) (host "" in single mode), as mode
+// allows and holds it for the request until End. The errors are the ones
+// WriteOpenError answers.
+func (s *Supervisor) Open(ctx context.Context, host string, k Key, gen uint64, mode OpenMode) (*Call, error) {
 	c := &Call{s: s, start: time.Now()}
 	switch mode {
 	case IfReady:
-		if !s.ready(Key{ns, id}, gen, c) {
+		if !s.ready(host, k, gen, c) {
 			return nil, errNotReady
 		}
 		return c, nil
 	case IfLive:
 		gen = 0
 	}
-	in, err := s.acquire(ctx, Key{ns, id}, gen)
+	in, err := s.acquire(ctx, host, k, gen)
 	if err != nil {
 		return nil, err
 	}
@@ -90,11 +91,12 @@ func (c *Call) OnEvict(abort func()) bool {
 // ready opens c on the instance live under exactly gen, activated, on a
 // running plugin: one more open request counted on it. It reports false
 // if there is no such instance (it never waits).
-func (s *Supervisor) ready(k Key, gen uint64, c *Call) bool {
+func (s *Supervisor) ready(host string, k Key, gen uint64, c *Call) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	in := s.instances[k]
-	if s.stopping || in == nil || in.evicting || in.gen != gen || !closed(in.ready) || in.err != nil || !in.inc.alive() || in.ctx.Err() != nil {
+	if s.stopping || in == nil || in.evicting || in.gen != gen || !closed(in.ready) || in.err != nil || !in.inc.alive() || in.ctx.Err() != nil ||
+		in.inc.proc.spec.Bind.Hostname != host {
 		return false
 	}
 	in.conns++ // see armIdleLocked
@@ -197,6 +199,10 @@ func (s *Supervisor) WriteOpenError(w http.ResponseWriter, r *http.Request, ns s
 		httpx.WriteError(w, http.StatusServiceUnavailable, "node is draining", time.Second)
 	case errors.Is(err, ErrStopping):
 		httpx.WriteError(w, http.StatusServiceUnavailable, "node is shutting down", time.Second)
+	case errors.Is(err, ErrOtherRoute):
+		// The front door fences a takeover before it opens; one that
+		// raced the owner's wind-down is told to retry the same way.
+		httpx.WriteError(w, http.StatusServiceUnavailable, "takeover in progress, retry", time.Second)
 	case errors.Is(err, ErrStoreUnavailable):
 		// Nothing ran: the instance never activated.
 		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error(), 2*time.Second)

@@ -38,7 +38,7 @@ func (r relayRouter) Route(h *relay.ReqHead) (relay.Forward, bool) {
 	if len(parts) < 4 {
 		return relay.Forward{}, false
 	}
-	c, err := r.s.Open(context.Background(), "/"+parts[1], parts[2], 1, IfReady)
+	c, err := r.s.Open(context.Background(), "", Key{Namespace: "/" + parts[1], ID: parts[2]}, 1, IfReady)
 	if err == nil && !c.OnEvict(h.Ticket.Abort) {
 		c.End(0, false)
 		err = errNotReady
@@ -175,16 +175,16 @@ func TestRelayMatchesServeInstance(t *testing.T) {
 
 	// Not live under that generation, or not at all: Open IfReady turns
 	// it down and holds nothing.
-	if _, err := s.Open(context.Background(), "/misc", "r", 2, IfReady); err == nil {
+	if _, err := s.Open(context.Background(), "", Key{Namespace: "/misc", ID: "r"}, 2, IfReady); err == nil {
 		t.Fatal("Open IfReady under another generation")
 	}
-	if _, err := s.Open(context.Background(), "/misc", "never", 1, IfReady); err == nil {
+	if _, err := s.Open(context.Background(), "", Key{Namespace: "/misc", ID: "never"}, 1, IfReady); err == nil {
 		t.Fatal("Open IfReady for an instance not live")
 	}
 	testutil.WaitFor(t, 5*time.Second, "relayed requests to let the instance go", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		in := s.instances[Key{"/misc", "r"}]
+		in := s.instances[Key{Namespace: "/misc", ID: "r"}]
 		return in != nil && in.conns == 0 && in.streams == 0 && in.idle != nil
 	})
 }
@@ -218,9 +218,9 @@ func TestRelayedStreamsAndRefusal(t *testing.T) {
 	testutil.WaitFor(t, 5*time.Second, "the relayed stream to count as one", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return s.instances[Key{"/misc", "e"}].streams == 1
+		return s.instances[Key{Namespace: "/misc", ID: "e"}].streams == 1
 	})
-	if !s.Evict(context.Background(), Key{"/misc", "e"}, time.Second) {
+	if !s.Evict(context.Background(), Key{Namespace: "/misc", ID: "e"}, time.Second) {
 		t.Fatal("instance not live")
 	}
 	if b, err := io.ReadAll(resp.Body); err != nil || !strings.Contains(string(b), "fin") {
@@ -235,9 +235,9 @@ func TestRelayedStreamsAndRefusal(t *testing.T) {
 	testutil.WaitFor(t, 5*time.Second, "the request to be under way", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return s.instances[Key{"/misc", "e"}].conns == 1
+		return s.instances[Key{Namespace: "/misc", ID: "e"}].conns == 1
 	})
-	go s.Evict(context.Background(), Key{"/misc", "e"}, 0)
+	go s.Evict(context.Background(), Key{Namespace: "/misc", ID: "e"}, 0)
 	if resp, err := http.ReadResponse(br, nil); err == nil {
 		t.Fatalf("a request cut by eviction got a response: %d", resp.StatusCode)
 	} else if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
@@ -245,7 +245,7 @@ func TestRelayedStreamsAndRefusal(t *testing.T) {
 	}
 
 	// The plugin forgets "gone" behind the supervisor's back.
-	inc, err := s.plugins().byNS["/misc"].current()
+	inc, err := s.plugins().byRoute[Route{Namespace: "/misc"}].current()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -97,14 +97,14 @@ func (s *Supervisor) noteDrained() {
 	s.mu.Unlock()
 }
 
-// WindDown sets an operator's deadline for one instance (id) or for every
-// live instance of ns (id ""), or revokes it (zero deadline). It returns how
-// many live instances it touched.
-func (s *Supervisor) WindDown(ns, id string, deadline time.Time) int {
+// WindDown sets an operator's deadline for one instance (k.ID) or for
+// every live instance of k.Namespace in k.Env (k.ID ""), or revokes it
+// (zero deadline). It returns how many live instances it touched.
+func (s *Supervisor) WindDown(k Key, deadline time.Time) int {
 	s.mu.Lock()
 	n := 0
-	for k, in := range s.instances {
-		if k.Namespace != ns || (id != "" && k.ID != id) {
+	for ik, in := range s.instances {
+		if ik.Env != k.Env || ik.Namespace != k.Namespace || (k.ID != "" && ik.ID != k.ID) {
 			continue
 		}
 		in.windDown = deadline

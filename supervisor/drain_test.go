@@ -164,7 +164,7 @@ func TestWindDownEvictsBusyInstanceAtDeadline(t *testing.T) {
 	done := busy(t, s, srv, "busy")
 
 	deadline := time.Now().Add(1500 * time.Millisecond)
-	if n := s.WindDown("/misc", "", deadline); n != 2 {
+	if n := s.WindDown(Key{Namespace: "/misc", ID: ""}, deadline); n != 2 {
 		t.Fatalf("wind-down touched %d instances, want 2", n)
 	}
 	evictedAtDeadline(t, s, deadline, done)
@@ -181,14 +181,14 @@ func TestWindDownOfOneID(t *testing.T) {
 	s, srv := startSupervisor(t, testutil.Bin(t, "testhost"), "/misc")
 	activateIdle(t, srv, "/misc", "one")
 	activateIdle(t, srv, "/misc", "two")
-	if n := s.WindDown("/misc", "one", time.Now().Add(time.Minute)); n != 1 {
+	if n := s.WindDown(Key{Namespace: "/misc", ID: "one"}, time.Now().Add(time.Minute)); n != 1 {
 		t.Fatalf("wind-down of /misc/one touched %d instances, want 1", n)
 	}
 	goneAt(t, s, "/misc", "one", 5*time.Second)
 	if !s.Live("/misc", "two") {
 		t.Fatal("a wind-down of /misc/one evicted /misc/two")
 	}
-	if n := s.WindDown("/misc", "absent", time.Now().Add(time.Minute)); n != 0 {
+	if n := s.WindDown(Key{Namespace: "/misc", ID: "absent"}, time.Now().Add(time.Minute)); n != 0 {
 		t.Fatalf("wind-down of an id not live here touched %d instances", n)
 	}
 }
@@ -210,13 +210,13 @@ func TestWindingDownShowsItsDeadline(t *testing.T) {
 		t.Fatalf("before a wind-down: deadline %d (live %v)", d, ok)
 	}
 	deadline := time.Now().Add(time.Minute)
-	if n := s.WindDown("/misc", "busy", deadline); n != 1 {
+	if n := s.WindDown(Key{Namespace: "/misc", ID: "busy"}, deadline); n != 1 {
 		t.Fatalf("wind-down touched %d instances", n)
 	}
 	if d, ok := deadlineOf(); !ok || d != deadline.UnixMilli() {
 		t.Fatalf("winding down: deadline %d (live %v), want %d", d, ok, deadline.UnixMilli())
 	}
-	s.WindDown("/misc", "busy", time.Time{})
+	s.WindDown(Key{Namespace: "/misc", ID: "busy"}, time.Time{})
 	if d, ok := deadlineOf(); !ok || d != 0 {
 		t.Fatalf("after the revoke: deadline %d (live %v), want none", d, ok)
 	}

@@ -74,7 +74,7 @@ func TestNewerGenerationReplacesInstance(t *testing.T) {
 	if n := activations(); n != 2 {
 		t.Fatalf("activations after a newer generation: %v, want 2", n)
 	}
-	if g, _ := s.LiveGeneration("/misc", "g"); g != 6 {
+	if g, _, _ := s.LiveGeneration(Key{Namespace: "/misc", ID: "g"}); g != 6 {
 		t.Fatalf("live under generation %d, want 6", g)
 	}
 	if g := served(5); g != 6 {

@@ -21,7 +21,7 @@ func checkNoPlugins(t testing.TB) {
 // serveCall serves r to instance (ns, id) under gen as a front door does:
 // Open, activating it if need be, then carry r over net/http.
 func serveCall(s *Supervisor, w http.ResponseWriter, r *http.Request, ns, id string, gen uint64, rest string) {
-	c, err := s.Open(r.Context(), ns, id, gen, Activate)
+	c, err := s.Open(r.Context(), "", Key{Namespace: ns, ID: id}, gen, Activate)
 	if err != nil {
 		s.WriteOpenError(w, r, ns, err)
 		return

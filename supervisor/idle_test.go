@@ -50,7 +50,7 @@ func TestIdleEvictionByHostTimeoutReleases(t *testing.T) {
 				KeepPlacementsOnIdle: keep,
 			})
 			activateIdle(t, srv, "/hooks", "h")
-			k := Key{"/hooks", "h"}
+			k := Key{Namespace: "/hooks", ID: "h"}
 			testutil.WaitFor(t, 10*time.Second, "the idle eviction after the host's 300ms", func() bool {
 				_, seen := evicted.of(k)
 				return seen
@@ -85,7 +85,7 @@ func TestIdleHookKeepsInstance(t *testing.T) {
 		t.Fatalf("%v idle evictions of a kept instance", n)
 	}
 	// Kept, not stuck: an operator's eviction still takes it.
-	if !s.Evict(context.Background(), Key{"/keep", "k"}, time.Second) || s.Live("/keep", "k") {
+	if !s.Evict(context.Background(), Key{Namespace: "/keep", ID: "k"}, time.Second) || s.Live("/keep", "k") {
 		t.Fatal("the kept instance did not go on an operator's eviction")
 	}
 }

@@ -67,9 +67,9 @@ const activationTimeout = 30 * time.Second
 // one more open connection counted on it. Concurrent first requests share
 // one activation. gen 0 means "only if live": nothing is activated and a
 // missing instance is errNotLive.
-func (s *Supervisor) acquire(ctx context.Context, k Key, gen uint64) (*instance, error) {
-	p := s.plugins().byNS[k.Namespace]
-	if p == nil {
+func (s *Supervisor) acquire(ctx context.Context, host string, k Key, gen uint64) (*instance, error) {
+	p := s.plugins().byRoute[Route{host, k.Namespace}]
+	if p == nil || p.spec.Bind.Env != k.Env {
 		return nil, ErrUnknownNS
 	}
 	for {
@@ -79,6 +79,15 @@ func (s *Supervisor) acquire(ctx context.Context, k Key, gen uint64) (*instance,
 			return nil, ErrStopping
 		}
 		in := s.instances[k]
+		if in != nil && !in.evicting && in.inc.proc != p && gen <= in.gen {
+			// Live here under another hostname of its env: a takeover
+			// moves it (under a newer generation) or nothing does.
+			s.mu.Unlock()
+			if gen == 0 {
+				return nil, errNotLive
+			}
+			return nil, ErrOtherRoute
+		}
 		if in != nil && !in.evicting && gen > in.gen {
 			// Re-placed under a newer generation: the old activation must
 			// not keep writing. Evict it and activate afresh.
@@ -497,7 +506,7 @@ func (s *Supervisor) reactivate(p *pluginProc) {
 	p.mu.Unlock()
 	for _, o := range orphans {
 		ctx, cancel := context.WithTimeout(s.runCtx, activationTimeout)
-		if err := s.Wake(ctx, o.key.Namespace, o.key.ID, o.gen); err != nil && ctx.Err() == nil {
+		if err := s.Wake(ctx, p.spec.Bind.Hostname, o.key, o.gen); err != nil && ctx.Err() == nil {
 			s.cfg.Logger.Warn("reactivation after plugin restart failed", "instance", o.key.String(), "err", err)
 		}
 		cancel()
@@ -590,16 +599,17 @@ var (
 	errNotLive  = errors.New("instance not live")
 )
 
-// Live reports whether (ns, id) is active on this node.
+// Live reports whether (ns, id) is active on this node (single mode).
 func (s *Supervisor) Live(ns, id string) bool {
-	_, live := s.LiveGeneration(ns, id)
+	_, _, live := s.LiveGeneration(Key{Namespace: ns, ID: id})
 	return live
 }
 
-// Wake activates (ns, id) under generation without serving a request (its
-// durable work resumes); the idle timer then runs as after any request.
-func (s *Supervisor) Wake(ctx context.Context, ns, id string, gen uint64) error {
-	in, err := s.acquire(ctx, Key{ns, id}, gen)
+// Wake activates k under generation, run by the plugin serving (host,
+// k.Namespace), without serving a request (its durable work resumes); the
+// idle timer then runs as after any request.
+func (s *Supervisor) Wake(ctx context.Context, host string, k Key, gen uint64) error {
+	in, err := s.acquire(ctx, host, k, gen)
 	if err != nil {
 		return err
 	}
@@ -607,15 +617,16 @@ func (s *Supervisor) Wake(ctx context.Context, ns, id string, gen uint64) error 
 	return nil
 }
 
-// LiveGeneration reports the generation (ns, id) runs under, if live here.
-func (s *Supervisor) LiveGeneration(ns, id string) (uint64, bool) {
+// LiveGeneration reports the generation k runs under, if live here, and
+// the hostname of the plugin running it ("" in single mode).
+func (s *Supervisor) LiveGeneration(k Key) (gen uint64, host string, live bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	in := s.instances[Key{ns, id}]
+	in := s.instances[k]
 	if in == nil || in.evicting {
-		return 0, false
+		return 0, "", false
 	}
-	return in.gen, true
+	return in.gen, in.inc.proc.spec.Bind.Hostname, true
 }
 
 // statusWriter records the status for metrics and passes Flush and Hijack

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"slices"
 	"time"
@@ -12,26 +11,62 @@ import (
 	"github.com/pinnedd/pinnedd/plugins/proto"
 )
 
-// pluginSet is the node's plugins and who serves each namespace. It is
-// never modified once published: AddPlugin and RemovePlugin publish a new
-// one, so the per-request look-ups take no lock.
+// pluginSet is the node's plugins and who serves each route. It is never
+// modified once published: AddPlugin and RemovePlugin publish a new one,
+// so the per-request look-ups take no lock.
 type pluginSet struct {
-	procs []*pluginProc
-	byNS  map[string]*pluginProc
+	procs   []*pluginProc
+	byRoute map[Route]*pluginProc
+	served  map[string]int // namespace -> how many routes serve it
+}
+
+func newPluginSet(procs []*pluginProc) *pluginSet {
+	return &pluginSet{procs: procs, byRoute: map[Route]*pluginProc{}, served: map[string]int{}}
+}
+
+// without is set less p.
+func (set *pluginSet) without(p *pluginProc) *pluginSet {
+	next := newPluginSet(nil)
+	for _, q := range set.procs {
+		if q != p {
+			next.procs = append(next.procs, q)
+		}
+	}
+	for r, q := range set.byRoute {
+		if q != p {
+			next.byRoute[r] = q
+			next.served[r.Namespace]++
+		}
+	}
+	return next
+}
+
+// find is the plugin that serves the route named sel ("HOST/NS", "/NS").
+func (set *pluginSet) find(sel string) (*pluginProc, bool) {
+	r, err := ParseRoute(sel)
+	if err != nil {
+		return nil, false
+	}
+	p, ok := set.byRoute[r]
+	return p, ok
 }
 
 // plugins is the current set.
 func (s *Supervisor) plugins() *pluginSet { return s.set.Load() }
 
-// serve records p's namespaces in set, refusing one another plugin serves.
+// serve records p's routes in set, refusing one another plugin serves.
 func (set *pluginSet) serve(p *pluginProc) error {
-	for _, ns := range p.namespaces {
-		if other, dup := set.byNS[ns]; dup && other != p {
-			return fmt.Errorf("%w: namespace %s is served by both %s and %s", ErrPluginConflict, ns, other.spec.Name, p.spec.Name)
+	rs := p.routes()
+	for _, r := range rs {
+		if other, dup := set.byRoute[r]; dup && other != p {
+			return fmt.Errorf("%w: %s is served by both %s and %s", ErrPluginConflict, r, other.spec.Name, p.spec.Name)
 		}
 	}
-	for _, ns := range p.namespaces {
-		set.byNS[ns] = p
+	for _, r := range rs {
+		if set.byRoute[r] == nil {
+			set.served[r.Namespace]++
+		}
+		set.byRoute[r] = p
 	}
 	return nil
 }
@@ -41,7 +76,7 @@ var (
 	// ErrPluginConflict: the plugin's name or a namespace it serves is
 	// another plugin's on this node.
 	ErrPluginConflict = errors.New("plugin conflicts with one this node runs")
-	// ErrUnknownPlugin: no plugin of this node serves the namespace.
+	// ErrUnknownPlugin: no plugin of this node serves the route.
 	ErrUnknownPlugin = errors.New("no plugin of this node serves it")
 	// ErrPluginStart: an added plugin did not start (its handshake failed,
 	// or it does not serve the namespace it was added for).
@@ -80,10 +115,10 @@ func (s *Supervisor) launch(p *pluginProc) chan error {
 }
 
 // AddPlugin starts sp on a running node and, once its first handshake
-// passed and none of its namespaces is another plugin's here, serves
-// them; it returns them. A plugin that fails is stopped and nothing
+// passed and none of its routes is another plugin's here, serves them; it
+// returns them. A plugin that fails is stopped and nothing
 // changes. The caller tells the directory (the worker registers again).
-func (s *Supervisor) AddPlugin(ctx context.Context, sp Spec) ([]string, error) {
+func (s *Supervisor) AddPlugin(ctx context.Context, sp Spec) ([]Route, error) {
 	s.changeMu.Lock()
 	defer s.changeMu.Unlock()
 	s.mu.Lock()
@@ -119,11 +154,12 @@ func (s *Supervisor) AddPlugin(ctx context.Context, sp Spec) ([]string, error) {
 		err = ctx.Err()
 	}
 	if err == nil {
-		next := &pluginSet{procs: append(slices.Clone(set.procs), p), byNS: maps.Clone(set.byNS)}
+		next := set.without(nil)
+		next.procs = append(next.procs, p)
 		if err = next.serve(p); err == nil {
 			s.set.Store(next)
-			s.cfg.Logger.Info("plugin added", "plugin", sp.Name, "path", sp.Path, "namespaces", p.namespaces)
-			return slices.Clone(p.namespaces), nil
+			s.cfg.Logger.Info("plugin added", "plugin", sp.Name, "path", sp.Path, "routes", p.routes())
+			return p.routes(), nil
 		}
 	}
 	p.end(s.cfg.StopGrace)
@@ -131,53 +167,56 @@ func (s *Supervisor) AddPlugin(ctx context.Context, sp Spec) ([]string, error) {
 	return nil, err
 }
 
-// RemovePlugin stops serving the namespaces of the plugin that serves ns
-// on this node: it takes them out of the set (requests for them are no
-// longer this node's), evicts the plugin's instances (each gets
-// StopGrace; their placements are released), and ends the process. It
-// returns the namespaces it served. The caller tells the directory.
-func (s *Supervisor) RemovePlugin(ctx context.Context, ns string) ([]string, error) {
+// RemovePlugin stops serving the routes of the plugin that serves route
+// ("HOST/NS", or "/NS" in single mode) on this node: it takes them out of
+// the set (requests for them are no longer this node's), evicts the
+// plugin's instances (each gets StopGrace; their placements are
+// released), and ends the process. It returns the routes it served. The
+// caller tells the directory.
+func (s *Supervisor) RemovePlugin(ctx context.Context, route string) ([]Route, error) {
 	s.changeMu.Lock()
 	defer s.changeMu.Unlock()
 	set := s.plugins()
-	p, ok := set.byNS[ns]
+	p, ok := set.find(route)
 	switch {
 	case !ok:
-		return nil, fmt.Errorf("%w: %s", ErrUnknownPlugin, ns)
+		return nil, fmt.Errorf("%w: %s", ErrUnknownPlugin, route)
 	case len(set.procs) == 1:
-		return nil, fmt.Errorf("%w: %s is served by this node's last plugin (a node that hosts nothing runs with --no-hosts)", ErrPluginConflict, ns)
+		return nil, fmt.Errorf("%w: %s is served by this node's last plugin (a node that hosts nothing runs with --no-hosts)", ErrPluginConflict, route)
 	}
-	next := &pluginSet{byNS: map[string]*pluginProc{}}
-	for _, q := range set.procs {
-		if q != p {
-			next.procs = append(next.procs, q)
-		}
-	}
-	for n, q := range set.byNS {
-		if q != p {
-			next.byNS[n] = q
-		}
-	}
-	s.set.Store(next)
+	s.set.Store(set.without(p))
 
+	n := s.evictWhere(ctx, proto.Reason_REASON_DRAIN, s.cfg.StopGrace, func(in *instance) bool { return in.inc.proc == p })
+	p.end(s.cfg.StopGrace)
+	if s.pluginUsers() {
+		// A plugin added later may take its name, and with it this path.
+		if err := os.RemoveAll(s.socketDir(p)); err != nil {
+			s.cfg.Logger.Warn("removing a removed plugin's socket directory failed", "plugin", p.spec.Name, "err", err)
+		}
+	}
+	s.cfg.Logger.Info("plugin removed", "plugin", p.spec.Name, "routes", p.routes(), "instances", n)
+	return p.routes(), nil
+}
+
+// evictWhere evicts every instance that match accepts, all at once, and
+// returns when they are out (or ctx ended), with how many there were.
+func (s *Supervisor) evictWhere(ctx context.Context, why proto.Reason, grace time.Duration, match func(*instance) bool) int {
 	s.mu.Lock()
 	var gone []*instance
 	for _, in := range s.instances {
-		if in.inc != nil && in.inc.proc == p {
+		if in.inc != nil && match(in) {
 			gone = append(gone, in)
 		}
 	}
 	s.mu.Unlock()
 	done := make(chan struct{}, len(gone))
 	for _, in := range gone {
-		go func() { s.evict(ctx, in, proto.Reason_REASON_DRAIN, s.cfg.StopGrace); done <- struct{}{} }()
+		go func() { s.evict(ctx, in, why, grace); done <- struct{}{} }()
 	}
 	for range gone {
 		<-done
 	}
-	p.end(s.cfg.StopGrace)
-	s.cfg.Logger.Info("plugin removed", "plugin", p.spec.Name, "namespaces", p.namespaces, "instances", len(gone))
-	return slices.Clone(p.namespaces), nil
+	return len(gone)
 }
 
 // end stops p for good: no restart, its process gone.

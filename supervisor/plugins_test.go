@@ -50,7 +50,7 @@ func TestAddAndRemovePlugins(t *testing.T) {
 	}
 
 	nss, err := s.AddPlugin(ctx, Spec{Name: "q", Path: bin, Namespaces: []string{"/tally"}})
-	if err != nil || !slices.Equal(nss, []string{"/tally"}) || !s.Serves("/tally") {
+	if err != nil || !slices.Equal(nss, []Route{{Namespace: "/tally"}}) || !s.Serves("/tally") {
 		t.Fatalf("add: %v %v", nss, err)
 	}
 	if code, body := post("/tally/t1/inc"); code != http.StatusOK || body != `{"value":1}` {
@@ -78,12 +78,12 @@ func TestAddAndRemovePlugins(t *testing.T) {
 
 	// Removed: its instance goes (placement released), its process ends.
 	nss, err = s.RemovePlugin(ctx, "/tally")
-	if err != nil || !slices.Equal(nss, []string{"/tally"}) || s.Serves("/tally") {
+	if err != nil || !slices.Equal(nss, []Route{{Namespace: "/tally"}}) || s.Serves("/tally") {
 		t.Fatalf("remove: %v %v", nss, err)
 	}
 	testutil.CheckGone(t, []int{qPID})
 	mu.Lock()
-	if !slices.Contains(released, Key{"/tally", "t1"}) {
+	if !slices.Contains(released, Key{Namespace: "/tally", ID: "t1"}) {
 		t.Errorf("the removed plugin's instance was not released: %v", released)
 	}
 	mu.Unlock()

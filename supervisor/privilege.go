@@ -220,14 +220,16 @@ func (c *callCredentials) get(token string) *incarnation {
 // (the token part of plugins.ParseClusterCall) speaks for: those the plugin
 // process it was given to serves on this node. ok is false for any other
 // token, and for a process that has exited. The front door treats a request
-// as a cluster call from namespace ns only when ok and ns is among them.
-func (s *Supervisor) VerifyClusterCall(token string) (namespaces []string, ok bool) {
+// as a cluster call from namespace ns only when ok and ns is among them,
+// and in hostname-aware mode pins its Host to hostname, the one the
+// process serves: a preview build calls its own build's peers.
+func (s *Supervisor) VerifyClusterCall(token string) (hostname string, namespaces []string, ok bool) {
 	if token == "" {
-		return nil, false
+		return "", nil, false
 	}
 	inc := s.calls.get(token)
 	if inc == nil || !inc.alive() {
-		return nil, false
+		return "", nil, false
 	}
 	p := inc.proc
 	p.mu.Lock()
@@ -237,7 +239,7 @@ func (s *Supervisor) VerifyClusterCall(token string) (namespaces []string, ok bo
 			namespaces = append(namespaces, ns)
 		}
 	}
-	return namespaces, true
+	return p.spec.Bind.Hostname, namespaces, true
 }
 
 // pluginFields are the fields every request written to a plugin's data

@@ -252,15 +252,15 @@ func TestClusterCallCredential(t *testing.T) {
 	if ns != "/misc" {
 		t.Errorf("cluster call names namespace %s, want /misc", ns)
 	}
-	if got, ok := s.VerifyClusterCall(token); !ok || !slices.Equal(got, []string{"/misc"}) {
+	if _, got, ok := s.VerifyClusterCall(token); !ok || !slices.Equal(got, []string{"/misc"}) {
 		t.Errorf("VerifyClusterCall(p's credential) = %q, %v; want [/misc] (not q's /tally)", got, ok)
 	}
 	q := current(t, s, "q")
-	if got, ok := s.VerifyClusterCall(q.callToken); !ok || !slices.Equal(got, []string{"/tally"}) {
+	if _, got, ok := s.VerifyClusterCall(q.callToken); !ok || !slices.Equal(got, []string{"/tally"}) {
 		t.Errorf("VerifyClusterCall(q's credential) = %q, %v; want [/tally]", got, ok)
 	}
 	for _, bad := range []string{"", "nope", q.socketSecret, token[:len(token)-1]} {
-		if got, ok := s.VerifyClusterCall(bad); ok {
+		if _, got, ok := s.VerifyClusterCall(bad); ok {
 			t.Errorf("VerifyClusterCall(%q) = %q, accepted", bad, got)
 		}
 	}
@@ -272,7 +272,7 @@ func TestClusterCallCredential(t *testing.T) {
 		inc, err := s.plugins().procs[0].current()
 		return err == nil && inc != old
 	})
-	if got, ok := s.VerifyClusterCall(token); ok {
+	if _, got, ok := s.VerifyClusterCall(token); ok {
 		t.Errorf("a dead process's credential still verifies: %q", got)
 	}
 	s.calls.mu.RLock()
@@ -285,7 +285,7 @@ func TestClusterCallCredential(t *testing.T) {
 	if token2 == token {
 		t.Error("the new process got the same credential")
 	}
-	if _, ok := s.VerifyClusterCall(token2); !ok {
+	if _, _, ok := s.VerifyClusterCall(token2); !ok {
 		t.Error("the new process's credential does not verify")
 	}
 }

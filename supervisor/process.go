@@ -46,6 +46,10 @@ type Spec struct {
 	// User is the account the plugin process runs as (LookupUser,
 	// ApplyPluginUsers); pinnedd must then run as root. nil: pinnedd's own.
 	User *User
+	// Bind is the plugin's hostname-aware binding (zero in single mode):
+	// its namespaces are served under Bind.Hostname, their ids live in
+	// Bind.Env.
+	Bind Binding
 }
 
 // State of a plugin process, as status reports it.
@@ -125,6 +129,9 @@ var (
 	ErrDegraded   = errors.New("namespace degraded on this node")
 	ErrStopping   = errors.New("supervisor is stopping")
 	ErrUnknownNS  = errors.New("unknown namespace")
+	// ErrOtherRoute: the instance is live here, run by the plugin of
+	// another hostname of its env; a takeover moves it.
+	ErrOtherRoute = errors.New("instance live here under another hostname")
 	ErrActivation = errors.New("activation failed")
 	// ErrStoreUnavailable: the instance could not load its state (the
 	// state store failed or did not answer in time), or the store has been
@@ -177,7 +184,7 @@ func (p *pluginProc) spawn(ctx context.Context) (*incarnation, error) {
 		return nil, fmt.Errorf("start plugin %s: %w", p.spec.Name, err)
 	}
 	conn := raw.(*plugins.Conn)
-	storeID := s.serveStore(conn, logger)
+	storeID := s.serveStore(p, conn, logger)
 	socketSecret, callToken := newSecret(), newSecret()
 	dctx, cancel := context.WithTimeout(ctx, s.cfg.HandshakeTimeout)
 	desc, err := conn.Control.Describe(dctx, &proto.DescribeRequest{
@@ -329,9 +336,9 @@ func (p *pluginProc) watch(inc *incarnation, events proto.Control_EventsClient) 
 		}
 		switch ev.Kind {
 		case proto.EventKind_EVENT_KIND_EVICT_ME:
-			go p.sup.evictKey(Key{ev.Namespace, ev.Id}, inc, proto.Reason_REASON_IDLE)
+			go p.sup.evictKey(Key{p.spec.Bind.Env, ev.Namespace, ev.Id}, inc, proto.Reason_REASON_IDLE)
 		case proto.EventKind_EVENT_KIND_FENCED:
-			p.sup.dropFenced(Key{ev.Namespace, ev.Id}, inc)
+			p.sup.dropFenced(Key{p.spec.Bind.Env, ev.Namespace, ev.Id}, inc)
 		}
 	}
 	// The stream ends a moment before go-plugin reaps the process; give it
@@ -399,7 +406,7 @@ func (p *pluginProc) run(ctx context.Context, first chan<- error) {
 			p.degraded = true
 			p.logger.Error("plugin is crash-looping; its namespaces are degraded on this node", "crashes", p.crashes, "namespaces", p.namespaces)
 			if cfg.OnDegraded != nil {
-				go cfg.OnDegraded(append([]string(nil), p.namespaces...))
+				go cfg.OnDegraded(routesOf(p.spec.Bind.Hostname, p.namespaces))
 			}
 		}
 		delay := backoff(p.crashes, cfg.BackoffMin, cfg.BackoffMax)

@@ -80,7 +80,7 @@ func TestPluginTrayFieldsAndLargeState(t *testing.T) {
 	if got := do("GET", "/f", "", http.StatusOK); got != `["a","b","c"]` {
 		t.Fatalf("fields after restore: %s, want [\"a\",\"b\",\"c\"]", got)
 	}
-	if g, _ := s.LiveGeneration("/fields", "d1"); g != 8 {
+	if g, _, _ := s.LiveGeneration(Key{Namespace: "/fields", ID: "d1"}); g != 8 {
 		t.Fatalf("restored under generation %d, want 8", g)
 	}
 	trays, err := store.Load(context.Background(), statestore.InstanceKey{Namespace: "/fields", ID: "d1"}, 8)

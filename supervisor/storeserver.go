@@ -21,7 +21,15 @@ type storeServer struct {
 	proto.UnimplementedStoreServer
 	store  statestore.Store
 	serves func(namespace string) bool
+	env    string       // hostname-aware mode: the env the plugin's ids live in
 	logger *slog.Logger // nil: says nothing
+}
+
+// key is where the plugin's instance (ns, id) is stored: under its env
+// (plugins.StateNamespace), so preview builds with envs of their own never
+// see each other's state.
+func (s *storeServer) key(ns, id string) statestore.InstanceKey {
+	return statestore.InstanceKey{Namespace: plugins.StateNamespace(s.env, ns), ID: id}
 }
 
 // NewStoreServer serves store as the plugin Store service, for the
@@ -31,15 +39,17 @@ func NewStoreServer(store statestore.Store, serves func(namespace string) bool) 
 	return &storeServer{store: store, serves: serves}
 }
 
-// serveStore starts the Store service on a new broker id of the plugin
-// connection conn and returns the id. The broker's server lives as long as the plugin's
-// connection; calls from a dead plugin end with their context.
-func (s *Supervisor) serveStore(conn *plugins.Conn, logger *slog.Logger) uint32 {
+// serveStore starts the Store service for p on a new broker id of its
+// connection conn and returns the id: p reaches the state of its own
+// namespaces, in its env, and nothing else. The broker's server lives as
+// long as the plugin's connection; calls from a dead plugin end with their
+// context.
+func (s *Supervisor) serveStore(p *pluginProc, conn *plugins.Conn, logger *slog.Logger) uint32 {
 	if s.cfg.Store == nil || conn.Broker == nil {
 		return 0
 	}
 	id := conn.Broker.NextId()
-	srv := &storeServer{store: s.cfg.Store, serves: s.Serves, logger: logger}
+	srv := &storeServer{store: s.cfg.Store, serves: p.serves, env: p.spec.Bind.Env, logger: logger}
 	go conn.Broker.AcceptAndServe(id, func(opts []grpc.ServerOption) *grpc.Server {
 		g := grpc.NewServer(append(opts, plugins.StoreServerOptions()...)...)
 		proto.RegisterStoreServer(g, srv)
@@ -70,7 +80,7 @@ func (s *storeServer) Load(ctx context.Context, req *proto.StoreLoadRequest) (*p
 	if !s.serves(req.Namespace) {
 		return nil, status.Errorf(codes.PermissionDenied, "namespace %s is not served here", req.Namespace)
 	}
-	trays, err := s.store.Load(ctx, statestore.InstanceKey{Namespace: req.Namespace, ID: req.Id}, req.Generation)
+	trays, err := s.store.Load(ctx, s.key(req.Namespace, req.Id), req.Generation)
 	if err != nil {
 		return nil, storeErr(err)
 	}
@@ -94,7 +104,7 @@ func (s *storeServer) Load(ctx context.Context, req *proto.StoreLoadRequest) (*p
 		// on a survivor, after a swap): the operator's trace of who
 		// resumed it. Activations with nothing pending say nothing.
 		s.logger.Info("instance restored from store with unfinished work",
-			"instance", req.Namespace+"/"+req.Id, "generation", req.Generation,
+			"instance", Key{s.env, req.Namespace, req.Id}.String(), "generation", req.Generation,
 			"trays", marked, "items", items, "resume", resume)
 	}
 	return resp, nil
@@ -124,7 +134,7 @@ func (s *storeServer) Commit(ctx context.Context, req *proto.StoreCommitRequest)
 			return nil, status.Error(codes.InvalidArgument, "mutation without an operation")
 		}
 	}
-	res, err := s.store.Commit(ctx, statestore.InstanceKey{Namespace: req.Namespace, ID: req.Id}, req.Generation, muts)
+	res, err := s.store.Commit(ctx, s.key(req.Namespace, req.Id), req.Generation, muts)
 	if err != nil {
 		return nil, storeErr(err)
 	}

@@ -14,14 +14,16 @@ import (
 
 	"github.com/pinnedd/pinnedd/internal/httpx"
 	"github.com/pinnedd/pinnedd/internal/logrepeat"
+	"github.com/pinnedd/pinnedd/plugins"
 	"github.com/pinnedd/pinnedd/plugins/proto"
 	"github.com/pinnedd/pinnedd/statestore"
 )
 
-// Key names an instance on this node.
-type Key struct{ Namespace, ID string }
+// Key names an instance on this node: its id in a namespace, and the env
+// that lives in (hostname-aware mode; "" in single mode).
+type Key struct{ Env, Namespace, ID string }
 
-func (k Key) String() string { return k.Namespace + "/" + k.ID }
+func (k Key) String() string { return plugins.StateNamespace(k.Env, k.Namespace) + "/" + k.ID }
 
 // Config configures a Supervisor. Zero durations take the defaults below.
 type Config struct {
@@ -67,7 +69,7 @@ type Config struct {
 	// crash loop degrades its namespaces on this node: the ids placed here
 	// in them cannot be served here until it recovers, so the node gives
 	// them up for other nodes to take.
-	OnDegraded func(namespaces []string)
+	OnDegraded func(routes []Route)
 
 	// FrontDoorURL is the node's own front door, where instances make
 	// cluster calls (plugins.EnvFrontDoor in their environment).
@@ -168,7 +170,7 @@ func New(cfg Config) (*Supervisor, error) {
 			}))
 		}
 	}
-	set := &pluginSet{byNS: map[string]*pluginProc{}}
+	set := newPluginSet(nil)
 	for _, sp := range cfg.Specs {
 		p, err := s.newProc(set, sp)
 		if err != nil {
@@ -211,7 +213,7 @@ func (s *Supervisor) Start(ctx context.Context) error {
 		s.Stop(context.Background())
 		return err
 	}
-	next := &pluginSet{procs: set.procs, byNS: map[string]*pluginProc{}}
+	next := newPluginSet(set.procs)
 	for _, p := range set.procs {
 		if err := next.serve(p); err != nil {
 			s.Stop(context.Background())
@@ -243,24 +245,24 @@ func (s *Supervisor) StoreHealth() error {
 	return s.storeHealth.Err()
 }
 
-// Namespaces served on this node, sorted.
+// Namespaces served on this node (under any hostname), sorted.
 func (s *Supervisor) Namespaces() []string {
-	byNS := s.plugins().byNS
-	out := make([]string, 0, len(byNS))
-	for ns := range byNS {
+	served := s.plugins().served
+	out := make([]string, 0, len(served))
+	for ns := range served {
 		out = append(out, ns)
 	}
 	sort.Strings(out)
 	return out
 }
 
-// Serves reports whether ns is served on this node.
-func (s *Supervisor) Serves(ns string) bool { _, ok := s.plugins().byNS[ns]; return ok }
+// Serves reports whether ns is served on this node (under any hostname).
+func (s *Supervisor) Serves(ns string) bool { return s.plugins().served[ns] > 0 }
 
-// Degraded reports whether ns is degraded on this node: its plugin
+// Degraded reports whether r is degraded on this node: its plugin
 // crash-loops, and no request for it is served here until it recovers.
-func (s *Supervisor) Degraded(ns string) bool {
-	p, ok := s.plugins().byNS[ns]
+func (s *Supervisor) Degraded(r Route) bool {
+	p, ok := s.plugins().byRoute[r]
 	if !ok {
 		return false
 	}
@@ -269,12 +271,13 @@ func (s *Supervisor) Degraded(ns string) bool {
 	return p.degraded
 }
 
-// DegradedNamespaces are the namespaces degraded on this node, sorted.
+// DegradedNamespaces are the routes degraded on this node ("/NS", or
+// "HOST/NS" in hostname-aware mode), sorted.
 func (s *Supervisor) DegradedNamespaces() []string {
 	var out []string
-	for _, ns := range s.Namespaces() {
-		if s.Degraded(ns) {
-			out = append(out, ns)
+	for _, r := range s.Routes() {
+		if s.Degraded(r.Route) {
+			out = append(out, r.String())
 		}
 	}
 	return out
@@ -315,22 +318,22 @@ func (s *Supervisor) Stop(ctx context.Context) {
 	s.closeRuntimeDir()
 }
 
-// Reload hot-swaps the plugin serving ns, or every plugin when ns is "".
-func (s *Supervisor) Reload(ctx context.Context, ns string) error {
-	var errs []error
-	found := false
+// Reload hot-swaps the plugin serving route ("/NS", or "HOST/NS" in
+// hostname-aware mode), or every plugin when route is "".
+func (s *Supervisor) Reload(ctx context.Context, route string) error {
 	set := s.plugins()
-	for _, p := range set.procs {
-		if ns != "" && set.byNS[ns] != p {
-			continue
+	if route == "" {
+		var errs []error
+		for _, p := range set.procs {
+			errs = append(errs, p.reload(ctx))
 		}
-		found = true
-		errs = append(errs, p.reload(ctx))
+		return errors.Join(errs...)
 	}
-	if !found {
-		return fmt.Errorf("%w: %s", ErrUnknownNS, ns)
+	p, ok := set.find(route)
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrUnknownNS, route)
 	}
-	return errors.Join(errs...)
+	return p.reload(ctx)
 }
 
 // instancesOn counts the live instances of one incarnation.
@@ -356,14 +359,24 @@ type PluginStatus struct {
 	Restarts    int      `json:"restarts"`
 	Degraded    bool     `json:"degraded"`
 	Namespaces  []string `json:"namespaces"`
-	LastError   string   `json:"lastError,omitempty"`
-	Version     string   `json:"version,omitempty"` // sha256 prefix of the binary the process runs
+	// Hostname-aware mode: the hostname and env the plugin serves its
+	// namespaces under, its env's takeover and its epoch.
+	Hostname  string `json:"hostname,omitempty"`
+	Env       string `json:"env,omitempty"`
+	Takeover  string `json:"takeover,omitempty"`
+	Epoch     uint64 `json:"epoch,omitempty"`
+	LastError string `json:"lastError,omitempty"`
+	Version   string `json:"version,omitempty"` // sha256 prefix of the binary the process runs
 	// User is the account the process runs as (--plugin-user); empty: pinnedd's own.
 	User string `json:"user,omitempty"`
 }
 
 // InstanceStatus is one live instance.
 type InstanceStatus struct {
+	// Env and Hostname, in hostname-aware mode: the env the id lives in
+	// and the hostname of the plugin that runs it.
+	Env         string `json:"env,omitempty"`
+	Hostname    string `json:"hostname,omitempty"`
 	Namespace   string `json:"namespace"`
 	ID          string `json:"id"`
 	Generation  uint64 `json:"generation"`
@@ -418,15 +431,15 @@ func (s *Supervisor) Stats(ctx context.Context) ([]NamespaceStats, []InstanceSta
 			continue
 		}
 		for _, in := range resp.Instances {
-			tasks[Key{in.Namespace, in.Id}] = int(in.Tasks)
+			tasks[Key{p.spec.Bind.Env, in.Namespace, in.Id}] = int(in.Tasks)
 		}
 	}
 	insts := s.Instances()
 	for i := range insts {
-		insts[i].Tasks = tasks[Key{insts[i].Namespace, insts[i].ID}]
+		insts[i].Tasks = tasks[Key{insts[i].Env, insts[i].Namespace, insts[i].ID}]
 	}
 	s.mu.Lock()
-	nss := make([]NamespaceStats, 0, len(s.plugins().byNS))
+	nss := make([]NamespaceStats, 0, len(s.plugins().served))
 	for _, ns := range s.Namespaces() {
 		c := NamespaceStats{Namespace: ns}
 		if got := s.counts[ns]; got != nil {
@@ -455,6 +468,7 @@ func (s *Supervisor) Plugins() []PluginStatus {
 			Name: p.spec.Name, Path: p.spec.Path, State: p.state, Incarnation: p.seq,
 			Restarts: p.restarts, Degraded: p.degraded, LastError: p.lastErr,
 			Namespaces: append([]string(nil), p.namespaces...),
+			Hostname:   p.spec.Bind.Hostname, Env: p.spec.Bind.Env, Takeover: p.spec.Bind.Takeover, Epoch: p.spec.Bind.Epoch,
 		}
 		if p.spec.User != nil {
 			st.User = p.spec.User.Name
@@ -482,6 +496,7 @@ func (s *Supervisor) Instances() []InstanceStatus {
 	out := make([]InstanceStatus, 0, len(s.instances))
 	for k, in := range s.instances {
 		st := InstanceStatus{
+			Env: k.Env, Hostname: in.inc.proc.spec.Bind.Hostname,
 			Namespace: k.Namespace, ID: k.ID, Generation: in.gen, Connections: in.conns,
 			ActivatedAt: in.activatedAt.UnixMilli(), Plugin: in.inc.proc.spec.Name, PID: in.inc.pid,
 		}
@@ -494,7 +509,7 @@ func (s *Supervisor) Instances() []InstanceStatus {
 		out = append(out, st)
 	}
 	sort.Slice(out, func(i, j int) bool {
-		return out[i].Namespace < out[j].Namespace || out[i].Namespace == out[j].Namespace && out[i].ID < out[j].ID
+		return Key{out[i].Env, out[i].Namespace, out[i].ID}.String() < Key{out[j].Env, out[j].Namespace, out[j].ID}.String()
 	})
 	return out
 }

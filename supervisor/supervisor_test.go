@@ -100,7 +100,7 @@ func TestQuitWaitsOutAnEvictionUnderWay(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	k := Key{"/slowstop", "q"}
+	k := Key{Namespace: "/slowstop", ID: "q"}
 	go s.Evict(context.Background(), k, 0) // its Stop hook takes 500ms
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -141,7 +141,7 @@ func TestEvictEndsOpenStreams(t *testing.T) {
 	if _, err := br.ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
-	if !s.Evict(context.Background(), Key{"/misc", "e"}, time.Second) {
+	if !s.Evict(context.Background(), Key{Namespace: "/misc", ID: "e"}, time.Second) {
 		t.Fatal("instance not live")
 	}
 	done := make(chan error, 1)
@@ -171,7 +171,7 @@ func TestIdleTimerWaitsOutOpenRequests(t *testing.T) {
 	live := func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		in := s.instances[Key{"/misc", "i"}]
+		in := s.instances[Key{Namespace: "/misc", ID: "i"}]
 		return in != nil && !in.evicting
 	}
 	if r, err := testutil.Do(context.Background(), "GET", srv.URL+"/misc/i/pid", "", nil); err != nil || r.Code != 200 {
@@ -219,7 +219,7 @@ func TestEvictionUnderARequestAnswers504(t *testing.T) {
 		r, err := testutil.Do(context.Background(), "GET", srv.URL+"/misc/ev/sleeping", "", nil)
 		return err == nil && r.Code == 200 && r.Body == "1"
 	})
-	if !s.Evict(context.Background(), Key{"/misc", "ev"}, 0) {
+	if !s.Evict(context.Background(), Key{Namespace: "/misc", ID: "ev"}, 0) {
 		t.Fatal("instance not live")
 	}
 	var a answer

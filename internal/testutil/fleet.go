@@ -26,6 +26,8 @@ type Status struct {
 		User       string   `json:"user"`
 	} `json:"plugins"`
 	Instances []struct {
+		Env         string `json:"env"`
+		Hostname    string `json:"hostname"`
 		Namespace   string `json:"namespace"`
 		ID          string `json:"id"`
 		Generation  uint64 `json:"generation"`

@@ -506,7 +506,7 @@ func Do(ctx context.Context, method, url, body string, headers map[string]string
 	return DoWith(ctx, http.DefaultClient, method, url, body, headers)
 }
 
-// DoWith is Do through client.
+// DoWith is Do through client. A "Host" in headers is the request's Host.
 func DoWith(ctx context.Context, client *http.Client, method, url, body string, headers map[string]string) (Response, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -522,6 +522,10 @@ func DoWith(ctx context.Context, client *http.Client, method, url, body string, 
 		return Response{}, err
 	}
 	for k, v := range headers {
+		if strings.EqualFold(k, "Host") {
+			req.Host = v // net/http sends req.Host, not a Host header
+			continue
+		}
 		req.Header.Set(k, v)
 	}
 	resp, err := client.Do(req)
