@@ -53,6 +53,11 @@ type load struct {
 
 // startLoad starts n clients, client w posting to path(w).
 func startLoad(a *testutil.Agent, n int, path func(w int) string) *load {
+	return startLoadWith(n, func(w int) (testutil.Response, error) { return a.Do("POST", path(w), "") })
+}
+
+// startLoadWith starts n clients, client w sending post(w) again and again.
+func startLoadWith(n int, post func(w int) (testutil.Response, error)) *load {
 	l := &load{stop: make(chan struct{})}
 	for w := range n {
 		l.wg.Add(1)
@@ -64,7 +69,7 @@ func startLoad(a *testutil.Agent, n int, path func(w int) string) *load {
 					return
 				default:
 				}
-				r, err := a.Do("POST", path(w), "")
+				r, err := post(w)
 				switch {
 				case err != nil:
 					l.bad.Store(err.Error())

@@ -130,6 +130,32 @@ func TestPreviewEnvironments(t *testing.T) {
 	}
 	expectHost(t, n1, "GET", "a.locked.test", "/counters/d/value", 200, `{"value":1}`)
 
+	// From here on, clients of two other hostnames never see a failed
+	// request while previews come and go.
+	l := startLoadWith(4, func(w int) (testutil.Response, error) {
+		host := []string{"pr-42.preview.test", "a.locked.test"}[w%2]
+		return testutil.Do(context.Background(), "POST", []*node{n1, n2}[w/2].url()+fmt.Sprintf("/counters/load%d/increment", w), "",
+			map[string]string{"Host": host, "Authorization": "Bearer " + testutil.Token})
+	})
+	acked := &l.acked
+	testutil.WaitFor(t, 10*time.Second, "load flowing", func() bool { return acked.Load() > 20 })
+
+	// A preview deployed on a running node, and torn down.
+	if out, err := testutil.CLI(t, "plugins", "add", "--addr", n1.url(), "pr-44.preview.test/counters="+counter); err != nil {
+		t.Fatalf("plugins add pr-44: %v\n%s", err, out)
+	}
+	expectHost(t, n1, "POST", "pr-44.preview.test", "/counters/a/increment", 200, `{"value":1}`)
+	testutil.WaitFor(t, 5*time.Second, "n2's replica shows pr-44", func() bool {
+		return viaHost(t, n2, "GET", "pr-44.preview.test", "/counters/a/value").Code == http.StatusOK
+	})
+	if out, err := testutil.CLI(t, "plugins", "remove", "--addr", n1.url(), "pr-44.preview.test/counters"); err != nil {
+		t.Fatalf("plugins remove pr-44: %v\n%s", err, out)
+	}
+	testutil.WaitFor(t, 10*time.Second, "pr-44 gone from the fleet", func() bool {
+		r := viaHost(t, n2, "POST", "pr-44.preview.test", "/counters/a/increment")
+		return r.Code == http.StatusServiceUnavailable && strings.Contains(r.Body, "no live workers for hostname")
+	})
+
 	// A new build of pr-43 on n2, in a new env at a higher epoch, displaces
 	// n1's binding of the hostname.
 	if out, err := testutil.CLI(t, "plugins", "remove", "--addr", n2.url(), "pr-43.preview.test/counters"); err != nil {
@@ -163,6 +189,11 @@ func TestPreviewEnvironments(t *testing.T) {
 	}
 	// The other hostnames never noticed.
 	expectHost(t, n1, "GET", "pr-42.preview.test", "/counters/a/value", 200, `{"value":3}`)
+	before := acked.Load()
+	testutil.WaitFor(t, 10*time.Second, "load still flowing", func() bool { return acked.Load() > before+20 })
+	if bad := l.Stop(); bad != nil || l.refused.Load() != 0 {
+		t.Fatalf("clients of other hostnames saw failures: last %v, %d refused, %d acked", bad, l.refused.Load(), acked.Load())
+	}
 }
 
 // rawRequest writes req on a new connection to n and reads the answer

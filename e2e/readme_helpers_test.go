@@ -598,8 +598,10 @@ func (s *shell) stop(grace time.Duration) {
 			}
 			return true
 		})
+		testutil.CheckGone(s.t, procs)
 	}
-	testutil.CheckGone(s.t, procs)
+	// Not checked again when all went within grace: pid_max may be 32768,
+	// and a busy suite reuses a pid within seconds.
 	s.jobs = nil
 	s.in.Close()
 	s.in = nil

@@ -47,8 +47,9 @@ import (
 //     5432) stay as written. The environment is the test's minus the
 //     variables pinnedd and the chat clients read (DATABASE_URL,
 //     PINBOARD_*, PINNEDD_*, ...).
-//   - Databases. The database names pinnedd_chat and pinnedd_fleet become
-//     names unique to the run; the test drops them at the end.
+//   - Databases. The database names pinnedd_chat, pinnedd_fleet and
+//     pinnedd_preview become names unique to the run; the test drops them
+//     at the end.
 //   - Processes. Background jobs and servers are process groups of their
 //     own (job control is on). When its section ends, each gets SIGINT, as
 //     ^C in its terminal; everything in those groups and every plugin of
@@ -107,7 +108,8 @@ func runReadme(t *testing.T, root string, blocks []mdBlock, p *keptAliveProxy) {
 
 	tag := randomHex(t)
 	ports := newPortMap(t)
-	dbs := dbNames{"pinnedd_chat": "pinnedd_chat_readme_" + tag, "pinnedd_fleet": "pinnedd_fleet_readme_" + tag}
+	dbs := dbNames{"pinnedd_chat": "pinnedd_chat_readme_" + tag, "pinnedd_fleet": "pinnedd_fleet_readme_" + tag,
+		"pinnedd_preview": "pinnedd_preview_readme_" + tag}
 	// Cleanups run last-in first-out, after the sections' own: by then
 	// every agent using the database has stopped.
 	t.Cleanup(func() {

@@ -101,8 +101,7 @@ func (f *FrontDoor) decide(method, path, escaped, query string, hdr fields, from
 	}
 	d.loop = d.err == nil && from != fromStranger && escaped == path && plainTarget(path, query)
 	if d.loop && d.kind == toInstance {
-		// Hostname-aware mode routes by Host, which net/http checks.
-		d.loop = !f.res.hostnames && f.tokens.Passport().Policy(d.ns) == passport.Anonymous && !hdr.has(plugins.HeaderClusterCall)
+		d.loop = f.tokens.Passport().Policy(d.ns) == passport.Anonymous && !hdr.has(plugins.HeaderClusterCall)
 	}
 	return d
 }

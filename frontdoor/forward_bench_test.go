@@ -2,6 +2,7 @@ package frontdoor
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -73,21 +74,39 @@ func newForwardRigConfig(tb testing.TB, serve http.HandlerFunc, mod func(*nodeCo
 	m := directory.New()
 	now := time.Now().UnixMilli()
 	testdir.Apply(m, 1, directory.Init{Secret: secret})
-	testdir.Apply(m, 2, directory.Register{
+	reg := directory.Register{
 		ClientID: "owner", SessionID: "s1", NodeID: "n2", AdvertiseURL: owner.URL, Namespaces: []string{"/counters"},
 		Headroom: 1 << 20, TTLMs: time.Hour.Milliseconds(), Now: now,
-	})
-	if res := testdir.Apply(m, 3, directory.Claim{Key: directory.Key{Namespace: "/counters", ID: "c1"}, ClientID: "owner", Now: now}); res.Code != directory.CodeGranted {
+	}
+	claim := directory.Claim{Key: directory.Key{Namespace: "/counters", ID: "c1"}, ClientID: "owner", Now: now}
+	cfg := nodeConfig{Config: Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: prometheus.NewRegistry()}}
+	if mod != nil {
+		mod(&cfg)
+	}
+	var res directory.Result
+	if cfg.HostnameAware {
+		// The owner serves /counters under benchHostnames hostnames, each
+		// its own env; c1 is placed through benchHost.
+		var routes []directory.Route
+		for i := range benchHostnames {
+			h := fmt.Sprintf("h%d.preview.test", i)
+			routes = append(routes, directory.Route{Hostname: h, Namespace: "/counters", Env: h})
+		}
+		reg.Namespaces = nil
+		testdir.Apply(m, 2, directory.RegisterRoutes{Register: reg, Routes: routes})
+		claim.Key.Env = benchHost
+		res = testdir.Apply(m, 3, directory.ClaimRoute{Claim: claim, Hostname: benchHost, TTLMs: time.Hour.Milliseconds()})
+	}
+	if res.Code == 0 {
+		testdir.Apply(m, 2, reg)
+		res = testdir.Apply(m, 3, claim)
+	}
+	if res.Code != directory.CodeGranted {
 		tb.Fatalf("claim: %v %s", res.Code, res.Reason)
 	}
 	dir := pinboard.NewDirectory(m, nil)
 	tb.Cleanup(dir.Close)
-	cfg := nodeConfig{Config: Config{
-		Dir: dir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: prometheus.NewRegistry(),
-	}}
-	if mod != nil {
-		mod(&cfg)
-	}
+	cfg.Dir = dir
 	f := newNode(cfg)
 	entry := httptest.NewServer(f)
 	tb.Cleanup(func() {
@@ -113,15 +132,44 @@ func (rig *forwardRig) dial(tb testing.TB) (net.Conn, *bufio.Reader) {
 	return conn, bufio.NewReader(conn)
 }
 
+// benchHostnames are the hostnames bound in a hostname-aware rig, and
+// benchHost the one its requests name.
+const (
+	benchHostnames = 200
+	benchHost      = "h137.preview.test"
+)
+
+// newHostnameForwardRig is newForwardRig in hostname-aware mode, with
+// benchHostnames hostnames bound.
+func newHostnameForwardRig(tb testing.TB) *forwardRig {
+	return newForwardRigConfig(tb, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "12")
+		io.WriteString(w, `{"value":1}`+"\n")
+	}, func(c *nodeConfig) { c.HostnameAware = true })
+}
+
 // BenchmarkForward: one GET through a real front door to the owner-side
 // route over loopback (placement lookup, attestation, proxying, and the
-// owner's verification), sequential on one keep-alive connection.
+// owner's verification), sequential on one keep-alive connection; in
+// single mode, and in hostname-aware mode with 200 hostnames bound (one
+// more map look-up: the request's binding).
 func BenchmarkForward(b *testing.B) {
-	rig := newForwardRig(b)
+	b.Run("single", func(b *testing.B) { benchForward(b, newForwardRig(b), "") })
+	b.Run(fmt.Sprintf("hostnames=%d", benchHostnames), func(b *testing.B) { benchForward(b, newHostnameForwardRig(b), benchHost) })
+}
+
+func benchForward(b *testing.B, rig *forwardRig, host string) {
 	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
-	u := rig.entry.URL + "/counters/c1/value"
+	req, err := http.NewRequest("GET", rig.entry.URL+"/counters/c1/value", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if host != "" {
+		req.Host = host
+	}
 	get := func() {
-		resp, err := c.Get(u)
+		resp, err := c.Do(req)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -54,6 +54,28 @@ func TestParseInstancePath(t *testing.T) {
 	}
 }
 
+// An owner-side path names the env of its instance in hostname-aware
+// mode: ownerPath writes it, parseOwnerPath reads it back; a bad env
+// segment is an invalid path.
+func TestOwnerPathEnv(t *testing.T) {
+	for _, k := range []directory.Key{
+		{Namespace: "/counters", ID: "a"},
+		{Env: "pr-41.preview.example.com", Namespace: "/counters", ID: "a"},
+		{Env: "Staging_2", Namespace: "/chat", ID: "u@host"},
+	} {
+		path := ownerPath(ownerRoutePrefix, k)
+		env, ns, id, rest, err := parseOwnerPath(strings.TrimPrefix(path, ownerRoutePrefix) + "/x")
+		if err != nil || (directory.Key{Env: env, Namespace: ns, ID: id}) != k || rest != "/x" {
+			t.Errorf("%+v: %s read back as %q %q %q %q %v", k, path, env, ns, id, rest, err)
+		}
+	}
+	for _, path := range []string{"/~/counters/a", "/~bad env/counters/a", "/~a%2Fb/counters/a", "/~staging"} {
+		if _, _, _, _, err := parseOwnerPath(path); !errors.Is(err, plugins.ErrInvalidNamespace) {
+			t.Errorf("parseOwnerPath(%q) = %v, want an invalid path", path, err)
+		}
+	}
+}
+
 // A client's encodeURIComponent id reaches the instance decoded, with its
 // relative path as sent; an encoded '/' is a clear 400 and activates
 // nothing.

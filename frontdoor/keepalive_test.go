@@ -1,6 +1,7 @@
 package frontdoor
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -72,13 +73,48 @@ func TestKeptAliveRoute(t *testing.T) {
 	}
 }
 
+// In hostname-aware mode the loop routes by Host too: a request for an id
+// placed through its hostname is forwarded to the owner-side path that
+// names the env; one without a Host, for a hostname nothing is bound to,
+// or for the id of another hostname's env is net/http's.
+func TestKeptAliveRouteByHost(t *testing.T) {
+	rig := newHostnameForwardRig(t)
+	head := func(host string) *relay.ReqHead {
+		return &relay.ReqHead{Method: "GET", Target: "/counters/c1/value", Host: host, RemoteAddr: "10.1.2.3:5555"}
+	}
+	fwd, ok := rig.f.routeLoop(head(strings.ToUpper(benchHost) + ":8080"))
+	if !ok {
+		t.Fatal("an id placed through its hostname: not routed by the loop")
+	}
+	if wire := string(fwd.Wire); !strings.HasPrefix(wire, "GET /_pinned/i/~"+benchHost+"/counters/c1/value HTTP/1.1\r\n") {
+		t.Errorf("wire does not name the env:\n%s", wire)
+	}
+	fwd.Done(200, nil)
+	for _, host := range []string{"", "nobody.preview.test", "h1.preview.test"} {
+		if _, ok := rig.f.routeLoop(head(host)); ok {
+			t.Errorf("Host %q: routed by the loop, want net/http", host)
+		}
+	}
+}
+
 // BenchmarkKeptAliveRoute: the loop's per-request routing (lookup,
 // attestation, the forwarded request's bytes), and the exchange's end.
+// In single mode, and in hostname-aware mode with 200 hostnames bound.
 func BenchmarkKeptAliveRoute(b *testing.B) {
-	rig := newForwardRig(b)
-	h := &relay.ReqHead{Method: "GET", Target: "/counters/c1/value", Host: "front", RemoteAddr: "10.1.2.3:5555",
-		Fields: []relay.Field{{Name: "User-Agent", Value: "bench"}, {Name: "Accept", Value: "*/*"}}}
-	routeEach(b, rig.f, h, func() {})
+	for _, c := range []struct {
+		name, host string
+		rig        func(testing.TB) *forwardRig
+	}{
+		{"single", "front", newForwardRig},
+		{fmt.Sprintf("hostnames=%d", benchHostnames), benchHost + ":8080", newHostnameForwardRig},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			rig := c.rig(b)
+			h := &relay.ReqHead{Method: "GET", Target: "/counters/c1/value", Host: c.host, RemoteAddr: "10.1.2.3:5555",
+				Fields: []relay.Field{{Name: "User-Agent", Value: "bench"}, {Name: "Accept", Value: "*/*"}}}
+			routeEach(b, rig.f, h, func() {})
+		})
+	}
 }
 
 // routeEach routes h as the loop does, once per iteration after prepare,

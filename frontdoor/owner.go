@@ -293,13 +293,13 @@ func refuse(w http.ResponseWriter, lease pinboard.LeaseState) {
 	}
 }
 
-// routeLocal is routeLoop for an id live on this node under gen: while the
-// lease allows, straight to the plugin.
-func (o *ownerSide) routeLocal(h *relay.ReqHead, key directory.Key, gen uint64, target string, now time.Time) (relay.Forward, bool) {
-	if _, err := o.admit(context.Background(), ask{key: key, live: true, gen: gen}, now); err != nil {
+// routeLocal is routeLoop for an id live on this node under gen, run by
+// host's plugin: while the lease allows, straight to the plugin.
+func (o *ownerSide) routeLocal(h *relay.ReqHead, key directory.Key, host string, gen uint64, target string, now time.Time) (relay.Forward, bool) {
+	if _, err := o.admit(context.Background(), ask{key: key, live: true, gen: gen, host: host}, now); err != nil {
 		return relay.Forward{}, false // net/http refuses it
 	}
-	c, ok := o.openReady(h, "", key, gen)
+	c, ok := o.openReady(h, host, key, gen)
 	if !ok {
 		return relay.Forward{}, false
 	}

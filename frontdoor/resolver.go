@@ -138,26 +138,14 @@ func (rv *resolver) placedOn(key directory.Key, host, exclude string, now time.T
 	return p, owner, true
 }
 
-// envOf is, in hostname-aware mode, the env (host, ns) is bound to while a
-// live worker serves it: its ids' env. ok false: no live worker serves the
-// hostname (errNoHostname).
-func (rv *resolver) envOf(host, ns string, now time.Time) (string, bool) {
-	env, ws := rv.dir.Machine().RouteCandidates(host, ns, now.UnixMilli())
-	if len(ws) > 0 {
-		return env, true
-	}
-	// None may take a new placement; one may still serve what it holds.
+// envOf is, in hostname-aware mode, the env (host, ns) is bound to: its
+// ids' env. One map look-up in the replica's published view, as
+// knownNamespace is for single mode: a binding no live worker serves any
+// more routes to no placement, and the claim then answers errNoHostname.
+// ok false: none is bound.
+func (rv *resolver) envOf(host, ns string) (string, bool) {
 	b, ok := rv.dir.Machine().Binding(host, ns)
-	if !ok {
-		return "", false
-	}
-	ms := now.UnixMilli()
-	for _, w := range rv.dir.Machine().Workers() {
-		if w.Live(ms) && w.ServesRoute(host, ns, b.Env) {
-			return b.Env, true
-		}
-	}
-	return "", false
+	return b.Env, ok
 }
 
 // placementHints are what a new placement may lean on (PlacementRequest);

@@ -210,7 +210,7 @@ func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request, d deci
 		return
 	}
 	if f.res.hostnames {
-		env, ok := f.res.envOf(rq.host, ns, time.Now())
+		env, ok := f.res.envOf(rq.host, ns)
 		if !ok {
 			f.res.counter(outcomeNoBackends).Inc()
 			httpx.WriteError(w, http.StatusServiceUnavailable, errNoHostname.Error()+" "+rq.host, time.Second)
@@ -447,10 +447,21 @@ func (f *FrontDoor) routeLoop(h *relay.ReqHead) (relay.Forward, bool) {
 		return relay.Forward{}, false
 	}
 	key, now := d.key(), time.Now()
-	if gen, _, live := f.res.liveHere(key); live {
-		return f.owner.routeLocal(h, key, gen, withQuery(d.rest, query), now)
+	host := ""
+	if f.res.hostnames {
+		// Routed by Host, as serveInstance does; net/http answers a
+		// request without one, or for a hostname nothing is bound to.
+		host = plugins.NormalizeHost(h.Host)
+		env, ok := f.res.envOf(host, key.Namespace)
+		if host == "" || !ok {
+			return relay.Forward{}, false
+		}
+		key.Env = env
 	}
-	p, owner, ok := f.res.placedOn(key, "", "", now)
+	if gen, liveHost, live := f.res.liveHere(key); live && liveHost == host {
+		return f.owner.routeLocal(h, key, host, gen, withQuery(d.rest, query), now)
+	}
+	p, owner, ok := f.res.placedOn(key, host, "", now)
 	if !ok || p.Owner == f.res.self.ID() {
 		return relay.Forward{}, false
 	}

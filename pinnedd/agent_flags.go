@@ -241,7 +241,14 @@ func agentConfigFrom(c *cli.Context) (agent.Config, error) {
 		return cfg, err
 	}
 	cfg.Specs = specs
-	cfg.PluginDir, cfg.NewPlugin = c.String("plugin-dir"), newPlugin(c, cfg.Dev)
+	cfg.NewPlugin = newPlugin(c, cfg.Dev)
+	if dir := c.String("plugin-dir"); dir != "" {
+		// The CLI sends absolute paths: a relative --plugin-dir would
+		// never contain one.
+		if cfg.PluginDir, err = filepath.Abs(dir); err != nil {
+			return cfg, fmt.Errorf("--plugin-dir %q: %w", dir, err)
+		}
+	}
 	if len(cfg.Specs) == 0 {
 		return cfg, errors.New("no hosts to serve: give --plugin /ns=path (or --dev for the built-in examples, or --no-hosts for a pure front door)")
 	}

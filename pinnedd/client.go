@@ -388,8 +388,11 @@ type statusView struct {
 		Restarts   int      `json:"restarts"`
 		Degraded   bool     `json:"degraded"`
 		Namespaces []string `json:"namespaces"`
+		Hostname   string   `json:"hostname"`
+		Env        string   `json:"env"`
 	} `json:"plugins"`
 	Instances []struct {
+		Env         string `json:"env"`
 		Namespace   string `json:"namespace"`
 		ID          string `json:"id"`
 		Generation  uint64 `json:"generation"`
@@ -453,11 +456,16 @@ func printStatus(out io.Writer, st statusView) error {
 		if p.Degraded {
 			state += " (degraded)"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\n", p.Name, state, p.PID, p.Restarts, strings.Join(p.Namespaces, ","))
+		served := strings.Join(p.Namespaces, ",")
+		if p.Hostname != "" {
+			// Hostname-aware: its route and the env its ids live in.
+			served = p.Hostname + served + " (env " + p.Env + ")"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\n", p.Name, state, p.PID, p.Restarts, served)
 	}
 	fmt.Fprintf(w, "\nINSTANCE\tGENERATION\tCONNECTIONS\tIDLE\n")
 	for _, in := range st.Instances {
-		fmt.Fprintf(w, "%s/%s\t%d\t%d\t%s\n", in.Namespace, in.ID, in.Generation, in.Connections, (time.Duration(in.IdleMs) * time.Millisecond).String())
+		fmt.Fprintf(w, "%s%s/%s\t%d\t%d\t%s\n", in.Env, in.Namespace, in.ID, in.Generation, in.Connections, (time.Duration(in.IdleMs) * time.Millisecond).String())
 	}
 	return w.Flush()
 }

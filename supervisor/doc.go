@@ -13,8 +13,15 @@
 // socket lives in the runtime dir, which Start clears of a dead
 // predecessor's leftovers (runtimedir.go).
 //
-// Instances: the supervisor is the authority on which (namespace, id) is
-// live on this node. An instance activates exactly once on its first request
+// Routes (routes.go): in hostname-aware mode each plugin serves its
+// namespaces under one hostname, its ids in one env (Spec.Bind), so a node
+// runs builds of one namespace side by side; an instance is keyed by
+// (env, namespace, id), opened through the hostname whose plugin runs it,
+// and stored under plugins.StateNamespace. Single mode is the empty
+// hostname and env.
+//
+// Instances: the supervisor is the authority on which (env, namespace, id)
+// is live on this node. An instance activates exactly once on its first request
 // (concurrent first requests wait on one activation), counts its open
 // requests and streams, and is evicted after its host's detached timeout
 // with none open, or on drain and shutdown. Placement is not its business:

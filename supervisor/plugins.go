@@ -59,7 +59,11 @@ func (set *pluginSet) serve(p *pluginProc) error {
 	rs := p.routes()
 	for _, r := range rs {
 		if other, dup := set.byRoute[r]; dup && other != p {
-			return fmt.Errorf("%w: %s is served by both %s and %s", ErrPluginConflict, r, other.spec.Name, p.spec.Name)
+			what := "namespace " + r.Namespace
+			if r.Hostname != "" {
+				what = r.Namespace + " under hostname " + r.Hostname
+			}
+			return fmt.Errorf("%w: %s is served by both %s and %s", ErrPluginConflict, what, other.spec.Name, p.spec.Name)
 		}
 	}
 	for _, r := range rs {
