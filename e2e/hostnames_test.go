@@ -73,9 +73,9 @@ func TestPreviewEnvironments(t *testing.T) {
 	counter := filepath.Join(dir, "counter")
 	copyFile(t, testutil.Bin(t, "counter"), counter)
 	routes := []string{
-		"pr-41.preview.test/counters=" + counter + ",env=staging",
-		"pr-42.preview.test/counters=" + counter + ",env=staging",
-		"pr-43.preview.test/counters=" + counter,
+		"pr-41.preview.example.com/counters=" + counter + ",env=staging",
+		"pr-42.preview.example.com/counters=" + counter + ",env=staging",
+		"pr-43.preview.example.com/counters=" + counter,
 		"a.locked.test/counters=" + counter + ",env=locked,takeover=deny",
 		"b.locked.test/counters=" + counter + ",env=locked,takeover=deny",
 	}
@@ -87,23 +87,27 @@ func TestPreviewEnvironments(t *testing.T) {
 				return fmt.Errorf("%s: %d live workers (%v)", n.id, c, err)
 			}
 		}
-		if r := viaHost(t, n1, "GET", "pr-43.preview.test", "/counters/warmup/value"); r.Code != http.StatusOK {
+		if r := viaHost(t, n1, "GET", "pr-43.preview.example.com", "/counters/warmup/value"); r.Code != http.StatusOK {
 			return fmt.Errorf("%d %s", r.Code, r.Body)
 		}
 		return nil
 	})
 
+	if out, err := testutil.CLI(t, "workers", "--addr", n2.url()); err != nil || strings.Count(out, "pr-41.preview.example.com/counters (env staging)") != 2 {
+		t.Fatalf("pinnedd workers lists each node's routes with their env: %v\n%s", err, out)
+	}
+
 	// Ids live per env: staging's a is one counter, pr-43's another.
-	expectHost(t, n1, "POST", "pr-41.preview.test", "/counters/a/increment", 200, `{"value":1}`)
-	expectHost(t, n2, "POST", "PR-41.preview.test:8080", "/counters/a/increment", 200, `{"value":2}`)
-	expectHost(t, n2, "POST", "pr-43.preview.test", "/counters/a/increment", 200, `{"value":1}`)
+	expectHost(t, n1, "POST", "pr-41.preview.example.com", "/counters/a/increment", 200, `{"value":1}`)
+	expectHost(t, n2, "POST", "PR-41.preview.example.com:8080", "/counters/a/increment", 200, `{"value":2}`)
+	expectHost(t, n2, "POST", "pr-43.preview.example.com", "/counters/a/increment", 200, `{"value":1}`)
 
 	// The seeds' refusals.
 	missing := rawRequest(t, n1, "GET /counters/a/value HTTP/1.0\r\n\r\n")
 	if !strings.HasPrefix(missing, "HTTP/1.0 400") || !strings.Contains(missing, `{"error":"missing Host header"}`) {
 		t.Fatalf("a request without a Host: %q", missing)
 	}
-	r := expectHost(t, n1, "GET", "nobody.preview.test", "/counters/a/value", 503, "")
+	r := expectHost(t, n1, "GET", "nobody.preview.example.com", "/counters/a/value", 503, "")
 	if !strings.Contains(r.Body, "no live workers for hostname") || r.Header.Get("Retry-After") == "" {
 		t.Fatalf("an unserved hostname: %s (Retry-After %q)", r.Body, r.Header.Get("Retry-After"))
 	}
@@ -111,12 +115,12 @@ func TestPreviewEnvironments(t *testing.T) {
 	// wind_down: pr-42 asks for staging's a, which pr-41 holds. The holder
 	// is told to wind it down within a lease; pr-42 retries until then,
 	// and goes on from the holder's last value.
-	r = expectHost(t, n1, "POST", "pr-42.preview.test", "/counters/a/increment", 503, "")
+	r = expectHost(t, n1, "POST", "pr-42.preview.example.com", "/counters/a/increment", 503, "")
 	if !strings.Contains(r.Body, "takeover in progress, retry") || r.Header.Get("Retry-After") == "" {
 		t.Fatalf("first request of a takeover: %s (Retry-After %q)", r.Body, r.Header.Get("Retry-After"))
 	}
 	testutil.WaitFor(t, 15*time.Second, "pr-42 took staging's a over", func() bool {
-		r = viaHost(t, n2, "POST", "pr-42.preview.test", "/counters/a/increment")
+		r = viaHost(t, n2, "POST", "pr-42.preview.example.com", "/counters/a/increment")
 		return r.Code == http.StatusOK
 	})
 	if strings.TrimSpace(r.Body) != `{"value":3}` {
@@ -133,7 +137,7 @@ func TestPreviewEnvironments(t *testing.T) {
 	// From here on, clients of two other hostnames never see a failed
 	// request while previews come and go.
 	l := startLoadWith(4, func(w int) (testutil.Response, error) {
-		host := []string{"pr-42.preview.test", "a.locked.test"}[w%2]
+		host := []string{"pr-42.preview.example.com", "a.locked.test"}[w%2]
 		return testutil.Do(context.Background(), "POST", []*node{n1, n2}[w/2].url()+fmt.Sprintf("/counters/load%d/increment", w), "",
 			map[string]string{"Host": host, "Authorization": "Bearer " + testutil.Token})
 	})
@@ -141,30 +145,30 @@ func TestPreviewEnvironments(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "load flowing", func() bool { return acked.Load() > 20 })
 
 	// A preview deployed on a running node, and torn down.
-	if out, err := testutil.CLI(t, "plugins", "add", "--addr", n1.url(), "pr-44.preview.test/counters="+counter); err != nil {
+	if out, err := testutil.CLI(t, "plugins", "add", "--addr", n1.url(), "pr-44.preview.example.com/counters="+counter); err != nil {
 		t.Fatalf("plugins add pr-44: %v\n%s", err, out)
 	}
-	expectHost(t, n1, "POST", "pr-44.preview.test", "/counters/a/increment", 200, `{"value":1}`)
+	expectHost(t, n1, "POST", "pr-44.preview.example.com", "/counters/a/increment", 200, `{"value":1}`)
 	testutil.WaitFor(t, 5*time.Second, "n2's replica shows pr-44", func() bool {
-		return viaHost(t, n2, "GET", "pr-44.preview.test", "/counters/a/value").Code == http.StatusOK
+		return viaHost(t, n2, "GET", "pr-44.preview.example.com", "/counters/a/value").Code == http.StatusOK
 	})
-	if out, err := testutil.CLI(t, "plugins", "remove", "--addr", n1.url(), "pr-44.preview.test/counters"); err != nil {
+	if out, err := testutil.CLI(t, "plugins", "remove", "--addr", n1.url(), "pr-44.preview.example.com/counters"); err != nil {
 		t.Fatalf("plugins remove pr-44: %v\n%s", err, out)
 	}
 	testutil.WaitFor(t, 10*time.Second, "pr-44 gone from the fleet", func() bool {
-		r := viaHost(t, n2, "POST", "pr-44.preview.test", "/counters/a/increment")
+		r := viaHost(t, n2, "POST", "pr-44.preview.example.com", "/counters/a/increment")
 		return r.Code == http.StatusServiceUnavailable && strings.Contains(r.Body, "no live workers for hostname")
 	})
 
 	// A new build of pr-43 on n2, in a new env at a higher epoch, displaces
 	// n1's binding of the hostname.
-	if out, err := testutil.CLI(t, "plugins", "remove", "--addr", n2.url(), "pr-43.preview.test/counters"); err != nil {
+	if out, err := testutil.CLI(t, "plugins", "remove", "--addr", n2.url(), "pr-43.preview.example.com/counters"); err != nil {
 		t.Fatalf("plugins remove: %v\n%s", err, out)
 	}
-	if out, err := testutil.CLI(t, "plugins", "add", "--addr", n2.url(), "pr-43.preview.test/counters="+counter+",env=pr-43-v2,epoch=1"); err != nil {
+	if out, err := testutil.CLI(t, "plugins", "add", "--addr", n2.url(), "pr-43.preview.example.com/counters="+counter+",env=pr-43-v2,epoch=1"); err != nil {
 		t.Fatalf("plugins add at epoch 1: %v\n%s", err, out)
 	}
-	r = viaHost(t, n1, "GET", "pr-43.preview.test", "/counters/a/value")
+	r = viaHost(t, n1, "GET", "pr-43.preview.example.com", "/counters/a/value")
 	if r.Code != http.StatusServiceUnavailable || !strings.Contains(r.Body, "hostname binding displaced, retry") {
 		t.Fatalf("through a binding displaced a moment ago: %d %s", r.Code, r.Body)
 	}
@@ -176,19 +180,19 @@ func TestPreviewEnvironments(t *testing.T) {
 		return nil
 	})
 	testutil.WaitFor(t, 15*time.Second, "pr-43 serves its new env", func() bool {
-		r = viaHost(t, n1, "POST", "pr-43.preview.test", "/counters/a/increment")
+		r = viaHost(t, n1, "POST", "pr-43.preview.example.com", "/counters/a/increment")
 		return r.Code == http.StatusOK
 	})
 	if strings.TrimSpace(r.Body) != `{"value":1}` {
 		t.Fatalf("pr-43's a in its new env: %s, want a fresh 1", r.Body)
 	}
 	for _, in := range getStatus(t, n1.a).Instances {
-		if in.Env == "pr-43.preview.test" {
+		if in.Env == "pr-43.preview.example.com" {
 			t.Fatalf("n1 still runs an id of pr-43's displaced env: %+v", in)
 		}
 	}
 	// The other hostnames never noticed.
-	expectHost(t, n1, "GET", "pr-42.preview.test", "/counters/a/value", 200, `{"value":3}`)
+	expectHost(t, n1, "GET", "pr-42.preview.example.com", "/counters/a/value", 200, `{"value":3}`)
 	before := acked.Load()
 	testutil.WaitFor(t, 10*time.Second, "load still flowing", func() bool { return acked.Load() > before+20 })
 	if bad := l.Stop(); bad != nil || l.refused.Load() != 0 {

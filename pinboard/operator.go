@@ -612,7 +612,13 @@ func (a *API) registryOverview(w http.ResponseWriter, _ *http.Request) {
 		if wk.Degraded {
 			degraded++
 		}
-		for _, ns := range wk.Namespaces {
+		served := slices.Clone(wk.Namespaces)
+		for _, rt := range wk.Routes {
+			if !rt.Superseded && !slices.Contains(served, rt.Namespace) {
+				served = append(served, rt.Namespace)
+			}
+		}
+		for _, ns := range served {
 			if nss[ns] == nil {
 				nss[ns] = &nsView{}
 			}

@@ -240,21 +240,30 @@ func windDownAnswer(status int, body []byte) (int, error) {
 
 // WorkerView is one worker as GET /registry/workers shows it.
 type WorkerView struct {
-	ClientID      string   `json:"clientId"`
-	AdvertiseURL  string   `json:"advertiseUrl"`
-	SessionID     string   `json:"sessionId"`
-	NodeID        string   `json:"nodeId"`
-	Namespaces    []string `json:"namespaces"`
-	Headroom      int64    `json:"headroom"`
-	Live          bool     `json:"live"`
-	ExpiresInMs   int64    `json:"expiresInMs"`
-	Degraded      bool     `json:"degraded"`
-	Draining      bool     `json:"draining"`
-	DrainSources  []string `json:"drainSources,omitempty"` // "local", "operator"
-	Cordoned      bool     `json:"cordoned,omitempty"`
-	DrainDeadline int64    `json:"drainDeadline,omitempty"`
-	RegisteredAt  int64    `json:"registeredAt"`
-	Placements    int      `json:"placements"`
+	ClientID     string   `json:"clientId"`
+	AdvertiseURL string   `json:"advertiseUrl"`
+	SessionID    string   `json:"sessionId"`
+	NodeID       string   `json:"nodeId"`
+	Namespaces   []string `json:"namespaces"`
+	// Routes, in hostname-aware mode, in place of Namespaces.
+	Routes        []RouteView `json:"routes,omitempty"`
+	Headroom      int64       `json:"headroom"`
+	Live          bool        `json:"live"`
+	ExpiresInMs   int64       `json:"expiresInMs"`
+	Degraded      bool        `json:"degraded"`
+	Draining      bool        `json:"draining"`
+	DrainSources  []string    `json:"drainSources,omitempty"` // "local", "operator"
+	Cordoned      bool        `json:"cordoned,omitempty"`
+	DrainDeadline int64       `json:"drainDeadline,omitempty"`
+	RegisteredAt  int64       `json:"registeredAt"`
+	Placements    int         `json:"placements"`
+}
+
+// RouteView is one route of a worker: what it registered, and whether a
+// higher epoch superseded it since.
+type RouteView struct {
+	RouteSpec
+	Superseded bool `json:"superseded,omitempty"`
 }
 
 // registryWorkers lists the live workers (a session whose lease has not
@@ -291,6 +300,9 @@ func (a *API) registryWorkers(w http.ResponseWriter, r *http.Request) {
 		}
 		if v.Namespaces == nil {
 			v.Namespaces = []string{}
+		}
+		for _, rt := range wk.Routes {
+			v.Routes = append(v.Routes, RouteView{RouteSpec: specOf(rt), Superseded: rt.Superseded})
 		}
 		out = append(out, v)
 	}

@@ -145,10 +145,14 @@ func workersCommand() *cli.Command {
 					NodeID       string   `json:"nodeId"`
 					AdvertiseURL string   `json:"advertiseUrl"`
 					Namespaces   []string `json:"namespaces"`
-					Live         bool     `json:"live"`
-					ExpiresInMs  int64    `json:"expiresInMs"`
-					Degraded     bool     `json:"degraded"`
-					Placements   int      `json:"placements"`
+					Routes       []struct {
+						Hostname, Namespace, Env string
+						Superseded               bool
+					} `json:"routes"`
+					Live        bool  `json:"live"`
+					ExpiresInMs int64 `json:"expiresInMs"`
+					Degraded    bool  `json:"degraded"`
+					Placements  int   `json:"placements"`
 					drainView
 				} `json:"workers"`
 			}
@@ -174,7 +178,16 @@ func workersCommand() *cli.Command {
 				if wk.Degraded {
 					lease += " degraded"
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\n", wk.ClientID, wk.NodeID, wk.AdvertiseURL, strings.Join(wk.Namespaces, ","), lease, wk.Placements)
+				served := wk.Namespaces
+				for _, rt := range wk.Routes {
+					// Hostname-aware: each route, with the env its ids live in.
+					r := rt.Hostname + rt.Namespace + " (env " + rt.Env + ")"
+					if rt.Superseded {
+						r += " superseded"
+					}
+					served = append(served, r)
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\n", wk.ClientID, wk.NodeID, wk.AdvertiseURL, strings.Join(served, ","), lease, wk.Placements)
 			}
 			return w.Flush()
 		},

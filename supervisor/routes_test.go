@@ -104,6 +104,17 @@ func TestRoutesKeepEnvsApart(t *testing.T) {
 		}
 	}
 
+	// A superseded route's instances are aborted; the others run on.
+	if n := s.AbortRoutes(t.Context(), []Route{{"c.test", "/fields"}}); n != 1 {
+		t.Fatalf("AbortRoutes(c.test/fields) = %d instances, want 1", n)
+	}
+	if _, _, live := s.LiveGeneration(Key{"solo", "/fields", "d1"}); live {
+		t.Fatal("solo's d1 still live after its route was aborted")
+	}
+	if _, host, live := s.LiveGeneration(Key{"shared", "/fields", "d1"}); !live || host != "b.test" {
+		t.Fatal("shared's d1 went with another route's abort")
+	}
+
 	// One plugin per route; another hostname of the namespace is fine.
 	if _, err := s.AddPlugin(t.Context(), spec("a2", "a.test", "other")); !errors.Is(err, ErrPluginConflict) {
 		t.Fatalf("a second plugin for a.test/fields: %v, want ErrPluginConflict", err)

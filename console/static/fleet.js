@@ -212,6 +212,13 @@ function hostState(h) {
   return parts.join("; ");
 }
 
+// served is what a host serves: its namespaces, or in hostname-aware mode
+// its routes with the env each one's ids live in.
+function served(h) {
+  const routes = (h.routes ?? []).map((rt) => `${rt.hostname}${rt.namespace} (env ${rt.env})${rt.superseded ? " superseded" : ""}`);
+  return [...(h.namespaces ?? []), ...routes].join(", ");
+}
+
 function drawHosts(r) {
   const rows = r.hosts.map((h) => {
     const s = h.stats ?? {};
@@ -219,7 +226,7 @@ function drawHosts(r) {
     return el("tr", { "data-node": name },
       el("th", { scope: "row" }, el("a", { href: inspectHref(`host:${name}`), "data-inspect": `host:${name}` }, name), self?.nodeId === name ? " (this node)" : ""),
       el("td", { class: "state" }, hostState(h)),
-      el("td", {}, (h.namespaces ?? []).join(", ")),
+      el("td", {}, served(h)),
       el("td", {}, (s.instances ?? []).length),
       el("td", {}, h.placements ?? 0),
       el("td", {}, bytes(s.rssBytes)),
@@ -269,7 +276,9 @@ function drawPlugins(r) {
   for (const s of [...r.stats].sort((a, b) => (a.nodeId ?? "").localeCompare(b.nodeId ?? ""))) {
     for (const p of s.plugins ?? []) {
       const here = self?.nodeId === s.nodeId;
-      const ns = (p.namespaces ?? [])[0];
+      // A plugin is named by its route: "/ns", or "host/ns" in
+      // hostname-aware mode.
+      const ns = (p.namespaces ?? [])[0] && (p.hostname ?? "") + p.namespaces[0];
       let action;
       if (here && ns) {
         action = el("button", { type: "button", "aria-label": `Reload ${p.name} on ${s.nodeId}`, onclick: () => act(
@@ -284,7 +293,7 @@ function drawPlugins(r) {
       rows.push(el("tr", { "data-node": s.nodeId, "data-plugin": p.name },
         el("th", { scope: "row" }, s.nodeId),
         el("td", {}, p.name),
-        el("td", {}, (p.namespaces ?? []).join(", ")),
+        el("td", {}, (p.namespaces ?? []).map((n) => (p.hostname ?? "") + n).join(", ") + (p.env ? ` (env ${p.env})` : "")),
         el("td", { class: "state" }, p.state + (p.degraded ? " (degraded)" : "") + (p.lastError ? `: ${p.lastError}` : "")),
         el("td", { class: "mono" }, p.version ?? "-"),
         el("td", {}, p.incarnation),
@@ -422,7 +431,7 @@ function drawDrawer() {
       body.replaceChildren(
         dl([
           ["State", hostState(host)], ["Client id", host.clientId], ["URL", host.advertiseUrl],
-          ["Namespaces", (host.namespaces ?? []).join(", ")], ["Headroom", host.headroom], ["Placements", host.placements],
+          ["Namespaces", served(host)], ["Headroom", host.headroom], ["Placements", host.placements],
           ["Uptime", ago(s.uptimeMs)], ["RSS", bytes(s.rssBytes)], ["CPU", s.cpuPercent != null ? `${s.cpuPercent.toFixed(1)} %` : "-"],
           ["Lease flaps", s.leaseFlaps ?? "-"], ["Re-registrations", s.reregistrations ?? "-"],
           ["Instances", (s.instances ?? []).map((i) => instanceURL(i.namespace, i.id)).join(", ") || "none"],
