@@ -94,3 +94,38 @@ func (l *load) Stop() any {
 	l.wg.Wait()
 	return l.bad.Load()
 }
+
+// swapTwiceUnderLoad hot-swaps the plugin serving /counters (named plugin
+// in the agent's status) twice while 4 clients increment one counter, and
+// checks what every swap must keep: no answer a client may not retry, the
+// old processes gone, the final value exactly the acknowledged increments.
+// It returns the plugin's three pids, oldest first.
+func swapTwiceUnderLoad(t *testing.T, a *testutil.Agent, plugin string) []int {
+	t.Helper()
+	l := startLoad(a, 4, func(int) string { return "/counters/load/increment" })
+	acked, refused := &l.acked, &l.refused
+	pids := []int{pluginPID(t, a, plugin)}
+	for i := range 2 {
+		testutil.WaitFor(t, 10*time.Second, "load flowing", func() bool { return acked.Load() > int64(20*(i+1)) })
+		if out, err := testutil.CLI(t, "plugins", "reload", "--addr", a.URL, "/counters"); err != nil {
+			t.Fatalf("plugins reload: %v\n%s", err, out)
+		}
+		testutil.WaitFor(t, 15*time.Second, "new process serving", func() bool {
+			pid := pluginPID(t, a, plugin)
+			return pid != pids[len(pids)-1] && pid != 0
+		})
+		pids = append(pids, pluginPID(t, a, plugin))
+	}
+	testutil.WaitFor(t, 10*time.Second, "load after the swaps", func() bool { return acked.Load() > 80 })
+	if b := l.Stop(); b != nil {
+		t.Fatalf("a client saw an answer it may not retry: %v", b)
+	}
+	for _, old := range pids[:2] {
+		testutil.WaitFor(t, 10*time.Second, "old plugin process stopped", func() bool { return !testutil.Alive(old) })
+	}
+	r := a.MustDo("GET", "/counters/load/value", "")
+	if want := fmt.Sprintf(`{"value":%d}`, acked.Load()); strings.TrimSpace(r.Body) != want {
+		t.Fatalf("final %s, want %s (refused %d)", r.Body, want, refused.Load())
+	}
+	return pids
+}

@@ -228,31 +228,7 @@ func TestHotSwapUnderLoad(t *testing.T) {
 	bin := filepath.Join(testutil.SharedDir(t), "counter") // the plugin account runs it
 	copyFile(t, testutil.Bin(t, "counter"), bin)
 	a := testutil.StartAgent(t, nil, "--dev", "--plugin", "/counters="+bin, "--swap-deadline", "2s")
-	l := startLoad(a, 4, func(int) string { return "/counters/load/increment" })
-	acked, refused := &l.acked, &l.refused
-	pids := []int{pluginPID(t, a, "counter")}
-	for i := 0; i < 2; i++ {
-		testutil.WaitFor(t, 10*time.Second, "load flowing", func() bool { return acked.Load() > int64(20*(i+1)) })
-		if out, err := testutil.CLI(t, "plugins", "reload", "--addr", a.URL, "/counters"); err != nil {
-			t.Fatalf("plugins reload: %v\n%s", err, out)
-		}
-		testutil.WaitFor(t, 10*time.Second, "new process serving", func() bool {
-			pid := pluginPID(t, a, "counter")
-			return pid != pids[len(pids)-1] && pid != 0
-		})
-		pids = append(pids, pluginPID(t, a, "counter"))
-	}
-	testutil.WaitFor(t, 10*time.Second, "load after the swaps", func() bool { return acked.Load() > 80 })
-	if b := l.Stop(); b != nil {
-		t.Fatalf("a client saw a non-retryable answer: %v", b)
-	}
-	for _, old := range pids[:2] {
-		testutil.WaitFor(t, 10*time.Second, "old plugin process stopped", func() bool { return !testutil.Alive(old) })
-	}
-	r := a.MustDo("GET", "/counters/load/value", "")
-	if want := fmt.Sprintf(`{"value":%d}`, acked.Load()); strings.TrimSpace(r.Body) != want {
-		t.Fatalf("final %s, want %s (refused %d)", r.Body, want, refused.Load())
-	}
+	pids := swapTwiceUnderLoad(t, a, "counter")
 	out, _ := testutil.CLI(t, "plugins", "list", "--addr", a.URL)
 	if !strings.Contains(out, fmt.Sprint(pids[2])) || !strings.Contains(out, "counter") {
 		t.Fatalf("plugins list:\n%s", out)

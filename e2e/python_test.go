@@ -255,31 +255,7 @@ func TestPythonHotSwapUnderLoad(t *testing.T) {
 	t.Parallel()
 	args := append([]string{"--dev", "--swap-deadline", "2s"}, pythonCounterArgs(t)...)
 	a := testutil.StartAgent(t, nil, args...)
-	l := startLoad(a, 4, func(int) string { return "/counters/load/increment" })
-	acked, refused := &l.acked, &l.refused
-	pids := []int{pluginPID(t, a, "counter.py")}
-	for i := range 2 {
-		testutil.WaitFor(t, 10*time.Second, "load flowing", func() bool { return acked.Load() > int64(20*(i+1)) })
-		if out, err := testutil.CLI(t, "plugins", "reload", "--addr", a.URL, "/counters"); err != nil {
-			t.Fatalf("plugins reload: %v\n%s", err, out)
-		}
-		testutil.WaitFor(t, 15*time.Second, "new process serving", func() bool {
-			pid := pluginPID(t, a, "counter.py")
-			return pid != pids[len(pids)-1] && pid != 0
-		})
-		pids = append(pids, pluginPID(t, a, "counter.py"))
-	}
-	testutil.WaitFor(t, 10*time.Second, "load after the swaps", func() bool { return acked.Load() > 80 })
-	if b := l.Stop(); b != nil {
-		t.Fatalf("a client saw an answer it may not retry: %v", b)
-	}
-	for _, old := range pids[:2] {
-		testutil.WaitFor(t, 10*time.Second, "old plugin process stopped", func() bool { return !testutil.Alive(old) })
-	}
-	r := a.MustDo("GET", "/counters/load/value", "")
-	if want := fmt.Sprintf(`{"value":%d}`, acked.Load()); strings.TrimSpace(r.Body) != want {
-		t.Fatalf("final %s, want %s (refused %d)", r.Body, want, refused.Load())
-	}
+	swapTwiceUnderLoad(t, a, "counter.py")
 	if n := a.Metric(`pinned_plugin_restarts_total{plugin="counter.py"}`); n != 0 {
 		t.Fatalf("the swaps counted as %v crashes", n)
 	}
