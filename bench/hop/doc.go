@@ -27,8 +27,13 @@
 //     upstream keepalive; an increment through it must reach the owner's
 //     counter before anything is measured. Rows 6 and 7 are the mTLS gate
 //     (req/s at least nginx's, p50 within nginx's).
-//   - The last two, no hop and hop from a fleet of this build started with
+//   - No hop and hop from a fleet of this build started with
 //     --insecure-cluster --fast-path=false: what the fast path buys.
+//   - The last two, no hop and hop from a fleet in hostname-aware mode
+//     (--hostname-aware, the counter under 127.0.0.1, the Host the load
+//     client sends) with 200 hostnames bound, 199 of them by an outside
+//     worker that registers and heartbeats through the registry
+//     (bind_test.go): what routing by Host costs next to rows 1 and 2.
 //
 // scripts/bench-hop-ab.sh REV compares two builds in one run: it builds
 // pinnedd at REV and sets HOP_AB_BIN, which adds REV's plain no-hop and hop

@@ -162,6 +162,23 @@ func BenchmarkHop(b *testing.B) {
 				fwd: func() []int { return []int{g.entry.PID()} }, base: n, role: "slow-hop"},
 		)
 	}
+	{
+		// This build in hostname-aware mode with hostnameRows hostnames
+		// bound: the fleet's counter under 127.0.0.1 (the Host the load
+		// client sends), the rest by an outside worker that registers
+		// them through the registry and keeps its lease (bind.go).
+		g := startFleetWith(b, "", []string{"127.0.0.1/counters=COUNTER,env=bench"}, "--insecure-cluster", "--hostname-aware")
+		bindHostnames(b, g.entry, boundHostnames-1)
+		gid := g.place(b, "/counters", "/value")
+		gOwner := func() []int { return withChildren(g.owner.PID()) }
+		n := len(rows)
+		rows = append(rows,
+			&row{name: fmt.Sprintf("--hostname-aware, %d hostnames bound: no hop", boundHostnames), url: g.owner.URL + "/counters/" + gid + "/value", owner: gOwner, base: n,
+				note: fmt.Sprintf("are rows 1 and 2 from a fleet running this build with --insecure-cluster --hostname-aware, %d hostnames bound (the counter's, 127.0.0.1, and %d an outside worker registered)", boundHostnames, boundHostnames-1)},
+			&row{name: fmt.Sprintf("--hostname-aware, %d hostnames bound: pinnedd hop (plain)", boundHostnames), url: g.entry.URL + "/counters/" + gid + "/value", owner: gOwner,
+				fwd: func() []int { return []int{g.entry.PID()} }, base: n, role: "hostname-hop"},
+		)
+	}
 	for _, r := range rows {
 		if err := getOK(http.DefaultClient, r.url); err != nil {
 			b.Fatalf("%s: %v", r.name, err)
@@ -220,6 +237,13 @@ type fleet struct {
 // extra flags on both.
 func startFleet(b testing.TB, bin string, extra ...string) *fleet {
 	b.Helper()
+	return startFleetWith(b, bin, nil, extra...)
+}
+
+// startFleetWith is startFleet with plugins, if given, in place of the
+// --plugin flags: COUNTER in one stands for the counter's path.
+func startFleetWith(b testing.TB, bin string, plugins []string, extra ...string) *fleet {
+	b.Helper()
 	if bin == "" {
 		bin = testutil.Bin(b, "pinnedd")
 	}
@@ -235,10 +259,16 @@ func startFleet(b testing.TB, bin string, extra ...string) *fleet {
 	// HOP_AGENT_ENV adds environment to both nodes (e.g. GOMAXPROCS=1).
 	env := append([]string{"PINBOARD_TOKEN=" + testutil.Token}, strings.Fields(os.Getenv("HOP_AGENT_ENV"))...)
 	dirs := b.TempDir()
+	pluginFlags := []string{"--plugin", "/counters=" + counter, "--plugin", "/misc=" + th}
+	if plugins != nil {
+		pluginFlags = nil
+		for _, p := range plugins {
+			pluginFlags = append(pluginFlags, "--plugin", strings.ReplaceAll(p, "COUNTER", counter))
+		}
+	}
 	node := func(id, raftAddr string, more ...string) []string {
-		return append(append([]string{
-			"--node-id", id, "--raft-addr", raftAddr, "--data-dir", filepath.Join(dirs, id),
-			"--plugin", "/counters=" + counter, "--plugin", "/misc=" + th, "--local-state",
+		return append(append(append(pluginFlags,
+			"--node-id", id, "--raft-addr", raftAddr, "--data-dir", filepath.Join(dirs, id), "--local-state",
 			// Loopback's X-Forwarded-For is trusted so the benchmark can
 			// pose as many client IPs and place ids on the owner.
 			"--trusted-proxies", "127.0.0.1/32",
@@ -249,7 +279,7 @@ func startFleet(b testing.TB, bin string, extra ...string) *fleet {
 			"--lease-ttl", "5s", "--heartbeat-interval", "1s",
 			// testutil asks for debug logs; a benchmark wants the default.
 			"--log-level", "info",
-		}, more...), extra...)
+		), more...), extra...)
 	}
 	raft1, raft2 := testutil.FreeAddr(b), testutil.FreeAddr(b)
 	n1 := testutil.StartAgentBin(b, bin, env, node("n1", raft1, "--bootstrap")...)
@@ -331,7 +361,7 @@ type row struct {
 	// throughput run measures.
 	fwd, owner func() []int
 	base       int    // the row its hop columns are measured against: its fleet's no-hop row
-	role       string // "tls-hop", "tls-nginx": the mTLS gate's two rows; "ab-hop": the B build's hop; "slow-hop": this build's hop with --fast-path=false
+	role       string // "tls-hop", "tls-nginx": the mTLS gate's two rows; "ab-hop": the B build's hop; "slow-hop": this build's hop with --fast-path=false; "hostname-hop": in hostname-aware mode
 	// note, on a fleet's no-hop row, says what that fleet is, under the table
 	note              string
 	fwdCPU, ownerCPU  time.Duration
@@ -1024,6 +1054,10 @@ func renderTable(rows []*row, sse, tlsSSE sseResult) string {
 			th.p50-tn.p50, diffCI(th.roundP50, tn.roundP50), verdict(rpsNotBelow(th, tn) && p50Within(th, tn)))
 		fmt.Fprintf(&s, "  - req/s round by round, hop vs nginx: %s; p99 %+.0f µs (round by round: %s)\n",
 			roundRatios(th, tn), th.p99-tn.p99, diffCI(th.roundP99, tn.roundP99))
+	}
+	if r := withRole(rows, "hostname-hop"); r != nil {
+		fmt.Fprintf(&s, "- hostname-aware hop with %d hostnames bound (row %d) vs single mode's (row 2): req/s round by round: %s; %s; p50 %+.0f µs over its own no-hop row (single mode's %+.0f)\n",
+			boundHostnames, slices.Index(rows, r)+1, roundRatios(r, hop), ratioCI(r, hop), r.p50-rows[r.base].p50, hop.p50-rows[hop.base].p50)
 	}
 	if r := withRole(rows, "slow-hop"); r != nil {
 		fmt.Fprintf(&s, "- with --fast-path=false (row %d) the hop serves %.0f req/s, %.0f%% of the fast path's; p50 %+.0f µs over its own no-hop row\n",
