@@ -341,7 +341,8 @@ function instanceActions(i) {
   const name = instanceURL(i.namespace, i.id);
   const windDown = (deadline) => {
     const body = { namespace: i.namespace, id: i.id, deadline };
-    if (scope.env) body.env = scope.env; // hostname-aware mode
+    const env = i.env || scope.env; // hostname-aware mode: the instance's own env
+    if (env) body.env = env;
     return api("POST", "/registry/wind_down", body);
   };
   const result = (out, what) => {
