@@ -433,3 +433,44 @@ func TestConsoleWithAPassport(t *testing.T) {
 		t.Errorf("the pages logged errors: %q", errs)
 	}
 }
+
+// In hostname-aware mode the console offers the hostnames the fleet binds
+// and scopes its hosts, plugins and instances to the one chosen; the
+// choice outlives a reload of the page (localStorage) and a new token
+// resets it to every hostname.
+func TestConsoleHostnameScope(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(testutil.SharedDir(t), "counter") // the plugin account runs it
+	copyFile(t, testutil.Bin(t, "counter"), bin)
+	a := testutil.StartAgent(t, nil, "--dev", "--hostname-aware", "--plugin", "127.0.0.1/counters="+bin)
+	port := a.URL[strings.LastIndexByte(a.URL, ':'):]
+	for _, u := range []string{"http://localhost" + port + "/counters/at-localhost/increment", "http://127.0.0.1" + port + "/counters/at-loopback/increment"} {
+		if r, err := testutil.Do(context.Background(), "POST", u, "", nil); err != nil || r.Code != 200 {
+			t.Fatalf("POST %s: %v %d %s", u, err, r.Code, r.Body)
+		}
+	}
+	b := newBrowser(t)
+	page := a.URL + "/_pinned/console/fleet/instances"
+	rows := `[...document.querySelectorAll("#instances tbody tr[data-instance]")].map(r => r.dataset.instance).sort().join(" ")`
+	b.do("open the instances", chromedp.Navigate(page))
+	b.waitFor("the hostnames offered", 20*time.Second,
+		`[...document.querySelectorAll("#scope-hostname option")].map(o => o.value).join(",") === ",127.0.0.1,localhost" && !document.getElementById("scope").hidden`)
+	b.waitFor("both instances", 20*time.Second, rows+` === "/counters/at-localhost /counters/at-loopback"`)
+	choose := func(h string) {
+		t.Helper()
+		b.eval(fmt.Sprintf(`(() => { const s = document.getElementById("scope-hostname"); s.value = %s; s.dispatchEvent(new Event("change")); return ""; })()`, js(h)))
+	}
+	choose("127.0.0.1")
+	b.waitFor("only 127.0.0.1's instance", 10*time.Second, rows+` === "/counters/at-loopback"`)
+	b.waitFor("only 127.0.0.1's plugin", 10*time.Second,
+		`[...document.querySelectorAll("#plugins tbody tr[data-plugin]")].length === 1 && document.querySelector("#plugins tbody tr[data-plugin]").textContent.includes("127.0.0.1/counters (env 127.0.0.1)")`)
+	b.do("reload the page", chromedp.Navigate(page))
+	b.waitFor("the choice kept", 20*time.Second, `document.getElementById("scope-hostname").value === "127.0.0.1" && `+rows+` === "/counters/at-loopback"`)
+	b.do("enter a token",
+		chromedp.SendKeys(chromedp.ID("token"), testutil.Token),
+		chromedp.Click(chromedp.CSS(`#login button[type=submit]`)))
+	b.waitFor("every hostname again", 20*time.Second, `document.getElementById("scope-hostname").value === "" && `+rows+` === "/counters/at-localhost /counters/at-loopback"`)
+	if errs := b.pageErrors(); len(errs) > 0 {
+		t.Fatalf("errors in the page: %q", errs)
+	}
+}

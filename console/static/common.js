@@ -14,10 +14,19 @@ export function authHeaders() {
   return t ? { authorization: "Bearer " + t } : {};
 }
 
-// Hostname-aware mode (not in pinnedd yet) will scope the views by a
-// hostname kept in localStorage and reset on connect, and wind-down will
-// carry the env. The views read scope; nothing sets it today.
-export const scope = { hostname: null, env: null };
+// Hostname-aware mode: the views are scoped to one hostname (null: all of
+// them), kept in localStorage and reset when a token is entered (a new
+// connection); env is the env that hostname is bound to, which a
+// wind-down sends when the instance does not say.
+const SCOPE_KEY = "pinnedd.console.hostname";
+export const scope = { hostname: localStorage.getItem(SCOPE_KEY) || null, env: null };
+
+export function setScope(hostname, env = null) {
+  scope.hostname = hostname || null;
+  scope.env = scope.hostname ? env : null;
+  if (scope.hostname) localStorage.setItem(SCOPE_KEY, scope.hostname);
+  else localStorage.removeItem(SCOPE_KEY);
+}
 
 // ApiError is a refused or failed call, with what to tell the operator.
 export class ApiError extends Error {
@@ -123,6 +132,7 @@ export function setupLogin(onChange) {
     ev.preventDefault();
     const v = input.value.trim();
     if (v) sessionStorage.setItem(TOKEN_KEY, v);
+    setScope(null); // a new connection starts with every hostname
     input.value = "";
     show();
     onChange();

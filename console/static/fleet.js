@@ -2,7 +2,7 @@
 // stats, health, workers, Raft members) and redraws hosts, members,
 // plugins, instances and charts; actions go through the same routes the
 // CLI uses, each confirmed, and the answer is shown.
-import { api, el, banner, say, report, confirmAction, setupLogin, ago, bytes, instanceURL, scope, PREFIX } from "./common.js";
+import { api, el, banner, say, report, confirmAction, setupLogin, ago, bytes, instanceURL, scope, setScope, PREFIX } from "./common.js";
 import { chart, sumAligned } from "./chart.js";
 
 const POLL_MS = 3000;
@@ -21,6 +21,7 @@ const usage = new Map(); // node id -> {rss: [], cpu: []}
 let timer = null;
 let busy = false;
 let again = false; // a reading was asked for while one was under way
+let bound = new Map(); // hostname-aware mode: hostname -> env, from the workers' routes
 
 for (const s of document.querySelectorAll("[data-views]")) s.hidden = !s.dataset.views.split(" ").includes(view);
 for (const a of document.querySelectorAll("nav a[data-view]")) {
@@ -29,6 +30,10 @@ for (const a of document.querySelectorAll("nav a[data-view]")) {
 setupLogin(() => {
   self = null;
   refresh();
+});
+document.getElementById("scope-hostname").addEventListener("change", (ev) => {
+  setScope(ev.target.value, bound.get(ev.target.value) ?? null);
+  if (last) draw(last);
 });
 document.getElementById("drawer-close").addEventListener("click", () => setInspect(null));
 document.addEventListener("keydown", (ev) => {
@@ -140,11 +145,41 @@ function draw(r) {
 function drawTables(r) {
   drawSummary(r);
   drawCharts(r);
-  drawHosts(r);
+  const v = scoped(r);
+  drawHosts(v);
   drawMembers(r);
-  drawPlugins(r);
-  drawInstances(r);
+  drawPlugins(v);
+  drawInstances(v);
   drawDrawer();
+}
+
+// scoped is r as the hostname selector shows it: in hostname-aware mode,
+// with a hostname chosen, only the hosts serving it, its plugins and its
+// instances. It offers the hostnames the workers' routes bind, and hides
+// itself in single mode.
+function scoped(r) {
+  bound = new Map();
+  for (const h of r.hosts) {
+    for (const rt of h.routes ?? []) if (!rt.superseded) bound.set(rt.hostname, rt.env);
+  }
+  const names = [...bound.keys()].sort();
+  const sel = document.getElementById("scope-hostname");
+  document.getElementById("scope").hidden = names.length === 0;
+  if (scope.hostname && !bound.has(scope.hostname)) setScope(null);
+  else if (scope.hostname) scope.env = bound.get(scope.hostname);
+  const want = ["", ...names];
+  if ([...sel.options].map((o) => o.value).join("\n") !== want.join("\n")) {
+    sel.replaceChildren(...want.map((n) => el("option", { value: n }, n || "All hostnames")));
+  }
+  sel.value = scope.hostname ?? "";
+  const h = scope.hostname;
+  if (!h) return r;
+  return {
+    ...r,
+    hosts: r.hosts.filter((x) => (x.routes ?? []).some((rt) => rt.hostname === h)),
+    stats: r.stats.map((s) => ({ ...s, plugins: (s.plugins ?? []).filter((p) => p.hostname === h) })),
+    instances: r.instances.filter((i) => i.hostname === h),
+  };
 }
 
 function card(term, value, id) {
