@@ -222,6 +222,7 @@ func (a *Agent) Start() {
 	}
 	a.background(ctx, a.history.Run)
 	a.background(ctx, a.notifyReady)
+	a.background(ctx, a.watchFleetMode)
 }
 
 // background runs fn until ctx ends; Stop waits for it.

@@ -220,3 +220,23 @@ func rawRequest(t *testing.T, n *node, req string) string {
 	}
 	return b.String()
 }
+
+// A fleet whose nodes disagree on --hostname-aware runs, and says so:
+// each node logs one ERROR naming the other mode's worker.
+func TestMixedModeFleetSaysSo(t *testing.T) {
+	t.Parallel()
+	n1 := newNode(t, "n1", "--bootstrap").start(t, true)
+	n2 := hostnameNode(t, "n2", []string{"127.0.0.1/counters=" + testutil.Bin(t, "counter")}, "--join", n1.url(), "--local-state").start(t, true)
+	for _, c := range []struct {
+		n     *node
+		other string
+	}{{n1, "n2"}, {n2, "n1"}} {
+		testutil.WaitFor(t, 30*time.Second, c.n.id+" logs the other mode's worker", func() bool {
+			logs := c.n.a.Logs()
+			return strings.Contains(logs, "runs in the other mode") && strings.Contains(logs, `"worker_node":"`+c.other+`"`)
+		})
+		if n := strings.Count(c.n.a.Logs(), "runs in the other mode"); n != 1 {
+			t.Errorf("%s logged the mismatch %d times, want once", c.n.id, n)
+		}
+	}
+}
