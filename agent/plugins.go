@@ -118,16 +118,7 @@ func (a *Agent) removePlugin(ctx context.Context, route string) ([]string, error
 	// First the directory stops placing the plugin's routes here (the ids
 	// it runs stay its own until evicted), so an id released by the
 	// eviction is placed on another node, not here again.
-	var gone []supervisor.Route
-	for _, p := range a.sup.Plugins() {
-		rs := make([]supervisor.Route, len(p.Namespaces))
-		for i, ns := range p.Namespaces {
-			rs[i] = supervisor.Route{Hostname: p.Hostname, Namespace: ns}
-		}
-		if slices.ContainsFunc(rs, func(r supervisor.Route) bool { return r.String() == route }) {
-			gone = rs
-		}
-	}
+	gone, _ := a.sup.PluginRoutes(route)
 	if len(gone) > 0 && len(gone) < len(a.sup.Routes()) {
 		a.setLeaving(gone)
 		if err := a.announce(ctx); err != nil {
@@ -199,15 +190,23 @@ func (a *Agent) setLeaving(rs []supervisor.Route) {
 // these routes' hostname or env at a higher epoch (or refused them), so
 // their instances are aborted; the worker registers without them, and
 // /readyz and status report them until an operator removes the plugin.
-func (a *Agent) superseded(specs []pinboard.RouteSpec, why string) {
+//
+// The worker calls it from its register or heartbeat loop: the evictions
+// run beside it, so they never hold up the lease of the routes that stay.
+// (The worker logs the superseded routes; this logs what was aborted.)
+func (a *Agent) superseded(specs []pinboard.RouteSpec, _ string) {
 	rs := make([]supervisor.Route, len(specs))
 	for i, sp := range specs {
 		rs[i] = supervisor.Route{Hostname: sp.Hostname, Namespace: sp.Namespace}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	n := a.sup.AbortRoutes(ctx, rs)
-	a.log.Warn("routes superseded: their instances aborted, no longer registered", "routes", routeNames(rs), "instances", n, "reason", why)
+	a.bg.Add(1) // the worker's own loop is one of a.bg's: never zero here
+	go func() {
+		defer a.bg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		n := a.sup.AbortRoutes(ctx, rs)
+		a.log.Info("superseded routes' instances aborted", "routes", routeNames(rs), "instances", n)
+	}()
 }
 
 func routeNames(rs []supervisor.Route) []string {

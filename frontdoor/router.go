@@ -211,6 +211,15 @@ func (f *FrontDoor) serveInstance(w http.ResponseWriter, r *http.Request, d deci
 	}
 	if f.res.hostnames {
 		env, ok := f.res.envOf(rq.host, ns)
+		if !ok && !f.res.self.CaughtUp() {
+			// As for a namespace above: a binding made by the workers
+			// that registered since the state on disk.
+			if !f.res.self.AwaitCaughtUp(r.Context(), startingWait) {
+				f.starting(w, r)
+				return
+			}
+			env, ok = f.res.envOf(rq.host, ns)
+		}
 		if !ok {
 			f.res.counter(outcomeNoBackends).Inc()
 			httpx.WriteError(w, http.StatusServiceUnavailable, errNoHostname.Error()+" "+rq.host, time.Second)
@@ -314,10 +323,11 @@ func (f *FrontDoor) dispatch(w http.ResponseWriter, r *http.Request, rq *instanc
 
 // takeOver tells p's owner to wind p's instance down by the end of its
 // takeover fence (hostname-aware mode's wind_down): it then gives the id
-// back, and the next request through the new hostname places it. In the
-// background: the client's answer (503, retry) does not wait for it, and a
-// claim after the fence passed tells the owner again.
-func (f *FrontDoor) takeOver(p directory.Placement) {
+// back, and the next request through the new hostname places it. Only the
+// claim that set the fence, or one after it passed, calls it, within
+// claimTimeout; one that fails is logged, and the next claim after the
+// fence tells the owner again.
+func (f *FrontDoor) takeOver(ctx context.Context, p directory.Placement) {
 	deadline := time.UnixMilli(p.FenceUntil)
 	if p.Owner == f.res.self.ID() {
 		f.owner.local.WindDown(supervisor.Key(p.Key), deadline)
@@ -327,13 +337,12 @@ func (f *FrontDoor) takeOver(p directory.Placement) {
 	if !ok {
 		return
 	}
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
-		defer cancel()
-		if _, err := pinboard.WindDownOn(ctx, f.Peers(), f.dir, f.res.self.ID(), owner, p.Key, p.FenceUntil); err != nil {
-			f.logger.Warn("takeover: telling the owner to wind down failed", "instance", p.Key.String(), "owner", owner.NodeID, "err", err)
-		}
-	}()
+	// A client that goes away does not cut the owner's notice short.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+	defer cancel()
+	if _, err := pinboard.WindDownOn(ctx, f.Peers(), f.dir, f.res.self.ID(), owner, p.Key, p.FenceUntil); err != nil {
+		f.logger.Warn("takeover: telling the owner to wind down failed", "instance", p.Key.String(), "owner", owner.NodeID, "err", err)
+	}
 }
 
 // claimFailed answers a request whose claim failed.
@@ -344,7 +353,7 @@ func (f *FrontDoor) claimFailed(w http.ResponseWriter, r *http.Request, key dire
 	switch {
 	case errors.As(err, &to):
 		if to.tell {
-			f.takeOver(to.p)
+			f.takeOver(r.Context(), to.p)
 		}
 		httpx.WriteError(w, http.StatusServiceUnavailable, to.Error(), max(to.remaining, time.Second))
 	case errors.As(err, &dp):

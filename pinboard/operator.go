@@ -335,7 +335,11 @@ func (a *API) windDownOn(ctx context.Context, wk directory.Worker, key directory
 // many instances the owner set. The operator's wind-down and a
 // hostname-aware takeover's both call it.
 func WindDownOn(ctx context.Context, peers Peers, dir *Directory, caller string, wk directory.Worker, key directory.Key, atMs int64) (int, error) {
-	body, _ := json.Marshal(map[string]any{"env": key.Env, "namespace": key.Namespace, "id": key.ID, "deadlineUnixMs": atMs})
+	fields := map[string]any{"namespace": key.Namespace, "id": key.ID, "deadlineUnixMs": atMs}
+	if key.Env != "" {
+		fields["env"] = key.Env // hostname-aware mode
+	}
+	body, _ := json.Marshal(fields)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, peers.Base(wk)+WindDownPath, bytes.NewReader(body))
 	if err != nil {
 		return 0, err

@@ -158,7 +158,7 @@ func (s *Supervisor) AddPlugin(ctx context.Context, sp Spec) ([]Route, error) {
 		err = ctx.Err()
 	}
 	if err == nil {
-		next := set.without(nil)
+		next := set.without(nil) // a copy
 		next.procs = append(next.procs, p)
 		if err = next.serve(p); err == nil {
 			s.set.Store(next)

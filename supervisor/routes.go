@@ -11,9 +11,9 @@ import (
 
 // Route is what one plugin serves a namespace under: in hostname-aware
 // mode a hostname (requests reach it by their Host), "" in single mode.
-// A plugin serves one hostname (Spec.Hostname) and its ids live in one
-// env (Spec.Env), so a node may run several builds of one namespace side
-// by side, one per hostname.
+// A plugin serves one hostname (Spec.Bind.Hostname) and its ids live in
+// one env (Spec.Bind.Env), so a node may run several builds of one
+// namespace side by side, one per hostname.
 type Route struct{ Hostname, Namespace string }
 
 // String is "HOST/NS" ("/NS" in single mode): how the CLI names a route.
@@ -69,6 +69,16 @@ func (s *Supervisor) Routes() []PluginRoute {
 	}
 	slices.SortFunc(out, func(a, b PluginRoute) int { return cmp.Compare(a.String(), b.String()) })
 	return out
+}
+
+// PluginRoutes are all the routes of the plugin that serves route ("/NS",
+// or "HOST/NS"), as RemovePlugin would take them; ok false if none does.
+func (s *Supervisor) PluginRoutes(route string) ([]Route, bool) {
+	p, ok := s.plugins().find(route)
+	if !ok {
+		return nil, false
+	}
+	return p.routes(), true
 }
 
 // ServesRoute reports whether a plugin of this node serves r.

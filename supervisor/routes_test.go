@@ -124,6 +124,10 @@ func TestRoutesKeepEnvsApart(t *testing.T) {
 		t.Fatalf("add d.test: %v %v", rs, err)
 	}
 	pids = append(pids, s.Plugins()[len(s.Plugins())-1].PID)
+	// A route names its plugin however the hostname is cased.
+	if rs, ok := s.PluginRoutes("D.Test/fields"); !ok || !slices.Equal(rs, []Route{{"d.test", "/fields"}}) {
+		t.Fatalf("PluginRoutes(D.Test/fields) = %v %v", rs, ok)
+	}
 	if rs, err := s.RemovePlugin(t.Context(), "d.test/fields"); err != nil || !slices.Equal(rs, []Route{{"d.test", "/fields"}}) {
 		t.Fatalf("remove d.test/fields: %v %v", rs, err)
 	}
