@@ -155,21 +155,7 @@ var (
 
 // validClientID: 1-128 characters from A-Z a-z 0-9 - _ : @ ~. No '.' (it
 // separates an attestation's fields) and nothing a header cannot carry.
-func validClientID(id string) bool { return validName(id, "-_:@~") }
-
-// validName: 1-128 characters, letters and digits (ASCII) or one of extra.
-func validName(s, extra string) bool {
-	if s == "" || len(s) > 128 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte(extra, c) >= 0) {
-			return false
-		}
-	}
-	return true
-}
+func validClientID(id string) bool { return plugins.ValidName(id, "-_:@~") }
 
 func validateRegister(req RegisterRequest) error {
 	switch {

@@ -124,13 +124,18 @@ func ValidHostname(h string) bool {
 // ValidEnv accepts 1-128 characters of a-z A-Z 0-9 . - _: an env names
 // state (StateNamespace), so nothing that needs escaping anywhere, and
 // never '/'.
-func ValidEnv(e string) bool {
-	if e == "" || len(e) > 128 {
+func ValidEnv(e string) bool { return ValidName(e, ".-_") }
+
+// ValidName accepts 1-128 characters, ASCII letters and digits or one of
+// extra: the shape of the names pinnedd passes in headers and paths
+// without escaping (envs, worker client ids).
+func ValidName(s, extra string) bool {
+	if s == "" || len(s) > 128 {
 		return false
 	}
-	for i := 0; i < len(e); i++ {
-		c := e[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '-' || c == '_') {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte(extra, c) >= 0) {
 			return false
 		}
 	}
